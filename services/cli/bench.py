@@ -1,0 +1,15 @@
+"""`kvstack bench`: benchmarks that print numbers beside a baseline measured in the same run."""
+from __future__ import annotations
+
+import argparse
+
+from services.cli import bench_engine
+
+BENCHMARKS = (bench_engine,)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="run a benchmark (see docs/benchmarks.md)")
+    targets = p.add_subparsers(dest="target", required=True, metavar="TARGET")
+    for bench in BENCHMARKS:
+        bench.add_parser(targets)

@@ -1,0 +1,191 @@
+"""`kvstack bench engine`: prefill and decode throughput beside transformers' generate."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import orjson
+import torch
+
+from shared.engine.config import DTYPES, EngineConfig
+from shared.engine.engine import LLMEngine
+from shared.engine.sampling_params import SamplingParams
+from shared.errors import KvstackError
+from shared.model.registry import DEFAULT_MODEL
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("engine", help="engine prefill/decode tokens/s vs transformers")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prefill-lens", default="512,2048")
+    p.add_argument("--batch-sizes", default="1,8,32")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt length for decode runs")
+    p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-baseline", action="store_true", help="skip transformers")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    engine = LLMEngine(EngineConfig(
+        model=args.model, dtype=args.dtype, num_threads=args.threads, enable_prefix_cache=False,
+        max_num_batched_tokens=8192, max_num_seqs=256))
+    ours = KvstackSide(engine)
+    theirs = None if args.no_baseline else TransformersSide(engine, args.dtype)
+    report = measure(args, ours, theirs)
+    report.update(bandwidth_report(engine, report))
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json
+          else format_table(report))
+    return 0
+
+
+def measure(args: argparse.Namespace, ours, theirs) -> dict:
+    prefill_lens = [int(n) for n in args.prefill_lens.split(",")]
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    rows = {"prefill": [], "decode": []}
+    for n in prefill_lens:
+        progress(f"prefill {n} tokens")
+        rows["prefill"].append(row("tokens", n, lambda side: side.prefill_rate(n, args.repeats),
+                                   ours, theirs))
+    for b in batch_sizes:
+        progress(f"decode batch {b}")
+        rate = lambda side: side.decode_rate(b, args.prompt_len, args.decode_tokens, args.repeats)
+        rows["decode"].append(row("batch", b, rate, ours, theirs))
+    return {"model": args.model, "dtype": args.dtype, "threads": args.threads,
+            "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens, **rows}
+
+
+def row(key: str, value: int, rate, ours, theirs) -> dict:
+    kvstack = rate(ours)
+    baseline = rate(theirs) if theirs is not None else None
+    ratio = round(kvstack / baseline, 2) if baseline else None
+    return {key: value, "kvstack_tok_s": round(kvstack, 1),
+            "transformers_tok_s": round(baseline, 1) if baseline else None, "ratio": ratio}
+
+
+def progress(message: str) -> None:
+    print(f"[bench engine] {message}", file=sys.stderr, flush=True)
+
+
+def random_prompt(n: int, vocab: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(100, vocab, (n,), generator=gen).tolist()
+
+
+class KvstackSide:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.vocab = engine.model_config.vocab_size
+        self.seed = 0
+
+    def prompts(self, batch: int, n: int) -> list[list[int]]:
+        self.seed += 1
+        return [random_prompt(n, self.vocab, self.seed * 1000 + i) for i in range(batch)]
+
+    def prefill_rate(self, n: int, repeats: int) -> float:
+        params = SamplingParams(max_tokens=1, temperature=0)
+        self.engine.generate(self.prompts(1, n), params)  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self.engine.generate(self.prompts(1, n), params)
+            times.append(time.perf_counter() - start)
+        return n / statistics.median(times)
+
+    def decode_rate(self, batch: int, prompt_len: int, num_tokens: int, repeats: int) -> float:
+        self._decode_time(batch, prompt_len, 4)  # warm-up
+        times = [self._decode_time(batch, prompt_len, num_tokens) for _ in range(repeats)]
+        return batch * (num_tokens - 1) / statistics.median(times)
+
+    def _decode_time(self, batch: int, prompt_len: int, num_tokens: int) -> float:
+        """Seconds from every request's first token to the last token of all."""
+        params = SamplingParams(max_tokens=num_tokens, temperature=0, ignore_eos=True)
+        for i, prompt in enumerate(self.prompts(batch, prompt_len)):
+            self.engine.add_request(f"bench-{self.seed}-{i}", prompt, params)
+        while any(s.num_output_tokens == 0 for s in self.engine.scheduler.running) or \
+                self.engine.scheduler.waiting:
+            self.engine.step()
+        start = time.perf_counter()
+        while self.engine.has_unfinished:
+            self.engine.step()
+        return time.perf_counter() - start
+
+
+class TransformersSide:
+    """The same weights through transformers' `generate` (the reference implementation)."""
+
+    def __init__(self, engine: LLMEngine, dtype: str) -> None:
+        try:
+            import transformers
+        except ImportError:
+            raise KvstackError("the transformers baseline needs the dev extra "
+                               "(pip install -e '.[dev]'), or pass --no-baseline") from None
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            engine.model_dir, dtype=DTYPES[dtype]).eval()
+        self.vocab = engine.model_config.vocab_size
+        self.seed = 10_000
+
+    def prefill_rate(self, n: int, repeats: int) -> float:
+        self._generate(1, n, 1)
+        times = [self._generate(1, n, 1) for _ in range(repeats)]
+        return n / statistics.median(times)
+
+    def decode_rate(self, batch: int, prompt_len: int, num_tokens: int, repeats: int) -> float:
+        self._generate(batch, prompt_len, 4)
+        times = [self._generate(batch, prompt_len, num_tokens) - self._generate(batch, prompt_len, 1)
+                 for _ in range(repeats)]
+        return batch * (num_tokens - 1) / statistics.median(times)
+
+    @torch.inference_mode()
+    def _generate(self, batch: int, prompt_len: int, num_tokens: int) -> float:
+        self.seed += 1
+        ids = torch.tensor([random_prompt(prompt_len, self.vocab, self.seed * 1000 + i)
+                            for i in range(batch)])
+        start = time.perf_counter()
+        self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_tokens,
+                            min_new_tokens=num_tokens, do_sample=False, pad_token_id=0)
+        return time.perf_counter() - start
+
+
+def copy_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Memory bandwidth in bytes/s: a large copy reads and writes every byte once."""
+    src = torch.ones(num_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return 2 * num_bytes / min(times)
+
+
+def bandwidth_report(engine: LLMEngine, report: dict) -> dict:
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
+    bandwidth = copy_bandwidth()
+    limit = bandwidth / weight_bytes
+    batch1 = next((r["kvstack_tok_s"] for r in report["decode"] if r["batch"] == 1), None)
+    return {"weight_bytes": weight_bytes, "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+            "batch1_limit_tok_s": round(limit, 1),
+            "batch1_share_of_limit": round(batch1 / limit, 3) if batch1 else None}
+
+
+def format_table(report: dict) -> str:
+    lines = [f"model {report['model']}  dtype {report['dtype']}  threads {report['threads']}",
+             f"{'':18}{'kvstack tok/s':>15}{'transformers':>15}{'ratio':>8}"]
+    for name, key in (("prefill", "tokens"), ("decode", "batch")):
+        for r in report[name]:
+            label = f"{name} {key} {r[key]}"
+            lines.append(f"{label:18}{r['kvstack_tok_s']:>15}{str(r['transformers_tok_s']):>15}"
+                         f"{str(r['ratio']):>8}")
+    lines.append(f"batch-1 limit {report['batch1_limit_tok_s']} tok/s "
+                 f"(weights {report['weight_bytes'] / 1e6:.0f} MB, copy bandwidth "
+                 f"{report['copy_bandwidth_gb_s']} GB/s); kvstack reaches "
+                 f"{report['batch1_share_of_limit']:.0%} of it")
+    return "\n".join(lines)

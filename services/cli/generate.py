@@ -1,0 +1,81 @@
+"""`kvstack generate`: one prompt through the engine in this process."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import orjson
+
+from shared.engine.config import DTYPES, EngineConfig
+from shared.engine.engine import LLMEngine
+from shared.engine.output import Completion
+from shared.engine.sampling_params import SamplingParams
+from shared.errors import InvalidRequest, KvstackError
+from shared.model.registry import DEFAULT_MODEL
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text for one prompt in this process")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="known name, HF directory or .gguf")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="prompt text")
+    prompt.add_argument("--prompt-ids", help="prompt as comma-separated token ids")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--logprobs", type=int, default=None, help="top alternatives per token")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--json", action="store_true", help="print ids, text and logprobs as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, num_threads=args.threads))
+    prompt_ids = prompt_token_ids(engine, args)
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+        logprobs=args.logprobs if args.logprobs is not None else (0 if args.json else None))
+    engine.add_request("generate", prompt_ids, params)
+    completion = Completion("generate", prompt_ids, [], "", None, None)
+    while engine.has_unfinished:
+        for out in engine.step():
+            completion.add(out)
+            if not args.json:
+                print(out.new_text, end="", flush=True)
+    print(orjson.dumps(as_json(args, completion)).decode() if args.json else "")
+    return 0
+
+
+def prompt_token_ids(engine: LLMEngine, args: argparse.Namespace) -> list[int]:
+    if args.prompt_ids is not None:
+        if args.chat:
+            raise KvstackError("--chat needs --prompt text, not --prompt-ids")
+        return parse_ids(args.prompt_ids)
+    if engine.tokenizer is None:
+        raise KvstackError(f"{engine.model_dir} has no tokenizer.json; use --prompt-ids")
+    if args.chat:
+        return engine.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
+    return engine.tokenizer.encode(args.prompt)
+
+
+def parse_ids(text: str) -> list[int]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts or not all(part.lstrip("-").isdigit() for part in parts):
+        raise InvalidRequest(f"--prompt-ids must be comma-separated integers, got {text!r}")
+    return [int(part) for part in parts]
+
+
+def as_json(args: argparse.Namespace, completion: Completion) -> dict:
+    logprobs = [{"token_id": lp.token_id, "logprob": lp.logprob, "top": lp.top}
+                for lp in completion.logprobs or ()]
+    return {"model": args.model, "prompt": args.prompt,
+            "prompt_token_ids": completion.prompt_token_ids, "token_ids": completion.token_ids,
+            "text": completion.text, "finish_reason": completion.finish_reason,
+            "logprobs": logprobs}

@@ -1,0 +1,189 @@
+"""The engine of one model process: requests in, tokens out, one step at a time.
+
+`step()` is the whole loop: the scheduler picks what runs, the runner computes,
+and the results (sampled tokens, text, stops) are folded back. Services call it
+from a worker thread so their event loops stay free.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import xxhash
+
+from shared.engine.config import EngineConfig
+from shared.engine.output import Completion, RequestOutput
+from shared.engine.sampler import TokenLogprob, logprobs, sample
+from shared.engine.sampling_params import SamplingParams
+from shared.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
+from shared.engine.sequence import Sequence
+from shared.engine.stop import StopStringMatcher
+from shared.errors import InvalidRequest
+from shared.kvcache.manager import KVCacheManager
+from shared.kvcache.storage import KVStorage
+from shared.model.attention import TorchPagedAttention
+from shared.model.detokenizer import IncrementalDetokenizer
+from shared.model.loader import load_model, weight_files
+from shared.model.registry import resolve_model
+from shared.model.tokenizer import Tokenizer, has_tokenizer
+from shared.engine.runner import ModelRunner, SeqChunk
+
+
+@dataclass
+class _Extras:
+    """Per-request state beside the Sequence: text, stops and randomness."""
+    detokenizer: IncrementalDetokenizer | None
+    stops: StopStringMatcher
+    generator: torch.Generator | None
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.model_dir = resolve_model(config.model)
+        self.tokenizer = Tokenizer.from_dir(self.model_dir) if has_tokenizer(self.model_dir) else None
+        model = load_model(self.model_dir, config.torch_dtype, config.device)
+        self.model_config = mc = model.config
+        num_blocks = config.num_blocks or max(1, config.kv_cache_bytes // KVStorage.bytes_per_block(
+            mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype))
+        storage = KVStorage(mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads,
+                            mc.head_dim, config.torch_dtype, config.device)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
+        self.runner = ModelRunner(model, storage, TorchPagedAttention(storage, mc.head_dim))
+        self.scheduler = Scheduler(SchedulerConfig(
+            config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill),
+            self.kv)
+        limit = config.max_model_len or mc.max_position_embeddings
+        self.max_model_len = min(limit, mc.max_position_embeddings, num_blocks * config.block_size)
+        self.namespace = kv_namespace(self.model_dir, config.dtype)
+        self.eos_token_ids = set(mc.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self._extras: dict[str, _Extras] = {}
+        self._generator = torch.Generator().manual_seed(config.seed)
+        self._ids = itertools.count()
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def add_request(self, request_id: str, prompt_token_ids: Seq[int],
+                    params: SamplingParams) -> None:
+        self.validate_prompt(prompt_token_ids)
+        if request_id in self._extras:
+            raise InvalidRequest(f"request id {request_id!r} is already running")
+        seq = Sequence(request_id, prompt_token_ids, params, self.config.block_size,
+                       self.namespace)
+        self._extras[request_id] = self._make_extras(seq)
+        self.scheduler.add(seq)
+
+    def validate_prompt(self, prompt_token_ids: Seq[int]) -> None:
+        vocab_size = self.model_config.vocab_size
+        if not prompt_token_ids:
+            raise InvalidRequest("the prompt is empty")
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InvalidRequest(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise InvalidRequest(
+                f"the prompt has {len(prompt_token_ids)} tokens; the context limit is "
+                f"{self.max_model_len} (prompt plus at least one generated token)")
+
+    def abort(self, request_id: str) -> bool:
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        self._extras.pop(request_id, None)
+        return True
+
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return []
+        logits = self.runner.execute([self._chunk(s) for s in out.scheduled])
+        for s in out.scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens
+            self.kv.name_full_blocks(s.seq.request_id, s.seq.block_hashes,
+                                     s.seq.num_computed_tokens)
+        ready = [(s.seq, row) for s, row in zip(out.scheduled, logits) if row.shape[0]]
+        return self._sample(ready) if ready else []
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Run prompts to completion (blocking); for scripts, tests and benchmarks."""
+        completions = {}
+        for prompt in prompts:
+            request_id = f"generate-{next(self._ids)}"
+            self.add_request(request_id, prompt, params)
+            completions[request_id] = Completion(request_id, list(prompt), [], "", None, None)
+        while self.has_unfinished:
+            for out in self.step():
+                completions[out.request_id].add(out)
+        return list(completions.values())
+
+    def _chunk(self, s: ScheduledSeq) -> SeqChunk:
+        seq, start = s.seq, s.seq.num_computed_tokens
+        end = start + s.num_new_tokens
+        return SeqChunk(seq.request_id, seq.token_ids[start:end], start,
+                        self.kv.block_ids(seq.request_id), int(end == seq.num_tokens))
+
+    def _sample(self, ready: list[tuple[Sequence, torch.Tensor]]) -> list[RequestOutput]:
+        rows = torch.cat([row for _, row in ready])
+        seqs = [seq for seq, _ in ready]
+        extras = [self._extras[seq.request_id] for seq in seqs]
+        token_ids = sample(rows, [s.params for s in seqs], [e.generator for e in extras])
+        token_logprobs = logprobs(rows, token_ids, [s.params.logprobs for s in seqs])
+        return [self._append(seq, t, lp) for seq, t, lp in zip(seqs, token_ids, token_logprobs)]
+
+    def _append(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> RequestOutput:
+        seq.append(token_id)
+        extras = self._extras[seq.request_id]
+        stop = self._token_stop(seq, token_id)
+        text = ""
+        if stop is None and extras.detokenizer is not None:
+            text = extras.stops.feed(extras.detokenizer.step(token_id))
+            stop = ("stop", extras.stops.matched) if extras.stops.matched else None
+        stop = stop or self._length_stop(seq)
+        if stop is not None:
+            text += extras.stops.flush()
+            self.scheduler.finish(seq, *stop)
+            del self._extras[seq.request_id]
+        return RequestOutput(
+            seq.request_id, (token_id,), text, None if logprob is None else (logprob,),
+            seq.is_finished, seq.finish_reason, seq.stop_reason, seq.num_prompt_tokens,
+            seq.num_cached_tokens, seq.num_output_tokens)
+
+    def _token_stop(self, seq: Sequence, token_id: int) -> tuple[str, int] | None:
+        params = seq.params
+        if token_id in params.stop_token_ids or (
+                not params.ignore_eos and token_id in self.eos_token_ids):
+            return "stop", token_id
+        return None
+
+    def _length_stop(self, seq: Sequence) -> tuple[str] | None:
+        full = seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
+        return ("length",) if full else None
+
+    def _make_extras(self, seq: Sequence) -> _Extras:
+        params = seq.params
+        detokenizer = None
+        if self.tokenizer is not None:
+            detokenizer = IncrementalDetokenizer(
+                self.tokenizer, seq.token_ids, params.skip_special_tokens)
+        generator = self._generator
+        if params.seed is not None:
+            generator = torch.Generator().manual_seed(params.seed)
+        return _Extras(detokenizer, StopStringMatcher(params.stop), generator)
+
+
+def kv_namespace(model_dir: Path, dtype: str) -> str:
+    """Names the KV layout: the same model weights and dtype give the same block hashes."""
+    digest = xxhash.xxh3_64((model_dir / "config.json").read_bytes())
+    for path in weight_files(model_dir):
+        digest.update(f"{path.name}:{path.stat().st_size}".encode())
+    return f"{digest.hexdigest()}/{dtype}"

@@ -1,0 +1,125 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from shared.engine.sequence import Sequence, SeqStatus
+from shared.kvcache.manager import KVCacheManager
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048   # token budget of one step (prefill chunks + decodes)
+    max_num_seqs: int = 64
+    enable_chunked_prefill: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    """Running sequences go first (decodes and unfinished prefill chunks), then new ones.
+
+    When a running sequence cannot get a block, the most recently admitted one is
+    preempted: its blocks are freed and it waits at the front, to be recomputed
+    (its prefix blocks stay in the prefix cache, so recomputing is often cheap).
+    """
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        return out
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
+        seq.finish(reason, stop_reason)
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq.request_id)
+
+    def find(self, request_id: str) -> Sequence | None:
+        for seq in (*self.running, *self.waiting):
+            if seq.request_id == request_id:
+                return seq
+        return None
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._make_room(seq, seq.num_computed_tokens + num_new, out):
+                break
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Allocate for `seq`, preempting from the back; False if `seq` itself was preempted."""
+        while not self.kv.allocate_slots(seq.request_id, num_tokens):
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq.request_id)
+        seq.num_computed_tokens = 0
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            # NOTE: at least one token is always computed, for the logits of the next one.
+            cached = self.kv.match_prefix(seq.block_hashes, (seq.num_tokens - 1) // self.kv.block_size)
+            num_cached = len(cached) * self.kv.block_size
+            num_new = min(seq.num_tokens - num_cached, budget)
+            if num_new < seq.num_tokens - num_cached and not self.config.enable_chunked_prefill:
+                return
+            if not self.kv.allocate_slots(seq.request_id, num_cached + num_new, cached):
+                return
+            self.waiting.popleft()
+            self._start(seq, num_cached)
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+
+    def _start(self, seq: Sequence, num_cached: int) -> None:
+        seq.num_computed_tokens = num_cached
+        if seq.num_output_tokens == 0:
+            seq.num_cached_tokens = num_cached
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)

@@ -1,0 +1,18 @@
+"""Errors that reach a user: each carries a one-line message meant to be shown as is."""
+from __future__ import annotations
+
+
+class KvstackError(Exception):
+    """A problem with the user's input or set-up, reported as one line, never a traceback."""
+
+
+class ModelNotFound(KvstackError):
+    pass
+
+
+class UnsupportedModel(KvstackError):
+    pass
+
+
+class InvalidRequest(KvstackError):
+    pass

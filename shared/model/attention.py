@@ -1,0 +1,95 @@
+"""Attention over the paged KV cache, behind one backend interface.
+
+The runner orders a step's tokens as: decode tokens first (one per sequence,
+batched together), then prefill chunks (each attends over its cached prefix and
+itself, causally). A backend stores the new k, v at `slot_mapping` and computes
+attention for both groups.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from shared.kvcache.storage import KVStorage
+
+
+@dataclass
+class PrefillSpan:
+    token_start: int            # first row of the chunk in the step's flat token batch
+    num_tokens: int             # tokens computed in this chunk
+    context_len: int            # tokens in the KV once the chunk is written
+    context_slots: torch.Tensor | None  # slots of all context tokens; None: no cached prefix
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor              # [T] where each new token's k, v go
+    num_decode_tokens: int = 0
+    decode_block_table: torch.Tensor | None = None   # [B, max_blocks]
+    decode_mask: torch.Tensor | None = None          # [B, 1, 1, max_blocks * block_size]
+    prefills: list[PrefillSpan] = field(default_factory=list)
+
+
+class AttentionBackend(Protocol):
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, H, D], k and v [T, H_kv, D] -> [T, H, D]; writes k, v into the cache."""
+
+
+class TorchPagedAttention:
+    """Reference backend in plain torch (CPU, or any device torch supports)."""
+
+    def __init__(self, storage: KVStorage, head_dim: int) -> None:
+        self.storage = storage
+        self.scale = head_dim ** -0.5
+
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        k_cache, v_cache = self.storage.layer(layer_idx)
+        flat_k, flat_v = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
+        flat_k.index_copy_(0, meta.slot_mapping, k)
+        flat_v.index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        num_decode = meta.num_decode_tokens
+        if num_decode:
+            out[:num_decode] = self._decode(q[:num_decode], k_cache, v_cache, meta)
+        for span in meta.prefills:
+            rows = slice(span.token_start, span.token_start + span.num_tokens)
+            if span.context_slots is None:
+                out[rows] = self._prefill(q[rows], k[rows], v[rows], None)
+            else:
+                ctx_k, ctx_v = flat_k[span.context_slots], flat_v[span.context_slots]
+                out[rows] = self._prefill(q[rows], ctx_k, ctx_v, span)
+        return out
+
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        num_seqs, num_heads, head_dim = q.shape
+        # index_select on a flat table is much faster on CPU than 2-D advanced indexing.
+        table = meta.decode_block_table
+        gather = lambda cache: cache.index_select(0, table.flatten()).view(
+            num_seqs, -1, *cache.shape[2:]).transpose(1, 2)   # [B, H_kv, L, D]
+        keys, values = gather(k_cache), gather(v_cache)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=self.scale,
+            enable_gqa=True)
+        return out.view(num_seqs, num_heads, head_dim)
+
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 span: PrefillSpan | None) -> torch.Tensor:
+        mask = None if span is None else causal_mask(span.num_tokens, span.context_len)
+        # NOTE: 4-D inputs reach torch's fused CPU kernel; 3-D ones fall back to the slow path.
+        as_4d = lambda x: x.transpose(0, 1).unsqueeze(0)
+        out = F.scaled_dot_product_attention(
+            as_4d(q), as_4d(k), as_4d(v), attn_mask=mask, is_causal=span is None,
+            scale=self.scale, enable_gqa=True)
+        return out[0].transpose(0, 1)
+
+
+def causal_mask(num_tokens: int, context_len: int) -> torch.Tensor:
+    """[num_tokens, context_len]: new token i sees context positions up to its own."""
+    last_visible = torch.arange(context_len - num_tokens, context_len)[:, None]
+    return torch.arange(context_len)[None, :] <= last_visible

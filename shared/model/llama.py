@@ -1,0 +1,92 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2) over a flat batch of tokens.
+
+The model sees tokens of many sequences concatenated ([T]); where each token's KV
+goes and what it attends to is the business of the attention backend, reached
+through the per-forward `ForwardBatch`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shared.model.config import ModelConfig
+from shared.model.layers import GatedMLP, RMSNorm
+from shared.model.rope import RotaryEmbedding, apply_rotary
+
+
+@dataclass
+class ForwardBatch:
+    """What one forward pass needs besides token ids: positions and attention.
+
+    `attention(layer_idx, q, k, v)` stores k, v and returns the attention output
+    [T, heads, head_dim]; swapping it is how attention is offloaded. `on_layer_done`
+    runs after each layer has written its KV (layer-wise streaming of prefill KV).
+    """
+    positions: torch.Tensor
+    attention: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    on_layer_done: Callable[[int], None] | None = None
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.split = (config.q_size, config.kv_size, config.kv_size)
+        self.qkv_proj = nn.Linear(config.hidden_size, sum(self.split), bias=config.attention_bias)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), batch.cos, batch.sin)
+        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), batch.cos, batch.sin)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        out = batch.attention(self.layer_idx, q, k, v)
+        return self.o_proj(out.reshape(num_tokens, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """input_ids [T] -> final hidden states [T, hidden]."""
+        x = self.embed_tokens(input_ids)
+        batch.cos, batch.sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        for layer_idx, layer in enumerate(self.layers):
+            x = layer(x, batch)
+            if batch.on_layer_done is not None:
+                batch.on_layer_done(layer_idx)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()

