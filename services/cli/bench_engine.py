@@ -9,7 +9,7 @@ import time
 import orjson
 import torch
 
-from shared.engine.config import DTYPES, EngineConfig
+from shared.engine.config import DTYPE_CHOICES, DTYPES, EngineConfig, resolve_dtype
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
@@ -19,7 +19,9 @@ from shared.model.registry import DEFAULT_MODEL
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("engine", help="engine prefill/decode tokens/s vs transformers")
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="kvstack's dtype")
+    p.add_argument("--baseline-dtypes", default=None, help="transformers dtypes, comma-separated "
+                   "(default: float32, its own default, and kvstack's dtype)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prefill-lens", default="512,2048")
     p.add_argument("--batch-sizes", default="1,8,32")
@@ -37,7 +39,11 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, dtype=args.dtype, num_threads=args.threads, enable_prefix_cache=False,
         max_num_batched_tokens=8192, max_num_seqs=256))
     ours = KvstackSide(engine)
-    theirs = None if args.no_baseline else TransformersSide(engine, args.dtype)
+    args.dtype = resolve_dtype(args.dtype)
+    baseline_dtypes = (args.baseline_dtypes or ",".join(dict.fromkeys(["float32", args.dtype]))
+                       ).split(",")
+    theirs = {} if args.no_baseline else {
+        dtype: TransformersSide(engine, dtype) for dtype in baseline_dtypes}
     report = measure(args, ours, theirs)
     report.update(bandwidth_report(engine, report))
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json
@@ -61,12 +67,14 @@ def measure(args: argparse.Namespace, ours, theirs) -> dict:
             "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens, **rows}
 
 
-def row(key: str, value: int, rate, ours, theirs) -> dict:
+def row(key: str, value: int, rate, ours, theirs: dict) -> dict:
     kvstack = rate(ours)
-    baseline = rate(theirs) if theirs is not None else None
-    ratio = round(kvstack / baseline, 2) if baseline else None
-    return {key: value, "kvstack_tok_s": round(kvstack, 1),
-            "transformers_tok_s": round(baseline, 1) if baseline else None, "ratio": ratio}
+    result = {key: value, "kvstack_tok_s": round(kvstack, 1), "transformers": {}}
+    for dtype, side in theirs.items():
+        baseline = rate(side)
+        result["transformers"][dtype] = {"tok_s": round(baseline, 1),
+                                         "ratio": round(kvstack / baseline, 2)}
+    return result
 
 
 def progress(message: str) -> None:
@@ -177,13 +185,15 @@ def bandwidth_report(engine: LLMEngine, report: dict) -> dict:
 
 
 def format_table(report: dict) -> str:
-    lines = [f"model {report['model']}  dtype {report['dtype']}  threads {report['threads']}",
-             f"{'':18}{'kvstack tok/s':>15}{'transformers':>15}{'ratio':>8}"]
+    baselines = list(report["decode"][0]["transformers"]) if report["decode"] else []
+    header = "".join(f"{'hf ' + d:>18}{'ratio':>7}" for d in baselines)
+    lines = [f"model {report['model']}  threads {report['threads']}",
+             f"{'':18}{'kvstack ' + report['dtype']:>18}{header}"]
     for name, key in (("prefill", "tokens"), ("decode", "batch")):
         for r in report[name]:
-            label = f"{name} {key} {r[key]}"
-            lines.append(f"{label:18}{r['kvstack_tok_s']:>15}{str(r['transformers_tok_s']):>15}"
-                         f"{str(r['ratio']):>8}")
+            cells = "".join(f"{r['transformers'][d]['tok_s']:>18}{r['transformers'][d]['ratio']:>7}"
+                            for d in baselines)
+            lines.append(f"{name + ' ' + key + ' ' + str(r[key]):18}{r['kvstack_tok_s']:>18}{cells}")
     lines.append(f"batch-1 limit {report['batch1_limit_tok_s']} tok/s "
                  f"(weights {report['weight_bytes'] / 1e6:.0f} MB, copy bandwidth "
                  f"{report['copy_bandwidth_gb_s']} GB/s); kvstack reaches "

@@ -6,7 +6,7 @@ import sys
 
 import orjson
 
-from shared.engine.config import DTYPES, EngineConfig
+from shared.engine.config import DTYPE_CHOICES, EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.output import Completion
 from shared.engine.sampling_params import SamplingParams
@@ -29,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--logprobs", type=int, default=None, help="top alternatives per token")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="auto: bfloat16 on CPUs with native bf16 (AMX/AVX512-BF16), else float32")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--json", action="store_true", help="print ids, text and logprobs as JSON")
     p.set_defaults(run=run)

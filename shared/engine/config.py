@@ -2,18 +2,37 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from shared.errors import KvstackError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto", *DTYPES)
+
+
+def resolve_dtype(name: str, device: str = "cpu") -> str:
+    """"auto" is bfloat16 where the hardware computes it natively, float32 elsewhere."""
+    if name != "auto":
+        return name
+    if device.startswith("cuda"):
+        return "bfloat16"
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
+def cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "SmolLM2-135M-Instruct"   # a known name, an HF directory or a .gguf file
-    dtype: str = "float32"
+    dtype: str = "auto"                    # "auto": bfloat16 where native, else float32
     device: str = "cpu"
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30          # ignored when num_blocks is set
@@ -27,13 +46,18 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise KvstackError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise KvstackError(
+                f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPE_CHOICES)}")
         positives = ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs")
         for name in positives:
             if getattr(self, name) < 1:
                 raise KvstackError(f"{name} must be positive, got {getattr(self, name)}")
 
     @property
+    def resolved_dtype(self) -> str:
+        return resolve_dtype(self.dtype, self.device)
+
+    @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return DTYPES[self.resolved_dtype]

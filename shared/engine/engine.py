@@ -60,7 +60,7 @@ class LLMEngine:
             self.kv)
         limit = config.max_model_len or mc.max_position_embeddings
         self.max_model_len = min(limit, mc.max_position_embeddings, num_blocks * config.block_size)
-        self.namespace = kv_namespace(self.model_dir, config.dtype)
+        self.namespace = kv_namespace(self.model_dir, config.resolved_dtype)
         self.eos_token_ids = set(mc.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)

@@ -76,11 +76,10 @@ class ModelRunner:
             return
         max_blocks = max(len(c.block_ids) for c in decodes)
         table = [list(c.block_ids) + [0] * (max_blocks - len(c.block_ids)) for c in decodes]
-        context_lens = torch.tensor([c.context_len for c in decodes], device=self.device)
-        visible = torch.arange(max_blocks * self.block_size, device=self.device)
         meta.num_decode_tokens = len(decodes)
         meta.decode_block_table = torch.tensor(table, dtype=torch.long, device=self.device)
-        meta.decode_mask = (visible[None, :] < context_lens[:, None])[:, None, None, :]
+        meta.decode_context_lens = torch.tensor(
+            [c.context_len for c in decodes], dtype=torch.long, device=self.device)
 
     def _add_prefills(self, meta: AttentionMetadata, chunks: Sequence[SeqChunk]) -> None:
         row = meta.num_decode_tokens

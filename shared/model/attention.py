@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from shared.kvcache.storage import KVStorage
+from shared.model import ops
 
 
 @dataclass
@@ -29,7 +30,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor              # [T] where each new token's k, v go
     num_decode_tokens: int = 0
     decode_block_table: torch.Tensor | None = None   # [B, max_blocks]
-    decode_mask: torch.Tensor | None = None          # [B, 1, 1, max_blocks * block_size]
+    decode_context_lens: torch.Tensor | None = None  # [B] tokens each sequence attends over
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 
@@ -49,13 +50,17 @@ class TorchPagedAttention:
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         k_cache, v_cache = self.storage.layer(layer_idx)
-        flat_k, flat_v = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
-        flat_k.index_copy_(0, meta.slot_mapping, k)
-        flat_v.index_copy_(0, meta.slot_mapping, v)
-        out = torch.empty_like(q)
+        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         num_decode = meta.num_decode_tokens
+        if not meta.prefills:
+            return ops.decode_attention(q, k_cache, v_cache, meta.decode_block_table,
+                                        meta.decode_context_lens, self.scale)
+        out = torch.empty_like(q)
         if num_decode:
-            out[:num_decode] = self._decode(q[:num_decode], k_cache, v_cache, meta)
+            out[:num_decode] = ops.decode_attention(
+                q[:num_decode], k_cache, v_cache, meta.decode_block_table,
+                meta.decode_context_lens, self.scale)
+        flat_k, flat_v = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
         for span in meta.prefills:
             rows = slice(span.token_start, span.token_start + span.num_tokens)
             if span.context_slots is None:
@@ -64,19 +69,6 @@ class TorchPagedAttention:
                 ctx_k, ctx_v = flat_k[span.context_slots], flat_v[span.context_slots]
                 out[rows] = self._prefill(q[rows], ctx_k, ctx_v, span)
         return out
-
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        num_seqs, num_heads, head_dim = q.shape
-        # index_select on a flat table is much faster on CPU than 2-D advanced indexing.
-        table = meta.decode_block_table
-        gather = lambda cache: cache.index_select(0, table.flatten()).view(
-            num_seqs, -1, *cache.shape[2:]).transpose(1, 2)   # [B, H_kv, L, D]
-        keys, values = gather(k_cache), gather(v_cache)
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=self.scale,
-            enable_gqa=True)
-        return out.view(num_seqs, num_heads, head_dim)
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  span: PrefillSpan | None) -> torch.Tensor:

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from shared.model import ops
 from shared.model.config import ModelConfig
-from shared.model.layers import GatedMLP, RMSNorm
-from shared.model.rope import RotaryEmbedding, apply_rotary
+from shared.model.layers import GatedMLP, Linear, RMSNorm
+from shared.model.rope import RotaryEmbedding
 
 
 @dataclass
@@ -40,14 +40,16 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         self.split = (config.q_size, config.kv_size, config.kv_size)
-        self.qkv_proj = nn.Linear(config.hidden_size, sum(self.split), bias=config.attention_bias)
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, sum(self.split), bias=config.attention_bias)
+        self.o_proj = Linear(config.q_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), batch.cos, batch.sin)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), batch.cos, batch.sin)
+        qkv = self.qkv_proj(x)
+        ops.rotary_(qkv, batch.cos, batch.sin, self.num_heads + self.num_kv_heads, self.head_dim)
+        q, k, v = qkv.split(self.split, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = batch.attention(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(num_tokens, -1))
@@ -61,9 +63,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream travels beside x so that each add fuses into the next norm."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm.add_norm(x, residual)
+        x = self.self_attn(x, batch)
+        x, residual = self.post_attention_layernorm.add_norm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -73,20 +82,21 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+        self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """input_ids [T] -> final hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids)
-        batch.cos, batch.sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        batch.cos, batch.sin = self.rotary.cos_sin(batch.positions)
+        residual = None
         for layer_idx, layer in enumerate(self.layers):
-            x = layer(x, batch)
+            x, residual = layer(x, residual, batch)
             if batch.on_layer_done is not None:
                 batch.on_layer_done(layer_idx)
-        return self.norm(x)
+        return self.norm.add_norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return ops.linear(hidden, weight, None).float()

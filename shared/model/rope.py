@@ -36,15 +36,7 @@ class RotaryEmbedding:
     def __init__(self, rope: RopeConfig, head_dim: int) -> None:
         self.inv_freq = inverse_frequencies(rope, head_dim)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos and sin for `positions` [T], each [T, 1, head_dim], computed in float32."""
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 cos and sin for `positions` [T], each [T, head_dim / 2]."""
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+        return freqs.cos(), freqs.sin()

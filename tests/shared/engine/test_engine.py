@@ -31,7 +31,8 @@ def hf_greedy(reference, prompt: list[int], n: int) -> list[int]:
 
 
 def engine(model_dir, **overrides) -> LLMEngine:
-    config = dict(model=str(model_dir), block_size=4, num_blocks=64, max_num_batched_tokens=16)
+    config = dict(model=str(model_dir), dtype="float32", block_size=4, num_blocks=64,
+                  max_num_batched_tokens=16)
     return LLMEngine(EngineConfig(**{**config, **overrides}))
 
 

@@ -112,7 +112,15 @@ def test_prefix_cache_hit(harness: Harness) -> None:
     assert_close(logits, harness.expected(second)[20:])
 
 
-def test_mixed_batch_of_different_lengths(harness: Harness) -> None:
+@pytest.fixture(params=["native-ops", "torch-ops"])
+def kernels(request, monkeypatch) -> str:
+    from shared.model import ops
+    if request.param == "torch-ops":
+        monkeypatch.setattr(ops, "_native", lambda x: None)
+    return request.param
+
+
+def test_mixed_batch_of_different_lengths(harness: Harness, kernels: str) -> None:
     seqs = {f"m{i}": random_tokens(n, seed=10 + i) for i, n in enumerate((30, 17, 9, 25))}
     expected = {rid: harness.expected(tokens) for rid, tokens in seqs.items()}
     # Two sequences decode while one prefills in chunks and one prefills whole.
@@ -128,3 +136,5 @@ def test_mixed_batch_of_different_lengths(harness: Harness) -> None:
             start = chunk.start_pos
             assert_close(logits, expected[chunk.request_id][start:chunk.context_len])
             positions[chunk.request_id] = chunk.context_len
+    for rid in seqs:
+        harness.kv.free(rid)

@@ -18,7 +18,8 @@ NUM_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(model="SmolLM2-135M-Instruct", kv_cache_bytes=256 << 20))
+    return LLMEngine(EngineConfig(model="SmolLM2-135M-Instruct", dtype="float32",
+                                  kv_cache_bytes=256 << 20))
 
 
 def chat(engine: LLMEngine, question: str) -> list[int]:

@@ -1,0 +1,121 @@
+"""The model's small fused steps: native CPU kernels where built, torch otherwise.
+
+The torch version of each op is the reference; the native one must match it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from shared.model.kernels import cpu_ops
+
+
+def _native(x: torch.Tensor):
+    return cpu_ops() if x.device.type == "cpu" else None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    native = _native(x)
+    if native is not None and x.is_contiguous():
+        out = torch.empty_like(x)
+        native.rms_norm(out, x, weight, eps)
+        return out
+    return rms_norm_torch(x, weight, eps)
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    # NOTE: reduced precision normalizes in float32, then scales in the input dtype (as HF).
+    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual + x becomes the new residual; returns (its norm, the new residual)."""
+    native = _native(x)
+    if native is not None and x.is_contiguous() and residual.is_contiguous():
+        native.add_rms_norm_(x, residual, weight, eps)
+        return x, residual
+    residual = x + residual
+    return rms_norm_torch(residual, weight, eps), residual
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    native = _native(x)
+    # NOTE: only one bf16 row beats the library GEMM (which widens bf16 less efficiently).
+    if native is not None and x.dtype == torch.bfloat16 and x.shape[0] == 1 and x.dim() == 2:
+        out = x.new_empty(1, weight.shape[0])
+        native.small_linear(out, x.contiguous(), weight, bias)
+        return out
+    return F.linear(x, weight, bias)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    native = _native(gate_up)
+    # NOTE: torch's own ops are vectorized for reduced precision; the native one wins in fp32.
+    if native is not None and gate_up.dtype == torch.float32 and gate_up.is_contiguous():
+        out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+        native.silu_and_mul(out, gate_up)
+        return out
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rotary_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
+            head_dim: int) -> None:
+    """Rotate the first `num_heads` heads of each row of qkv [T, width] in place.
+
+    cos, sin: float32 [T, head_dim / 2] (rotate-half layout: dims i and i + D/2 pair up).
+    """
+    native = _native(qkv)
+    if native is not None and qkv.stride(1) == 1:
+        native.rotary_(qkv, cos, sin, num_heads, head_dim)
+        return
+    rotary_torch_(qkv, cos, sin, num_heads, head_dim)
+
+
+def rotary_torch_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
+                  head_dim: int) -> None:
+    x = qkv[:, :num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
+    full_cos = torch.cat((cos, cos), dim=-1)[:, None, :].to(qkv.dtype)
+    full_sin = torch.cat((sin, sin), dim=-1)[:, None, :].to(qkv.dtype)
+    half = head_dim // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    x.copy_(x * full_cos + rotated * full_sin)
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    """k, v [T, H_kv, D] into caches [blocks, block_size, H_kv, D] at flat slot indices."""
+    native = _native(k)
+    if native is not None and k.stride(1) == k.shape[2] and k.stride(2) == 1:
+        native.write_kv(k, v, k_cache, v_cache, slots)
+        return
+    k_cache.flatten(0, 1).index_copy_(0, slots, k)
+    v_cache.flatten(0, 1).index_copy_(0, slots, v)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_table: torch.Tensor, context_lens: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """One query token per sequence, q [B, H, D], over its blocks; returns [B, H, D]."""
+    native = _native(q)
+    if native is not None and q.stride(1) == q.shape[2] and q.stride(2) == 1:
+        out = q.new_empty(q.shape)
+        native.decode_attention(out, q, k_cache, v_cache, block_table, context_lens, scale)
+        return out
+    return decode_attention_torch(q, k_cache, v_cache, block_table, context_lens, scale)
+
+
+def decode_attention_torch(q, k_cache, v_cache, block_table, context_lens, scale):
+    num_seqs, num_heads, head_dim = q.shape
+    # index_select on a flat table is much faster on CPU than 2-D advanced indexing.
+    gather = lambda cache: cache.index_select(0, block_table.flatten()).view(
+        num_seqs, -1, *cache.shape[2:]).transpose(1, 2)   # [B, H_kv, L, D]
+    keys, values = gather(k_cache), gather(v_cache)
+    visible = torch.arange(keys.shape[2], device=q.device)
+    mask = (visible[None, :] < context_lens[:, None])[:, None, None, :]
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.view(num_seqs, num_heads, head_dim)

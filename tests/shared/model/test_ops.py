@@ -1,0 +1,76 @@
+"""Native CPU kernels against their torch reference, op by op."""
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+from shared.model import ops
+from shared.model.kernels import cpu_ops
+
+DTYPES = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def test_native_kernels_build_on_this_machine() -> None:
+    if platform.machine() != "x86_64":
+        pytest.skip("native kernels are built for x86_64 only")
+    assert cpu_ops() is not None
+
+
+def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    err = (a.float() - b.float()).abs().max().item()
+    assert err <= DTYPES[dtype] * max(1.0, b.float().abs().max().item()), err
+
+
+@pytest.fixture(params=list(DTYPES), ids=lambda d: str(d).split(".")[-1])
+def dtype(request) -> torch.dtype:
+    return request.param
+
+
+def randn(*shape, dtype) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape))).to(dtype)
+
+
+def test_rms_norm_and_fused_add(dtype) -> None:
+    x, residual, w = randn(7, 96, dtype=dtype), randn(7, 96, dtype=dtype), randn(96, dtype=dtype)
+    close(ops.rms_norm(x, w, 1e-6), ops.rms_norm_torch(x, w, 1e-6), dtype)
+    expected_res = x + residual
+    normed, new_res = ops.add_rms_norm(x.clone(), residual.clone(), w, 1e-6)
+    close(new_res, expected_res, dtype)
+    close(normed, ops.rms_norm_torch(expected_res, w, 1e-6), dtype)
+
+
+def test_silu_and_mul(dtype) -> None:
+    gate_up = randn(5, 2 * 48, dtype=dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    close(ops.silu_and_mul(gate_up), torch.nn.functional.silu(gate) * up, dtype)
+
+
+def test_rotary_in_place_on_q_and_k_only(dtype) -> None:
+    heads, kv_heads, head_dim = 4, 2, 24
+    qkv = randn(6, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    freqs = torch.arange(6).float()[:, None] * torch.rand(head_dim // 2)[None, :]
+    native, reference = qkv.clone(), qkv.clone()
+    ops.rotary_(native, freqs.cos(), freqs.sin(), heads + kv_heads, head_dim)
+    ops.rotary_torch_(reference, freqs.cos(), freqs.sin(), heads + kv_heads, head_dim)
+    close(native, reference, dtype)
+    rotated = (heads + kv_heads) * head_dim
+    assert torch.equal(native[:, rotated:], qkv[:, rotated:])  # v untouched
+
+
+def test_write_kv_and_decode_attention(dtype) -> None:
+    blocks, block_size, kv_heads, heads, head_dim = 20, 4, 2, 6, 16
+    k_cache, v_cache = (randn(blocks, block_size, kv_heads, head_dim, dtype=dtype) for _ in "kv")
+    qkv = randn(3, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    k, v = k.view(3, kv_heads, head_dim), v.view(3, kv_heads, head_dim)
+    table = torch.tensor([[3, 7, 1], [9, 0, 0], [4, 5, 6]])
+    context_lens = torch.tensor([11, 2, 12])
+    slots = torch.stack([table[i, (n - 1) // block_size] * block_size + (n - 1) % block_size
+                         for i, n in enumerate(context_lens)])
+    ops.write_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache.flatten(0, 1)[slots], k)
+    q = q.view(3, heads, head_dim)
+    close(ops.decode_attention(q, k_cache, v_cache, table, context_lens, 0.25),
+          ops.decode_attention_torch(q, k_cache, v_cache, table, context_lens, 0.25), dtype)
