@@ -1,0 +1,48 @@
+"""Every NATS subject kvstack uses, in one place.
+
+Control messages only: KV bytes never travel over NATS (see shared/transfer).
+"""
+from __future__ import annotations
+
+PREFIX = "kvstack"
+
+
+def heartbeat(service: str) -> str:
+    return f"{PREFIX}.heartbeat.{service}"
+
+
+def all_heartbeats() -> str:
+    return f"{PREFIX}.heartbeat.>"
+
+
+def place() -> str:
+    """Conductor: where should this request run (request/reply)."""
+    return f"{PREFIX}.conductor.place"
+
+
+def prefill_submit(worker_id: str) -> str:
+    return f"{PREFIX}.prefill.{worker_id}.submit"
+
+
+def decode_reserve(worker_id: str) -> str:
+    """Decode: hold blocks for a request whose KV is about to arrive (request/reply)."""
+    return f"{PREFIX}.decode.{worker_id}.reserve"
+
+
+def decode_commit(worker_id: str) -> str:
+    """Decode: the KV of a request is sent, here is its first token (request/reply)."""
+    return f"{PREFIX}.decode.{worker_id}.commit"
+
+
+def worker_stats(service: str, worker_id: str) -> str:
+    return f"{PREFIX}.{service}.{worker_id}.stats"
+
+
+def tokens(request_id: str) -> str:
+    """Tokens of one request, from its workers to the gateway that holds the client."""
+    return f"{PREFIX}.tokens.{request_id}"
+
+
+def abort() -> str:
+    """Broadcast: stop a request wherever it is (client gone, deadline passed)."""
+    return f"{PREFIX}.abort"
