@@ -3,14 +3,14 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-PROMPT ?= What is the capital of France?
+UP_ARGS ?=
 # CPU machines: the CPU build of torch, installed first, so that nothing pulls the CUDA build.
 TORCH_INDEX := $(if $(shell command -v nvidia-smi),,--extra-index-url https://download.pytorch.org/whl/cpu)
 
 .PHONY: up test venv clean
 
 up: $(BIN)/.installed
-	$(BIN)/kvstack generate --chat --prompt "$(PROMPT)"
+	$(BIN)/kvstack up $(UP_ARGS)
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q

@@ -83,11 +83,18 @@ class Bus:
             self._spawn(self._respond(msg, responder, expected))
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 
-    async def drain(self) -> None:
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Finish handlers, flush, close. With NATS gone there is nothing to flush: close."""
         if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=5)
-        if not self.nc.is_closed:
-            await self.nc.drain()
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+        if self.nc.is_closed:
+            return
+        if not self.nc.is_connected:
+            return await self.nc.close()
+        try:
+            await asyncio.wait_for(self.nc.drain(), timeout)
+        except (asyncio.TimeoutError, Exception):
+            await self.nc.close()
 
     async def _respond(self, msg: Msg, responder: Responder, expected) -> None:
         try:

@@ -150,3 +150,4 @@ class WorkerStats:
     total_blocks: int
     num_reserved: int = 0         # requests holding blocks whose KV is in flight
     num_requests_done: int = 0
+    num_transfers_refused: int = 0   # KV that arrived damaged or incomplete, never used

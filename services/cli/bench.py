@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.cli import bench_engine
+from services.cli import bench_engine, bench_transfer
 
-BENCHMARKS = (bench_engine,)
+BENCHMARKS = (bench_engine, bench_transfer)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

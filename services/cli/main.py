@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.cli import bench, generate
+from services.cli import bench, generate, serve, up
 from shared.errors import KvstackError
 
-COMMANDS = (generate, bench)
+COMMANDS = (up, generate, serve, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -43,6 +43,7 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     enable_chunked_prefill: bool = True
     num_threads: int | None = None         # torch threads for this process
+    detokenize: bool = True                # False: token ids only (the gateway makes text)
     seed: int = 0
 
     def __post_init__(self) -> None:

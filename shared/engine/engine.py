@@ -7,6 +7,7 @@ from a worker thread so their event loops stay free.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,7 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self._extras: dict[str, _Extras] = {}
+        self._hold_kv: set[str] = set()
         self._generator = torch.Generator().manual_seed(config.seed)
         self._ids = itertools.count()
 
@@ -73,14 +75,62 @@ class LLMEngine:
         return self.scheduler.has_unfinished
 
     def add_request(self, request_id: str, prompt_token_ids: Seq[int],
-                    params: SamplingParams) -> None:
+                    params: SamplingParams, hold_kv: bool = False) -> None:
+        """Queue a request. With hold_kv its blocks outlive it until `release` (KV to send)."""
         self.validate_prompt(prompt_token_ids)
         if request_id in self._extras:
             raise InvalidRequest(f"request id {request_id!r} is already running")
         seq = Sequence(request_id, prompt_token_ids, params, self.config.block_size,
                        self.namespace)
         self._extras[request_id] = self._make_extras(seq)
+        if hold_kv:
+            self._hold_kv.add(request_id)
         self.scheduler.add(seq)
+
+    def reserve(self, request_id: str, num_tokens: int, headroom: int = 0) -> list[int] | None:
+        """Blocks for `num_tokens` tokens of KV that will arrive from elsewhere, or None.
+
+        Only granted when `headroom` more tokens would still fit, so admitted requests
+        can grow without preempting each other at once.
+        """
+        if request_id in self.kv.block_tables:
+            return None
+        if not self.kv.can_allocate(request_id, num_tokens + headroom):
+            return None
+        self.kv.allocate_slots(request_id, num_tokens)
+        return self.kv.block_ids(request_id)
+
+    def install(self, request_id: str, prompt_token_ids: Seq[int], first_token: int,
+                params: SamplingParams, num_cached_tokens: int = 0) -> None:
+        """Adopt a reserved request whose prompt KV has arrived, and decode it from here."""
+        seq = Sequence(request_id, prompt_token_ids, params, self.config.block_size,
+                       self.namespace)
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        seq.num_cached_tokens = num_cached_tokens
+        seq.append(first_token)
+        self.kv.allocate_slots(request_id, seq.num_tokens)
+        self.kv.name_full_blocks(request_id, seq.block_hashes, seq.num_computed_tokens)
+        extras = self._make_extras(seq)
+        if extras.detokenizer is not None:
+            extras.stops.feed(extras.detokenizer.step(first_token))
+        self._extras[request_id] = extras
+        self.scheduler.adopt(seq)
+
+    def release(self, request_id: str) -> None:
+        """Free the blocks of a held or reserved request."""
+        self._hold_kv.discard(request_id)
+        self.kv.free(request_id)
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """End every request with finish_reason "error" (after a failed step)."""
+        seqs = [*self.scheduler.running, *self.scheduler.waiting]
+        outputs = []
+        for seq in seqs:
+            self.scheduler.finish(seq, "error", message)
+            self._extras.pop(seq.request_id, None)
+            self._hold_kv.discard(seq.request_id)
+            outputs.append(self._output(seq, (), "", None))
+        return outputs
 
     def validate_prompt(self, prompt_token_ids: Seq[int]) -> None:
         vocab_size = self.model_config.vocab_size
@@ -98,15 +148,20 @@ class LLMEngine:
         seq = self.scheduler.find(request_id)
         if seq is None:
             return False
-        self.scheduler.finish(seq, "abort")
+        # NOTE: held KV may still be on its way out; `release` frees it when the send is done.
+        self.scheduler.finish(seq, "abort", free_kv=request_id not in self._hold_kv)
         self._extras.pop(request_id, None)
         return True
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, layer_hook: Callable[[int, list[SeqChunk]], None] | None = None
+             ) -> list[RequestOutput]:
+        """One forward pass. `layer_hook(layer, chunks)` runs as each layer's KV is written."""
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
-        logits = self.runner.execute([self._chunk(s) for s in out.scheduled])
+        chunks = [self._chunk(s) for s in out.scheduled]
+        on_layer = None if layer_hook is None else (lambda layer: layer_hook(layer, chunks))
+        logits = self.runner.execute(chunks, on_layer_done=on_layer)
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
             self.kv.name_full_blocks(s.seq.request_id, s.seq.block_hashes,
@@ -143,7 +198,7 @@ class LLMEngine:
     def _append(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq.append(token_id)
         extras = self._extras[seq.request_id]
-        stop = self._token_stop(seq, token_id)
+        stop = self.stop_reason(seq.params, token_id)
         text = ""
         if stop is None and extras.detokenizer is not None:
             text = extras.stops.feed(extras.detokenizer.step(token_id))
@@ -151,15 +206,19 @@ class LLMEngine:
         stop = stop or self._length_stop(seq)
         if stop is not None:
             text += extras.stops.flush()
-            self.scheduler.finish(seq, *stop)
+            held = seq.request_id in self._hold_kv
+            self.scheduler.finish(seq, *stop, free_kv=not held)
             del self._extras[seq.request_id]
-        return RequestOutput(
-            seq.request_id, (token_id,), text, None if logprob is None else (logprob,),
-            seq.is_finished, seq.finish_reason, seq.stop_reason, seq.num_prompt_tokens,
-            seq.num_cached_tokens, seq.num_output_tokens)
+        return self._output(seq, (token_id,), text, None if logprob is None else (logprob,))
 
-    def _token_stop(self, seq: Sequence, token_id: int) -> tuple[str, int] | None:
-        params = seq.params
+    def _output(self, seq: Sequence, token_ids: tuple[int, ...], text: str,
+                logprobs: tuple[TokenLogprob, ...] | None) -> RequestOutput:
+        return RequestOutput(
+            seq.request_id, token_ids, text, logprobs, seq.is_finished, seq.finish_reason,
+            seq.stop_reason, seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens)
+
+    def stop_reason(self, params: SamplingParams, token_id: int) -> tuple[str, int] | None:
+        """("stop", token) when `token_id` ends a request with these params (not length)."""
         if token_id in params.stop_token_ids or (
                 not params.ignore_eos and token_id in self.eos_token_ids):
             return "stop", token_id
@@ -172,7 +231,7 @@ class LLMEngine:
     def _make_extras(self, seq: Sequence) -> _Extras:
         params = seq.params
         detokenizer = None
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and self.config.detokenize:
             detokenizer = IncrementalDetokenizer(
                 self.tokenizer, seq.token_ids, params.skip_special_tokens)
         generator = self._generator

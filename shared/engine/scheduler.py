@@ -59,13 +59,21 @@ class Scheduler:
             self._admit_waiting(out, budget)
         return out
 
-    def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
+    def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None,
+               free_kv: bool = True) -> None:
+        """End a sequence; with free_kv=False its blocks stay held until `kv.free`."""
         seq.finish(reason, stop_reason)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.kv.free(seq.request_id)
+        if free_kv:
+            self.kv.free(seq.request_id)
+
+    def adopt(self, seq: Sequence) -> None:
+        """Run a sequence whose KV is already in its blocks (it arrived from elsewhere)."""
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
 
     def find(self, request_id: str) -> Sequence | None:
         for seq in (*self.running, *self.waiting):

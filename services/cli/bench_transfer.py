@@ -1,0 +1,255 @@
+"""`kvstack bench transfer`: KV data-plane throughput beside a raw-socket ceiling.
+
+Both sides move the same bytes from this process to a child process over loopback TCP
+into a preallocated tensor, one transfer at a time, timed until the child has them all:
+- kvstack: TcpKVSender -> TcpKVReceiver, one frame per layer, one span per block,
+  checksums computed and verified;
+- raw: one `socket.sendall` of the whole region into `recv_into` of the buffer.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import orjson
+import torch
+
+from shared.transfer.base import BlockSpan, tensor_bytes
+from shared.transfer.tcp import SOCKET_BUFFER_BYTES, TcpKVReceiver, TcpKVSender, tune
+
+MAX_LAYERS = 32
+TOKENS_PER_BLOCK = 16  # nominal; the data plane only moves bytes
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("transfer", help="KV data-plane GB/s vs a raw TCP socket")
+    p.add_argument("--sizes", default="1,4,16,64,256", help="MiB per transfer, comma-separated")
+    p.add_argument("--block-kib", type=int, default=768, help="K+V bytes of one block of a layer")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--auth-token", default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A transfer as KV of shape [layers, 2 (k/v), blocks, half_bytes]; a frame per layer."""
+
+    layers: int
+    blocks: int
+    half_bytes: int
+
+    @classmethod
+    def of(cls, size_mib: float, block_kib: int) -> Layout:
+        block_bytes = block_kib * 1024
+        num_blocks = max(1, round(size_mib * 2**20 / block_bytes))
+        layers = max(d for d in range(1, MAX_LAYERS + 1) if num_blocks % d == 0)
+        return cls(layers, num_blocks // layers, block_bytes // 2)
+
+    @property
+    def nbytes(self) -> int:
+        return self.layers * 2 * self.blocks * self.half_bytes
+
+    def k_offset(self, layer: int, block: int) -> int:
+        return ((layer * 2) * self.blocks + block) * self.half_bytes
+
+    def v_offset(self, layer: int, block: int) -> int:
+        return ((layer * 2 + 1) * self.blocks + block) * self.half_bytes
+
+
+def run(args: argparse.Namespace) -> int:
+    layouts = [Layout.of(float(s), args.block_kib) for s in args.sizes.split(",")]
+    capacity = max(layout.nbytes for layout in layouts)
+    source = tensor_bytes(torch.randint(0, 256, (capacity,), dtype=torch.uint8))
+    sides = {"kvstack": KvstackSide(capacity, args.auth_token), "raw": RawSide(capacity)}
+    try:
+        rows = [measure(layout, source, sides, args.repeats) for layout in layouts]
+    finally:
+        for side in sides.values():
+            side.close()
+    report = {"block_kib": args.block_kib, "auth": args.auth_token is not None,
+              "repeats": args.repeats, "cpus": os.cpu_count(), "rows": rows}
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json
+          else format_table(report))
+    return 0
+
+
+def measure(layout: Layout, source: memoryview, sides: dict, repeats: int) -> dict:
+    progress(f"{layout.nbytes / 2**20:.1f} MiB: {layout.layers} frames x {layout.blocks} blocks")
+    times = {name: [] for name in sides}
+    for side in sides.values():
+        side.transfer(layout, source)  # warm-up: connection, page faults
+    for _ in range(repeats):
+        for name, side in sides.items():  # interleaved, so drift hits both alike
+            times[name].append(side.transfer(layout, source))
+    rate = {name: layout.nbytes / statistics.median(t) / 1e9 for name, t in times.items()}
+    return {"mib": round(layout.nbytes / 2**20, 2), "frames": layout.layers,
+            "spans_per_frame": layout.blocks, "kvstack_gb_s": round(rate["kvstack"], 3),
+            "raw_gb_s": round(rate["raw"], 3), "ratio": round(rate["kvstack"] / rate["raw"], 3)}
+
+
+def progress(message: str) -> None:
+    print(f"[bench transfer] {message}", file=sys.stderr, flush=True)
+
+
+def format_table(report: dict) -> str:
+    lines = [f"loopback TCP to a child process, {report['cpus']} CPUs; block {report['block_kib']}"
+             f" KiB (K+V of a layer); auth {'on' if report['auth'] else 'off'}; median of "
+             f"{report['repeats']}",
+             f"{'MiB':>8}{'frames':>8}{'spans/fr':>10}{'kvstack GB/s':>14}{'raw GB/s':>10}"
+             f"{'ratio':>7}"]
+    for r in report["rows"]:
+        lines.append(f"{r['mib']:>8}{r['frames']:>8}{r['spans_per_frame']:>10}"
+                     f"{r['kvstack_gb_s']:>14}{r['raw_gb_s']:>10}{r['ratio']:>7}")
+    return "\n".join(lines)
+
+
+# --- the sending side (this process) --------------------------------------------------------
+
+
+class _Child:
+    """A receiving child process and its two one-way pipes (commands in, events out)."""
+
+    def __init__(self, target, *args: object) -> None:
+        ctx = mp.get_context("spawn")
+        self.events, events_w = ctx.Pipe(duplex=False)
+        cmds_r, self.cmds = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=target, args=(cmds_r, events_w, *args), daemon=True)
+        self.process.start()
+        self.address = self.expect("address")
+
+    def expect(self, kind: str) -> object:
+        ready = mp.connection.wait([self.events, self.process.sentinel], timeout=120)
+        if self.events not in ready:
+            state = "timed out" if self.process.is_alive() else "exited"
+            raise RuntimeError(f"receiver child {state} before sending {kind!r}")
+        got_kind, value = self.events.recv()
+        if got_kind != kind:
+            raise RuntimeError(f"receiver child sent {got_kind!r} ({value}), expected {kind!r}")
+        return value
+
+    def close(self) -> None:
+        self.cmds.send(None)
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+class KvstackSide:
+    def __init__(self, capacity: int, auth_token: str | None) -> None:
+        self.child = _Child(serve_kvstack, capacity, auth_token)
+        self.sender = TcpKVSender(auth_token=auth_token)
+        self.count = 0
+
+    def transfer(self, layout: Layout, source: memoryview) -> float:
+        self.count += 1
+        rid = f"bench-{self.count}"
+        self.child.cmds.send(layout)
+        self.child.expect("ready")
+        done = []
+        start = time.perf_counter()
+        for layer in range(layout.layers):
+            self.sender.send(self.child.address, rid, layer, frame(layout, source, layer))
+        self.sender.finish(self.child.address, rid, lambda *result: done.append(result))
+        num_frames, rejected = self.child.expect("end")
+        elapsed = time.perf_counter() - start
+        if rejected or num_frames != layout.layers:
+            raise RuntimeError(f"{rid}: {num_frames} frames, {rejected} rejected")
+        return elapsed
+
+    def close(self) -> None:
+        self.sender.close()
+        self.child.close()
+
+
+def frame(layout: Layout, source: memoryview, layer: int) -> list:
+    half = layout.half_bytes
+    return [(BlockSpan(b, 0, TOKENS_PER_BLOCK),
+             source[layout.k_offset(layer, b):layout.k_offset(layer, b) + half],
+             source[layout.v_offset(layer, b):layout.v_offset(layer, b) + half])
+            for b in range(layout.blocks)]
+
+
+class RawSide:
+    def __init__(self, capacity: int) -> None:
+        self.child = _Child(serve_raw, capacity)
+        self.sock = socket.create_connection(self.child.address)
+        tune(self.sock, SOCKET_BUFFER_BYTES)
+
+    def transfer(self, layout: Layout, source: memoryview) -> float:
+        self.child.cmds.send(layout.nbytes)
+        self.child.expect("ready")
+        start = time.perf_counter()
+        self.sock.sendall(source[:layout.nbytes])
+        self.child.expect("done")
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        self.sock.close()
+        self.child.close()
+
+
+# --- the receiving side (child processes) ---------------------------------------------------
+
+
+class _BenchSink:
+    """Writes every span into one preallocated tensor laid out as the current `Layout`."""
+
+    def __init__(self, destination: memoryview, events) -> None:
+        self.buffer = destination
+        self.events = events
+        self.layout: Layout | None = None
+        self.rejected = 0
+
+    def destination(self, request_id, layer, span, nbytes):
+        k = self.layout.k_offset(layer, span.block_id)
+        v = self.layout.v_offset(layer, span.block_id)
+        return self.buffer[k:k + nbytes], self.buffer[v:v + nbytes]
+
+    def on_frame(self, request_id, layer, spans, ok, error) -> None:
+        self.rejected += not ok
+
+    def on_end(self, request_id, num_frames) -> None:
+        self.events.send(("end", (num_frames, self.rejected)))
+        self.rejected = 0
+
+    def on_lost(self, request_ids, error) -> None:
+        self.events.send(("lost", error))
+
+
+def serve_kvstack(cmds, events, capacity: int, auth_token: str | None) -> None:
+    torch.set_num_threads(1)
+    sink = _BenchSink(tensor_bytes(torch.zeros(capacity, dtype=torch.uint8)), events)
+    receiver = TcpKVReceiver(sink, host="127.0.0.1", auth_token=auth_token)
+    host, port = receiver.start().rsplit(":", 1)
+    events.send(("address", f"{host}:{port}"))
+    while (layout := cmds.recv()) is not None:
+        sink.layout = layout
+        events.send(("ready", None))
+    receiver.stop()
+
+
+def serve_raw(cmds, events, capacity: int) -> None:
+    torch.set_num_threads(1)
+    buffer = tensor_bytes(torch.zeros(capacity, dtype=torch.uint8))
+    listener = socket.create_server(("127.0.0.1", 0))
+    events.send(("address", listener.getsockname()[:2]))
+    sock, _ = listener.accept()
+    tune(sock, SOCKET_BUFFER_BYTES)
+    while (nbytes := cmds.recv()) is not None:
+        events.send(("ready", None))
+        received = 0
+        while received < nbytes:
+            n = sock.recv_into(buffer[received:nbytes])
+            if n == 0:
+                raise ConnectionError("sender closed mid-transfer")
+            received += n
+        events.send(("done", None))
+    sock.close()

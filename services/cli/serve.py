@@ -1,0 +1,102 @@
+"""`kvstack conductor|prefill|decode|gateway`: run one service in this process."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from shared.engine.config import DTYPE_CHOICES
+from shared.errors import KvstackError
+from shared.model.registry import DEFAULT_MODEL
+from shared.service import run
+from shared.worker import WorkerConfig
+
+
+def add_common(p: argparse.ArgumentParser, http_port: int = 0) -> None:
+    p.add_argument("--nats", default=os.environ.get("KVSTACK_NATS", "nats://127.0.0.1:4222"),
+                   help="NATS server URL (env KVSTACK_NATS)")
+    p.add_argument("--worker-id", default="", help="default: <service>-<host>-<pid>")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    p.add_argument("--http-port", type=int, default=http_port, help="0: any free port")
+    p.add_argument("--heartbeat-interval", type=float, default=1.0)
+    p.add_argument("--drain-timeout", type=float, default=30.0)
+
+
+def add_worker(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache size in GiB")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (1-2 on CPU)")
+    p.add_argument("--data-host", default="127.0.0.1", help="data-plane bind address")
+    p.add_argument("--data-port", type=int, default=0)
+    p.add_argument("--advertise-data-addr", default="", help="host:port peers should dial")
+
+
+def common_config(args: argparse.Namespace) -> dict:
+    return dict(nats_url=args.nats, worker_id=args.worker_id, host=args.host,
+                http_port=args.http_port, heartbeat_interval=args.heartbeat_interval,
+                drain_timeout=args.drain_timeout)
+
+
+def worker_config(args: argparse.Namespace) -> WorkerConfig:
+    return WorkerConfig(
+        **common_config(args), model=args.model, dtype=args.dtype, block_size=args.block_size,
+        kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        num_threads=args.threads, data_host=args.data_host, data_port=args.data_port,
+        advertise_data_addr=args.advertise_data_addr,
+        data_token=os.environ.get("KVSTACK_DATA_TOKEN", ""))
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    conductor = sub.add_parser("conductor", help="run the conductor (placement)")
+    add_common(conductor)
+    conductor.add_argument("--policy", default="load-balance")
+    conductor.set_defaults(run=run_conductor)
+    for name, runner in (("prefill", run_prefill), ("decode", run_decode)):
+        p = sub.add_parser(name, help=f"run a {name} worker")
+        add_worker(p)
+        p.set_defaults(run=runner)
+    gateway = sub.add_parser("gateway", help="run the OpenAI-compatible HTTP gateway")
+    add_common(gateway, http_port=8000)
+    gateway.add_argument("--model", default=DEFAULT_MODEL, help="the model the workers serve")
+    gateway.add_argument("--served-model-name", default="", help="name clients use")
+    gateway.add_argument("--api-key", default=os.environ.get("KVSTACK_API_KEY", ""),
+                         help="require this bearer key (env KVSTACK_API_KEY)")
+    gateway.add_argument("--max-tokens-limit", type=int, default=0, help="0: the context size")
+    gateway.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                         help="the workers' dtype (names KV blocks)")
+    gateway.add_argument("--block-size", type=int, default=16, help="the workers' block size")
+    gateway.set_defaults(run=run_gateway)
+
+
+def run_conductor(args: argparse.Namespace) -> int:
+    from services.conductor.policies import POLICIES
+    from services.conductor.service import ConductorConfig, ConductorService
+    if args.policy not in POLICIES:
+        raise KvstackError(f"unknown policy {args.policy!r}; choose from {', '.join(POLICIES)}")
+    return run(ConductorService(ConductorConfig(**common_config(args), policy=args.policy)))
+
+
+def run_prefill(args: argparse.Namespace) -> int:
+    from services.prefill.service import PrefillService
+    return run(PrefillService(worker_config(args)))
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    from services.decode.service import DecodeService
+    return run(DecodeService(worker_config(args)))
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    from services.gateway.service import GatewayConfig, GatewayService
+    config = GatewayConfig(**common_config(args), model=args.model,
+                           served_model_name=args.served_model_name, api_key=args.api_key,
+                           max_tokens_limit=args.max_tokens_limit, dtype=args.dtype,
+                           block_size=args.block_size)
+    return run(GatewayService(config))
+
+

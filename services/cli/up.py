@@ -1,0 +1,68 @@
+"""`kvstack up`: the whole stack on this machine, until Ctrl-C."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from shared.engine.config import DTYPE_CHOICES
+from shared.errors import KvstackError
+from shared.model.registry import DEFAULT_MODEL, resolve_model
+from services.cli.stack import Stack, StackConfig
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="run nats-server, conductor, prefill, decode and gateway")
+    p.add_argument("--nats", default="", help="use this NATS server instead of starting one")
+    p.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
+    p.add_argument("--decode", type=int, default=1, help="number of decode workers")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="per worker")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--api-key", default="", help="require this bearer key at the gateway")
+    p.add_argument("--log-dir", default=".kvstack/logs")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.prefill < 1 or args.decode < 1:
+        raise KvstackError("--prefill and --decode need at least 1 worker each")
+    print(f"kvstack: preparing {args.model} ...", file=sys.stderr, flush=True)
+    resolve_model(args.model)  # convert once here, not in every worker at the same time
+    worker_args = ("--dtype", args.dtype, "--kv-cache-gib", str(args.kv_cache_gib),
+                   "--threads", str(args.threads))
+    gateway_args = ("--dtype", args.dtype, *(("--api-key", args.api_key) if args.api_key else ()))
+    stack = Stack(StackConfig(
+        nats_url=args.nats, num_prefill=args.prefill, num_decode=args.decode, model=args.model,
+        host=args.host, port=args.port, worker_args=worker_args, gateway_args=gateway_args,
+        log_dir=Path(args.log_dir)))
+    for sig in (signal.SIGINT, signal.SIGTERM):   # also when started with SIGINT ignored
+        signal.signal(sig, _interrupt)
+    try:
+        stack.start()
+        print(f"kvstack: starting {len(stack.processes)} services (logs in {args.log_dir}) ...",
+              file=sys.stderr, flush=True)
+        stack.wait_ready()
+        print(f"kvstack is up: {stack.api_url}/v1  (model {args.model}; Ctrl-C stops it)",
+              flush=True)
+        while True:
+            stack.check_alive()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)   # a second Ctrl-C must not cut the shutdown
+        print("kvstack: draining and stopping ...", file=sys.stderr, flush=True)
+        stack.stop()
+        print("kvstack: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,186 @@
+"""The decode worker: holds blocks for incoming KV, adopts requests once their KV has
+landed intact, decodes them in continuous batches and streams tokens to the gateway."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from shared import subjects
+from shared.bus import Bus
+from shared.engine.engine import LLMEngine
+from shared.engine.loop import EngineLoop
+from shared.engine.output import RequestOutput
+from shared.errors import KvstackError
+from shared.messages import (Abort, Ack, Heartbeat, KVCommit, KVReservation, KVReserve,
+                             StatsRequest, TokenEvent, WorkerStats)
+from shared.service import Service
+from shared.transfer.tcp import TcpKVReceiver
+from shared.worker import WorkerConfig, worker_heartbeat
+from services.decode.reservations import Reservations
+
+log = logging.getLogger("kvstack.decode")
+
+# Tokens of output an admitted request must still have room for: admission is refused
+# ("cannot admit") rather than filling the pool so tightly that requests preempt at once.
+ADMISSION_HEADROOM_TOKENS = 64
+RESERVATION_TTL = 30.0
+
+
+class DecodeService(Service):
+    name = "decode"
+
+    def __init__(self, config: WorkerConfig) -> None:
+        super().__init__(config)
+        self.config: WorkerConfig = config
+        self.next_seq: dict[str, int] = {}
+        self.num_done = 0
+        self.num_refused = 0
+        self.tokens_out = self.metrics.counter("generation_tokens", "tokens generated")
+        self.refused = self.metrics.counter("refused_requests", "reservations refused",
+                                            ("reason",))
+        self.transfers = self.metrics.counter("kv_transfers", "KV transfers by outcome",
+                                              ("result",))
+        self.kv_usage = self.metrics.gauge("kv_cache_usage_perc", "share of KV blocks in use")
+
+    async def start(self, bus: Bus) -> None:
+        loop = asyncio.get_running_loop()
+        self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
+        self.reservations = Reservations(self.engine.runner.storage, loop)
+        self.receiver = TcpKVReceiver(self.reservations, self.config.data_host,
+                                      self.config.data_port, self.config.data_token or None)
+        bound = self.receiver.start()
+        self.data_addr = self.config.advertise_data_addr or bound
+        self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs)
+        self.engine_loop.start()
+        self.janitor = asyncio.ensure_future(self._expire_reservations())
+        await bus.serve(subjects.decode_reserve(self.worker_id), self._reserve, expected=KVReserve)
+        await bus.serve(subjects.decode_commit(self.worker_id), self._commit, expected=KVCommit)
+        await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
+                        expected=StatsRequest)
+        await bus.subscribe(subjects.abort(), self._on_abort, expected=Abort)
+
+    def heartbeat(self) -> Heartbeat:
+        self.kv_usage.set(self.engine.kv.usage)
+        return worker_heartbeat(self.name, self.worker_id, self.config, self.engine,
+                                self.http_addr, self.data_addr, self.draining)
+
+    async def drain(self) -> None:
+        while self.next_seq or len(self.reservations):
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        self.janitor.cancel()
+        self.engine_loop.stop()
+        self.receiver.stop()
+
+    # -- KV arrival ---------------------------------------------------------------------
+
+    async def _reserve(self, msg: KVReserve) -> KVReservation:
+        refusal = self._refusal(msg)
+        if refusal is not None:
+            self.refused.labels(refusal[0]).inc()
+            return KVReservation(msg.request_id, False, reason=refusal[1], code=refusal[2])
+        headroom = min(msg.params.max_tokens, ADMISSION_HEADROOM_TOKENS)
+        num_tokens = len(msg.prompt_token_ids) + 1
+        block_ids = await self.engine_loop.call(
+            lambda e: e.reserve(msg.request_id, num_tokens, headroom))
+        if block_ids is None:
+            self.refused.labels("kv_full").inc()
+            return KVReservation(msg.request_id, False, reason="cannot admit: KV cache full",
+                                 code=503)
+        self.reservations.add(msg, block_ids, RESERVATION_TTL)
+        return KVReservation(msg.request_id, True, tuple(block_ids), self.data_addr)
+
+    def _refusal(self, msg: KVReserve) -> tuple[str, str, int] | None:
+        if self.draining:
+            return "draining", "decode worker is draining", 503
+        if msg.block_size != self.config.block_size or msg.namespace != self.engine.namespace:
+            return "layout", "prefill and decode workers run a different model or KV layout", 500
+        try:
+            self.engine.validate_prompt(msg.prompt_token_ids)
+        except KvstackError as e:
+            return "invalid", str(e), 400
+        return None
+
+    async def _commit(self, msg: KVCommit) -> Ack:
+        reservation = self.reservations.get(msg.request_id)
+        if reservation is None:
+            return Ack(msg.request_id, False, "no reservation for this request (expired?)", 503)
+        if not msg.ok:
+            await self._release(msg.request_id)
+            return Ack(msg.request_id, True)
+        problem = await self._wait_for_transfer(reservation, msg.num_frames)
+        self.transfers.labels("refused" if problem else "ok").inc()
+        if problem:
+            self.num_refused += 1
+            log.warning("request %s: refusing its KV: %s", msg.request_id, problem)
+            await self._release(msg.request_id)
+            return Ack(msg.request_id, False, f"KV transfer failed: {problem}", 503)
+        self.reservations.take(msg.request_id)
+        req = reservation.request
+        self.next_seq[msg.request_id] = 1
+        await self.engine_loop.call(lambda e: e.install(
+            msg.request_id, req.prompt_token_ids, msg.first_token, req.params,
+            msg.num_cached_tokens))
+        return Ack(msg.request_id, True)
+
+    async def _wait_for_transfer(self, reservation, num_frames: int) -> str:
+        try:
+            await asyncio.wait_for(reservation.settled.wait(), self.config.request_timeout)
+        except asyncio.TimeoutError:
+            return "the end of the transfer never arrived"
+        return reservation.verdict(num_frames)
+
+    async def _release(self, request_id: str) -> None:
+        reservation = self.reservations.retire(request_id)
+        if reservation is None:
+            return
+        try:
+            await asyncio.wait_for(reservation.idle.wait(), self.config.request_timeout)
+        except asyncio.TimeoutError:
+            log.error("request %s: a KV frame never finished landing; leaking its blocks",
+                      request_id)
+            return
+        await self.engine_loop.call(lambda e: e.release(request_id))
+
+    async def _expire_reservations(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            for request_id in self.reservations.expired(time.time()):
+                log.warning("request %s: KV never committed; releasing its blocks", request_id)
+                await self._release(request_id)
+
+    # -- decoding -------------------------------------------------------------------------
+
+    def _on_outputs(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            if out.request_id in self.next_seq:
+                asyncio.ensure_future(self.bus.publish(subjects.tokens(out.request_id),
+                                                       self._event(out)))
+
+    def _event(self, out: RequestOutput) -> TokenEvent:
+        seq = self.next_seq[out.request_id]
+        self.next_seq[out.request_id] = seq + 1
+        self.tokens_out.inc(len(out.new_token_ids))
+        error, code = "", 200
+        if out.finished:
+            del self.next_seq[out.request_id]
+            self.num_done += 1
+            if out.finish_reason == "error":
+                error, code = str(out.stop_reason), 500
+        return TokenEvent(out.request_id, seq, out.new_token_ids, out.new_logprobs,
+                          out.finished, out.finish_reason, out.num_prompt_tokens,
+                          out.num_cached_tokens, error, code)
+
+    async def _on_abort(self, msg: Abort) -> None:
+        if self.reservations.get(msg.request_id) is not None:
+            await self._release(msg.request_id)
+        if self.next_seq.pop(msg.request_id, None) is not None:
+            await self.engine_loop.call(lambda e: e.abort(msg.request_id))
+
+    async def _stats(self, _: StatsRequest) -> WorkerStats:
+        scheduler = self.engine.scheduler
+        return WorkerStats(self.worker_id, len(scheduler.running), len(scheduler.waiting),
+                           self.engine.kv.num_free_blocks, self.engine.kv.pool.num_blocks,
+                           len(self.reservations), self.num_done, self.num_refused)

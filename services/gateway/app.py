@@ -1,0 +1,145 @@
+"""The OpenAI-compatible HTTP routes of the gateway (aiohttp)."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+import uuid
+
+from aiohttp import web
+
+from services.gateway import errors
+from services.gateway.errors import ApiError, error_body
+from services.gateway.protocol import (GatewayLimits, GenerateRequest, decode_body,
+                                       parse_chat, parse_completion)
+from services.gateway.relay import Relay
+from services.gateway.responses import (final_response, models_response, stream_chunk,
+                                        usage_chunk, format_logprobs)
+from services.gateway.sse import SSE_DONE, SSE_HEADERS, sse_error, sse_event
+
+log = logging.getLogger("kvstack.gateway")
+_counter = itertools.count()
+
+
+class GatewayApp:
+    """Routes and middlewares; `service` supplies tokenizer, limits, backend and metrics."""
+
+    def __init__(self, service) -> None:
+        self.service = service
+        self.created = int(time.time())
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post("/v1/completions", self.completions),
+                web.post("/v1/chat/completions", self.chat),
+                web.get("/v1/models", self.models)]
+
+    def middlewares(self) -> list:
+        return [self.errors_middleware, self.auth_middleware]
+
+    # -- middlewares ------------------------------------------------------------------
+
+    @web.middleware
+    async def errors_middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return self._error_response(e)
+        except web.HTTPRequestEntityTooLarge:
+            return self._error_response(errors.body_too_large(self.service.limits.max_body_bytes))
+        except web.HTTPNotFound:
+            return self._error_response(errors.route_not_found(request.method, request.path))
+        except web.HTTPMethodNotAllowed:
+            return self._error_response(ApiError(
+                405, "invalid_request_error", f"{request.method} is not allowed on {request.path}"))
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception:  # a bug: the client still gets an OpenAI error object
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return self._error_response(errors.internal_error())
+
+    @web.middleware
+    async def auth_middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        key = self.service.config.api_key
+        if key and request.path.startswith("/v1/"):
+            if request.headers.get("Authorization", "") != f"Bearer {key}":
+                raise errors.authentication_failed()
+        return await handler(request)
+
+    def _error_response(self, e: ApiError) -> web.Response:
+        self.service.count_request(e.status)
+        return web.json_response(error_body(e), status=e.status, headers=e.headers)
+
+    # -- routes -------------------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        body = models_response(self.service.served_model, self.created,
+                               self.service.limits.max_model_len)
+        return web.json_response(body)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, parse_completion)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, parse_chat)
+
+    async def _generate(self, request: web.Request, parse) -> web.StreamResponse:
+        body = decode_body(await request.read(), self.service.limits)
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        req = parse(body, self.service.tokenizer, self.service.limits,
+                    self.service.served_model, _internal_id(request_id),
+                    self.service.model_aliases)
+        relay = Relay(req, self.service.tokenizer, self.service.backend)
+        self.service.inflight.inc()
+        try:
+            if req.stream:
+                return await self._stream(request, req, relay)
+            return await self._complete(req, relay)
+        finally:
+            self.service.inflight.dec()
+            self.service.observe(relay)
+
+    async def _complete(self, req: GenerateRequest, relay: Relay) -> web.Response:
+        text, entries, finish = "", [], "length"
+        async for piece in relay.pieces():
+            text += piece.text
+            entries.extend(piece.entries)
+            finish = piece.finish_reason or finish
+        logprobs = format_logprobs(req, self.service.tokenizer, entries if entries else None)
+        self.service.count_request(200)
+        return web.json_response(final_response(req, text, finish, relay.usage(), logprobs))
+
+    async def _stream(self, request: web.Request, req: GenerateRequest,
+                      relay: Relay) -> web.StreamResponse:
+        pieces = relay.pieces()
+        try:
+            first = await anext(pieces)   # errors before the first token keep their status
+        except StopAsyncIteration:
+            raise errors.internal_error("the request ended without a token") from None
+        response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        await response.prepare(request)
+        self.service.count_request(200)
+        try:
+            await response.write(sse_event(self._chunk(req, first, True)))
+            async for piece in pieces:
+                await response.write(sse_event(self._chunk(req, piece, False)))
+            if req.include_usage:
+                await response.write(sse_event(usage_chunk(req, relay.usage())))
+        except ApiError as e:  # the status line is gone: the error travels in the stream
+            await response.write(sse_error(e))
+        finally:
+            await pieces.aclose()
+        await response.write(SSE_DONE)
+        return response
+
+    @staticmethod
+    def _chunk(req: GenerateRequest, piece, first: bool) -> dict:
+        return stream_chunk(req, piece.text, first=first, logprobs=piece.logprobs,
+                            finish_reason=piece.finish_reason)
+
+
+def _internal_id(client_id: str) -> str:
+    """Unique even when clients reuse x-request-id, and safe inside a NATS subject."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in client_id)[:64]
+    return f"{safe}-{os.getpid()}-{next(_counter)}"

@@ -1,0 +1,345 @@
+"""OpenAI request bodies -> `GenerateRequest`: the checks and defaults of the public API.
+
+Pure functions, no I/O. Every client mistake becomes an `ApiError` (400, or 404 for an
+unknown model, 413 for an oversized body); nothing else escapes. Unknown fields are ignored,
+as vLLM does, but a known field of the wrong type is a 400 that names it.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from services.gateway.errors import (
+    body_too_large, internal_error, invalid_request, model_not_found)
+from shared.engine.sampling_params import SamplingParams
+from shared.errors import InvalidRequest, KvstackError
+from shared.model.tokenizer import Tokenizer
+
+Endpoint = Literal["completions", "chat"]
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+SEED_RANGE = range(-2**63, 2**64)  # what torch.Generator.manual_seed accepts
+# SamplingParams' messages start with the field at fault; these are request fields too.
+SAMPLING_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "stop", "logprobs"})
+
+
+@dataclass(frozen=True)
+class FieldKind:
+    """A JSON type a request field must have (bool is not an int here, unlike in Python)."""
+    accepts: Callable[[Any], bool]
+    expected: str
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_short_str_list(value: Any) -> bool:
+    return (isinstance(value, list) and len(value) <= MAX_STOP_STRINGS
+            and all(isinstance(item, str) for item in value))
+
+
+BOOL = FieldKind(lambda value: isinstance(value, bool), "a boolean")
+INT = FieldKind(_is_int, "an integer")
+NUMBER = FieldKind(lambda value: isinstance(value, float) or _is_int(value), "a number")
+STRING = FieldKind(lambda value: isinstance(value, str), "a string")
+OBJECT = FieldKind(lambda value: isinstance(value, dict), "an object")
+INT_LIST = FieldKind(lambda value: isinstance(value, list) and all(map(_is_int, value)),
+                     "a list of integers")
+STOP = FieldKind(lambda value: isinstance(value, str) or _is_short_str_list(value),
+                 f"a string or a list of up to {MAX_STOP_STRINGS} strings")
+
+
+@dataclass(frozen=True)
+class GatewayLimits:
+    max_model_len: int                   # context limit: prompt + output tokens
+    max_tokens_limit: int | None = None  # cap on a requested max_tokens; None: max_model_len
+    default_max_tokens: int = 16         # completions without max_tokens (OpenAI's default)
+    max_body_bytes: int = 4 * 1024 * 1024
+    vocab_size: int | None = None        # checks token ids when there is no tokenizer
+
+    def __post_init__(self) -> None:
+        if self.max_tokens_limit is None:
+            object.__setattr__(self, "max_tokens_limit", self.max_model_len)
+        if min(self.max_model_len, self.max_tokens_limit, self.default_max_tokens) < 1:
+            raise ValueError(f"gateway limits must be positive: {self}")
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    request_id: str
+    endpoint: Endpoint
+    model: str                          # the served name, whichever alias the client used
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool                 # stream a final usage chunk (stream_options)
+    logprobs: int | None                # top alternatives per token; None: no logprobs
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def response_id(self) -> str:
+        prefix = "chatcmpl" if self.endpoint == "chat" else "cmpl"
+        return f"{prefix}-{self.request_id}"
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+def decode_body(raw: bytes, limits: GatewayLimits) -> dict:
+    """The request body as a JSON object (413 when too large, 400 when not an object)."""
+    if len(raw) > limits.max_body_bytes:
+        raise body_too_large(limits.max_body_bytes)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_request(f"The request body is not valid JSON: {exc}") from None
+    return _object(body)
+
+
+def parse_completion(body: Any, tokenizer: Tokenizer | None, limits: GatewayLimits,
+                     served_model: str, request_id: str,
+                     aliases: Collection[str] = ()) -> GenerateRequest:
+    """POST /v1/completions. `aliases`: other names the served model answers to."""
+    body = _object(body)
+    model = _model(body, served_model, aliases)
+    _check_single_choice(body)
+    if _read(body, "echo", BOOL):
+        raise invalid_request("echo is not supported.", param="echo")
+    prompt_ids = _completion_prompt(body.get("prompt"), tokenizer, limits)
+    _check_prompt_length(len(prompt_ids), limits, "prompt")
+    max_tokens = _max_tokens(_read(body, "max_tokens", INT), "max_tokens",
+                             limits.default_max_tokens, len(prompt_ids), limits)
+    logprobs = _read(body, "logprobs", INT)
+    params = _sampling_params(body, tokenizer, limits, max_tokens, logprobs, "logprobs")
+    return _request(body, request_id, "completions", model, prompt_ids, params)
+
+
+def parse_chat(body: Any, tokenizer: Tokenizer | None, limits: GatewayLimits,
+               served_model: str, request_id: str,
+               aliases: Collection[str] = ()) -> GenerateRequest:
+    """POST /v1/chat/completions. `aliases`: other names the served model answers to."""
+    body = _object(body)
+    model = _model(body, served_model, aliases)
+    _check_single_choice(body)
+    prompt_ids = _chat_prompt(body.get("messages"), tokenizer)
+    _check_prompt_length(len(prompt_ids), limits, "messages")
+    requested, param = _chat_max_tokens(body)
+    # Without a limit a chat reply may fill the context (vLLM does the same).
+    max_tokens = _max_tokens(requested, param, None, len(prompt_ids), limits)
+    params = _sampling_params(body, tokenizer, limits, max_tokens, _chat_logprobs(body),
+                              "top_logprobs")
+    return _request(body, request_id, "chat", model, prompt_ids, params)
+
+
+def _request(body: dict, request_id: str, endpoint: Endpoint, model: str,
+             prompt_ids: tuple[int, ...], params: SamplingParams) -> GenerateRequest:
+    stream = bool(_read(body, "stream", BOOL))
+    return GenerateRequest(request_id, endpoint, model, prompt_ids, params, stream,
+                           _include_usage(body, stream), params.logprobs)
+
+
+# -- model, n, stream options ------------------------------------------------------------------
+
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise invalid_request("The request body must be a JSON object.")
+    return body
+
+
+def _model(body: dict, served_model: str, aliases: Collection[str]) -> str:
+    # NOTE: a missing model means the served one (vLLM allows this; handy with curl).
+    name = _read(body, "model", STRING)
+    if name is not None and name != served_model and name not in aliases:
+        raise model_not_found(name)
+    return served_model
+
+
+def _check_single_choice(body: dict) -> None:
+    for name in ("n", "best_of"):
+        count = _read(body, name, INT)
+        if count not in (None, 1):
+            raise invalid_request(f"Only {name}=1 is supported, got {count}.", param=name)
+
+
+def _include_usage(body: dict, stream: bool) -> bool:
+    options = _read(body, "stream_options", OBJECT)
+    if options is None:
+        return False
+    if not stream:
+        raise invalid_request("stream_options is only allowed when stream is true.",
+                              param="stream_options")
+    # NOTE: include_usage defaults to true once stream_options is present, as in vLLM.
+    include = _read(options, "include_usage", BOOL, "stream_options.")
+    return include is not False
+
+
+# -- prompts ---------------------------------------------------------------------------------------
+
+def _completion_prompt(prompt: Any, tokenizer: Tokenizer | None,
+                       limits: GatewayLimits) -> tuple[int, ...]:
+    if isinstance(prompt, list) and len(prompt) == 1 and not _is_int(prompt[0]):
+        prompt = prompt[0]  # a one-element batch: ["text"] or [[ids]]
+    if isinstance(prompt, str):
+        return tuple(_tokenizer_for("a text prompt", tokenizer).encode(prompt))
+    if INT_LIST.accepts(prompt):
+        return _checked_ids(prompt, tokenizer, limits, "prompt")
+    if isinstance(prompt, list) and all(isinstance(p, (str, list)) for p in prompt):
+        raise invalid_request("Only one prompt per request is supported.", param="prompt")
+    raise invalid_request("prompt must be a string or a list of token ids.", param="prompt")
+
+
+def _chat_prompt(messages: Any, tokenizer: Tokenizer | None) -> tuple[int, ...]:
+    if not isinstance(messages, list) or not messages:
+        raise invalid_request("messages must be a non-empty list of {role, content} objects.",
+                              param="messages")
+    turns = [_chat_message(message, index) for index, message in enumerate(messages)]
+    tokenizer = _tokenizer_for("chat", tokenizer)
+    try:
+        return tuple(tokenizer.encode_chat(turns, add_generation_prompt=True))
+    except InvalidRequest as exc:
+        raise invalid_request(str(exc), param="messages") from None
+    except KvstackError as exc:  # the model's template is broken: our problem, not the client's
+        raise internal_error(str(exc)) from None
+
+
+def _chat_message(message: Any, index: int) -> dict:
+    if not isinstance(message, dict) or not STRING.accepts(message.get("role")):
+        raise invalid_request("Each message must be an object with a string role.",
+                              param=f"messages[{index}].role")
+    return {"role": message["role"], "content": _chat_content(message.get("content"), index)}
+
+
+def _chat_content(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and all(map(_is_text_part, content)):
+        return "\n".join(part["text"] for part in content)  # joined as vLLM joins text parts
+    raise invalid_request("content must be a string or a list of {\"type\": \"text\", "
+                          "\"text\": ...} parts.", param=f"messages[{index}].content")
+
+
+def _is_text_part(part: Any) -> bool:
+    return (isinstance(part, dict) and part.get("type") == "text"
+            and isinstance(part.get("text"), str))
+
+
+def _tokenizer_for(what: str, tokenizer: Tokenizer | None) -> Tokenizer:
+    if tokenizer is None:
+        raise invalid_request(f"This model has no tokenizer, so {what} cannot be used; "
+                              "send the prompt as a list of token ids.", param="prompt")
+    return tokenizer
+
+
+def _checked_ids(ids: list, tokenizer: Tokenizer | None, limits: GatewayLimits,
+                 param: str) -> tuple[int, ...]:
+    vocab_size = tokenizer.vocab_size if tokenizer is not None else limits.vocab_size
+    bad = next((i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)), None)
+    if bad is not None:
+        raise invalid_request(f"Token id {bad} is out of vocabulary (size {vocab_size}).",
+                              param=param)
+    return tuple(ids)
+
+
+def _check_prompt_length(num_tokens: int, limits: GatewayLimits, param: str) -> None:
+    if num_tokens == 0:
+        raise invalid_request("The prompt is empty.", param=param)
+    if num_tokens >= limits.max_model_len:
+        raise invalid_request(
+            f"This model's maximum context length is {limits.max_model_len} tokens; your "
+            f"prompt has {num_tokens} tokens, which leaves no room for output.",
+            param=param, code="context_length_exceeded")
+
+
+# -- sampling ------------------------------------------------------------------------------------
+
+def _chat_max_tokens(body: dict) -> tuple[int | None, str]:
+    newer = _read(body, "max_completion_tokens", INT)
+    if newer is not None:
+        return newer, "max_completion_tokens"
+    return _read(body, "max_tokens", INT), "max_tokens"
+
+
+def _max_tokens(requested: int | None, param: str, default: int | None, num_prompt_tokens: int,
+                limits: GatewayLimits) -> int:
+    """The output budget: the request's (or the default), clamped to the context left."""
+    if requested is not None and not 1 <= requested <= limits.max_tokens_limit:
+        raise invalid_request(f"{param} must be between 1 and {limits.max_tokens_limit}, got "
+                              f"{requested}.", param=param)
+    room = limits.max_model_len - num_prompt_tokens
+    wanted = requested if requested is not None else default
+    return min(room, limits.max_tokens_limit if wanted is None else wanted)
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    wanted = _read(body, "logprobs", BOOL)
+    top = _read(body, "top_logprobs", INT)
+    if top and not wanted:
+        raise invalid_request("top_logprobs needs logprobs set to true.", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _sampling_params(body: dict, tokenizer: Tokenizer | None, limits: GatewayLimits,
+                     max_tokens: int, logprobs: int | None, logprobs_param: str) \
+        -> SamplingParams:
+    stop = _stop_strings(body, tokenizer)
+    stop_ids = _read(body, "stop_token_ids", INT_LIST) or []
+    settings = dict(
+        max_tokens=max_tokens, stop=stop, logprobs=logprobs,
+        stop_token_ids=_checked_ids(stop_ids, tokenizer, limits, "stop_token_ids"),
+        temperature=_read(body, "temperature", NUMBER),
+        top_p=_read(body, "top_p", NUMBER),
+        top_k=_read(body, "top_k", INT),
+        seed=_seed(body),
+        ignore_eos=_read(body, "ignore_eos", BOOL),
+        skip_special_tokens=_read(body, "skip_special_tokens", BOOL))
+    given = {name: value for name, value in settings.items() if value is not None}
+    try:
+        return SamplingParams(**given)
+    except InvalidRequest as exc:
+        raise invalid_request(str(exc), param=_blamed_param(str(exc), logprobs_param)) from None
+
+
+def _blamed_param(message: str, logprobs_param: str) -> str | None:
+    field_name = message.split(" ", 1)[0]
+    if field_name not in SAMPLING_FIELDS:
+        return None
+    return logprobs_param if field_name == "logprobs" else field_name
+
+
+def _stop_strings(body: dict, tokenizer: Tokenizer | None) -> tuple[str, ...]:
+    stop = _read(body, "stop", STOP)
+    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if stop and tokenizer is None:
+        raise invalid_request("Stop strings need a tokenizer, and this model has none.",
+                              param="stop")
+    return stop
+
+
+def _seed(body: dict) -> int | None:
+    seed = _read(body, "seed", INT)
+    if seed is not None and seed not in SEED_RANGE:
+        raise invalid_request(f"seed must be between {SEED_RANGE.start} and "
+                              f"{SEED_RANGE.stop - 1}.", param="seed")
+    return seed
+
+
+# -- typed field reading ---------------------------------------------------------------------------
+
+def _read(body: dict, name: str, kind: FieldKind, prefix: str = "") -> Any:
+    """`body[name]`, None when absent or null; a 400 naming the field when of the wrong type."""
+    value = body.get(name)
+    if value is not None and not kind.accepts(value):
+        raise invalid_request(f"{prefix}{name} must be {kind.expected}, got "
+                              f"{_json_type(value)}.", param=prefix + name)
+    return value
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)

@@ -1,0 +1,69 @@
+"""From a request's token events to what its client sees: text, logprobs, finish, usage."""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from shared.engine.sampler import TokenLogprob
+from shared.model.tokenizer import Tokenizer
+from services.gateway.backend import Backend
+from services.gateway.protocol import GenerateRequest
+from services.gateway.responses import format_logprobs, usage
+from services.gateway.text import TextStream
+
+
+@dataclass
+class Piece:
+    text: str
+    logprobs: dict | None                 # formatted for the endpoint
+    entries: tuple[TokenLogprob, ...]     # raw, for the non-streaming answer
+    finish_reason: str | None
+
+
+@dataclass
+class Relay:
+    req: GenerateRequest
+    tokenizer: Tokenizer | None
+    backend: Backend
+    started: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    stream: TextStream | None = None
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        self.stream = TextStream(self.tokenizer, self.req.prompt_token_ids, self.req.params)
+        events = self.backend.generate(self.req)
+        try:
+            async for event in events:
+                self._clock(len(event.token_ids))
+                self.num_cached_tokens = event.num_cached_tokens
+                piece = self._piece(event.token_ids, event.logprobs, event.finished,
+                                    event.finish_reason)
+                if piece is not None:
+                    yield piece
+                if piece is not None and piece.finish_reason:
+                    return
+        finally:
+            await events.aclose()   # an unfinished request is aborted on the workers
+
+    def usage(self) -> dict:
+        return usage(self.req.num_prompt_tokens, self.stream.num_tokens, self.num_cached_tokens)
+
+    def _piece(self, token_ids, logprobs, finished: bool, finish_reason: str | None) -> Piece | None:
+        update = self.stream.push(token_ids, logprobs)
+        finish = "stop" if update.stopped else (finish_reason if finished else None)
+        text = update.text + (self.stream.finish() if finish else "")
+        entries = tuple(update.logprobs or ())
+        formatted = format_logprobs(self.req, self.tokenizer, update.logprobs, update.text_offset)
+        if not (text or finish or entries):
+            return None
+        return Piece(text, formatted if entries else None, entries, finish)
+
+    def _clock(self, num_tokens: int) -> None:
+        now = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        if num_tokens:
+            self.token_times.append(now)

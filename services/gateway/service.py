@@ -1,0 +1,84 @@
+"""The gateway service: OpenAI-compatible HTTP in front, NATS behind."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from shared.bus import Bus
+from shared.engine.config import resolve_dtype
+from shared.engine.engine import kv_namespace
+from shared.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from shared.model.config import ModelConfig
+from shared.model.registry import resolve_model
+from shared.model.tokenizer import Tokenizer, has_tokenizer
+from shared.service import Service, ServiceConfig
+from services.gateway.app import GatewayApp
+from services.gateway.backend import Backend, BackendTimeouts
+from services.gateway.protocol import GatewayLimits
+from services.gateway.relay import Relay
+
+
+@dataclass(frozen=True)
+class GatewayConfig(ServiceConfig):
+    http_port: int = 8000
+    model: str = "SmolLM2-135M-Instruct"
+    served_model_name: str = ""           # default: the model's name
+    api_key: str = ""
+    max_tokens_limit: int = 0             # 0: the context size
+    max_body_bytes: int = 4 << 20
+    block_size: int = 16                  # must match the workers' (for block hashes)
+    dtype: str = "auto"                   # the workers' dtype (names their KV blocks)
+    timeouts: BackendTimeouts = BackendTimeouts()
+
+
+class GatewayService(Service):
+    name = "gateway"
+
+    def __init__(self, config: GatewayConfig) -> None:
+        super().__init__(config)
+        self.config: GatewayConfig = config
+        model_dir = resolve_model(config.model)
+        self.tokenizer = Tokenizer.from_dir(model_dir) if has_tokenizer(model_dir) else None
+        model_config = ModelConfig.from_dir(model_dir)
+        self.served_model = config.served_model_name or config.model
+        self.model_aliases = {config.model, model_dir.name}
+        self.namespace = kv_namespace(model_dir, resolve_dtype(config.dtype))
+        self.limits = GatewayLimits(
+            max_model_len=model_config.max_position_embeddings,
+            max_tokens_limit=config.max_tokens_limit or None,
+            max_body_bytes=config.max_body_bytes, vocab_size=model_config.vocab_size)
+        self.max_body_bytes = config.max_body_bytes
+        self.app = GatewayApp(self)
+        self._metrics()
+
+    def _metrics(self) -> None:
+        m = self.metrics
+        self.requests = m.counter("requests", "HTTP requests by status", ("status",))
+        self.inflight = m.gauge("inflight_requests", "requests being served")
+        self.ttft = m.histogram("time_to_first_token_seconds", "time to first token",
+                                TTFT_BUCKETS)
+        self.itl = m.histogram("inter_token_latency_seconds", "time between tokens", ITL_BUCKETS)
+        self.e2e = m.histogram("e2e_request_latency_seconds", "request latency",
+                               REQUEST_LATENCY_BUCKETS)
+
+    async def start(self, bus: Bus) -> None:
+        self.backend = Backend(bus, self.config.timeouts, self.config.block_size, self.namespace)
+
+    def routes(self) -> list[web.RouteDef]:
+        return self.app.routes()
+
+    def middlewares(self) -> list:
+        return self.app.middlewares()
+
+    def count_request(self, status: int) -> None:
+        self.requests.labels(str(status)).inc()
+
+    def observe(self, relay: Relay) -> None:
+        if relay.first_token_at is None:
+            return
+        self.ttft.observe(relay.first_token_at - relay.started)
+        times = relay.token_times
+        for earlier, later in zip(times, times[1:]):
+            self.itl.observe(later - earlier)
+        self.e2e.observe(times[-1] - relay.started)

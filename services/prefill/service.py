@@ -1,0 +1,208 @@
+"""The prefill worker: computes a prompt's KV, streams it layer by layer to the decode
+worker chosen by the conductor, and produces the first token."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+from shared import subjects
+from shared.bus import Bus, ServiceUnavailable
+from shared.engine.engine import LLMEngine
+from shared.engine.loop import EngineLoop
+from shared.engine.output import RequestOutput
+from shared.engine.runner import SeqChunk
+from shared.errors import KvstackError
+from shared.hashing import block_hashes
+from shared.messages import (Abort, Ack, Heartbeat, KVCommit, KVReservation, KVReserve,
+                             PrefillRequest, StatsRequest, TokenEvent, WorkerStats)
+from shared.service import Service
+from shared.transfer.tcp import TcpKVSender
+from shared.worker import WorkerConfig, worker_heartbeat
+from services.prefill.streaming import Target, layer_spans
+
+log = logging.getLogger("kvstack.prefill")
+
+
+class PrefillService(Service):
+    name = "prefill"
+
+    def __init__(self, config: WorkerConfig) -> None:
+        super().__init__(config)
+        self.config: WorkerConfig = config
+        self.targets: dict[str, Target] = {}
+        self.requests: dict[str, PrefillRequest] = {}
+        self.num_done = 0
+        self.prompt_tokens = self.metrics.counter("prompt_tokens", "prompt tokens prefilled")
+        self.kv_bytes = self.metrics.gauge("kv_transfer_bytes", "KV bytes sent so far")
+
+    async def start(self, bus: Bus) -> None:
+        loop = asyncio.get_running_loop()
+        self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
+        self.sender = TcpKVSender(auth_token=self.config.data_token or None)
+        self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs, step=self._step)
+        self.engine_loop.start()
+        await bus.serve(subjects.prefill_submit(self.worker_id), self._submit,
+                        expected=PrefillRequest)
+        await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
+                        expected=StatsRequest)
+        await bus.subscribe(subjects.abort(), self._on_abort, expected=Abort)
+
+    def heartbeat(self) -> Heartbeat:
+        self.kv_bytes.set(self.sender.bytes_sent)
+        return worker_heartbeat(self.name, self.worker_id, self.config, self.engine,
+                                self.http_addr, "", self.draining)
+
+    async def drain(self) -> None:
+        while self.requests:
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        self.engine_loop.stop()
+        self.sender.close()
+
+    # -- requests ---------------------------------------------------------------------
+
+    async def _submit(self, req: PrefillRequest) -> Ack:
+        if self.draining:
+            return Ack(req.request_id, False, "prefill worker is draining", 503)
+        try:
+            self.engine.validate_prompt(req.prompt_token_ids)
+        except KvstackError as e:
+            return Ack(req.request_id, False, str(e), 400)
+        self.requests[req.request_id] = req
+        asyncio.ensure_future(self._run(req))
+        return Ack(req.request_id, True)
+
+    async def _run(self, req: PrefillRequest) -> None:
+        reservation = await self._reserve(req)
+        if req.request_id not in self.requests:  # aborted while reserving
+            if reservation.ok:
+                await self._tell_decode(req.decode_id, KVCommit(req.request_id, False,
+                                                                reason="aborted"))
+            return
+        if not reservation.ok:
+            return await self._fail(req, reservation.reason, reservation.code)
+        self.targets[req.request_id] = Target(
+            req.request_id, reservation.data_addr, req.decode_id, reservation.block_ids,
+            self._block_hashes(req))
+        prefill_only = dataclasses.replace(req.params, max_tokens=1)
+        await self.engine_loop.call(lambda e: e.add_request(
+            req.request_id, req.prompt_token_ids, prefill_only, hold_kv=True))
+
+    async def _reserve(self, req: PrefillRequest) -> KVReservation:
+        message = KVReserve(req.request_id, req.prompt_token_ids, req.params,
+                            self.config.block_size, self.engine.namespace, req.deadline,
+                            self.worker_id)
+        try:
+            return await self.bus.request(subjects.decode_reserve(req.decode_id), message,
+                                          self.config.request_timeout, expected=KVReservation)
+        except ServiceUnavailable as e:
+            return KVReservation(req.request_id, False, reason=f"decode worker: {e}", code=503)
+
+    def _block_hashes(self, req: PrefillRequest) -> list[int]:
+        return block_hashes(req.prompt_token_ids, self.config.block_size, self.engine.namespace)
+
+    # -- engine thread ----------------------------------------------------------------
+
+    def _step(self, engine: LLMEngine) -> list[RequestOutput]:
+        return engine.step(layer_hook=self._send_layer)
+
+    def _send_layer(self, layer: int, chunks: list[SeqChunk]) -> None:
+        last_layer = layer == self.engine.model_config.num_layers - 1
+        for chunk in chunks:
+            target = self.targets.get(chunk.request_id)
+            if target is None:
+                continue
+            spans = layer_spans(self.engine.runner.storage, layer, chunk, target)
+            if spans:
+                self.sender.send(target.peer, target.request_id, layer, spans)
+            if last_layer:
+                target.sent_upto = chunk.context_len
+
+    # -- back on the event loop ---------------------------------------------------------
+
+    def _on_outputs(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            if out.finished and out.request_id in self.targets:
+                self._finish_transfer(self.targets[out.request_id], out)
+
+    def _finish_transfer(self, target: Target, out: RequestOutput | None) -> None:
+        """End the request's stream of frames; commit (or cancel) once it is sent."""
+        loop = asyncio.get_running_loop()
+
+        def on_done(ok: bool, num_frames: int, error: str) -> None:
+            loop.call_soon_threadsafe(
+                lambda: asyncio.ensure_future(self._commit(out, target, ok, num_frames, error)))
+        self.sender.finish(target.peer, target.request_id, on_done)
+
+    async def _commit(self, out: RequestOutput | None, target: Target, sent: bool,
+                      num_frames: int, error: str) -> None:
+        rid = target.request_id
+        await self.engine_loop.call(lambda e: e.release(rid))
+        self.targets.pop(rid, None)
+        req = self.requests.get(rid)
+        if req is None or out is None:  # aborted meanwhile
+            return await self._tell_decode(target.decode_id, KVCommit(rid, False, reason="aborted"))
+        if out.finish_reason in ("abort", "error") or not sent:
+            await self._tell_decode(target.decode_id, KVCommit(rid, False, reason=error or "failed"))
+            return await self._fail(req, f"prefill failed: {error or out.stop_reason}", 503)
+        token = out.new_token_ids[0]
+        logprob = out.new_logprobs[0] if out.new_logprobs else None
+        self.prompt_tokens.inc(out.num_prompt_tokens - out.num_cached_tokens)
+        done_here = self._finishes_at_first_token(req, token)
+        commit = KVCommit(rid, not done_here, num_frames, token, logprob, out.num_cached_tokens,
+                          reason="finished at the first token" if done_here else "")
+        reply = await self._tell_decode(target.decode_id, commit)
+        if done_here:
+            return await self._emit_first(req, out, token, logprob, done_here)
+        if not reply.ok:
+            return await self._fail(req, reply.error or "decode worker refused the KV",
+                                    reply.code if reply.code != 200 else 503)
+        await self._emit_first(req, out, token, logprob, None)
+
+    def _finishes_at_first_token(self, req: PrefillRequest, token: int) -> str | None:
+        stop = self.engine.stop_reason(req.params, token)
+        if stop is not None:
+            return "stop"
+        return "length" if req.params.max_tokens == 1 else None
+
+    async def _tell_decode(self, decode_id: str, commit: KVCommit) -> Ack:
+        try:
+            return await self.bus.request(subjects.decode_commit(decode_id), commit,
+                                          self.config.request_timeout, expected=Ack)
+        except ServiceUnavailable as e:
+            return Ack(commit.request_id, False, f"decode worker: {e}", 503)
+
+    async def _emit_first(self, req: PrefillRequest, out: RequestOutput, token: int, logprob,
+                          finish_reason: str | None) -> None:
+        event = TokenEvent(req.request_id, 0, (token,), (logprob,) if logprob else None,
+                           finish_reason is not None, finish_reason, out.num_prompt_tokens,
+                           out.num_cached_tokens)
+        await self.bus.publish(subjects.tokens(req.request_id), event)
+        self._done(req.request_id)
+
+    async def _fail(self, req: PrefillRequest, error: str, code: int) -> None:
+        log.info("request %s failed: %s", req.request_id, error)
+        event = TokenEvent(req.request_id, 0, finished=True, finish_reason="error",
+                           error=error, code=code)
+        await self.bus.publish(subjects.tokens(req.request_id), event)
+        self._done(req.request_id)
+
+    def _done(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+        self.num_done += 1
+
+    async def _on_abort(self, msg: Abort) -> None:
+        if self.requests.pop(msg.request_id, None) is None:
+            return
+        aborted = await self.engine_loop.call(lambda e: e.abort(msg.request_id))
+        target = self.targets.get(msg.request_id)
+        if aborted and target is not None:
+            self._finish_transfer(target, None)   # blocks are freed once the sends are done
+
+    async def _stats(self, _: StatsRequest) -> WorkerStats:
+        scheduler = self.engine.scheduler
+        return WorkerStats(self.worker_id, len(scheduler.running), len(scheduler.waiting),
+                           self.engine.kv.num_free_blocks, self.engine.kv.pool.num_blocks,
+                           len(self.targets), self.num_done)

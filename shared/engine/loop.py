@@ -1,0 +1,87 @@
+"""Runs an engine in its own thread so that an asyncio service never blocks on the model.
+
+The event loop sends work with `call(fn)` (run between steps, on the engine thread, its
+result delivered as an awaitable); the thread steps the engine whenever it has work and
+hands each step's outputs to `on_outputs` back on the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from shared.engine.engine import LLMEngine
+from shared.engine.output import RequestOutput
+
+log = logging.getLogger("kvstack.engine")
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop,
+                 on_outputs: Callable[[list[RequestOutput]], None],
+                 step: Callable[[LLMEngine], list[RequestOutput]] | None = None) -> None:
+        self.engine = engine
+        self.loop = loop
+        self.on_outputs = on_outputs
+        self._step = step or (lambda e: e.step())
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._running = False
+        self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
+        self.num_steps = 0
+
+    def start(self) -> None:
+        self._running = True
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._running = False
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def call(self, fn: Callable[[LLMEngine], Any]) -> asyncio.Future:
+        """Run fn(engine) on the engine thread before its next step."""
+        future = self.loop.create_future()
+        self._calls.put((fn, future))
+        self._wake.set()
+        return future
+
+    def _main(self) -> None:
+        while self._running:
+            self._run_calls()
+            if not self.engine.has_unfinished:
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self._step(self.engine)
+            except Exception as e:  # fail the step's requests loudly instead of retrying forever
+                log.exception("engine step failed")
+                outputs = self.engine.fail_all(f"engine step failed: {type(e).__name__}: {e}")
+            self.num_steps += 1
+            if outputs:
+                self.loop.call_soon_threadsafe(self.on_outputs, outputs)
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, future = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                result, error = fn(self.engine), None
+            except Exception as e:  # delivered to the awaiting side, not swallowed
+                result, error = None, e
+            self.loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future, result: Any, error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

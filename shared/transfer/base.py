@@ -1,0 +1,125 @@
+"""The data-plane contract: how KV bytes of a request move from one worker to another.
+
+A sender streams *frames* (one layer's K and V for a run of blocks) and then an end
+marker per request; a receiver writes each span's bytes straight into memory its sink
+chose and reports every frame as good or bad. Control (which blocks, which peer) travels
+over NATS elsewhere; implementations here only move bytes. `tcp.py` is the default;
+others (Mooncake Transfer Engine) implement the same two ABCs.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSpan:
+    """A run of token slots inside one block, named by the receiver's block id."""
+
+    block_id: int
+    offset: int
+    num_tokens: int
+    block_hash: int = 0  # chained hash of a full block; 0 when the block is not full
+
+
+# (span, K bytes, V bytes): what a sender reads for one span of one layer.
+SpanBytes = tuple[BlockSpan, memoryview, memoryview]
+# on_done(ok, num_frames, error)
+DoneCallback = Callable[[bool, int, str], None]
+
+
+class KVSender(ABC):
+    """Streams KV frames to peers ("host:port"), in order per peer.
+
+    The memory behind every memoryview passed to `send` must stay valid and unchanged
+    until that request's `finish` callback has run.
+    """
+
+    @abstractmethod
+    def send(self, peer: str, request_id: str, layer: int, spans: Sequence[SpanBytes]) -> None:
+        """Queue one frame without copying its bytes; returns at once."""
+
+    @abstractmethod
+    def finish(self, peer: str, request_id: str, on_done: DoneCallback) -> None:
+        """After the request's queued frames are sent, send its end marker, then call
+        `on_done(ok, num_frames, error)` from the sender's thread."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop sending; requests not yet finished get `on_done(False, ...)`."""
+
+    @property
+    @abstractmethod
+    def bytes_sent(self) -> int:
+        """KV payload bytes written so far (headers not counted)."""
+
+    @property
+    @abstractmethod
+    def frames_sent(self) -> int: ...
+
+
+class KVSink(Protocol):
+    """The receiving worker's side. Callbacks run on the receiver's threads (one per
+    connection, so in order per sender); the sink does its own locking."""
+
+    def destination(self, request_id: str, layer: int, span: BlockSpan,
+                    nbytes: int) -> tuple[memoryview, memoryview] | None:
+        """Where this span's K and V bytes (`nbytes` each) go; None refuses the span
+        (its bytes are read and dropped, and the frame is reported bad)."""
+
+    def on_frame(self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool,
+                 error: str) -> None:
+        """A frame has landed. When `ok` is False (checksum, size or refusal), the bytes
+        written into its destinations must never be used."""
+
+    def on_end(self, request_id: str, num_frames: int) -> None:
+        """The sender finished the request after `num_frames` frames."""
+
+    def on_lost(self, request_ids: list[str], error: str) -> None:
+        """A connection dropped while these requests still awaited their end marker."""
+
+
+class KVReceiver(ABC):
+    """Accepts senders and feeds their frames to a `KVSink`."""
+
+    @abstractmethod
+    def start(self) -> str:
+        """Bind and serve; returns the "host:port" actually bound."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Close the listener and every connection (unfinished requests are lost)."""
+
+    @property
+    @abstractmethod
+    def bytes_received(self) -> int:
+        """KV payload bytes read so far (headers not counted)."""
+
+    @property
+    @abstractmethod
+    def frames_received(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def frames_rejected(self) -> int:
+        """Frames reported with ok=False."""
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor of any dtype, as a flat writable memoryview
+    sharing its memory (bfloat16 has no buffer format, hence the uint8 view)."""
+    if not tensor.is_contiguous() or tensor.device.type != "cpu":
+        raise ValueError("tensor_bytes needs a contiguous CPU tensor")
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def kv_span_bytes(kv: torch.Tensor, layer: int, span: BlockSpan) -> tuple[memoryview, memoryview]:
+    """K and V bytes of `span` in a KV tensor laid out as KVStorage's
+    `kv[layer, k/v, block, offset, kv_head, head_dim]` (token runs are contiguous)."""
+    tokens = slice(span.offset, span.offset + span.num_tokens)
+    return (tensor_bytes(kv[layer, 0, span.block_id, tokens]),
+            tensor_bytes(kv[layer, 1, span.block_id, tokens]))

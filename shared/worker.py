@@ -1,0 +1,45 @@
+"""What prefill and decode workers share: their config and their heartbeat."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from shared.engine.config import EngineConfig
+from shared.engine.engine import LLMEngine
+from shared.messages import Heartbeat
+from shared.service import ServiceConfig
+
+
+@dataclass(frozen=True)
+class WorkerConfig(ServiceConfig):
+    model: str = "SmolLM2-135M-Instruct"
+    dtype: str = "auto"
+    block_size: int = 16
+    kv_cache_bytes: int = 1 << 30
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    num_threads: int | None = None
+    data_host: str = "127.0.0.1"       # where this worker receives KV bytes
+    data_port: int = 0
+    advertise_data_addr: str = ""      # what peers should dial, if not the bound address
+    data_token: str = ""               # shared secret of the data plane (KVSTACK_DATA_TOKEN)
+    request_timeout: float = 10.0      # one control round trip (reserve, commit)
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model=self.model, dtype=self.dtype, block_size=self.block_size,
+            kv_cache_bytes=self.kv_cache_bytes, max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs, num_threads=self.num_threads, detokenize=False)
+
+
+def worker_heartbeat(service: str, worker_id: str, config: WorkerConfig, engine: LLMEngine,
+                     http_addr: str, data_addr: str, draining: bool) -> Heartbeat:
+    """Load as the engine sees it (read without locks: a slightly stale view is fine)."""
+    scheduler = engine.scheduler
+    queued = sum(s.num_tokens - s.num_computed_tokens for s in list(scheduler.waiting))
+    return Heartbeat(
+        service, worker_id, time.time(), config.heartbeat_interval, http_addr=http_addr,
+        data_addr=data_addr, model=config.model, block_size=config.block_size,
+        num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+        queued_tokens=queued, free_blocks=engine.kv.num_free_blocks,
+        total_blocks=engine.kv.pool.num_blocks, draining=draining)

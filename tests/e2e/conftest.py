@@ -1,0 +1,66 @@
+"""End-to-end fixtures: real nats-server, real service processes, real model."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared import subjects
+from shared.bus import Bus
+from shared.engine.config import EngineConfig
+from shared.engine.engine import LLMEngine
+from shared.messages import StatsRequest, WorkerStats
+from services.cli.stack import Stack, StackConfig
+
+API_KEY = "test-key"
+# float32 everywhere, so outputs compare with `kvstack generate --dtype float32` exactly.
+WORKER_ARGS = ("--dtype", "float32", "--threads", "1", "--kv-cache-gib", "0.25")
+GATEWAY_ARGS = ("--dtype", "float32")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_stack(log_dir: Path, **overrides) -> Iterator[Stack]:
+    config = dict(port=free_port(), worker_args=WORKER_ARGS, gateway_args=GATEWAY_ARGS,
+                  log_dir=log_dir, ready_timeout=240)
+    stack = Stack(StackConfig(**{**config, **overrides}))
+    try:
+        stack.start()
+        stack.wait_ready()
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory, smollm2_dir) -> Iterator[Stack]:
+    """One prefill and one decode worker behind a gateway that wants an API key."""
+    gateway_args = (*GATEWAY_ARGS, "--api-key", API_KEY)
+    with running_stack(tmp_path_factory.mktemp("stack-logs"), gateway_args=gateway_args) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def reference(smollm2_dir) -> LLMEngine:
+    """What `kvstack generate --dtype float32` runs, in this process."""
+    return LLMEngine(EngineConfig(dtype="float32", kv_cache_bytes=256 << 20))
+
+
+def worker_stats(stack: Stack, service: str, worker_id: str) -> WorkerStats:
+    async def ask() -> WorkerStats:
+        bus = await Bus.connect(stack.nats_url, "test-stats")
+        try:
+            return await bus.request(subjects.worker_stats(service, worker_id), StatsRequest(),
+                                     5.0, expected=WorkerStats)
+        finally:
+            await bus.drain()
+    return asyncio.run(ask())

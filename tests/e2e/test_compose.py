@@ -1,0 +1,82 @@
+"""compose.yaml is valid, and the stack it describes is the stack that serves requests.
+
+No Docker engine runs here, so each kvstack service's own `command` from the file is
+started as a local process against a local nats-server, with only what a container
+would differ in replaced: host names and ports.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import openai
+import yaml
+
+from services.cli.stack import Stack, StackConfig
+from shared.nats_server import NatsServer
+from tests.e2e.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+KVSTACK_SERVICES = ("conductor", "prefill", "decode", "gateway")
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def test_compose_file_validates_against_the_compose_spec_schema() -> None:
+    schema = json.loads((ROOT / "tests" / "compose_spec.json").read_text())
+    jsonschema.Draft201909Validator(schema).validate(compose())
+
+
+def test_compose_has_nats_every_service_and_prometheus() -> None:
+    services = compose()["services"]
+    assert {"nats", "prometheus", *KVSTACK_SERVICES} <= set(services)
+    assert "-js" in services["nats"]["command"]
+    assert services["grafana"]["profiles"] == ["grafana"]
+    for name in KVSTACK_SERVICES:
+        assert services[name]["command"][:2] == ["kvstack", name]
+
+
+def local_command(name: str, service: dict) -> tuple[list[str], int]:
+    """The service's compose command with container ports swapped for free local ones."""
+    args, http_port = list(service["command"][1:]), 0
+    for flag in ("--http-port", "--data-port"):
+        if flag in args:
+            port = free_port()
+            args[args.index(flag) + 1] = str(port)
+            http_port = port if flag == "--http-port" else http_port
+    if "--advertise-data-addr" in " ".join(service.get("entrypoint", [])):  # `hostname -i`
+        args += ["--advertise-data-addr", f"127.0.0.1:{args[args.index('--data-port') + 1]}"]
+    return args, http_port
+
+
+def environment(service: dict) -> dict[str, str]:
+    """Compose's ${VAR:-default} resolved to its default; NATS is the local server."""
+    env = {k: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(v))
+           for k, v in service.get("environment", {}).items()}
+    return {k: v for k, v in env.items() if k != "KVSTACK_NATS"}
+
+
+def test_the_stack_compose_describes_serves_a_chat_request(tmp_path) -> None:
+    services = compose()["services"]
+    nats = NatsServer(tmp_path / "nats")
+    stack = Stack(StackConfig(nats_url=nats.url, log_dir=tmp_path, ready_timeout=240))
+    stack.nats_url = nats.url
+    try:
+        for name in KVSTACK_SERVICES:
+            args, http_port = local_command(name, services[name])
+            stack.spawn(name, args, environment(services[name]))
+            if name == "gateway":
+                stack.config = StackConfig(nats_url=nats.url, port=http_port, log_dir=tmp_path)
+        stack.wait_ready()
+        client = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0)
+        result = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct", max_tokens=30, temperature=0,
+            messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in result.choices[0].message.content
+    finally:
+        stack.stop()
+        nats.stop()

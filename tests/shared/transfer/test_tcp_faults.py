@@ -1,0 +1,191 @@
+"""Dead peers fail the sender's requests; garbage closes one connection and nothing else."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+
+import pytest
+import torch
+
+from shared.kvcache.storage import KVStorage
+from shared.transfer.base import BlockSpan
+from shared.transfer.tcp import (
+    HEADER,
+    HELLO,
+    KIND_KV,
+    MAGIC,
+    MAX_SPANS,
+    SPAN,
+    VERSION,
+    TcpKVReceiver,
+)
+from tests.shared.transfer.sinks import Done, RecordingSink, random_storage, source_spans
+
+MOVES = [(0, BlockSpan(1, 0, 4))]
+SPAN_HALF_BYTES = 4 * 2 * 8 * 4  # block_size x kv_heads x head_dim x float32
+
+
+class StalledSink:
+    """Never returns a destination, so the sender's bytes pile up until the process dies."""
+
+    def destination(self, *args):
+        time.sleep(60)
+
+    def on_frame(self, *args): ...
+    def on_end(self, *args): ...
+    def on_lost(self, *args): ...
+
+
+def stalled_receiver(conn) -> None:
+    conn.send(TcpKVReceiver(StalledSink(), host="127.0.0.1").start())
+    time.sleep(60)
+
+
+def test_receiver_killed_mid_transfer_fails_the_request(make_sender) -> None:
+    parent, child = mp.get_context("fork").Pipe()
+    process = mp.get_context("fork").Process(target=stalled_receiver, args=(child,), daemon=True)
+    process.start()
+    try:
+        address = parent.recv()
+        payload = memoryview(bytearray(4 << 20))
+        sender, done = make_sender(), Done()
+        for layer in range(16):  # 128 MiB: far more than the socket buffers hold
+            sender.send(address, "r", layer, [(BlockSpan(0, 0, 16), payload, payload)])
+        sender.finish(address, "r", done.callback("r"))
+        deadline = time.monotonic() + 5
+        while sender.bytes_sent < (4 << 20) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the stalled receiver's buffers have filled up
+        os.kill(process.pid, signal.SIGKILL)
+        ok, num_frames, error = done.wait("r")
+        assert not ok and num_frames < 16 and "failed" in error
+    finally:
+        process.kill()
+        process.join()
+
+
+def test_unreachable_peer_fails_the_request(make_sender) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as placeholder:
+        address = f"127.0.0.1:{placeholder.getsockname()[1]}"
+    sender, done = make_sender(), Done()
+    sender.send(address, "r", 0, [(BlockSpan(0, 0, 1), memoryview(b"k"), memoryview(b"v"))])
+    sender.finish(address, "r", done.callback("r"))
+    ok, num_frames, error = done.wait("r")
+    assert (ok, num_frames) == (False, 0) and "cannot reach" in error
+
+
+def connect(address: str) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def handshaken(address: str) -> socket.socket:
+    sock = connect(address)
+    hello = sock.recv(HELLO.size, socket.MSG_WAITALL)
+    assert HELLO.unpack(hello)[:3] == (MAGIC, VERSION, False)
+    assert sock.recv(1) == b"\x01"
+    return sock
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def kv_header(rid: bytes, num_spans: int, body: int) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, KIND_KV, len(rid), 0, num_spans, body) + rid
+
+
+GARBAGE = {
+    "bad magic": os.urandom(256),
+    "unknown kind": HEADER.pack(MAGIC, VERSION, 99, 0, 0, 0, 0),
+    "absurd span count": kv_header(b"x", MAX_SPANS + 1, 1 << 20),
+    "absurd frame size": kv_header(b"x", 1, 1 << 40),
+    "absurd span size": kv_header(b"x", 1, 1 + SPAN.size + 100) + SPAN.pack(0, 0, 4, 1 << 40, 0, 0),
+    "body disagrees with spans": kv_header(b"x", 1, 1 + SPAN.size + 3)
+    + SPAN.pack(0, 0, 4, SPAN_HALF_BYTES, 0, 0),
+}
+
+
+@pytest.mark.parametrize("garbage", GARBAGE.values(), ids=GARBAGE.keys())
+def test_garbage_closes_only_its_connection(make_receiver, make_sender, garbage) -> None:
+    source = random_storage(torch.float32)
+    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
+    receiver, address = make_receiver(sink)
+    idle = handshaken(address)  # another sender's connection, which must survive
+    connect(address).close()  # gone before the handshake
+    bad = handshaken(address)
+    bad.sendall(garbage)
+    assert closed_by_peer(bad)
+
+    sender, done = make_sender(), Done()
+    sender.send(address, "after", 0, source_spans(source, 0, MOVES))
+    sender.finish(address, "after", done.callback("after"))
+    assert done.wait("after") == (True, 1, "")
+    sink.wait_ends("after")
+    assert [f[4] for f in sink.frames("after")] == [True]
+    idle.sendall(kv_header(b"idle", 0, 4))  # an empty frame: the idle connection still works
+    sink.wait_for(lambda: sink.frames("idle"))
+    assert receiver.frames_received == 2
+
+
+def test_truncated_frame_reports_its_request_lost(make_receiver) -> None:
+    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
+    _, address = make_receiver(sink)
+    sock = handshaken(address)
+    sock.sendall(kv_header(b"trunc", 1, 5 + SPAN.size + 2 * SPAN_HALF_BYTES)
+                 + SPAN.pack(0, 0, 4, SPAN_HALF_BYTES, 0, 0) + b"\x00" * 100)
+    sock.close()
+    sink.wait_for(lambda: any(e[0] == "lost" for e in sink.events))
+    assert sink.events == [("lost", ("trunc",), "connection closed mid-frame")]
+
+
+def test_stopping_the_receiver_reports_open_requests_lost(make_receiver, make_sender) -> None:
+    source = random_storage(torch.float32)
+    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
+    receiver, address = make_receiver(sink)
+    sender = make_sender()
+    sender.send(address, "open", 0, source_spans(source, 0, MOVES))
+    sink.wait_for(lambda: sink.frames("open"))
+    receiver.stop()
+    sink.wait_for(lambda: any(e[0] == "lost" for e in sink.events))
+    assert sink.events[-1][:2] == ("lost", ("open",))
+
+
+def test_close_interrupts_a_silent_peer_and_fails_its_requests(make_sender) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never says HELLO
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        sender, done = make_sender(connect_timeout_s=30), Done()
+        sender.send(address, "r", 0, [(BlockSpan(0, 0, 1), memoryview(b"k"), memoryview(b"v"))])
+        sender.finish(address, "r", done.callback("r"))
+        time.sleep(0.1)  # the sender is now waiting for the HELLO
+        start = time.monotonic()
+        sender.close()
+        assert time.monotonic() - start < 2
+        ok, _, error = done.wait("r", timeout=0)
+        assert not ok and error
+        with pytest.raises(RuntimeError):
+            sender.finish(address, "late", done.callback("late"))
+
+
+def test_sender_reconnects_to_a_restarted_receiver(make_receiver, make_sender) -> None:
+    source = random_storage(torch.float32)
+    first = RecordingSink(KVStorage(3, 8, 4, 2, 8))
+    receiver, address = make_receiver(first)
+    sender, done = make_sender(), Done()
+    sender.send(address, "before", 0, source_spans(source, 0, MOVES))
+    sender.finish(address, "before", done.callback("before"))
+    first.wait_ends("before")
+    receiver.stop()
+
+    second = RecordingSink(KVStorage(3, 8, 4, 2, 8))
+    make_receiver(second, port=int(address.rsplit(":", 1)[1]))
+    sender.send(address, "after", 0, source_spans(source, 0, MOVES))
+    sender.finish(address, "after", done.callback("after"))
+    assert done.wait("after") == (True, 1, "")
+    second.wait_ends("after")
+    assert [f[4] for f in second.frames("after")] == [True]
