@@ -15,16 +15,18 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import nats.micro
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from shared import subjects
+from shared import codec, subjects
 from shared.bus import Bus
 from shared.errors import KvstackError
 from shared.messages import Heartbeat
 from shared.metrics import Metrics
 
 log = logging.getLogger("kvstack.service")
+VERSION = "0.1.0"
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ async def serve(service: Service, ready: asyncio.Event | None = None) -> None:
     service.bus = await Bus.connect(cfg.nats_url, service.worker_id)
     runner = await _start_http(service)
     await service.start(service.bus)
+    discovery = await _register(service)
     beats = asyncio.ensure_future(_heartbeats(service))
     log.info("%s ready: http://%s", service.worker_id, service.http_addr)
     if ready is not None:
@@ -88,6 +91,7 @@ async def serve(service: Service, ready: asyncio.Event | None = None) -> None:
         await _bounded(service.drain(), cfg.drain_timeout, f"{service.worker_id}: drain")
     finally:
         beats.cancel()
+        await _bounded(discovery.stop(), 5, f"{service.worker_id}: discovery")
         await _bounded(service.stop(), 10, f"{service.worker_id}: stop")
         await service.bus.drain()
         await runner.cleanup()
@@ -144,6 +148,20 @@ def _metrics(service: Service):
         body = generate_latest(service.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
     return handler
+
+
+async def _register(service: Service):
+    """nats.micro discovery: `nats micro ls` (or $SRV.PING) lists every kvstack process."""
+    micro = await nats.micro.add_service(
+        service.bus.nc, name=f"kvstack-{service.name}", version=VERSION,
+        description=f"kvstack {service.name}",
+        metadata={"worker_id": service.worker_id, "http": service.http_addr})
+
+    async def status(request) -> None:
+        await request.respond(codec.encode(service.heartbeat()))
+    await micro.add_endpoint(name="status", subject=f"kvstack.{service.name}.{service.worker_id}"
+                             ".status", handler=status)
+    return micro
 
 
 async def _heartbeats(service: Service) -> None:

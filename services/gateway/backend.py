@@ -17,7 +17,8 @@ from shared.bus import Bus, ServiceUnavailable
 from shared.messages import (Abort, Ack, Placement, PlacementRequest, PrefillRequest,
                              TokenEvent)
 from shared.hashing import block_hashes
-from services.gateway.errors import ApiError, from_status, service_unavailable
+from services.gateway.errors import from_status, service_unavailable
+from services.gateway.liveness import Liveness
 from services.gateway.protocol import GenerateRequest
 
 log = logging.getLogger("kvstack.gateway")
@@ -39,11 +40,12 @@ class _Retry(Exception):
 
 class Backend:
     def __init__(self, bus: Bus, timeouts: BackendTimeouts, block_size: int = 16,
-                 namespace: str = "") -> None:
+                 namespace: str = "", liveness: Liveness | None = None) -> None:
         self.bus = bus
         self.timeouts = timeouts
         self.block_size = block_size
         self.namespace = namespace
+        self.liveness = liveness or Liveness()
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
         """Token events of `req` in order; the last one has finished=True."""
@@ -69,8 +71,8 @@ class Backend:
         try:
             placement = await self._place(req, internal_id, exclude)
             await self._submit(req, internal_id, placement)
-            async for event in self._ordered(events):
-                self._check(event, delivered=event.seq > 0, placement=placement)
+            async for event in self._ordered(events, (placement.prefill_id, placement.decode_id)):
+                self._check(event, delivered=event.seq > 0)
                 finished = event.finished
                 yield event
                 if finished:
@@ -109,7 +111,8 @@ class Backend:
                 raise _Retry(ack.error, (placement.prefill_id,))
             raise from_status(ack.code, ack.error)
 
-    async def _ordered(self, events: asyncio.Queue) -> AsyncIterator[TokenEvent]:
+    async def _ordered(self, events: asyncio.Queue,
+                       workers: tuple[str, ...]) -> AsyncIterator[TokenEvent]:
         """Events by `seq` (prefill and decode publish separately), with timeouts."""
         pending: dict[int, TokenEvent] = {}
         expected = 0
@@ -118,15 +121,28 @@ class Backend:
                 yield pending.pop(expected)
                 expected += 1
             timeout = self.timeouts.first_token if expected == 0 else self.timeouts.next_token
-            try:
-                event = await asyncio.wait_for(events.get(), timeout)
-            except asyncio.TimeoutError:
-                raise service_unavailable(f"no token for {timeout:.0f}s; a worker may have "
-                                          "stopped", retry_after_s=1) from None
+            event = await self._next(events, timeout, workers, delivered=expected > 0)
             pending[event.seq] = event
 
+    async def _next(self, events: asyncio.Queue, timeout: float, workers: tuple[str, ...],
+                    delivered: bool) -> TokenEvent:
+        """The next event; checks once a second that the request's workers still beat."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                return await asyncio.wait_for(events.get(), min(1.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                dead = self.liveness.dead(workers)
+                if dead is not None:
+                    reason = f"worker {dead} stopped responding"
+                    if not delivered:
+                        raise _Retry(reason, (dead,)) from None
+                    raise service_unavailable(reason, retry_after_s=1) from None
+        raise service_unavailable(f"no token for {timeout:.0f}s; a worker may have stopped",
+                                  retry_after_s=1)
+
     @staticmethod
-    def _check(event: TokenEvent, delivered: bool, placement: Placement) -> None:
+    def _check(event: TokenEvent, delivered: bool) -> None:
         if not event.error:
             return
         if event.code == 503 and not delivered:

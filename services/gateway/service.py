@@ -5,7 +5,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from shared import subjects
 from shared.bus import Bus
+from shared.messages import Heartbeat
 from shared.engine.config import resolve_dtype
 from shared.engine.engine import kv_namespace
 from shared.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
@@ -15,6 +17,7 @@ from shared.model.tokenizer import Tokenizer, has_tokenizer
 from shared.service import Service, ServiceConfig
 from services.gateway.app import GatewayApp
 from services.gateway.backend import Backend, BackendTimeouts
+from services.gateway.liveness import Liveness
 from services.gateway.protocol import GatewayLimits
 from services.gateway.relay import Relay
 
@@ -63,7 +66,13 @@ class GatewayService(Service):
                                REQUEST_LATENCY_BUCKETS)
 
     async def start(self, bus: Bus) -> None:
-        self.backend = Backend(bus, self.config.timeouts, self.config.block_size, self.namespace)
+        self.liveness = Liveness()
+        self.backend = Backend(bus, self.config.timeouts, self.config.block_size, self.namespace,
+                               self.liveness)
+        await bus.subscribe(subjects.all_heartbeats(), self._on_heartbeat, expected=Heartbeat)
+
+    async def _on_heartbeat(self, hb: Heartbeat) -> None:
+        self.liveness.observe(hb)
 
     def routes(self) -> list[web.RouteDef]:
         return self.app.routes()

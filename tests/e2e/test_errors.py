@@ -90,7 +90,7 @@ def test_client_disconnect_frees_the_request_on_the_decode_worker(stack) -> None
                  {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
     response = conn.getresponse()
     assert response.status == 200
-    response.fp.readline()               # the first event: the request is decoding now
+    assert response.readline().startswith(b"data: {")   # decoding now
     busy = worker_stats(stack, "decode", "decode-0")
     assert busy.num_running == 1 and busy.free_blocks < busy.total_blocks
     conn.sock.shutdown(socket.SHUT_RDWR)  # the client goes away mid-stream

@@ -49,3 +49,28 @@ def test_every_transfer_damaged_fails_with_a_clear_error(tmp_path) -> None:
     assert "KV transfer failed" in failure.value.message
     assert stats.num_transfers_refused >= 1 and stats.num_running == 0
     assert stats.free_blocks == stats.total_blocks   # nothing leaked
+
+
+def test_a_decode_worker_dying_mid_stream_ends_the_stream_with_an_error_event(tmp_path):
+    import http.client
+    import json
+    import signal
+    import time
+    with running_stack(tmp_path) as stack:
+        host, port = stack.api_url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        body = {"model": "SmolLM2-135M-Instruct", "prompt": "Once upon a time", "stream": True,
+                "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type":
+                                                                   "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200 and response.readline().startswith(b"data: {")
+        decode = next(p for p in stack.processes if p.name == "decode-0")
+        decode.popen.send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        events = [line for line in response.read().split(b"\n") if line.startswith(b"data: ")]
+        assert time.monotonic() - started < 15
+        assert events[-1] == b"data: [DONE]"
+        error = json.loads(events[-2].removeprefix(b"data: "))["error"]
+        assert "decode-0 stopped responding" in error["message"]
+        stack.processes.remove(decode)

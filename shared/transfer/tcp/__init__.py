@@ -1,0 +1,51 @@
+"""KV frames over plain TCP: the default data plane.
+
+Every connection opens with a handshake:
+
+    receiver -> sender   HELLO    magic, version, auth required, 32-byte nonce
+    sender -> receiver   proof    HMAC-SHA256(token, nonce), only when auth is required
+    receiver -> sender   verdict  one byte: 1 accepted; 0, or a close, refused
+
+then carries frames, each a fixed HEADER (magic, version, kind, request-id length, layer,
+count, body bytes) and a body of `body bytes`:
+
+    KV, KV_MORE  request id, `count` SPAN records (each with xxh3_64 of its K then V bytes),
+                 then each span's K bytes and V bytes
+    END          request id; `count` is the number of KV frames of the request
+
+A frame larger than PART_BYTES travels as several parts (KV_MORE ... KV) that the receiver
+reports as one frame. The sender hashes each part right before `sendmsg` copies it, and the
+receiver hashes each piece right after `recvmsg_into` lands it in the sink's memory, so both
+hash bytes that are still in cache (hashing whole frames apart from the copy cost about a
+fifth of loopback throughput in `kvstack bench transfer`).
+
+One thread and one connection per peer on the sending side keep a request's frames and END
+in order; one thread per accepted connection on the receiving side.
+
+Modules: `wire` (frame format, encoding, decoding), `handshake`, `sockets` (scatter/gather
+I/O), `sender`, `receiver`, `counters`.
+"""
+from __future__ import annotations
+
+from shared.transfer.tcp.handshake import HELLO, AuthenticationError
+from shared.transfer.tcp.receiver import TcpKVReceiver
+from shared.transfer.tcp.sender import TcpKVSender
+from shared.transfer.tcp.sockets import IOV_MAX, SOCKET_BUFFER_BYTES, send_all, tune
+from shared.transfer.tcp.wire import (
+    HEADER,
+    KIND_END,
+    KIND_KV,
+    KIND_KV_MORE,
+    MAGIC,
+    MAX_SPANS,
+    PART_BYTES,
+    SPAN,
+    VERSION,
+    ProtocolError,
+)
+
+__all__ = [
+    "HEADER", "HELLO", "IOV_MAX", "KIND_END", "KIND_KV", "KIND_KV_MORE", "MAGIC", "MAX_SPANS",
+    "PART_BYTES", "SOCKET_BUFFER_BYTES", "SPAN", "VERSION", "AuthenticationError",
+    "ProtocolError", "TcpKVReceiver", "TcpKVSender", "send_all", "tune",
+]

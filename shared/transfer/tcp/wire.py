@@ -1,0 +1,135 @@
+"""The frame format: constants, header and span records, and how frames are encoded and
+decoded (see the package docstring for the layout)."""
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from shared.transfer.base import BlockSpan, SpanBytes
+
+MAGIC = 0x5453564B  # b"KVST" read as little endian
+VERSION = 1
+KIND_KV, KIND_KV_MORE, KIND_END = 1, 2, 3
+HEADER = struct.Struct("<IBBHIIQ")  # magic, version, kind, id length, layer, count, body bytes
+SPAN = struct.Struct("<IIIQQQ")  # block id, offset, tokens, bytes per half, block hash, checksum
+
+PART_BYTES = 1 << 20  # payload per wire part: hashed, then sent while still in L2
+# NOTE: limits that make garbage fail fast instead of allocating or waiting on absurd sizes.
+MAX_REQUEST_ID = 1024
+MAX_SPANS = 1 << 16
+MAX_HALF_BYTES = 1 << 30
+MAX_BODY_BYTES = 1 << 32
+U32, U64 = 1 << 32, 1 << 64
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a valid frame; the connection is dropped."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    request_id: str
+    layer: int
+    spans: tuple[SpanBytes, ...]
+
+
+def as_bytes(buffer: memoryview) -> memoryview:
+    view = memoryview(buffer)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def checksum(k: memoryview, v: memoryview) -> int:
+    digest = xxhash.xxh3_64(k)
+    digest.update(v)
+    return digest.intdigest()
+
+
+# --- encoding (sender) ----------------------------------------------------------------------
+
+
+def check_request_id(request_id: str) -> None:
+    if len(request_id.encode()) > MAX_REQUEST_ID:
+        raise ValueError(f"request id longer than {MAX_REQUEST_ID} bytes")
+
+
+def checked_frame(request_id: str, layer: int, spans: Sequence[SpanBytes]) -> Frame:
+    """The frame with flat byte views; ValueError (in the caller's thread, before anything
+    is queued) for whatever the wire cannot carry."""
+    check_request_id(request_id)
+    frame = Frame(request_id, layer, tuple((s, as_bytes(k), as_bytes(v)) for s, k, v in spans))
+    if not 0 <= layer < U32:
+        raise ValueError(f"layer {layer} out of range")
+    for span, k, v in frame.spans:
+        if k.nbytes != v.nbytes or k.nbytes > MAX_HALF_BYTES:
+            raise ValueError(f"{span}: K has {k.nbytes} bytes, V has {v.nbytes}")
+        if not (max(span.block_id, span.offset, span.num_tokens) < U32 and span.block_hash < U64
+                and min(span.block_id, span.offset, span.num_tokens, span.block_hash) >= 0):
+            raise ValueError(f"{span} does not fit the wire format")
+    return frame
+
+
+def runs_of(spans: Sequence[SpanBytes], part_bytes: int) -> list[Sequence[SpanBytes]]:
+    """Consecutive runs of spans, each closed once it holds `part_bytes` or MAX_SPANS spans
+    (one run at least, maybe empty)."""
+    runs, start, nbytes = [], 0, 0
+    for i, (_, k, v) in enumerate(spans):
+        nbytes += k.nbytes + v.nbytes
+        if nbytes >= part_bytes or i + 1 - start == MAX_SPANS:
+            runs.append(spans[start:i + 1])
+            start, nbytes = i + 1, 0
+    return runs + [spans[start:]] if start < len(spans) or not runs else runs
+
+
+def encode_part(kind: int, rid: bytes, layer: int, spans: Sequence[SpanBytes]) -> list[memoryview]:
+    """Header, span table and payload views of one wire part, checksums computed now."""
+    table, payload = [rid], []
+    for span, k, v in spans:
+        table.append(SPAN.pack(span.block_id, span.offset, span.num_tokens, k.nbytes,
+                               span.block_hash, checksum(k, v)))
+        payload += (k, v)
+    body = len(rid) + len(spans) * SPAN.size + sum(b.nbytes for b in payload)
+    header = HEADER.pack(MAGIC, VERSION, kind, len(rid), layer, len(spans), body)
+    return [memoryview(header + b"".join(table)), *payload]
+
+
+def encode_kv(frame: Frame, part_bytes: int = PART_BYTES) -> Iterator[list[memoryview]]:
+    """The wire parts of a frame, lazily: each is hashed only when the sender is ready
+    to send it, so its bytes are still in cache when `sendmsg` copies them."""
+    rid = frame.request_id.encode()
+    runs = runs_of(frame.spans, part_bytes)
+    for i, run in enumerate(runs):
+        yield encode_part(KIND_KV if i == len(runs) - 1 else KIND_KV_MORE, rid, frame.layer, run)
+
+
+def encode_end(request_id: str, num_frames: int) -> list[memoryview]:
+    rid = request_id.encode()
+    return [memoryview(HEADER.pack(MAGIC, VERSION, KIND_END, len(rid), 0, num_frames, len(rid))
+                       + rid)]
+
+
+# --- decoding (receiver) --------------------------------------------------------------------
+
+
+def check_header(raw: bytes) -> tuple[int, int, int, int, int]:
+    """(kind, request-id length, layer, count, body bytes) of a header that makes sense."""
+    magic, version, kind, rid_len, layer, count, body = HEADER.unpack(raw)
+    if magic != MAGIC or version != VERSION or kind not in (KIND_KV, KIND_KV_MORE, KIND_END):
+        raise ProtocolError(f"bad frame header {raw.hex()}")
+    spans = 0 if kind == KIND_END else count
+    if rid_len > MAX_REQUEST_ID or spans > MAX_SPANS or body > MAX_BODY_BYTES \
+            or body < rid_len + spans * SPAN.size:
+        raise ProtocolError(f"absurd frame header {raw.hex()}")
+    return kind, rid_len, layer, count, body
+
+
+def parse_spans(table: bytes) -> list[tuple[BlockSpan, int, int]]:
+    """(span, bytes per half, checksum) of each SPAN record."""
+    spans = []
+    for block_id, offset, num_tokens, nbytes, block_hash, digest in SPAN.iter_unpack(table):
+        if nbytes > MAX_HALF_BYTES:
+            raise ProtocolError(f"span of {nbytes} bytes per half")
+        spans.append((BlockSpan(block_id, offset, num_tokens, block_hash), nbytes, digest))
+    return spans

@@ -1,0 +1,83 @@
+"""The service runner against a real nats-server: health, metrics, heartbeats, discovery,
+drain on stop."""
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import pytest
+
+from shared import codec, subjects
+from shared.bus import Bus, ServiceUnavailable
+from shared.messages import Ack, Heartbeat
+from shared.nats_server import NatsServer
+from shared.service import Service, ServiceConfig, serve
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory):
+    server = NatsServer(tmp_path_factory.mktemp("nats"))
+    yield server.url
+    server.stop()
+
+
+class Echo(Service):
+    name = "echo"
+
+    def __init__(self, config: ServiceConfig) -> None:
+        super().__init__(config)
+        self.drained = False
+        self.calls = self.metrics.counter("calls", "echo calls")
+
+    async def start(self, bus: Bus) -> None:
+        await bus.serve("kvstack.test.echo", self._echo, expected=Ack)
+
+    async def _echo(self, msg: Ack) -> Ack:
+        self.calls.inc()
+        return Ack(msg.request_id, True)
+
+    async def drain(self) -> None:
+        self.drained = True
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+async def test_a_service_lives_beats_answers_and_drains(nats_url) -> None:
+    service = Echo(ServiceConfig(nats_url=nats_url, worker_id="echo-1", heartbeat_interval=0.1))
+    client = await Bus.connect(nats_url, "test")
+    beats: list[Heartbeat] = []
+    await client.subscribe(subjects.heartbeat("echo"), lambda hb: _append(beats, hb))
+    ready = asyncio.Event()
+    task = asyncio.ensure_future(serve(service, ready))
+    await asyncio.wait_for(ready.wait(), 10)
+
+    reply = await client.request("kvstack.test.echo", Ack("r1", True), 5, expected=Ack)
+    assert reply.ok and reply.request_id == "r1"
+    bad = await client.nc.request("kvstack.test.echo", b"garbage", timeout=5)
+    assert codec.decode(bad.data, Ack).code == 400
+    status, body = await asyncio.to_thread(get, f"http://{service.http_addr}/health")
+    assert status == 200 and json.loads(body)["worker_id"] == "echo-1"
+    status, metrics = await asyncio.to_thread(get, f"http://{service.http_addr}/metrics")
+    assert "kvstack_echo_calls_total 1.0" in metrics
+    ping = await client.nc.request("$SRV.PING.kvstack-echo", b"", timeout=5)
+    assert json.loads(ping.data)["metadata"]["worker_id"] == "echo-1"
+    await asyncio.sleep(0.35)
+    assert len(beats) >= 2 and beats[-1].worker_id == "echo-1"
+
+    service.stopped.set()
+    await asyncio.wait_for(task, 10)
+    assert service.drained
+    with pytest.raises(ServiceUnavailable):
+        await client.request("kvstack.test.echo", Ack("r2", True), 1, expected=Ack)
+    await client.drain()
+
+
+async def _append(beats: list, hb) -> None:
+    beats.append(hb)
