@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import nats.micro
 from aiohttp import web

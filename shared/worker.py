@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.messages import Heartbeat
+from shared.messages import Heartbeat, WorkerStats
 from shared.service import ServiceConfig
 
 
@@ -43,3 +43,11 @@ def worker_heartbeat(service: str, worker_id: str, config: WorkerConfig, engine:
         num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
         queued_tokens=queued, free_blocks=engine.kv.num_free_blocks,
         total_blocks=engine.kv.pool.num_blocks, draining=draining)
+
+
+def worker_stats(worker_id: str, engine: LLMEngine, num_reserved: int, num_done: int,
+                 num_refused: int = 0) -> WorkerStats:
+    scheduler = engine.scheduler
+    return WorkerStats(worker_id, len(scheduler.running), len(scheduler.waiting),
+                       engine.kv.num_free_blocks, engine.kv.pool.num_blocks, num_reserved,
+                       num_done, num_refused)

@@ -146,7 +146,8 @@ class TransformersSide:
 
     def decode_rate(self, batch: int, prompt_len: int, num_tokens: int, repeats: int) -> float:
         self._generate(batch, prompt_len, 4)
-        times = [self._generate(batch, prompt_len, num_tokens) - self._generate(batch, prompt_len, 1)
+        times = [self._generate(batch, prompt_len, num_tokens)
+                 - self._generate(batch, prompt_len, 1)
                  for _ in range(repeats)]
         return batch * (num_tokens - 1) / statistics.median(times)
 
@@ -193,7 +194,8 @@ def format_table(report: dict) -> str:
         for r in report[name]:
             cells = "".join(f"{r['transformers'][d]['tok_s']:>18}{r['transformers'][d]['ratio']:>7}"
                             for d in baselines)
-            lines.append(f"{name + ' ' + key + ' ' + str(r[key]):18}{r['kvstack_tok_s']:>18}{cells}")
+            label = f"{name} {key} {r[key]}"
+            lines.append(f"{label:18}{r['kvstack_tok_s']:>18}{cells}")
     lines.append(f"batch-1 limit {report['batch1_limit_tok_s']} tok/s "
                  f"(weights {report['weight_bytes'] / 1e6:.0f} MB, copy bandwidth "
                  f"{report['copy_bandwidth_gb_s']} GB/s); kvstack reaches "

@@ -16,7 +16,7 @@ from shared.messages import (Abort, Ack, Heartbeat, KVCommit, KVReservation, KVR
                              StatsRequest, TokenEvent, WorkerStats)
 from shared.service import Service
 from shared.transfer.tcp import TcpKVReceiver
-from shared.worker import WorkerConfig, worker_heartbeat
+from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
 from services.decode.reservations import Reservations
 
 log = logging.getLogger("kvstack.decode")
@@ -180,7 +180,5 @@ class DecodeService(Service):
             await self.engine_loop.call(lambda e: e.abort(msg.request_id))
 
     async def _stats(self, _: StatsRequest) -> WorkerStats:
-        scheduler = self.engine.scheduler
-        return WorkerStats(self.worker_id, len(scheduler.running), len(scheduler.waiting),
-                           self.engine.kv.num_free_blocks, self.engine.kv.pool.num_blocks,
-                           len(self.reservations), self.num_done, self.num_refused)
+        return worker_stats(self.worker_id, self.engine, len(self.reservations), self.num_done,
+                            self.num_refused)

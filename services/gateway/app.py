@@ -12,7 +12,7 @@ from aiohttp import web
 
 from services.gateway import errors
 from services.gateway.errors import ApiError, error_body
-from services.gateway.protocol import (GatewayLimits, GenerateRequest, decode_body,
+from services.gateway.protocol import (GenerateRequest, decode_body,
                                        parse_chat, parse_completion)
 from services.gateway.relay import Relay
 from services.gateway.responses import (final_response, models_response, stream_chunk,

@@ -51,7 +51,8 @@ class Relay:
     def usage(self) -> dict:
         return usage(self.req.num_prompt_tokens, self.stream.num_tokens, self.num_cached_tokens)
 
-    def _piece(self, token_ids, logprobs, finished: bool, finish_reason: str | None) -> Piece | None:
+    def _piece(self, token_ids, logprobs, finished: bool,
+               finish_reason: str | None) -> Piece | None:
         update = self.stream.push(token_ids, logprobs)
         finish = "stop" if update.stopped else (finish_reason if finished else None)
         text = update.text + (self.stream.finish() if finish else "")

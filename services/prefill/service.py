@@ -18,7 +18,7 @@ from shared.messages import (Abort, Ack, Heartbeat, KVCommit, KVReservation, KVR
                              PrefillRequest, StatsRequest, TokenEvent, WorkerStats)
 from shared.service import Service
 from shared.transfer.tcp import TcpKVSender
-from shared.worker import WorkerConfig, worker_heartbeat
+from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
 from services.prefill.streaming import Target, layer_spans
 
 log = logging.getLogger("kvstack.prefill")
@@ -145,7 +145,8 @@ class PrefillService(Service):
         if req is None or out is None:  # aborted meanwhile
             return await self._tell_decode(target.decode_id, KVCommit(rid, False, reason="aborted"))
         if out.finish_reason in ("abort", "error") or not sent:
-            await self._tell_decode(target.decode_id, KVCommit(rid, False, reason=error or "failed"))
+            cancel = KVCommit(rid, False, reason=error or "failed")
+            await self._tell_decode(target.decode_id, cancel)
             return await self._fail(req, f"prefill failed: {error or out.stop_reason}", 503)
         token = out.new_token_ids[0]
         logprob = out.new_logprobs[0] if out.new_logprobs else None
@@ -202,7 +203,4 @@ class PrefillService(Service):
             self._finish_transfer(target, None)   # blocks are freed once the sends are done
 
     async def _stats(self, _: StatsRequest) -> WorkerStats:
-        scheduler = self.engine.scheduler
-        return WorkerStats(self.worker_id, len(scheduler.running), len(scheduler.waiting),
-                           self.engine.kv.num_free_blocks, self.engine.kv.pool.num_blocks,
-                           len(self.targets), self.num_done)
+        return worker_stats(self.worker_id, self.engine, len(self.targets), self.num_done)

@@ -47,7 +47,8 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.model_dir = resolve_model(config.model)
-        self.tokenizer = Tokenizer.from_dir(self.model_dir) if has_tokenizer(self.model_dir) else None
+        self.tokenizer = (Tokenizer.from_dir(self.model_dir) if has_tokenizer(self.model_dir)
+                          else None)
         model = load_model(self.model_dir, config.torch_dtype, config.device)
         self.model_config = mc = model.config
         num_blocks = config.num_blocks or max(1, config.kv_cache_bytes // KVStorage.bytes_per_block(
@@ -225,7 +226,8 @@ class LLMEngine:
         return None
 
     def _length_stop(self, seq: Sequence) -> tuple[str] | None:
-        full = seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
+        full = (seq.num_output_tokens >= seq.params.max_tokens
+                or seq.num_tokens >= self.max_model_len)
         return ("length",) if full else None
 
     def _make_extras(self, seq: Sequence) -> _Extras:

@@ -113,7 +113,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             # NOTE: at least one token is always computed, for the logits of the next one.
-            cached = self.kv.match_prefix(seq.block_hashes, (seq.num_tokens - 1) // self.kv.block_size)
+            max_blocks = (seq.num_tokens - 1) // self.kv.block_size
+            cached = self.kv.match_prefix(seq.block_hashes, max_blocks)
             num_cached = len(cached) * self.kv.block_size
             num_new = min(seq.num_tokens - num_cached, budget)
             if num_new < seq.num_tokens - num_cached and not self.config.enable_chunked_prefill:

@@ -46,7 +46,8 @@ class Harness:
         cfg = model.config
         self.storage = KVStorage(cfg.num_layers, 128, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
         self.kv = KVCacheManager(128, BLOCK_SIZE)
-        self.runner = ModelRunner(model, self.storage, TorchPagedAttention(self.storage, cfg.head_dim))
+        backend = TorchPagedAttention(self.storage, cfg.head_dim)
+        self.runner = ModelRunner(model, self.storage, backend)
         self.reference = reference
 
     def expected(self, tokens: list[int]) -> torch.Tensor:
