@@ -70,7 +70,7 @@ def build(cls: type, data: Any, path: str = "") -> Any:
         values[name] = _convert(hint, data[name], f"{where}.{name}")
     try:
         return cls(**values)
-    except KvstackError as e:
+    except (KvstackError, ValueError) as e:   # the dataclass's own validation
         raise MessageError(f"{where}: {e}") from None
 
 

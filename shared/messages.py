@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from shared.codec import message
 from shared.engine.sampler import TokenLogprob
 from shared.engine.sampling_params import SamplingParams
+from shared.kvblocks import BlockLayout
 
 
 @message("heartbeat")
@@ -52,6 +53,8 @@ class Placement:
     decode_id: str = ""
     reason: str = ""
     retry_after: float = 0.0
+    prefix_peer: str = ""         # a prefill worker holding more of the prefix than the pool
+    prefix_peer_blocks: int = 0
 
 
 @message("prefill_request")
@@ -62,6 +65,8 @@ class PrefillRequest:
     params: SamplingParams
     decode_id: str
     deadline: float
+    prefix_peer: str = ""
+    prefix_peer_blocks: int = 0
 
 
 @message("ack")
@@ -151,3 +156,64 @@ class WorkerStats:
     num_reserved: int = 0         # requests holding blocks whose KV is in flight
     num_requests_done: int = 0
     num_transfers_refused: int = 0   # KV that arrived damaged or incomplete, never used
+    blocks_from_kvstore: int = 0     # prefix blocks loaded from the kvstore pool
+    blocks_from_peers: int = 0       # prefix blocks loaded from peer prefill workers
+    blocks_served: int = 0           # blocks of this worker's cache sent to peers
+
+
+@message("block_lookup")
+@dataclass(frozen=True, slots=True)
+class BlockLookup:
+    block_hashes: tuple[int, ...]
+
+
+@message("block_presence")
+@dataclass(frozen=True, slots=True)
+class BlockPresence:
+    present: tuple[bool, ...]
+
+
+@message("block_get")
+@dataclass(frozen=True, slots=True)
+class BlockGet:
+    """Send these blocks, layer by layer, into my blocks `dest_block_ids` at `dest_addr`.
+
+    All or nothing: if any block is missing the reply says so and nothing is sent.
+    `request_id` names the transfer on the data plane.
+    """
+    request_id: str
+    block_hashes: tuple[int, ...]
+    dest_block_ids: tuple[int, ...]
+    layout: BlockLayout
+    dest_addr: str
+    deadline: float
+
+
+@message("block_put")
+@dataclass(frozen=True, slots=True)
+class BlockPut:
+    """I will send these blocks: give me a slot for each one you do not have yet."""
+    request_id: str
+    block_hashes: tuple[int, ...]
+    layout: BlockLayout
+    deadline: float
+
+
+@message("put_slots")
+@dataclass(frozen=True, slots=True)
+class PutSlots:
+    request_id: str
+    ok: bool
+    slots: tuple[int, ...] = ()   # one per block: where to send it, or -1: skip it
+    data_addr: str = ""
+    reason: str = ""
+
+
+@message("kv_event")
+@dataclass(frozen=True, slots=True)
+class KVEvent:
+    """Blocks that became available in, or left, one worker's cache."""
+    source: str                   # worker id
+    service: str                  # "prefill", "decode" or "kvstore"
+    stored: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()

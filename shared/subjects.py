@@ -46,3 +46,18 @@ def tokens(request_id: str) -> str:
 def abort() -> str:
     """Broadcast: stop a request wherever it is (client gone, deadline passed)."""
     return f"{PREFIX}.abort"
+
+
+def kvstore_op(worker_id: str, op: str) -> str:
+    """A kvstore instance's lookup / get / put endpoints (request/reply)."""
+    return f"{PREFIX}.kvstore.{worker_id}.{op}"
+
+
+def prefill_get(worker_id: str) -> str:
+    """A prefill worker serves blocks of its local cache to peers (hot-spot replication)."""
+    return f"{PREFIX}.prefill.{worker_id}.get"
+
+
+def kv_events() -> str:
+    """Broadcast: blocks stored in or removed from some cache (prefill, decode or kvstore)."""
+    return f"{PREFIX}.kv_events"

@@ -60,6 +60,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         p = sub.add_parser(name, help=f"run a {name} worker")
         add_worker(p)
         p.set_defaults(run=runner)
+    kvstore = sub.add_parser("kvstore", help="run a kvstore instance (KV blocks in DRAM/SSD)")
+    add_common(kvstore)
+    kvstore.add_argument("--dram-gib", type=float, default=4.0, help="DRAM tier size")
+    kvstore.add_argument("--disk-dir", default="", help="SSD tier directory (empty: none)")
+    kvstore.add_argument("--disk-gib", type=float, default=0.0, help="SSD tier size")
+    kvstore.add_argument("--compress", action="store_true", help="lz4 on the SSD tier")
+    kvstore.add_argument("--data-host", default="127.0.0.1", help="data-plane bind address")
+    kvstore.add_argument("--data-port", type=int, default=0)
+    kvstore.add_argument("--advertise-data-addr", default="", help="host:port peers should dial")
+    kvstore.set_defaults(run=run_kvstore)
     gateway = sub.add_parser("gateway", help="run the OpenAI-compatible HTTP gateway")
     add_common(gateway, http_port=8000)
     gateway.add_argument("--model", default=DEFAULT_MODEL, help="the model the workers serve")
@@ -89,6 +99,19 @@ def run_prefill(args: argparse.Namespace) -> int:
 def run_decode(args: argparse.Namespace) -> int:
     from services.decode.service import DecodeService
     return run(DecodeService(worker_config(args)))
+
+
+def run_kvstore(args: argparse.Namespace) -> int:
+    from services.kvstore.service import KvstoreConfig, KvstoreService
+    if args.disk_gib > 0 and not args.disk_dir:
+        raise KvstackError("--disk-gib needs --disk-dir")
+    config = KvstoreConfig(
+        **common_config(args), dram_bytes=int(args.dram_gib * (1 << 30)),
+        disk_dir=args.disk_dir, disk_bytes=int(args.disk_gib * (1 << 30)),
+        compress=args.compress, data_host=args.data_host, data_port=args.data_port,
+        advertise_data_addr=args.advertise_data_addr,
+        data_token=os.environ.get("KVSTACK_DATA_TOKEN", ""))
+    return run(KvstoreService(config))
 
 
 def run_gateway(args: argparse.Namespace) -> int:

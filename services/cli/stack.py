@@ -26,12 +26,15 @@ class StackConfig:
     nats_url: str = ""                 # empty: start a local nats-server
     num_prefill: int = 1
     num_decode: int = 1
+    num_kvstore: int = 0
+    kvstore_args: tuple[str, ...] = ()
     model: str = "SmolLM2-135M-Instruct"
     host: str = "127.0.0.1"
     port: int = 8000
     worker_args: tuple[str, ...] = ()  # extra args for prefill and decode workers
     decode_args: tuple[str, ...] = ()  # extra args for decode workers only
     gateway_args: tuple[str, ...] = ()
+    conductor_args: tuple[str, ...] = ()
     with_conductor: bool = True
     log_dir: Path = Path(".kvstack/logs")
     ready_timeout: float = 300.0
@@ -73,8 +76,11 @@ class Stack:
     def commands(self) -> list[tuple[str, list[str]]]:
         cfg = self.config
         worker = ["--model", cfg.model, *cfg.worker_args]
-        commands = [("conductor-0", ["conductor", "--worker-id", "conductor-0"])]
+        commands = [("conductor-0", ["conductor", "--worker-id", "conductor-0",
+                                     *cfg.conductor_args])]
         commands = commands if cfg.with_conductor else []
+        commands += [(f"kvstore-{i}", ["kvstore", "--worker-id", f"kvstore-{i}",
+                                       *cfg.kvstore_args]) for i in range(cfg.num_kvstore)]
         commands += [(f"prefill-{i}", ["prefill", "--worker-id", f"prefill-{i}", *worker])
                      for i in range(cfg.num_prefill)]
         commands += [(f"decode-{i}", ["decode", "--worker-id", f"decode-{i}", *worker,

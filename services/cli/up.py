@@ -18,6 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nats", default="", help="use this NATS server instead of starting one")
     p.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
     p.add_argument("--decode", type=int, default=1, help="number of decode workers")
+    p.add_argument("--kvstore", type=int, default=1, help="kvstore instances (0: none)")
+    p.add_argument("--kvstore-dram-gib", type=float, default=2.0, help="per kvstore instance")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
     p.add_argument("--host", default="127.0.0.1")
@@ -38,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
                    "--threads", str(args.threads))
     gateway_args = ("--dtype", args.dtype, *(("--api-key", args.api_key) if args.api_key else ()))
     stack = Stack(StackConfig(
-        nats_url=args.nats, num_prefill=args.prefill, num_decode=args.decode, model=args.model,
+        nats_url=args.nats, num_prefill=args.prefill, num_decode=args.decode,
+        num_kvstore=args.kvstore, kvstore_args=("--dram-gib", str(args.kvstore_dram_gib)),
+        model=args.model,
         host=args.host, port=args.port, worker_args=worker_args, gateway_args=gateway_args,
         log_dir=Path(args.log_dir)))
     for sig in (signal.SIGINT, signal.SIGTERM):   # also when started with SIGINT ignored

@@ -32,6 +32,24 @@ class WorkerLoad:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """How much of one request's prompt (in leading blocks) is cached where."""
+    by_worker: dict[str, int]     # prefill worker -> leading blocks in its local cache
+    pool_blocks: int = 0          # leading blocks in the kvstore pool
+
+    def local(self, worker_id: str) -> int:
+        return self.by_worker.get(worker_id, 0)
+
+    def best_peer(self, exclude: str) -> tuple[str, int]:
+        """The other prefill worker with the longest match (ties: lowest id)."""
+        peers = [(-n, w) for w, n in self.by_worker.items() if w != exclude and n > 0]
+        return (min(peers)[1], -min(peers)[0]) if peers else ("", 0)
+
+
+NO_MATCH = PrefixMatch({})
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     time: float
     prefill: tuple[WorkerLoad, ...]

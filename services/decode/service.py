@@ -11,13 +11,14 @@ from shared.bus import Bus
 from shared.engine.engine import LLMEngine
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
+from shared.kv_inbox import KVInbox
 from shared.errors import KvstackError
 from shared.messages import (Abort, Ack, Heartbeat, KVCommit, KVReservation, KVReserve,
                              StatsRequest, TokenEvent, WorkerStats)
 from shared.service import Service
-from shared.transfer.tcp import TcpKVReceiver
+from shared.kvstore_client import KvstorePool, write_back
+from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
-from services.decode.reservations import Reservations
 
 log = logging.getLogger("kvstack.decode")
 
@@ -46,11 +47,15 @@ class DecodeService(Service):
     async def start(self, bus: Bus) -> None:
         loop = asyncio.get_running_loop()
         self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
-        self.reservations = Reservations(self.engine.runner.storage, loop)
+        self.reservations = KVInbox(self.engine.runner.storage, loop)
+        token = self.config.data_token or None
         self.receiver = TcpKVReceiver(self.reservations, self.config.data_host,
-                                      self.config.data_port, self.config.data_token or None)
+                                      self.config.data_port, token)
         bound = self.receiver.start()
         self.data_addr = self.config.advertise_data_addr or bound
+        self.sender = TcpKVSender(auth_token=token)
+        self.pool = KvstorePool(bus, self.sender, self.engine.runner.storage, self.reservations,
+                                self.data_addr, self.config.request_timeout)
         self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs)
         self.engine_loop.start()
         self.janitor = asyncio.ensure_future(self._expire_reservations())
@@ -59,6 +64,10 @@ class DecodeService(Service):
         await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
                         expected=StatsRequest)
         await bus.subscribe(subjects.abort(), self._on_abort, expected=Abort)
+        await bus.subscribe(subjects.all_heartbeats(), self._on_heartbeat, expected=Heartbeat)
+
+    async def _on_heartbeat(self, hb: Heartbeat) -> None:
+        self.pool.observe(hb)
 
     def heartbeat(self) -> Heartbeat:
         self.kv_usage.set(self.engine.kv.usage)
@@ -73,6 +82,7 @@ class DecodeService(Service):
         self.janitor.cancel()
         self.engine_loop.stop()
         self.receiver.stop()
+        self.sender.close()
 
     # -- KV arrival ---------------------------------------------------------------------
 
@@ -89,7 +99,8 @@ class DecodeService(Service):
             self.refused.labels("kv_full").inc()
             return KVReservation(msg.request_id, False, reason="cannot admit: KV cache full",
                                  code=503)
-        self.reservations.add(msg, block_ids, RESERVATION_TTL)
+        self.reservations.expect(msg.request_id, block_ids, self.engine.model_config.num_layers,
+                                 RESERVATION_TTL, payload=msg)
         return KVReservation(msg.request_id, True, tuple(block_ids), self.data_addr)
 
     def _refusal(self, msg: KVReserve) -> tuple[str, str, int] | None:
@@ -118,11 +129,12 @@ class DecodeService(Service):
             await self._release(msg.request_id)
             return Ack(msg.request_id, False, f"KV transfer failed: {problem}", 503)
         self.reservations.take(msg.request_id)
-        req = reservation.request
+        req = reservation.payload
         self.next_seq[msg.request_id] = 1
+        keep = bool(self.pool.ring())   # for the next turn: blocks go to the pool at the end
         await self.engine_loop.call(lambda e: e.install(
             msg.request_id, req.prompt_token_ids, msg.first_token, req.params,
-            msg.num_cached_tokens))
+            msg.num_cached_tokens, hold_kv=keep))
         return Ack(msg.request_id, True)
 
     async def _wait_for_transfer(self, reservation, num_frames: int) -> str:
@@ -158,6 +170,9 @@ class DecodeService(Service):
             if out.request_id in self.next_seq:
                 asyncio.ensure_future(self.bus.publish(subjects.tokens(out.request_id),
                                                        self._event(out)))
+            if out.finished:   # held only when a pool exists; else this just frees nothing
+                asyncio.ensure_future(write_back(self.pool, self.engine_loop, out.request_id,
+                                                 f"{out.request_id}:turn"))
 
     def _event(self, out: RequestOutput) -> TokenEvent:
         seq = self.next_seq[out.request_id]
@@ -174,10 +189,12 @@ class DecodeService(Service):
                           out.num_cached_tokens, error, code)
 
     async def _on_abort(self, msg: Abort) -> None:
-        if self.reservations.get(msg.request_id) is not None:
-            await self._release(msg.request_id)
-        if self.next_seq.pop(msg.request_id, None) is not None:
-            await self.engine_loop.call(lambda e: e.abort(msg.request_id))
+        rid = msg.request_id
+        if self.reservations.get(rid) is not None:
+            await self._release(rid)
+        if self.next_seq.pop(rid, None) is not None:
+            # NOTE: an aborted request is not written back: free its (held) blocks now.
+            await self.engine_loop.call(lambda e: e.abort(rid) and e.release(rid))
 
     async def _stats(self, _: StatsRequest) -> WorkerStats:
         return worker_stats(self.worker_id, self.engine, len(self.reservations), self.num_done,

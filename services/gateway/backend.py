@@ -100,7 +100,8 @@ class Backend:
 
     async def _submit(self, req: GenerateRequest, internal_id: str, placement: Placement) -> None:
         message = PrefillRequest(internal_id, req.prompt_token_ids, req.params,
-                                 placement.decode_id, time.time() + self.timeouts.first_token)
+                                 placement.decode_id, time.time() + self.timeouts.first_token,
+                                 placement.prefix_peer, placement.prefix_peer_blocks)
         try:
             ack = await self.bus.request(subjects.prefill_submit(placement.prefill_id), message,
                                          self.timeouts.control, expected=Ack)

@@ -14,11 +14,15 @@ from shared.engine.output import RequestOutput
 from shared.engine.runner import SeqChunk
 from shared.errors import KvstackError
 from shared.hashing import block_hashes
-from shared.messages import (Abort, Ack, Heartbeat, KVCommit, KVReservation, KVReserve,
-                             PrefillRequest, StatsRequest, TokenEvent, WorkerStats)
+from shared.kv_inbox import KVInbox
+from shared.kvstore_client import KvstorePool, write_back
+from shared.messages import (Abort, Ack, BlockGet, Heartbeat, KVCommit, KVReservation,
+                             KVReserve, PrefillRequest, StatsRequest, TokenEvent, WorkerStats)
 from shared.service import Service
-from shared.transfer.tcp import TcpKVSender
+from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
+from services.prefill.prefix import PrefixLoader
+from services.prefill.sharing import CacheSharing
 from services.prefill.streaming import Target, layer_spans
 
 log = logging.getLogger("kvstack.prefill")
@@ -39,26 +43,44 @@ class PrefillService(Service):
     async def start(self, bus: Bus) -> None:
         loop = asyncio.get_running_loop()
         self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
-        self.sender = TcpKVSender(auth_token=self.config.data_token or None)
+        token = self.config.data_token or None
+        self.sender = TcpKVSender(auth_token=token)
+        self.inbox = KVInbox(self.engine.runner.storage, loop)
+        self.receiver = TcpKVReceiver(self.inbox, self.config.data_host, self.config.data_port,
+                                      token)
+        self.data_addr = self.config.advertise_data_addr or self.receiver.start()
         self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs, step=self._step)
+        self.pool = KvstorePool(bus, self.sender, self.engine.runner.storage, self.inbox,
+                                self.data_addr, self.config.request_timeout)
+        self.loader = PrefixLoader(self.engine_loop, self.pool, self.inbox)
+        self.sharing = CacheSharing(self.worker_id, bus, self.engine_loop, self.sender)
         self.engine_loop.start()
         await bus.serve(subjects.prefill_submit(self.worker_id), self._submit,
                         expected=PrefillRequest)
+        await bus.serve(subjects.prefill_get(self.worker_id), self.sharing.serve_get,
+                        expected=BlockGet)
         await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
                         expected=StatsRequest)
         await bus.subscribe(subjects.abort(), self._on_abort, expected=Abort)
+        await bus.subscribe(subjects.all_heartbeats(), self._on_heartbeat, expected=Heartbeat)
+        self.events = asyncio.ensure_future(self.sharing.publish_events())
+
+    async def _on_heartbeat(self, hb: Heartbeat) -> None:
+        self.pool.observe(hb)
 
     def heartbeat(self) -> Heartbeat:
         self.kv_bytes.set(self.sender.bytes_sent)
         return worker_heartbeat(self.name, self.worker_id, self.config, self.engine,
-                                self.http_addr, "", self.draining)
+                                self.http_addr, self.data_addr, self.draining)
 
     async def drain(self) -> None:
         while self.requests:
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
+        self.events.cancel()
         self.engine_loop.stop()
+        self.receiver.stop()
         self.sender.close()
 
     # -- requests ---------------------------------------------------------------------
@@ -83,12 +105,14 @@ class PrefillService(Service):
             return
         if not reservation.ok:
             return await self._fail(req, reservation.reason, reservation.code)
+        hashes = self._block_hashes(req)
         self.targets[req.request_id] = Target(
-            req.request_id, reservation.data_addr, req.decode_id, reservation.block_ids,
-            self._block_hashes(req))
+            req.request_id, reservation.data_addr, req.decode_id, reservation.block_ids, hashes)
+        external = await self.loader.prepare(req, hashes)
         prefill_only = dataclasses.replace(req.params, max_tokens=1)
         await self.engine_loop.call(lambda e: e.add_request(
-            req.request_id, req.prompt_token_ids, prefill_only, hold_kv=True))
+            req.request_id, req.prompt_token_ids, prefill_only, hold_kv=True,
+            external_tokens=external))
 
     async def _reserve(self, req: PrefillRequest) -> KVReservation:
         message = KVReserve(req.request_id, req.prompt_token_ids, req.params,
@@ -106,7 +130,8 @@ class PrefillService(Service):
     # -- engine thread ----------------------------------------------------------------
 
     def _step(self, engine: LLMEngine) -> list[RequestOutput]:
-        return engine.step(layer_hook=self._send_layer)
+        return engine.step(layer_hook=self._send_layer,
+                           layer_gate=lambda layer, chunks: self.loader.gate(engine, layer, chunks))
 
     def _send_layer(self, layer: int, chunks: list[SeqChunk]) -> None:
         last_layer = layer == self.engine.model_config.num_layers - 1
@@ -139,8 +164,12 @@ class PrefillService(Service):
     async def _commit(self, out: RequestOutput | None, target: Target, sent: bool,
                       num_frames: int, error: str) -> None:
         rid = target.request_id
-        await self.engine_loop.call(lambda e: e.release(rid))
         self.targets.pop(rid, None)
+        ok = out is not None and out.finish_reason not in ("abort", "error") and sent
+        if ok:   # in the background: the first token does not wait for the write-back
+            asyncio.ensure_future(self._write_back(rid, target))
+        else:
+            await self.engine_loop.call(lambda e: e.release(rid))
         req = self.requests.get(rid)
         if req is None or out is None:  # aborted meanwhile
             return await self._tell_decode(target.decode_id, KVCommit(rid, False, reason="aborted"))
@@ -161,6 +190,11 @@ class PrefillService(Service):
             return await self._fail(req, reply.error or "decode worker refused the KV",
                                     reply.code if reply.code != 200 else 503)
         await self._emit_first(req, out, token, logprob, None)
+
+    async def _write_back(self, rid: str, target: Target) -> None:
+        """Offer the prompt's full blocks to the kvstore pool (it keeps what it lacks), then
+        free them here."""
+        await write_back(self.pool, self.engine_loop, rid, f"{rid}:put")
 
     def _finishes_at_first_token(self, req: PrefillRequest, token: int) -> str | None:
         stop = self.engine.stop_reason(req.params, token)
@@ -203,4 +237,8 @@ class PrefillService(Service):
             self._finish_transfer(target, None)   # blocks are freed once the sends are done
 
     async def _stats(self, _: StatsRequest) -> WorkerStats:
-        return worker_stats(self.worker_id, self.engine, len(self.targets), self.num_done)
+        stats = worker_stats(self.worker_id, self.engine, len(self.targets), self.num_done)
+        loaded = self.loader.blocks_loaded
+        return dataclasses.replace(stats, blocks_from_kvstore=loaded["kvstore"],
+                                   blocks_from_peers=loaded["peer"],
+                                   blocks_served=self.sharing.blocks_served)

@@ -27,10 +27,14 @@ from shared.kvcache.manager import KVCacheManager
 from shared.kvcache.storage import KVStorage
 from shared.model.attention import TorchPagedAttention
 from shared.model.detokenizer import IncrementalDetokenizer
+from shared.model.kernels import cpu_ops
 from shared.model.loader import load_model, weight_files
 from shared.model.registry import resolve_model
 from shared.model.tokenizer import Tokenizer, has_tokenizer
 from shared.engine.runner import ModelRunner, SeqChunk
+
+
+LayerHook = Callable[[int, "list[SeqChunk]"], None]
 
 
 @dataclass
@@ -46,6 +50,8 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        if config.device == "cpu":
+            cpu_ops()  # build (once per machine) before serving, not in a first request
         self.model_dir = resolve_model(config.model)
         self.tokenizer = (Tokenizer.from_dir(self.model_dir) if has_tokenizer(self.model_dir)
                           else None)
@@ -68,6 +74,7 @@ class LLMEngine:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self._extras: dict[str, _Extras] = {}
         self._hold_kv: set[str] = set()
+        self._held: dict[str, Sequence] = {}    # finished, blocks kept until `release`
         self._generator = torch.Generator().manual_seed(config.seed)
         self._ids = itertools.count()
 
@@ -76,13 +83,19 @@ class LLMEngine:
         return self.scheduler.has_unfinished
 
     def add_request(self, request_id: str, prompt_token_ids: Seq[int],
-                    params: SamplingParams, hold_kv: bool = False) -> None:
-        """Queue a request. With hold_kv its blocks outlive it until `release` (KV to send)."""
+                    params: SamplingParams, hold_kv: bool = False,
+                    external_tokens: int = 0) -> None:
+        """Queue a request. With hold_kv its blocks outlive it until `release` (KV to send).
+
+        `external_tokens`: the prompt's first tokens whose KV is (or is being) placed in the
+        blocks `reserve_prefix` gave it; they are not computed.
+        """
         self.validate_prompt(prompt_token_ids)
         if request_id in self._extras:
             raise InvalidRequest(f"request id {request_id!r} is already running")
         seq = Sequence(request_id, prompt_token_ids, params, self.config.block_size,
                        self.namespace)
+        seq.num_external_tokens = min(external_tokens, seq.num_tokens - 1)
         self._extras[request_id] = self._make_extras(seq)
         if hold_kv:
             self._hold_kv.add(request_id)
@@ -101,8 +114,26 @@ class LLMEngine:
         self.kv.allocate_slots(request_id, num_tokens)
         return self.kv.block_ids(request_id)
 
+    def reserve_prefix(self, request_id: str, block_hashes: Seq[int],
+                       num_blocks: int) -> tuple[int, list[int]] | None:
+        """Blocks for a prompt's first `num_blocks` blocks: the ones the local prefix cache
+        holds (a hit), then new ones to fill from elsewhere. Returns (number of local
+        blocks, ids of the new blocks), or None when the pool is short."""
+        cached = self.kv.match_prefix(list(block_hashes), num_blocks)
+        if not self.kv.allocate_slots(request_id, num_blocks * self.config.block_size, cached):
+            return None
+        return len(cached), self.kv.block_ids(request_id)[len(cached):]
+
+    def invalidate(self, request_id: str, reason: str) -> None:
+        """Its KV cannot be trusted (a load failed mid-step): the step ends it with an
+        error, samples nothing and names none of its blocks. Engine thread only."""
+        seq = self.scheduler.find(request_id)
+        if seq is not None:
+            seq.invalid_reason = reason
+
     def install(self, request_id: str, prompt_token_ids: Seq[int], first_token: int,
-                params: SamplingParams, num_cached_tokens: int = 0) -> None:
+                params: SamplingParams, num_cached_tokens: int = 0,
+                hold_kv: bool = False) -> None:
         """Adopt a reserved request whose prompt KV has arrived, and decode it from here."""
         seq = Sequence(request_id, prompt_token_ids, params, self.config.block_size,
                        self.namespace)
@@ -115,12 +146,23 @@ class LLMEngine:
         if extras.detokenizer is not None:
             extras.stops.feed(extras.detokenizer.step(first_token))
         self._extras[request_id] = extras
+        if hold_kv:
+            self._hold_kv.add(request_id)
         self.scheduler.adopt(seq)
 
     def release(self, request_id: str) -> None:
         """Free the blocks of a held or reserved request."""
         self._hold_kv.discard(request_id)
+        self._held.pop(request_id, None)
         self.kv.free(request_id)
+
+    def held_blocks(self, request_id: str) -> list[tuple[int, int]]:
+        """(block id, block hash) of a finished held request's full, computed blocks."""
+        seq = self._held.get(request_id)
+        if seq is None:
+            return []
+        num_full = min(seq.num_computed_tokens // self.config.block_size, len(seq.block_hashes))
+        return list(zip(self.kv.block_ids(request_id)[:num_full], seq.block_hashes[:num_full]))
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """End every request with finish_reason "error" (after a failed step)."""
@@ -154,21 +196,32 @@ class LLMEngine:
         self._extras.pop(request_id, None)
         return True
 
-    def step(self, layer_hook: Callable[[int, list[SeqChunk]], None] | None = None
-             ) -> list[RequestOutput]:
-        """One forward pass. `layer_hook(layer, chunks)` runs as each layer's KV is written."""
+    def step(self, layer_hook: LayerHook | None = None,
+             layer_gate: LayerHook | None = None) -> list[RequestOutput]:
+        """One forward pass. `layer_hook(layer, chunks)` runs as each layer's KV is written;
+        `layer_gate(layer, chunks)` before each layer computes (wait for loaded KV there)."""
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
         chunks = [self._chunk(s) for s in out.scheduled]
-        on_layer = None if layer_hook is None else (lambda layer: layer_hook(layer, chunks))
-        logits = self.runner.execute(chunks, on_layer_done=on_layer)
+        bind = lambda hook: None if hook is None else (lambda layer: hook(layer, chunks))
+        logits = self.runner.execute(chunks, on_layer_done=bind(layer_hook),
+                                     before_layer=bind(layer_gate))
+        failed = [s.seq for s in out.scheduled if s.seq.invalid_reason]
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
-            self.kv.name_full_blocks(s.seq.request_id, s.seq.block_hashes,
-                                     s.seq.num_computed_tokens)
-        ready = [(s.seq, row) for s, row in zip(out.scheduled, logits) if row.shape[0]]
-        return self._sample(ready) if ready else []
+            if not s.seq.invalid_reason:
+                self.kv.name_full_blocks(s.seq.request_id, s.seq.block_hashes,
+                                         s.seq.num_computed_tokens)
+        ready = [(s.seq, row) for s, row in zip(out.scheduled, logits)
+                 if row.shape[0] and not s.seq.invalid_reason]
+        return [*map(self._fail, failed), *(self._sample(ready) if ready else [])]
+
+    def _fail(self, seq: Sequence) -> RequestOutput:
+        held = seq.request_id in self._hold_kv
+        self.scheduler.finish(seq, "error", seq.invalid_reason, free_kv=not held)
+        self._extras.pop(seq.request_id, None)
+        return self._output(seq, (), "", None)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """Run prompts to completion (blocking); for scripts, tests and benchmarks."""
@@ -209,6 +262,8 @@ class LLMEngine:
             text += extras.stops.flush()
             held = seq.request_id in self._hold_kv
             self.scheduler.finish(seq, *stop, free_kv=not held)
+            if held:
+                self._held[seq.request_id] = seq
             del self._extras[seq.request_id]
         return self._output(seq, (token_id,), text, None if logprob is None else (logprob,))
 

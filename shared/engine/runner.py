@@ -37,14 +37,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, chunks: Sequence[SeqChunk], backend: AttentionBackend | None = None,
-                on_layer_done: Callable[[int], None] | None = None) -> list[torch.Tensor]:
+                on_layer_done: Callable[[int], None] | None = None,
+                before_layer: Callable[[int], None] | None = None) -> list[torch.Tensor]:
         """Run the chunks; return float32 logits [num_logits, vocab] per chunk, in order."""
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) > 1)
         ordered = [chunks[i] for i in order]
         input_ids, positions, meta = self.prepare(ordered)
         backend = backend or self.backend
         batch = ForwardBatch(
-            positions=positions, on_layer_done=on_layer_done,
+            positions=positions, on_layer_done=on_layer_done, before_layer=before_layer,
             attention=lambda layer, q, k, v: backend.forward(layer, q, k, v, meta))
         hidden = self.model(input_ids, batch)
         logits = self._logits(hidden, ordered)

@@ -106,16 +106,14 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq.request_id)
         seq.num_computed_tokens = 0
+        seq.num_external_tokens = 0   # freed with the table; recomputed (or re-hit) later
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            # NOTE: at least one token is always computed, for the logits of the next one.
-            max_blocks = (seq.num_tokens - 1) // self.kv.block_size
-            cached = self.kv.match_prefix(seq.block_hashes, max_blocks)
-            num_cached = len(cached) * self.kv.block_size
+            cached, num_cached = self._prefix(seq)
             num_new = min(seq.num_tokens - num_cached, budget)
             if num_new < seq.num_tokens - num_cached and not self.config.enable_chunked_prefill:
                 return
@@ -125,6 +123,15 @@ class Scheduler:
             self._start(seq, num_cached)
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+
+    def _prefix(self, seq: Sequence) -> tuple[list, int]:
+        """Blocks to attach from the prefix cache, and how many tokens need no compute."""
+        if seq.num_external_tokens:   # its table already holds them (see LLMEngine.reserve_prefix)
+            return [], seq.num_external_tokens
+        # NOTE: at least one token is always computed, for the logits of the next one.
+        max_blocks = (seq.num_tokens - 1) // self.kv.block_size
+        cached = self.kv.match_prefix(seq.block_hashes, max_blocks)
+        return cached, len(cached) * self.kv.block_size
 
     def _start(self, seq: Sequence, num_cached: int) -> None:
         seq.num_computed_tokens = num_cached

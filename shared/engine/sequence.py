@@ -23,6 +23,8 @@ class Sequence:
         self.num_prompt_tokens = len(self.token_ids)
         self.num_computed_tokens = 0    # tokens whose KV is in the cache
         self.num_cached_tokens = 0      # prompt tokens served by the prefix cache
+        self.num_external_tokens = 0    # prompt tokens whose KV is placed in its blocks for it
+        self.invalid_reason = ""        # set when its KV cannot be trusted: no token, no reuse
         self.block_size = block_size
         self.root_hash = root_hash(namespace)
         self.block_hashes = block_hashes(self.token_ids, block_size, namespace)

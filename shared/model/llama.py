@@ -29,6 +29,7 @@ class ForwardBatch:
     positions: torch.Tensor
     attention: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     on_layer_done: Callable[[int], None] | None = None
+    before_layer: Callable[[int], None] | None = None   # e.g. wait for that layer's loaded KV
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
 
@@ -92,6 +93,8 @@ class LlamaModel(nn.Module):
         batch.cos, batch.sin = self.rotary.cos_sin(batch.positions)
         residual = None
         for layer_idx, layer in enumerate(self.layers):
+            if batch.before_layer is not None:
+                batch.before_layer(layer_idx)
             x, residual = layer(x, residual, batch)
             if batch.on_layer_done is not None:
                 batch.on_layer_done(layer_idx)

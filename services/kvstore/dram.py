@@ -1,0 +1,151 @@
+"""The DRAM tier: one buffer per block, a hard byte budget, LRU over unpinned blocks.
+
+Nothing here locks: `BlockStore` holds its lock around every call. The tier only keeps
+books; buffers are allocated, filled and read by the store's callers outside the lock.
+"""
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.kvblocks import BlockLayout
+
+
+class BlockState(enum.Enum):
+    RESERVED = "reserved"    # a receiver is writing it; invisible until committed
+    LOADING = "loading"      # being promoted from SSD; readers wait for it
+    COMMITTED = "committed"  # complete and visible
+
+
+@dataclass(slots=True, eq=False)
+class DramBlock:
+    """Bookkeeping of one DRAM buffer. `pins` counts its writer or readers; a pinned or
+    evicting block is outside the LRU and is never chosen as a victim."""
+    block_hash: int
+    layout: BlockLayout
+    state: BlockState
+    buffer: np.ndarray | None = None  # allocated by the reserving caller, outside the lock
+    pins: int = 1
+    checksum: int = 0
+    evicting: bool = False            # being demoted; its evictor decides its fate
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BlockRef:
+    """A pinned block's bytes: writable for a reservation, read-only for an acquired block.
+
+    The memory stays valid and unchanged until the ref is committed, abandoned or released;
+    after that its views must not be used.
+    """
+    block_hash: int
+    layout: BlockLayout
+    buffer: np.ndarray
+    writable: bool
+
+    def view(self, layer: int, half: int) -> memoryview:
+        """Layer `layer`'s K (half 0) or V (half 1) bytes, `layout.half_bytes` long."""
+        start = self.layout.offset(layer, half)
+        return self._sliced(start, start + self.layout.half_bytes)
+
+    def layer_views(self, layer: int) -> tuple[memoryview, memoryview]:
+        return self.view(layer, 0), self.view(layer, 1)
+
+    def data(self) -> memoryview:
+        """The whole block, `layout.block_bytes` long."""
+        return self._sliced(0, self.layout.block_bytes)
+
+    def _sliced(self, start: int, stop: int) -> memoryview:
+        view = memoryview(self.buffer)[start:stop]
+        return view if self.writable else view.toreadonly()
+
+
+def new_buffer(num_bytes: int) -> np.ndarray:
+    # NOTE: np.empty skips the zero fill a bytearray pays for; every byte is overwritten.
+    return np.empty(num_bytes, dtype=np.uint8)
+
+
+class DramTier:
+    """Blocks in DRAM. `used_bytes` counts every block (reserved, loading, committed,
+    evicting) at `layout.block_bytes` and never exceeds `capacity`."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used_bytes = 0
+        self.num_committed = 0
+        self.blocks: dict[int, DramBlock] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()  # unpinned committed, oldest first
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity - self.used_bytes
+
+    def get(self, block_hash: int) -> DramBlock | None:
+        return self.blocks.get(block_hash)
+
+    def holds(self, block_hash: int) -> bool:
+        """True when the block's content is (or is about to be) here: committed or loading."""
+        block = self.blocks.get(block_hash)
+        return block is not None and block.state is not BlockState.RESERVED
+
+    def try_add(self, block_hash: int, layout: BlockLayout, state: BlockState) -> DramBlock | None:
+        """Account a new pinned block (its buffer still to be allocated); None if no room."""
+        if block_hash in self.blocks or layout.block_bytes > self.free_bytes:
+            return None
+        block = DramBlock(block_hash, layout, state)
+        self.blocks[block_hash] = block
+        self.used_bytes += layout.block_bytes
+        return block
+
+    def commit(self, block: DramBlock, checksum: int, pins: int) -> None:
+        """Make a reserved or loading block visible, keeping `pins` readers on it."""
+        block.state, block.checksum, block.pins = BlockState.COMMITTED, checksum, pins
+        self.num_committed += 1
+        if pins == 0:
+            self._lru[block.block_hash] = None
+
+    def pin(self, block: DramBlock) -> None:
+        block.pins += 1
+        self._lru.pop(block.block_hash, None)
+
+    def unpin(self, block: DramBlock) -> None:
+        """Drop one reader; the last one puts the block at the young end of the LRU."""
+        block.pins -= 1
+        if block.pins == 0 and not block.evicting:
+            self._lru[block.block_hash] = None
+
+    def drop(self, block: DramBlock) -> None:
+        del self.blocks[block.block_hash]
+        self._lru.pop(block.block_hash, None)
+        self.used_bytes -= block.layout.block_bytes
+        self.num_committed -= block.state is BlockState.COMMITTED
+
+    def take_victims(self, num_bytes: int) -> list[DramBlock] | None:
+        """Mark the oldest unpinned blocks as evicting until `num_bytes` would be free.
+
+        Returns [] when there is room already, None (marking nothing) when even every
+        unpinned block would not make room. Victims leave the LRU; the caller must
+        `drop` them or `spare` them.
+        """
+        if num_bytes > self.capacity:
+            return None
+        victims, freed = [], self.free_bytes
+        for block_hash in self._lru:
+            if freed >= num_bytes:
+                break
+            victims.append(self.blocks[block_hash])
+            freed += victims[-1].layout.block_bytes
+        if freed < num_bytes:
+            return None
+        for victim in victims:
+            victim.evicting = True
+            del self._lru[victim.block_hash]
+        return victims
+
+    def spare(self, victim: DramBlock) -> None:
+        """Keep a victim that a reader pinned while it was being demoted."""
+        victim.evicting = False
+        if victim.pins == 0:
+            self._lru[victim.block_hash] = None

@@ -1,0 +1,87 @@
+"""Blocks being put into the kvstore: the data plane's sink on a kvstore instance.
+
+A put reserves one store buffer per block (a *slot*); frames land layer by layer; at
+the sender's END each block whose every layer arrived intact is committed, the rest
+abandoned. Nothing half-written ever becomes visible.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from services.kvstore.store import BlockRef, BlockStore
+from shared.transfer.base import BlockSpan
+
+
+@dataclass
+class _Put:
+    refs: list[BlockRef | None]           # by slot; None: the sender was told to skip it
+    expires: float
+    layers_ok: list[set[int]] = field(default_factory=list)
+    bad: set[int] = field(default_factory=set)   # slots with a refused or damaged frame
+
+
+class PutInbox:
+    def __init__(self, store: BlockStore) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._puts: dict[str, _Put] = {}
+        self.num_committed = 0
+        self.num_abandoned = 0
+
+    def open(self, transfer_id: str, refs: list[BlockRef | None], ttl: float) -> None:
+        with self._lock:
+            self._puts[transfer_id] = _Put(refs, time.time() + ttl, [set() for _ in refs])
+
+    def expire(self, now: float) -> int:
+        with self._lock:
+            stale = [t for t, p in self._puts.items() if p.expires < now]
+        return sum(self._close(t, committed=False) for t in stale)
+
+    # -- KVSink (receiver threads) ---------------------------------------------------------
+
+    def destination(self, request_id: str, layer: int, span: BlockSpan,
+                    nbytes: int) -> tuple[memoryview, memoryview] | None:
+        with self._lock:
+            put = self._puts.get(request_id)
+            ref = put.refs[span.block_id] if put and 0 <= span.block_id < len(put.refs) else None
+        if ref is None or span.offset != 0 or nbytes != ref.layout.half_bytes:
+            return None
+        if not 0 <= layer < ref.layout.num_layers:
+            return None
+        return ref.view(layer, 0), ref.view(layer, 1)
+
+    def on_frame(self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool,
+                 error: str) -> None:
+        with self._lock:
+            put = self._puts.get(request_id)
+            if put is None:
+                return
+            for span in spans:
+                if 0 <= span.block_id < len(put.refs):
+                    (put.layers_ok[span.block_id].add(layer) if ok else put.bad.add(span.block_id))
+
+    def on_end(self, request_id: str, num_frames: int) -> None:
+        self._close(request_id, committed=True)
+
+    def on_lost(self, request_ids: list[str], error: str) -> None:
+        for transfer_id in request_ids:
+            self._close(transfer_id, committed=False)
+
+    def _close(self, transfer_id: str, committed: bool) -> int:
+        with self._lock:
+            put = self._puts.pop(transfer_id, None)
+        if put is None:
+            return 0
+        for slot, ref in enumerate(put.refs):
+            if ref is None:
+                continue
+            whole = len(put.layers_ok[slot]) == ref.layout.num_layers and slot not in put.bad
+            if committed and whole:
+                self.store.commit(ref)
+                self.num_committed += 1
+            else:
+                self.store.abandon(ref)
+                self.num_abandoned += 1
+        return 1

@@ -1,0 +1,121 @@
+"""The kvstore service: a content-addressed pool of KV blocks in DRAM and on SSD.
+
+Control over NATS (lookup, get, put); bytes over the data plane; KV events so the
+conductor knows which blocks live here. Several instances split the blocks by
+consistent hashing (shared/hash_ring.py), which their clients compute.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared import subjects
+from shared.bus import Bus
+from shared.messages import (Ack, BlockGet, BlockLookup, BlockPresence, BlockPut, Heartbeat,
+                             KVEvent, PutSlots)
+from shared.service import Service, ServiceConfig
+from shared.transfer.base import BlockSpan
+from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
+from services.kvstore.inbox import PutInbox
+from services.kvstore.store import BlockStore
+
+log = logging.getLogger("kvstack.kvstore")
+PUT_TTL = 30.0
+EVENT_INTERVAL = 0.2
+
+
+@dataclass(frozen=True)
+class KvstoreConfig(ServiceConfig):
+    dram_bytes: int = 4 << 30
+    disk_dir: str = ""              # empty: DRAM only
+    disk_bytes: int = 0
+    compress: bool = False
+    data_host: str = "127.0.0.1"
+    data_port: int = 0
+    advertise_data_addr: str = ""
+    data_token: str = ""
+
+
+class KvstoreService(Service):
+    name = "kvstore"
+
+    def __init__(self, config: KvstoreConfig) -> None:
+        super().__init__(config)
+        self.config: KvstoreConfig = config
+        disk_dir = Path(config.disk_dir) if config.disk_dir else None
+        self.store = BlockStore(config.dram_bytes, disk_dir, config.disk_bytes, config.compress)
+        self.inbox = PutInbox(self.store)
+        self.num_gets = self.num_get_misses = 0
+        self.served_bytes = self.metrics.counter("served_bytes", "block bytes sent to clients")
+        self.stored_bytes = self.metrics.gauge("stored_bytes", "block bytes held", ("tier",))
+
+    async def start(self, bus: Bus) -> None:
+        token = self.config.data_token or None
+        self.receiver = TcpKVReceiver(self.inbox, self.config.data_host, self.config.data_port,
+                                      token)
+        self.data_addr = self.config.advertise_data_addr or self.receiver.start()
+        self.sender = TcpKVSender(auth_token=token)
+        for op, handler, kind in (("lookup", self._lookup, BlockLookup),
+                                  ("get", self._get, BlockGet), ("put", self._put, BlockPut)):
+            await bus.serve(subjects.kvstore_op(self.worker_id, op), handler, expected=kind)
+        self.background = asyncio.ensure_future(self._housekeeping())
+
+    async def stop(self) -> None:
+        self.background.cancel()
+        self.receiver.stop()
+        self.sender.close()
+
+    def heartbeat(self) -> Heartbeat:
+        stats = self.store.stats()
+        for tier in ("dram", "disk"):
+            self.stored_bytes.labels(tier).set(stats.get(f"{tier}_bytes", 0))
+        return Heartbeat(self.name, self.worker_id, time.time(), self.config.heartbeat_interval,
+                         http_addr=self.http_addr, data_addr=self.data_addr,
+                         draining=self.draining)
+
+    async def _lookup(self, msg: BlockLookup) -> BlockPresence:
+        return BlockPresence(tuple(self.store.lookup(msg.block_hashes)))
+
+    async def _get(self, msg: BlockGet) -> Ack:
+        if len(msg.block_hashes) != len(msg.dest_block_ids):
+            return Ack(msg.request_id, False, "block_hashes and dest_block_ids differ in length",
+                       400)
+        refs = await asyncio.to_thread(self.store.acquire, msg.block_hashes, msg.layout)
+        self.num_gets += 1
+        if any(ref is None for ref in refs):
+            self.store.release([ref for ref in refs if ref is not None])
+            self.num_get_misses += 1
+            return Ack(msg.request_id, False, "some blocks are not here (any more)", 404)
+        self._send(msg, refs)
+        return Ack(msg.request_id, True)
+
+    def _send(self, msg: BlockGet, refs: list) -> None:
+        """Layer by layer, so the client can use layer l while l + 1 is still on the way."""
+        layout = msg.layout
+        for layer in range(layout.num_layers):
+            spans = [(BlockSpan(dest, 0, layout.block_size, ref.block_hash),
+                      ref.view(layer, 0), ref.view(layer, 1))
+                     for dest, ref in zip(msg.dest_block_ids, refs)]
+            self.sender.send(msg.dest_addr, msg.request_id, layer, spans)
+        self.served_bytes.inc(layout.block_bytes * len(refs))
+        self.sender.finish(msg.dest_addr, msg.request_id,
+                           lambda ok, frames, error: self.store.release(refs))
+
+    async def _put(self, msg: BlockPut) -> PutSlots:
+        refs = await asyncio.to_thread(
+            lambda: [self.store.reserve(h, msg.layout) for h in msg.block_hashes])
+        self.inbox.open(msg.request_id, refs, PUT_TTL)
+        slots = tuple(slot if ref is not None else -1 for slot, ref in enumerate(refs))
+        return PutSlots(msg.request_id, True, slots, self.data_addr)
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(EVENT_INTERVAL)
+            self.inbox.expire(time.time())
+            stored, removed = self.store.take_events()
+            if stored or removed:
+                await self.bus.publish(subjects.kv_events(), KVEvent(
+                    self.worker_id, self.name, tuple(stored), tuple(removed)))

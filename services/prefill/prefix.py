@@ -1,0 +1,110 @@
+"""A prompt's cached prefix, wherever it is: the local cache, then the kvstore pool, then
+a peer prefill worker. Remote blocks are fetched into blocks reserved for the request,
+layer by layer, while the engine computes: before each layer the gate waits until that
+layer of every fetched block has landed intact, so loading layer l + 1 overlaps
+computing layer l. A fetch that fails mid-step invalidates the request (its KV is never
+used or named) and the attempt fails as retryable.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from shared import subjects
+from shared.engine.engine import LLMEngine
+from shared.engine.loop import EngineLoop
+from shared.engine.runner import SeqChunk
+from shared.kv_inbox import Expected, KVInbox
+from shared.kvstore_client import KvstorePool
+from shared.messages import PrefillRequest
+
+log = logging.getLogger("kvstack.prefill")
+
+
+@dataclass
+class PrefixLoad:
+    """What one request fetches, from where, and how it went."""
+    request_id: str
+    num_local_blocks: int
+    fetched_hashes: list[int]
+    source: str                                   # "kvstore" or a peer's worker id
+    expectations: list[Expected] = field(default_factory=list)
+
+
+class PrefixLoader:
+    def __init__(self, engine_loop: EngineLoop, pool: KvstorePool, inbox: KVInbox,
+                 layer_timeout: float = 10.0) -> None:
+        self.engine_loop = engine_loop
+        self.pool = pool
+        self.inbox = inbox
+        self.layer_timeout = layer_timeout
+        self.loads: dict[str, PrefixLoad] = {}      # requests whose fetch is in flight
+        self.blocks_loaded = {"kvstore": 0, "peer": 0}
+
+    async def prepare(self, req: PrefillRequest, hashes: list[int]) -> int:
+        """Reserve and start fetching what is cached elsewhere; returns the prompt tokens
+        whose KV needs no compute (0: nothing remote, the engine matches locally)."""
+        block_size = self.pool.layout.block_size
+        usable = (len(req.prompt_token_ids) - 1) // block_size   # one token is always computed
+        local = await self.engine_loop.call(lambda e: len(e.kv.match_prefix(hashes, usable)))
+        source, upto = await self._source(req, hashes[:usable], local)
+        if upto <= local:
+            return 0
+        reserved = await self.engine_loop.call(
+            lambda e: e.reserve_prefix(req.request_id, hashes, upto))
+        if reserved is None:
+            return 0
+        num_local, new_ids = reserved
+        load = PrefixLoad(req.request_id, num_local, hashes[num_local:upto], source)
+        started = await self._fetch(req, load, new_ids)
+        if not started:
+            return num_local * block_size
+        self.loads[req.request_id] = load
+        asyncio.ensure_future(self._settle(load))
+        return upto * block_size
+
+    async def _source(self, req: PrefillRequest, hashes: list[int], local: int
+                      ) -> tuple[str, int]:
+        pool_blocks = local
+        if self.pool.ring():
+            pool_blocks += await self.pool.longest_prefix(hashes[local:])
+        peer_blocks = min(req.prefix_peer_blocks, len(hashes))
+        if req.prefix_peer and peer_blocks > pool_blocks:
+            return req.prefix_peer, peer_blocks
+        return "kvstore", pool_blocks
+
+    async def _fetch(self, req: PrefillRequest, load: PrefixLoad, dest_ids: list[int]) -> bool:
+        transfer = f"{req.request_id}:prefix"
+        if load.source == "kvstore":
+            started = await self.pool.get(transfer, load.fetched_hashes, dest_ids)
+        else:
+            one = await self.pool.fetch(subjects.prefill_get(load.source), transfer,
+                                        load.fetched_hashes, dest_ids)
+            started = None if one is None else [one]
+        load.expectations = started or []
+        return started is not None
+
+    async def _settle(self, load: PrefixLoad) -> None:
+        """Once every transfer ended, drop them from the inbox and count what came."""
+        for expected in load.expectations:
+            await expected.settled.wait()
+            self.inbox.take(expected.transfer_id)
+        if all(not e.verdict() for e in load.expectations):
+            kind = "kvstore" if load.source == "kvstore" else "peer"
+            self.blocks_loaded[kind] += len(load.fetched_hashes)
+        self.loads.pop(load.request_id, None)
+
+    # -- engine thread ------------------------------------------------------------------
+
+    def gate(self, engine: LLMEngine, layer: int, chunks: list[SeqChunk]) -> None:
+        """Before `layer` computes: wait for that layer of every block being fetched."""
+        for chunk in chunks:
+            load = self.loads.get(chunk.request_id)
+            if load is None:
+                continue
+            for expected in load.expectations:
+                if not self.inbox.wait_layer(expected, layer, self.layer_timeout):
+                    reason = expected.verdict() or f"layer {layer} did not arrive in time"
+                    engine.invalidate(chunk.request_id, f"loading the prefix failed: {reason}")
+                    break

@@ -1,0 +1,57 @@
+"""A prefill worker's cache, shared: blocks served to peers on request (hot-spot
+replication), and KV events so the conductor knows what this worker holds."""
+from __future__ import annotations
+
+import asyncio
+
+from shared import subjects
+from shared.bus import Bus
+from shared.engine.engine import LLMEngine
+from shared.engine.loop import EngineLoop
+from shared.kvblocks import BlockLayout
+from shared.kvstore_client import send_blocks
+from shared.messages import Ack, BlockGet, KVEvent
+from shared.transfer.base import KVSender
+
+EVENT_INTERVAL = 0.2
+
+
+class CacheSharing:
+    def __init__(self, worker_id: str, bus: Bus, engine_loop: EngineLoop,
+                 sender: KVSender) -> None:
+        self.worker_id, self.bus, self.engine_loop, self.sender = worker_id, bus, engine_loop, sender
+        self.layout = BlockLayout.of(engine_loop.engine.runner.storage)
+        self.blocks_served = 0
+
+    async def serve_get(self, msg: BlockGet) -> Ack:
+        """Send blocks of my prefix cache; they stay pinned until the send is done."""
+        if msg.layout != self.layout:
+            return Ack(msg.request_id, False, "a different KV layout (model, dtype or block size)",
+                       400)
+        blocks = await self.engine_loop.call(lambda e: _pin(e, msg.block_hashes))
+        if blocks is None:
+            return Ack(msg.request_id, False, "some blocks are not cached here (any more)", 404)
+        loop = asyncio.get_running_loop()
+        unpin = lambda *_: loop.call_soon_threadsafe(
+            lambda: self.engine_loop.call(lambda e: e.kv.pool.free(blocks[::-1])))
+        send_blocks(self.sender, self.engine_loop.engine.runner.storage, msg.dest_addr,
+                    msg.request_id, [(dest, b.block_id, b.block_hash)
+                                     for dest, b in zip(msg.dest_block_ids, blocks)], unpin)
+        self.blocks_served += len(blocks)
+        return Ack(msg.request_id, True)
+
+    async def publish_events(self) -> None:
+        while True:
+            await asyncio.sleep(EVENT_INTERVAL)
+            events = await self.engine_loop.call(lambda e: e.kv.pool.take_events())
+            if events:
+                await self.bus.publish(subjects.kv_events(), KVEvent(
+                    self.worker_id, "prefill", tuple(events.stored), tuple(events.removed)))
+
+
+def _pin(engine: LLMEngine, block_hashes) -> list | None:
+    blocks = [engine.kv.pool.lookup(h) for h in block_hashes]
+    if any(b is None for b in blocks):
+        return None
+    engine.kv.pool.touch(blocks)
+    return blocks
