@@ -217,3 +217,15 @@ class KVEvent:
     service: str                  # "prefill", "decode" or "kvstore"
     stored: tuple[int, ...] = ()
     removed: tuple[int, ...] = ()
+
+
+@message("store_stats")
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    worker_id: str
+    dram_blocks: int
+    disk_blocks: int
+    dram_bytes: int
+    disk_bytes: int
+    hits: int
+    misses: int

@@ -19,6 +19,7 @@ class WorkerConfig(ServiceConfig):
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     num_threads: int | None = None
+    enable_prefix_cache: bool = True
     data_host: str = "127.0.0.1"       # where this worker receives KV bytes
     data_port: int = 0
     advertise_data_addr: str = ""      # what peers should dial, if not the bound address
@@ -29,7 +30,8 @@ class WorkerConfig(ServiceConfig):
         return EngineConfig(
             model=self.model, dtype=self.dtype, block_size=self.block_size,
             kv_cache_bytes=self.kv_cache_bytes, max_num_batched_tokens=self.max_num_batched_tokens,
-            max_num_seqs=self.max_num_seqs, num_threads=self.num_threads, detokenize=False)
+            max_num_seqs=self.max_num_seqs, num_threads=self.num_threads, detokenize=False,
+            enable_prefix_cache=self.enable_prefix_cache)
 
 
 def worker_heartbeat(service: str, worker_id: str, config: WorkerConfig, engine: LLMEngine,

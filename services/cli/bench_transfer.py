@@ -4,7 +4,10 @@ Both sides move the same bytes from this process to a child process over loopbac
 into a preallocated tensor, one transfer at a time, timed until the child has them all:
 - kvstack: TcpKVSender -> TcpKVReceiver, one frame per layer, one span per block,
   checksums computed and verified;
-- raw: one `socket.sendall` of the whole region into `recv_into` of the buffer.
+- raw: one `socket.sendall` of the whole region into `recv_into` of the buffer;
+- mooncake (when `mooncake.engine` imports): MooncakeKVSender -> MooncakeKVReceiver, the same
+  frames written by the Transfer Engine (`tcp` protocol) into the child's registered tensor,
+  checksums computed and verified.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 import orjson
 import torch
 
+from shared.transfer import mooncake
 from shared.transfer.base import BlockSpan, tensor_bytes
 from shared.transfer.tcp import SOCKET_BUFFER_BYTES, TcpKVReceiver, TcpKVSender, tune
 
@@ -69,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     capacity = max(layout.nbytes for layout in layouts)
     source = tensor_bytes(torch.randint(0, 256, (capacity,), dtype=torch.uint8))
     sides = {"kvstack": KvstackSide(capacity, args.auth_token), "raw": RawSide(capacity)}
+    if mooncake.available():
+        sides["mooncake"] = KvstackSide(capacity, args.auth_token, transport="mooncake")
     try:
         rows = [measure(layout, source, sides, args.repeats) for layout in layouts]
     finally:
@@ -90,9 +96,13 @@ def measure(layout: Layout, source: memoryview, sides: dict, repeats: int) -> di
         for name, side in sides.items():  # interleaved, so drift hits both alike
             times[name].append(side.transfer(layout, source))
     rate = {name: layout.nbytes / statistics.median(t) / 1e9 for name, t in times.items()}
-    return {"mib": round(layout.nbytes / 2**20, 2), "frames": layout.layers,
-            "spans_per_frame": layout.blocks, "kvstack_gb_s": round(rate["kvstack"], 3),
-            "raw_gb_s": round(rate["raw"], 3), "ratio": round(rate["kvstack"] / rate["raw"], 3)}
+    row = {"mib": round(layout.nbytes / 2**20, 2), "frames": layout.layers,
+           "spans_per_frame": layout.blocks, "kvstack_gb_s": round(rate["kvstack"], 3),
+           "raw_gb_s": round(rate["raw"], 3), "ratio": round(rate["kvstack"] / rate["raw"], 3)}
+    if "mooncake" in rate:
+        row |= {"mooncake_gb_s": round(rate["mooncake"], 3),
+                "mooncake_ratio": round(rate["mooncake"] / rate["raw"], 3)}
+    return row
 
 
 def progress(message: str) -> None:
@@ -100,14 +110,16 @@ def progress(message: str) -> None:
 
 
 def format_table(report: dict) -> str:
+    moon = bool(report["rows"]) and "mooncake_gb_s" in report["rows"][0]
     lines = [f"loopback TCP to a child process, {report['cpus']} CPUs; block {report['block_kib']}"
              f" KiB (K+V of a layer); auth {'on' if report['auth'] else 'off'}; median of "
              f"{report['repeats']}",
              f"{'MiB':>8}{'frames':>8}{'spans/fr':>10}{'kvstack GB/s':>14}{'raw GB/s':>10}"
-             f"{'ratio':>7}"]
+             f"{'ratio':>7}" + (f"{'mooncake GB/s':>15}{'ratio':>7}" if moon else "")]
     for r in report["rows"]:
         lines.append(f"{r['mib']:>8}{r['frames']:>8}{r['spans_per_frame']:>10}"
-                     f"{r['kvstack_gb_s']:>14}{r['raw_gb_s']:>10}{r['ratio']:>7}")
+                     f"{r['kvstack_gb_s']:>14}{r['raw_gb_s']:>10}{r['ratio']:>7}"
+                     + (f"{r['mooncake_gb_s']:>15}{r['mooncake_ratio']:>7}" if moon else ""))
     return "\n".join(lines)
 
 
@@ -143,9 +155,10 @@ class _Child:
 
 
 class KvstackSide:
-    def __init__(self, capacity: int, auth_token: str | None) -> None:
-        self.child = _Child(serve_kvstack, capacity, auth_token)
-        self.sender = TcpKVSender(auth_token=auth_token)
+    def __init__(self, capacity: int, auth_token: str | None, transport: str = "tcp") -> None:
+        self.child = _Child(serve_kvstack, capacity, auth_token, transport)
+        self.sender = (mooncake.MooncakeKVSender(auth_token=auth_token) if transport == "mooncake"
+                       else TcpKVSender(auth_token=auth_token))
         self.count = 0
 
     def transfer(self, layout: Layout, source: memoryview) -> float:
@@ -224,10 +237,14 @@ class _BenchSink:
         self.events.send(("lost", error))
 
 
-def serve_kvstack(cmds, events, capacity: int, auth_token: str | None) -> None:
+def serve_kvstack(cmds, events, capacity: int, auth_token: str | None,
+                  transport: str = "tcp") -> None:
     torch.set_num_threads(1)
     sink = _BenchSink(tensor_bytes(torch.zeros(capacity, dtype=torch.uint8)), events)
-    receiver = TcpKVReceiver(sink, host="127.0.0.1", auth_token=auth_token)
+    receiver = (mooncake.MooncakeKVReceiver(sink, host="127.0.0.1", auth_token=auth_token,
+                                            memory=[sink.buffer])
+                if transport == "mooncake"
+                else TcpKVReceiver(sink, host="127.0.0.1", auth_token=auth_token))
     host, port = receiver.start().rsplit(":", 1)
     events.send(("address", f"{host}:{port}"))
     while (layout := cmds.recv()) is not None:

@@ -30,6 +30,8 @@ def add_worker(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--threads", type=int, default=None, help="torch threads (1-2 on CPU)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="no local prefix cache (reuse only through the kvstore pool)")
     p.add_argument("--data-host", default="127.0.0.1", help="data-plane bind address")
     p.add_argument("--data-port", type=int, default=0)
     p.add_argument("--advertise-data-addr", default="", help="host:port peers should dial")
@@ -46,7 +48,8 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         **common_config(args), model=args.model, dtype=args.dtype, block_size=args.block_size,
         kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        num_threads=args.threads, data_host=args.data_host, data_port=args.data_port,
+        num_threads=args.threads, enable_prefix_cache=not args.no_prefix_cache,
+        data_host=args.data_host, data_port=args.data_port,
         advertise_data_addr=args.advertise_data_addr,
         data_token=os.environ.get("KVSTACK_DATA_TOKEN", ""))
 

@@ -33,9 +33,11 @@ class StackConfig:
     port: int = 8000
     worker_args: tuple[str, ...] = ()  # extra args for prefill and decode workers
     decode_args: tuple[str, ...] = ()  # extra args for decode workers only
+    prefill_args: tuple[str, ...] = ()  # extra args for prefill workers only
     gateway_args: tuple[str, ...] = ()
     conductor_args: tuple[str, ...] = ()
     with_conductor: bool = True
+    with_gateway: bool = True
     log_dir: Path = Path(".kvstack/logs")
     ready_timeout: float = 300.0
 
@@ -81,13 +83,14 @@ class Stack:
         commands = commands if cfg.with_conductor else []
         commands += [(f"kvstore-{i}", ["kvstore", "--worker-id", f"kvstore-{i}",
                                        *cfg.kvstore_args]) for i in range(cfg.num_kvstore)]
-        commands += [(f"prefill-{i}", ["prefill", "--worker-id", f"prefill-{i}", *worker])
-                     for i in range(cfg.num_prefill)]
+        commands += [(f"prefill-{i}", ["prefill", "--worker-id", f"prefill-{i}", *worker,
+                                       *cfg.prefill_args]) for i in range(cfg.num_prefill)]
         commands += [(f"decode-{i}", ["decode", "--worker-id", f"decode-{i}", *worker,
                                       *cfg.decode_args]) for i in range(cfg.num_decode)]
-        commands.append(("gateway-0", ["gateway", "--worker-id", "gateway-0", "--model", cfg.model,
-                                     "--host", cfg.host, "--http-port", str(cfg.port),
-                                     *cfg.gateway_args]))
+        if cfg.with_gateway:
+            commands.append(("gateway-0", [
+                "gateway", "--worker-id", "gateway-0", "--model", cfg.model, "--host", cfg.host,
+                "--http-port", str(cfg.port), *cfg.gateway_args]))
         return commands
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
@@ -107,7 +110,8 @@ class Stack:
         """Until every service beats and the gateway answers /health; raises on a crash."""
         expected = Counter(p.service for p in self.processes)
         asyncio.run(self._await_heartbeats(expected, time.monotonic() + self.config.ready_timeout))
-        self._await_gateway(time.monotonic() + 30)
+        if self.config.with_gateway:
+            self._await_gateway(time.monotonic() + 30)
 
     async def _await_heartbeats(self, expected: Counter, deadline: float) -> None:
         import nats

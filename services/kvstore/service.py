@@ -15,7 +15,7 @@ from pathlib import Path
 from shared import subjects
 from shared.bus import Bus
 from shared.messages import (Ack, BlockGet, BlockLookup, BlockPresence, BlockPut, Heartbeat,
-                             KVEvent, PutSlots)
+                             KVEvent, PutSlots, StatsRequest, StoreStats)
 from shared.service import Service, ServiceConfig
 from shared.transfer.base import BlockSpan
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
@@ -56,11 +56,14 @@ class KvstoreService(Service):
         token = self.config.data_token or None
         self.receiver = TcpKVReceiver(self.inbox, self.config.data_host, self.config.data_port,
                                       token)
-        self.data_addr = self.config.advertise_data_addr or self.receiver.start()
+        bound = self.receiver.start()   # listen even when peers dial another address
+        self.data_addr = self.config.advertise_data_addr or bound
         self.sender = TcpKVSender(auth_token=token)
         for op, handler, kind in (("lookup", self._lookup, BlockLookup),
                                   ("get", self._get, BlockGet), ("put", self._put, BlockPut)):
             await bus.serve(subjects.kvstore_op(self.worker_id, op), handler, expected=kind)
+        await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
+                        expected=StatsRequest)
         self.background = asyncio.ensure_future(self._housekeeping())
 
     async def stop(self) -> None:
@@ -75,6 +78,11 @@ class KvstoreService(Service):
         return Heartbeat(self.name, self.worker_id, time.time(), self.config.heartbeat_interval,
                          http_addr=self.http_addr, data_addr=self.data_addr,
                          draining=self.draining)
+
+    async def _stats(self, _: StatsRequest) -> StoreStats:
+        s = self.store.stats()
+        return StoreStats(self.worker_id, s["dram_blocks"], s["disk_blocks"], s["dram_bytes"],
+                          s["disk_bytes"], s["dram_hits"] + s["disk_hits"], self.num_get_misses)
 
     async def _lookup(self, msg: BlockLookup) -> BlockPresence:
         return BlockPresence(tuple(self.store.lookup(msg.block_hashes)))

@@ -30,6 +30,7 @@ class PrefixLoad:
     fetched_hashes: list[int]
     source: str                                   # "kvstore" or a peer's worker id
     expectations: list[Expected] = field(default_factory=list)
+    failed: bool = False
 
 
 class PrefixLoader:
@@ -58,6 +59,8 @@ class PrefixLoader:
         num_local, new_ids = reserved
         load = PrefixLoad(req.request_id, num_local, hashes[num_local:upto], source)
         started = await self._fetch(req, load, new_ids)
+        log.info("request %s: %d prefix blocks local, %d from %s%s", req.request_id, num_local,
+                 len(load.fetched_hashes), source, "" if started else " (refused: computing)")
         if not started:
             return num_local * block_size
         self.loads[req.request_id] = load
@@ -98,13 +101,19 @@ class PrefixLoader:
     # -- engine thread ------------------------------------------------------------------
 
     def gate(self, engine: LLMEngine, layer: int, chunks: list[SeqChunk]) -> None:
-        """Before `layer` computes: wait for that layer of every block being fetched."""
+        """Before `layer` computes: wait for that layer of every block being fetched.
+
+        A failed load invalidates the request once; its later layers are not waited for.
+        """
         for chunk in chunks:
             load = self.loads.get(chunk.request_id)
-            if load is None:
+            if load is None or load.failed:
                 continue
             for expected in load.expectations:
                 if not self.inbox.wait_layer(expected, layer, self.layer_timeout):
-                    reason = expected.verdict() or f"layer {layer} did not arrive in time"
+                    reason = expected.error or f"layer {layer} did not arrive in time"
+                    log.warning("request %s: loading the prefix failed: %s", load.request_id,
+                                reason)
                     engine.invalidate(chunk.request_id, f"loading the prefix failed: {reason}")
+                    load.failed = True
                     break

@@ -48,7 +48,8 @@ class PrefillService(Service):
         self.inbox = KVInbox(self.engine.runner.storage, loop)
         self.receiver = TcpKVReceiver(self.inbox, self.config.data_host, self.config.data_port,
                                       token)
-        self.data_addr = self.config.advertise_data_addr or self.receiver.start()
+        bound = self.receiver.start()   # listen even when peers dial another address
+        self.data_addr = self.config.advertise_data_addr or bound
         self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs, step=self._step)
         self.pool = KvstorePool(bus, self.sender, self.engine.runner.storage, self.inbox,
                                 self.data_addr, self.config.request_timeout)

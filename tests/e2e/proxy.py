@@ -56,3 +56,53 @@ class CorruptingProxy:
 
     def close(self) -> None:
         self.listener.close()
+
+
+class CuttingProxy:
+    """Forwards 127.0.0.1:<port> to `target`; after `cut_after` bytes of the first link it
+    calls `on_cut` (e.g. kill the sender) and closes the link: a source dying mid-transfer."""
+
+    def __init__(self, target_port: int, cut_after: int, on_cut) -> None:
+        self.target_port, self.cut_after, self.on_cut = target_port, cut_after, on_cut
+        self.cut = False
+        self.error: Exception | None = None
+        self.links = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            self.links += 1
+            cut_this = self.links == 1
+            threading.Thread(target=self._pump, args=(client, server, cut_this),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, cut_this: bool) -> None:
+        seen = 0
+        try:
+            while data := src.recv(1 << 14):
+                if cut_this and seen + len(data) >= self.cut_after:
+                    dst.sendall(data[:max(0, self.cut_after - seen)])
+                    self.cut = True
+                    self.on_cut()
+                    break
+                seen += len(data)
+                dst.sendall(data)
+        except Exception as e:  # noqa: BLE001 - kept for the test to see
+            self.error = e
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()

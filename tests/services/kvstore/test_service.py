@@ -1,0 +1,140 @@
+"""kvstore processes with the worker-side pool client: placement by consistent hashing,
+losing an instance, and an SSD tier that survives a restart."""
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+
+import pytest
+import torch
+
+from services.cli.stack import Stack, StackConfig
+from shared import subjects
+from shared.bus import Bus
+from shared.kv_inbox import KVInbox
+from shared.kvcache.storage import KVStorage
+from shared.kvstore_client import KvstorePool
+from shared.messages import Heartbeat, StatsRequest, StoreStats
+from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
+
+NUM_BLOCKS = 48
+
+
+def start_stores(tmp_path, num: int, args: tuple[str, ...] = ()) -> Stack:
+    stack = Stack(StackConfig(num_prefill=0, num_decode=0, num_kvstore=num, kvstore_args=args,
+                              with_conductor=False, with_gateway=False, log_dir=tmp_path,
+                              worker_args=()))
+    stack.start()
+    stack.wait_ready()
+    return stack
+
+
+class Client:
+    """A stand-in worker: a small KV tensor, the data plane and the pool client."""
+
+    def __init__(self, bus: Bus, seed: int) -> None:
+        self.storage = KVStorage(4, NUM_BLOCKS, 16, 2, 8, torch.bfloat16)
+        torch.manual_seed(seed)
+        self.storage.kv.copy_(torch.randn(self.storage.kv.shape))
+        self.inbox = KVInbox(self.storage, asyncio.get_running_loop())
+        self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0)
+        self.sender = TcpKVSender()
+        self.pool = KvstorePool(bus, self.sender, self.storage, self.inbox, self.receiver.start())
+
+    def close(self) -> None:
+        self.receiver.stop()
+        self.sender.close()
+
+
+async def connect(stack: Stack) -> tuple[Bus, list[Client]]:
+    bus = await Bus.connect(stack.nats_url, "test-client")
+    clients = [Client(bus, seed) for seed in (1, 2)]
+    for client in clients:
+        await bus.subscribe(subjects.all_heartbeats(), _observer(client.pool), expected=Heartbeat)
+    while len(clients[0].pool.ring().members) < sum(p.service == "kvstore" for p in stack.processes):
+        await asyncio.sleep(0.1)
+    return bus, clients
+
+
+def _observer(pool: KvstorePool):
+    async def observe(hb: Heartbeat) -> None:
+        pool.observe(hb)
+    return observe
+
+
+async def put_all(client: Client, hashes: list[int], batch: int = 8) -> None:
+    """In batches, as requests would: a later batch can push earlier ones to the SSD."""
+    loop = asyncio.get_running_loop()
+    for start in range(0, len(hashes), batch):
+        done = asyncio.Event()
+        await client.pool.put(f"put-{start}", hashes[start:start + batch],
+                              list(range(start, start + batch)),
+                              lambda: loop.call_soon_threadsafe(done.set))
+        await asyncio.wait_for(done.wait(), 10)
+        await asyncio.sleep(0.2)   # each block commits when its transfer's END arrives
+
+
+async def stats(bus: Bus, worker_id: str) -> StoreStats:
+    return await bus.request(subjects.worker_stats("kvstore", worker_id), StatsRequest(), 5,
+                             expected=StoreStats)
+
+
+async def test_blocks_spread_over_three_stores_and_losing_one_loses_only_its_share(tmp_path):
+    stack = await asyncio.to_thread(start_stores, tmp_path, 3)
+    try:
+        bus, (writer, reader) = await connect(stack)
+        hashes = [random.Random(i).getrandbits(64) for i in range(NUM_BLOCKS)]
+        await put_all(writer, hashes)
+        counts = [(await stats(bus, f"kvstore-{i}")).dram_blocks for i in range(3)]
+        assert sum(counts) == NUM_BLOCKS and min(counts) > 0, counts
+        owners = {h: writer.pool.ring().owner(h) for h in hashes}
+
+        loads = await reader.pool.get("get-1", hashes, list(range(NUM_BLOCKS)))
+        for expected in loads:
+            await asyncio.wait_for(expected.settled.wait(), 10)
+            assert not expected.verdict()
+        assert torch.equal(reader.storage.kv, writer.storage.kv)
+
+        victim = next(p for p in stack.processes if p.name == "kvstore-1")
+        victim.popen.send_signal(signal.SIGKILL)
+        stack.processes.remove(victim)
+        while "kvstore-1" in reader.pool.ring().members:
+            await asyncio.sleep(0.2)
+        present = await asyncio.gather(*(reader.pool.longest_prefix([h]) for h in hashes))
+        lost = {h for h, n in zip(hashes, present) if n == 0}
+        assert lost == {h for h in hashes if owners[h] == "kvstore-1"}
+        assert await reader.pool.get("get-2", hashes, list(range(NUM_BLOCKS))) is None
+        for client in (writer, reader):
+            client.close()
+        await bus.drain()
+    finally:
+        stack.stop()
+
+
+async def test_the_ssd_tier_survives_a_restart(tmp_path):
+    disk = tmp_path / "ssd"
+    args = ("--dram-gib", "0.0001", "--disk-dir", str(disk), "--disk-gib", "0.01")  # ~26 blocks
+    stack = await asyncio.to_thread(start_stores, tmp_path, 1, args)
+    try:
+        bus, (writer, _) = await connect(stack)
+        hashes = [random.Random(100 + i).getrandbits(64) for i in range(NUM_BLOCKS)]
+        await put_all(writer, hashes)
+        before = await stats(bus, "kvstore-0")
+        assert before.disk_blocks > 0 and before.dram_blocks < NUM_BLOCKS   # DRAM overflowed
+        stack.stop()
+        stack = await asyncio.to_thread(start_stores, tmp_path, 1, args)
+        bus2, (_, reader) = await connect(stack)
+        after = await stats(bus2, "kvstore-0")
+        assert after.disk_blocks == before.disk_blocks
+        on_disk = [h for h in hashes if await reader.pool.longest_prefix([h]) == 1]
+        assert len(on_disk) == before.disk_blocks
+        loads = await reader.pool.get("get-3", on_disk[:4], [0, 1, 2, 3])
+        for expected in loads:
+            await asyncio.wait_for(expected.settled.wait(), 10)
+            assert not expected.verdict()
+        for i, h in enumerate(on_disk[:4]):
+            source = hashes.index(h)
+            assert torch.equal(reader.storage.kv[:, :, i], writer.storage.kv[:, :, source])
+    finally:
+        stack.stop()
