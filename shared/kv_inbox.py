@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.kvcache.storage import KVStorage
-from shared.transfer.base import BlockSpan, kv_span_bytes
+from shared.transfer.base import BlockSpan
 
 
 @dataclass
@@ -103,14 +103,17 @@ class KVInbox:
 
     def destination(self, request_id: str, layer: int, span: BlockSpan,
                     nbytes: int) -> tuple[memoryview, memoryview] | None:
-        if span.offset + span.num_tokens > self.storage.block_size:
-            return None
+        covered = span.block_ids(self.storage.block_size)
+        if len(covered) > 1 and span.offset:
+            return None   # a run of blocks starts at a block's first slot
         with self._lock:
             expected = self._table.get(request_id)
-            if expected is None or expected.cancelled or span.block_id not in expected.block_ids:
+            if expected is None or expected.cancelled:
+                return None
+            if not all(block in expected.block_ids for block in covered):
                 return None
             expected.writing = True
-        return kv_span_bytes(self.storage.kv, layer, span)
+        return self.storage.span_bytes(layer, span.block_id, span.offset, span.num_tokens)
 
     def on_frame(self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool,
                  error: str) -> None:

@@ -21,7 +21,7 @@ from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
 from shared.messages import (Ack, BlockGet, BlockLookup, BlockPresence, BlockPut, Heartbeat,
                              PutSlots)
-from shared.transfer.base import BlockSpan, KVSender, kv_span_bytes
+from shared.transfer.base import BlockSpan, KVSender, coalesce
 
 log = logging.getLogger("kvstack.kvstore_client")
 MISSED_BEATS = 3
@@ -153,14 +153,18 @@ class KvstorePool:
 
 
 def send_blocks(sender: KVSender, storage: KVStorage, peer: str, transfer_id: str,
-                blocks: Sequence[tuple[int, int, int]], on_done) -> None:
-    """Whole blocks of `storage`, layer by layer: blocks are (dest id, source id, hash)."""
+                blocks: Sequence[tuple[int, int, int]], on_done, runs: bool = True) -> None:
+    """Whole blocks of `storage`, layer by layer: blocks are (dest id, source id, hash).
+
+    With `runs`, consecutive blocks on both sides travel as one span (a worker's KVInbox
+    and a kvstore's put slots both take such spans)."""
     block_size = storage.block_size
+    pieces = [(dest, src, 0, block_size) for dest, src, _ in blocks]
+    pieces = coalesce(pieces, block_size) if runs else pieces
+    hashes = {dest: block_hash for dest, _, block_hash in blocks}
     for layer in range(storage.kv.shape[0]):
-        spans = []
-        for dest, src, block_hash in blocks:
-            k, v = kv_span_bytes(storage.kv, layer, BlockSpan(src, 0, block_size))
-            spans.append((BlockSpan(dest, 0, block_size, block_hash), k, v))
+        spans = [(BlockSpan(dest, 0, n, hashes[dest] if n == block_size else 0),
+                  *storage.span_bytes(layer, src, 0, n)) for dest, src, _, n in pieces]
         sender.send(peer, transfer_id, layer, spans)
     sender.finish(peer, transfer_id, on_done)
 

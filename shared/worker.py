@@ -24,6 +24,7 @@ class WorkerConfig(ServiceConfig):
     data_port: int = 0
     advertise_data_addr: str = ""      # what peers should dial, if not the bound address
     data_token: str = ""               # shared secret of the data plane (KVSTACK_DATA_TOKEN)
+    transport: str = "tcp"             # prefill -> decode KV stream: "tcp" or "mooncake"
     request_timeout: float = 10.0      # one control round trip (reserve, commit)
 
     def engine_config(self) -> EngineConfig:

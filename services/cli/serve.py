@@ -8,6 +8,7 @@ from shared.engine.config import DTYPE_CHOICES
 from shared.errors import KvstackError
 from shared.model.registry import DEFAULT_MODEL
 from shared.service import run
+from shared.transfer.factory import TRANSPORTS
 from shared.worker import WorkerConfig
 
 
@@ -35,6 +36,8 @@ def add_worker(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-host", default="127.0.0.1", help="data-plane bind address")
     p.add_argument("--data-port", type=int, default=0)
     p.add_argument("--advertise-data-addr", default="", help="host:port peers should dial")
+    p.add_argument("--transport", choices=TRANSPORTS, default="tcp",
+                   help="data plane of the prefill -> decode KV stream")
 
 
 def common_config(args: argparse.Namespace) -> dict:
@@ -50,7 +53,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         num_threads=args.threads, enable_prefix_cache=not args.no_prefix_cache,
         data_host=args.data_host, data_port=args.data_port,
-        advertise_data_addr=args.advertise_data_addr,
+        advertise_data_addr=args.advertise_data_addr, transport=args.transport,
         data_token=os.environ.get("KVSTACK_DATA_TOKEN", ""))
 
 

@@ -17,7 +17,8 @@ from shared.messages import (Abort, Ack, Heartbeat, KVCommit, KVReservation, KVR
                              StatsRequest, TokenEvent, WorkerStats)
 from shared.service import Service
 from shared.kvstore_client import KvstorePool, write_back
-from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
+from shared.transfer.factory import make_receiver
+from shared.transfer.tcp import TcpKVSender
 from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
 
 log = logging.getLogger("kvstack.decode")
@@ -49,8 +50,9 @@ class DecodeService(Service):
         self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
         self.reservations = KVInbox(self.engine.runner.storage, loop)
         token = self.config.data_token or None
-        self.receiver = TcpKVReceiver(self.reservations, self.config.data_host,
-                                      self.config.data_port, token)
+        self.receiver = make_receiver(self.config.transport, self.reservations,
+                                      self.config.data_host, self.config.data_port, token,
+                                      memory=[self.engine.runner.storage.kv])
         bound = self.receiver.start()
         self.data_addr = self.config.advertise_data_addr or bound
         self.sender = TcpKVSender(auth_token=token)

@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from services.kvstore.runs import scatter
 from services.kvstore.store import BlockRef, BlockStore
 from shared.transfer.base import BlockSpan
 
@@ -20,6 +21,20 @@ class _Put:
     expires: float
     layers_ok: list[set[int]] = field(default_factory=list)
     bad: set[int] = field(default_factory=set)   # slots with a refused or damaged frame
+    staged: dict = field(default_factory=dict)   # (layer, first slot) -> a run's staging
+
+    def slots(self, span: BlockSpan) -> range:
+        """The slots a span covers: one, or a run of consecutive ones."""
+        block_size = next((r.layout.block_size for r in self.refs if r is not None), 1)
+        first = max(0, span.block_id)
+        return range(first, min(len(self.refs), first + max(1, span.num_tokens // block_size)))
+
+    def run(self, span: BlockSpan) -> list[BlockRef] | None:
+        """The blocks a span covers, if it is whole blocks and every one is open."""
+        refs = [self.refs[s] for s in self.slots(span)]
+        whole = span.offset == 0 and span.num_tokens == len(refs) * (refs[0].layout.block_size
+                                                                     if refs and refs[0] else 0)
+        return refs if whole and None not in refs else None
 
 
 class PutInbox:
@@ -45,12 +60,17 @@ class PutInbox:
                     nbytes: int) -> tuple[memoryview, memoryview] | None:
         with self._lock:
             put = self._puts.get(request_id)
-            ref = put.refs[span.block_id] if put and 0 <= span.block_id < len(put.refs) else None
-        if ref is None or span.offset != 0 or nbytes != ref.layout.half_bytes:
+            refs = put.run(span) if put is not None else None
+        if refs is None or nbytes != len(refs) * refs[0].layout.half_bytes:
             return None
-        if not 0 <= layer < ref.layout.num_layers:
+        if not 0 <= layer < refs[0].layout.num_layers:
             return None
-        return ref.view(layer, 0), ref.view(layer, 1)
+        if len(refs) == 1:
+            return refs[0].view(layer, 0), refs[0].view(layer, 1)
+        staging = (memoryview(bytearray(nbytes)), memoryview(bytearray(nbytes)))
+        with self._lock:
+            put.staged[(layer, span.block_id)] = (staging, refs)
+        return staging
 
     def on_frame(self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool,
                  error: str) -> None:
@@ -59,8 +79,11 @@ class PutInbox:
             if put is None:
                 return
             for span in spans:
-                if 0 <= span.block_id < len(put.refs):
-                    (put.layers_ok[span.block_id].add(layer) if ok else put.bad.add(span.block_id))
+                staged = put.staged.pop((layer, span.block_id), None)
+                if staged is not None and ok:
+                    scatter(*staged, layer)
+                for slot in put.slots(span):
+                    (put.layers_ok[slot].add(layer) if ok else put.bad.add(slot))
 
     def on_end(self, request_id: str, num_frames: int) -> None:
         self._close(request_id, committed=True)

@@ -17,9 +17,9 @@ from shared.bus import Bus
 from shared.messages import (Ack, BlockGet, BlockLookup, BlockPresence, BlockPut, Heartbeat,
                              KVEvent, PutSlots, StatsRequest, StoreStats)
 from shared.service import Service, ServiceConfig
-from shared.transfer.base import BlockSpan
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from services.kvstore.inbox import PutInbox
+from services.kvstore.runs import get_spans
 from services.kvstore.store import BlockStore
 
 log = logging.getLogger("kvstack.kvstore")
@@ -104,9 +104,7 @@ class KvstoreService(Service):
         """Layer by layer, so the client can use layer l while l + 1 is still on the way."""
         layout = msg.layout
         for layer in range(layout.num_layers):
-            spans = [(BlockSpan(dest, 0, layout.block_size, ref.block_hash),
-                      ref.view(layer, 0), ref.view(layer, 1))
-                     for dest, ref in zip(msg.dest_block_ids, refs)]
+            spans = get_spans(layer, msg.dest_block_ids, refs, layout)
             self.sender.send(msg.dest_addr, msg.request_id, layer, spans)
         self.served_bytes.inc(layout.block_bytes * len(refs))
         self.sender.finish(msg.dest_addr, msg.request_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 
 from shared import subjects
 from shared.bus import Bus, ServiceUnavailable
@@ -19,6 +20,7 @@ from shared.kvstore_client import KvstorePool, write_back
 from shared.messages import (Abort, Ack, BlockGet, Heartbeat, KVCommit, KVReservation,
                              KVReserve, PrefillRequest, StatsRequest, TokenEvent, WorkerStats)
 from shared.service import Service
+from shared.transfer.factory import make_sender
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
 from services.prefill.prefix import PrefixLoader
@@ -35,6 +37,7 @@ class PrefillService(Service):
         super().__init__(config)
         self.config: WorkerConfig = config
         self.targets: dict[str, Target] = {}
+        self.started: dict[str, float] = {}   # for debug timing of each request's stages
         self.requests: dict[str, PrefillRequest] = {}
         self.num_done = 0
         self.prompt_tokens = self.metrics.counter("prompt_tokens", "prompt tokens prefilled")
@@ -44,7 +47,8 @@ class PrefillService(Service):
         loop = asyncio.get_running_loop()
         self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
         token = self.config.data_token or None
-        self.sender = TcpKVSender(auth_token=token)
+        self.sender = TcpKVSender(auth_token=token)       # pool and peers
+        self.kv_out = make_sender(self.config.transport, token)   # the stream to decode
         self.inbox = KVInbox(self.engine.runner.storage, loop)
         self.receiver = TcpKVReceiver(self.inbox, self.config.data_host, self.config.data_port,
                                       token)
@@ -70,7 +74,7 @@ class PrefillService(Service):
         self.pool.observe(hb)
 
     def heartbeat(self) -> Heartbeat:
-        self.kv_bytes.set(self.sender.bytes_sent)
+        self.kv_bytes.set(self.kv_out.bytes_sent)
         return worker_heartbeat(self.name, self.worker_id, self.config, self.engine,
                                 self.http_addr, self.data_addr, self.draining)
 
@@ -83,6 +87,7 @@ class PrefillService(Service):
         self.engine_loop.stop()
         self.receiver.stop()
         self.sender.close()
+        self.kv_out.close()
 
     # -- requests ---------------------------------------------------------------------
 
@@ -98,7 +103,9 @@ class PrefillService(Service):
         return Ack(req.request_id, True)
 
     async def _run(self, req: PrefillRequest) -> None:
+        self.started[req.request_id] = time.monotonic()
         reservation = await self._reserve(req)
+        self._trace(req.request_id, "decode reserved blocks")
         if req.request_id not in self.requests:  # aborted while reserving
             if reservation.ok:
                 await self._tell_decode(req.decode_id, KVCommit(req.request_id, False,
@@ -108,8 +115,9 @@ class PrefillService(Service):
             return await self._fail(req, reservation.reason, reservation.code)
         hashes = self._block_hashes(req)
         self.targets[req.request_id] = Target(
-            req.request_id, reservation.data_addr, req.decode_id, reservation.block_ids, hashes)
+            req.request_id, reservation.data_addr, req.decode_id, reservation.block_ids)
         external = await self.loader.prepare(req, hashes)
+        self._trace(req.request_id, f"prefix planned ({external} tokens not computed)")
         prefill_only = dataclasses.replace(req.params, max_tokens=1)
         await self.engine_loop.call(lambda e: e.add_request(
             req.request_id, req.prompt_token_ids, prefill_only, hold_kv=True,
@@ -142,7 +150,7 @@ class PrefillService(Service):
                 continue
             spans = layer_spans(self.engine.runner.storage, layer, chunk, target)
             if spans:
-                self.sender.send(target.peer, target.request_id, layer, spans)
+                self.kv_out.send(target.peer, target.request_id, layer, spans)
             if last_layer:
                 target.sent_upto = chunk.context_len
 
@@ -160,7 +168,8 @@ class PrefillService(Service):
         def on_done(ok: bool, num_frames: int, error: str) -> None:
             loop.call_soon_threadsafe(
                 lambda: asyncio.ensure_future(self._commit(out, target, ok, num_frames, error)))
-        self.sender.finish(target.peer, target.request_id, on_done)
+        self._trace(target.request_id, "computed; ending the KV stream")
+        self.kv_out.finish(target.peer, target.request_id, on_done)
 
     async def _commit(self, out: RequestOutput | None, target: Target, sent: bool,
                       num_frames: int, error: str) -> None:
@@ -184,7 +193,9 @@ class PrefillService(Service):
         done_here = self._finishes_at_first_token(req, token)
         commit = KVCommit(rid, not done_here, num_frames, token, logprob, out.num_cached_tokens,
                           reason="finished at the first token" if done_here else "")
+        self._trace(rid, "KV stream sent")
         reply = await self._tell_decode(target.decode_id, commit)
+        self._trace(rid, "decode adopted it")
         if done_here:
             return await self._emit_first(req, out, token, logprob, done_here)
         if not reply.ok:
@@ -227,7 +238,13 @@ class PrefillService(Service):
 
     def _done(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
+        self.started.pop(request_id, None)
         self.num_done += 1
+
+    def _trace(self, request_id: str, what: str) -> None:
+        if log.isEnabledFor(logging.DEBUG) and request_id in self.started:
+            elapsed = (time.monotonic() - self.started[request_id]) * 1000
+            log.debug("request %s +%.1f ms: %s", request_id, elapsed, what)
 
     async def _on_abort(self, msg: Abort) -> None:
         if self.requests.pop(msg.request_id, None) is None:

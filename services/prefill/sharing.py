@@ -19,7 +19,8 @@ EVENT_INTERVAL = 0.2
 class CacheSharing:
     def __init__(self, worker_id: str, bus: Bus, engine_loop: EngineLoop,
                  sender: KVSender) -> None:
-        self.worker_id, self.bus, self.engine_loop, self.sender = worker_id, bus, engine_loop, sender
+        self.worker_id, self.bus = worker_id, bus
+        self.engine_loop, self.sender = engine_loop, sender
         self.layout = BlockLayout.of(engine_loop.engine.runner.storage)
         self.blocks_served = 0
 

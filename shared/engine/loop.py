@@ -10,6 +10,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,8 @@ class EngineLoop:
         self._running = False
         self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
         self.num_steps = 0
+        self.step_seconds = 0.0
+        self.on_step: Callable[[float], None] | None = None   # e.g. a histogram's observe
 
     def start(self) -> None:
         self._running = True
@@ -56,12 +59,17 @@ class EngineLoop:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
+            started = time.perf_counter()
             try:
                 outputs = self._step(self.engine)
             except Exception as e:  # fail the step's requests loudly instead of retrying forever
                 log.exception("engine step failed")
                 outputs = self.engine.fail_all(f"engine step failed: {type(e).__name__}: {e}")
             self.num_steps += 1
+            self.step_seconds = time.perf_counter() - started
+            if self.on_step is not None:
+                self.on_step(self.step_seconds)
+            log.debug("step %d: %.1f ms", self.num_steps, self.step_seconds * 1000)
             if outputs:
                 self.loop.call_soon_threadsafe(self.on_outputs, outputs)
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from shared.kvcache.storage import KVStorage
-from shared.model.attention import AttentionBackend, AttentionMetadata, PrefillSpan
+from shared.model.attention import (AttentionBackend, AttentionMetadata, PrefillSpan,
+                                    causal_mask)
 from shared.model.llama import ForwardBatch, LlamaModel
 
 
@@ -85,13 +86,19 @@ class ModelRunner:
     def _add_prefills(self, meta: AttentionMetadata, chunks: Sequence[SeqChunk]) -> None:
         row = meta.num_decode_tokens
         for chunk in chunks[meta.num_decode_tokens:]:
-            context_slots = None
-            if chunk.start_pos:
-                slots = self._slots(chunk.block_ids, range(chunk.context_len))
-                context_slots = torch.tensor(slots, dtype=torch.long, device=self.device)
             num_tokens = len(chunk.token_ids)
-            meta.prefills.append(PrefillSpan(row, num_tokens, chunk.context_len, context_slots))
+            span = PrefillSpan(row, num_tokens, chunk.context_len)
+            if chunk.start_pos:
+                self._add_context(span, chunk)
+            meta.prefills.append(span)
             row += num_tokens
+
+    def _add_context(self, span: PrefillSpan, chunk: SeqChunk) -> None:
+        blocks = list(chunk.block_ids[:-(-chunk.context_len // self.block_size)])
+        span.context_blocks = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
+            span.first_block = blocks[0]
+        span.mask = causal_mask(span.num_tokens, span.context_len).to(self.device)
 
     def _logits(self, hidden: torch.Tensor, chunks: Sequence[SeqChunk]) -> list[torch.Tensor]:
         rows, counts, end = [], [], 0

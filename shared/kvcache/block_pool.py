@@ -52,8 +52,11 @@ class BlockPool:
             block.ref_cnt += 1
 
     def allocate(self, num_blocks: int) -> list[KVBlock]:
+        """The `num_blocks` least recently used free blocks, ordered by id: a request's
+        blocks then tend to be consecutive, and consecutive blocks move as one span."""
         assert num_blocks <= self.num_free_blocks, "allocate without checking num_free_blocks"
-        blocks = [self.free_queue.popleft() for _ in range(num_blocks)]
+        blocks = sorted((self.free_queue.popleft() for _ in range(num_blocks)),
+                        key=lambda block: block.block_id)
         for block in blocks:
             self._forget(block)
             block.ref_cnt = 1

@@ -22,7 +22,19 @@ class PrefillSpan:
     token_start: int            # first row of the chunk in the step's flat token batch
     num_tokens: int             # tokens computed in this chunk
     context_len: int            # tokens in the KV once the chunk is written
-    context_slots: torch.Tensor | None  # slots of all context tokens; None: no cached prefix
+    # With a cached prefix: the blocks holding the whole context, and the causal mask
+    # (built once per step, used by every layer). None: no prefix, attend to the chunk.
+    context_blocks: torch.Tensor | None = None
+    first_block: int | None = None       # set when context_blocks are consecutive: a view
+    mask: torch.Tensor | None = None
+
+    def context(self, cache: torch.Tensor) -> torch.Tensor:
+        """[context_len, H_kv, D] of one layer's K or V cache, copying only if scattered."""
+        if self.first_block is not None:
+            blocks = cache[self.first_block:self.first_block + len(self.context_blocks)]
+        else:
+            blocks = cache.index_select(0, self.context_blocks)
+        return blocks.flatten(0, 1)[:self.context_len]
 
 
 @dataclass
@@ -60,23 +72,22 @@ class TorchPagedAttention:
             out[:num_decode] = ops.decode_attention(
                 q[:num_decode], k_cache, v_cache, meta.decode_block_table,
                 meta.decode_context_lens, self.scale)
-        flat_k, flat_v = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
         for span in meta.prefills:
             rows = slice(span.token_start, span.token_start + span.num_tokens)
-            if span.context_slots is None:
+            if span.context_blocks is None:
                 out[rows] = self._prefill(q[rows], k[rows], v[rows], None)
             else:
-                ctx_k, ctx_v = flat_k[span.context_slots], flat_v[span.context_slots]
-                out[rows] = self._prefill(q[rows], ctx_k, ctx_v, span)
+                out[rows] = self._prefill(q[rows], span.context(k_cache), span.context(v_cache),
+                                          span.mask)
         return out
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 span: PrefillSpan | None) -> torch.Tensor:
-        mask = None if span is None else causal_mask(span.num_tokens, span.context_len)
+                 mask: torch.Tensor | None) -> torch.Tensor:
+        """Causal attention: over the chunk itself (mask None) or over prefix + chunk."""
         # NOTE: 4-D inputs reach torch's fused CPU kernel; 3-D ones fall back to the slow path.
         as_4d = lambda x: x.transpose(0, 1).unsqueeze(0)
         out = F.scaled_dot_product_attention(
-            as_4d(q), as_4d(k), as_4d(v), attn_mask=mask, is_causal=span is None,
+            as_4d(q), as_4d(k), as_4d(v), attn_mask=mask, is_causal=mask is None,
             scale=self.scale, enable_gqa=True)
         return out[0].transpose(0, 1)
 

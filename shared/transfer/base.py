@@ -18,12 +18,21 @@ import torch
 
 @dataclass(frozen=True, slots=True)
 class BlockSpan:
-    """A run of token slots inside one block, named by the receiver's block id."""
+    """A run of token slots, named by the receiver's block id.
+
+    Usually inside one block. With offset 0 and more tokens than a block holds it covers
+    consecutive blocks block_id, block_id + 1, ... (their K, and their V, are contiguous in
+    KVStorage), which moves many blocks as one span.
+    """
 
     block_id: int
     offset: int
     num_tokens: int
     block_hash: int = 0  # chained hash of a full block; 0 when the block is not full
+
+    def block_ids(self, block_size: int) -> range:
+        return range(self.block_id, self.block_id + -(-(self.offset + self.num_tokens)
+                                                       // block_size))
 
 
 # (span, K bytes, V bytes): what a sender reads for one span of one layer.
@@ -123,3 +132,19 @@ def kv_span_bytes(kv: torch.Tensor, layer: int, span: BlockSpan) -> tuple[memory
     tokens = slice(span.offset, span.offset + span.num_tokens)
     return (tensor_bytes(kv[layer, 0, span.block_id, tokens]),
             tensor_bytes(kv[layer, 1, span.block_id, tokens]))
+
+
+def coalesce(blocks: Sequence[tuple[int, int, int, int]], block_size: int
+             ) -> list[tuple[int, int, int, int]]:
+    """Merge (dest block, source block, offset, num_tokens) pieces into runs where both
+    sides are consecutive whole blocks; a run keeps the first block's id on each side."""
+    runs: list[list[int]] = []
+    for dest, src, offset, num_tokens in blocks:
+        last = runs[-1] if runs else None
+        whole = offset == 0 and num_tokens == block_size
+        if last and whole and last[2] == 0 and last[3] % block_size == 0 and \
+                dest == last[0] + last[3] // block_size and src == last[1] + last[3] // block_size:
+            last[3] += num_tokens
+        else:
+            runs.append([dest, src, offset, num_tokens])
+    return [tuple(run) for run in runs]

@@ -19,7 +19,7 @@ from shared.nats_server import NatsServer
 from tests.e2e.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-KVSTACK_SERVICES = ("conductor", "prefill", "decode", "gateway")
+KVSTACK_SERVICES = ("conductor", "kvstore", "prefill", "decode", "gateway")
 
 
 def compose() -> dict:
@@ -40,9 +40,11 @@ def test_compose_has_nats_every_service_and_prometheus() -> None:
         assert services[name]["command"][:2] == ["kvstack", name]
 
 
-def local_command(name: str, service: dict) -> tuple[list[str], int]:
-    """The service's compose command with container ports swapped for free local ones."""
+def local_command(name: str, service: dict, tmp_path) -> tuple[list[str], int]:
+    """The service's compose command with container ports and paths swapped for local ones."""
     args, http_port = list(service["command"][1:]), 0
+    if "--disk-dir" in args:
+        args[args.index("--disk-dir") + 1] = str(tmp_path / f"{name}-ssd")
     for flag in ("--http-port", "--data-port"):
         if flag in args:
             port = free_port()
@@ -67,7 +69,7 @@ def test_the_stack_compose_describes_serves_a_chat_request(tmp_path) -> None:
     stack.nats_url = nats.url
     try:
         for name in KVSTACK_SERVICES:
-            args, http_port = local_command(name, services[name])
+            args, http_port = local_command(name, services[name], tmp_path)
             stack.spawn(name, args, environment(services[name]))
             if name == "gateway":
                 stack.config = StackConfig(nats_url=nats.url, port=http_port, log_dir=tmp_path)

@@ -6,7 +6,6 @@ import asyncio
 import random
 import signal
 
-import pytest
 import torch
 
 from services.cli.stack import Stack, StackConfig
@@ -52,7 +51,8 @@ async def connect(stack: Stack) -> tuple[Bus, list[Client]]:
     clients = [Client(bus, seed) for seed in (1, 2)]
     for client in clients:
         await bus.subscribe(subjects.all_heartbeats(), _observer(client.pool), expected=Heartbeat)
-    while len(clients[0].pool.ring().members) < sum(p.service == "kvstore" for p in stack.processes):
+    stores = sum(p.service == "kvstore" for p in stack.processes)
+    while len(clients[0].pool.ring().members) < stores:
         await asyncio.sleep(0.1)
     return bus, clients
 

@@ -1,0 +1,209 @@
+"""`kvstack bench kvstore`: the pool's put/get throughput per tier, and what a hit saves:
+TTFT of a 2,048-token prompt cold, with its first 1,984 tokens in the kvstore, and with
+them in the prefill worker's own cache."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import torch
+
+from services.cli.stack import Stack, StackConfig
+from shared import subjects
+from shared.bus import Bus
+from shared.errors import KvstackError
+from shared.kv_inbox import KVInbox
+from shared.kvcache.storage import KVStorage
+from shared.kvstore_client import KvstorePool
+from shared.messages import Heartbeat
+from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
+
+# SmolLM2-135M in bfloat16: 30 layers, 3 KV heads of 64, 16-token blocks (368,640 B a block)
+LAYOUT = dict(num_layers=30, block_size=16, num_kv_heads=3, head_dim=64)
+PUT_BLOCKS = 16     # blocks per put: what one 256-token request writes back
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("kvstore", help="kvstore put/get throughput and TTFT with a pool hit")
+    p.add_argument("--blocks", type=int, default=256, help="blocks per throughput run")
+    p.add_argument("--trials", type=int, default=3, help="TTFT trials per case")
+    p.add_argument("--skip-ttft", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    work = Path(tempfile.mkdtemp(prefix="kvstack-bench-"))
+    report = {"throughput": [measure_tier(work, tier, args.blocks) for tier in ("dram", "ssd")]}
+    if not args.skip_ttft:
+        report["ttft"] = measure_ttft(work, args.trials)
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json
+          else format_table(report))
+    return 0
+
+
+def progress(message: str) -> None:
+    print(f"[bench kvstore] {message}", file=sys.stderr, flush=True)
+
+
+# -- throughput: a stand-in worker puts blocks into one kvstore and gets them back --------
+
+class PoolClient:
+    """A worker's side of the pool without a model: a KV tensor and the data plane."""
+
+    def __init__(self, bus: Bus, num_blocks: int, seed: int = 0) -> None:
+        self.storage = KVStorage(LAYOUT["num_layers"], num_blocks, LAYOUT["block_size"],
+                                 LAYOUT["num_kv_heads"], LAYOUT["head_dim"], torch.bfloat16)
+        self.storage.kv.copy_(torch.randn(self.storage.kv.shape,
+                                          generator=torch.Generator().manual_seed(seed)))
+        self.inbox = KVInbox(self.storage, asyncio.get_running_loop())
+        self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0)
+        self.sender = TcpKVSender()
+        self.pool = KvstorePool(bus, self.sender, self.storage, self.inbox, self.receiver.start())
+
+    async def join(self, bus: Bus, num_stores: int) -> None:
+        async def observe(hb: Heartbeat) -> None:
+            self.pool.observe(hb)
+        await bus.subscribe(subjects.all_heartbeats(), observe, expected=Heartbeat)
+        while len(self.pool.ring().members) < num_stores:
+            await asyncio.sleep(0.1)
+
+    async def put(self, name: str, hashes: list[int], block_ids: list[int]) -> None:
+        done, loop = asyncio.Event(), asyncio.get_running_loop()
+        await self.pool.put(name, hashes, block_ids, lambda: loop.call_soon_threadsafe(done.set))
+        await asyncio.wait_for(done.wait(), 120)
+
+    async def get(self, name: str, hashes: list[int], block_ids: list[int]) -> bool:
+        loads = await self.pool.get(name, hashes, block_ids)
+        for expected in loads or ():
+            await asyncio.wait_for(expected.settled.wait(), 120)
+        return loads is not None and all(not e.verdict() for e in loads)
+
+    def close(self) -> None:
+        self.receiver.stop()
+        self.sender.close()
+
+
+def measure_tier(work: Path, tier: str, num_blocks: int) -> dict:
+    progress(f"{tier} tier: {num_blocks} blocks")
+    block_bytes = 2 * LAYOUT["num_layers"] * LAYOUT["block_size"] * LAYOUT["num_kv_heads"] * \
+        LAYOUT["head_dim"] * 2
+    gib = num_blocks * block_bytes / (1 << 30)
+    args = (("--dram-gib", str(2 * gib + 0.01)) if tier == "dram" else
+            ("--dram-gib", str(gib / 4), "--disk-dir", str(work / "ssd"),
+             "--disk-gib", str(2 * gib + 0.01)))
+    stack = Stack(StackConfig(num_prefill=0, num_decode=0, num_kvstore=1, kvstore_args=args,
+                              with_conductor=False, with_gateway=False, log_dir=work / tier))
+    stack.start()
+    try:
+        stack.wait_ready()
+        put_s, get_s = asyncio.run(_round_trip(stack.nats_url, num_blocks))
+    finally:
+        stack.stop()
+    nbytes = num_blocks * block_bytes
+    return {"tier": tier, "blocks": num_blocks, "bytes": nbytes,
+            "put_gb_s": round(nbytes / put_s / 1e9, 3), "get_gb_s": round(nbytes / get_s / 1e9, 3)}
+
+
+async def _round_trip(nats_url: str, num_blocks: int) -> tuple[float, float]:
+    bus = await Bus.connect(nats_url, "bench-kvstore")
+    client = PoolClient(bus, num_blocks)
+    await client.join(bus, 1)
+    hashes = [(i * 0x9E3779B97F4A7C15 + 12345) % (1 << 64) for i in range(num_blocks)]
+    ids = list(range(num_blocks))
+    batches = range(0, num_blocks, PUT_BLOCKS)
+    start = time.perf_counter()
+    for first in batches:                       # one put per 256-token request
+        await client.put(f"put-{first}", hashes[first:first + PUT_BLOCKS],
+                         ids[first:first + PUT_BLOCKS])
+    deadline = time.monotonic() + 60
+    while await client.pool.longest_prefix(hashes) < num_blocks:   # committed, all of them
+        if time.monotonic() > deadline:
+            raise KvstackError("the kvstore did not store every block (too small a DRAM tier?)")
+        await asyncio.sleep(0.005)
+    put_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for first in batches:
+        if not await client.get(f"get-{first}", hashes[first:first + PUT_BLOCKS],
+                                ids[first:first + PUT_BLOCKS]):
+            raise KvstackError(f"getting blocks {first}.. from the kvstore failed")
+    get_s = time.perf_counter() - start
+    client.close()
+    await bus.drain()
+    return put_s, get_s
+
+
+# -- TTFT: the real stack, 2 prefill workers taking turns --------------------------------
+
+def measure_ttft(work: Path, trials: int) -> dict:
+    import openai
+    progress("TTFT: starting the stack (2 prefill, 1 decode, 1 kvstore)")
+    stack = Stack(StackConfig(num_prefill=2, num_kvstore=1, port=_free_port(),
+                              conductor_args=("--policy", "round-robin"),
+                              worker_args=("--threads", "2"), log_dir=work / "ttft"))
+    stack.start()
+    try:
+        stack.wait_ready()
+        client = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0,
+                               timeout=300)
+        _ttft(client, _prompt(10_000, 2048))           # warm-up
+        _ttft(client, _prompt(10_001, 2048))           # both workers warm, turn back at 0
+        cases = {"cold": [], "kvstore_hit": [], "local_hit": []}
+        for trial in range(trials):
+            progress(f"TTFT trial {trial + 1}/{trials}")
+            prefix = _prompt(trial, 1984)
+            cases["cold"].append(_ttft(client, prefix + _prompt(100 + trial, 64)))   # worker 0
+            time.sleep(1.0)                                          # write-back to the pool
+            cases["kvstore_hit"].append(_ttft(client, prefix + _prompt(200 + trial, 64)))  # 1
+            cases["local_hit"].append(_ttft(client, prefix + _prompt(300 + trial, 64)))    # 0
+            _ttft(client, _prompt(400 + trial, 64))        # keep the turns aligned
+    finally:
+        stack.stop()
+    result = {case: round(statistics.median(times) * 1000, 1) for case, times in cases.items()}
+    result["speedup_kvstore"] = round(result["cold"] / result["kvstore_hit"], 2)
+    result["speedup_local"] = round(result["cold"] / result["local_hit"], 2)
+    return result
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    return torch.randint(100, 40000, (length,), generator=torch.Generator().manual_seed(seed)
+                         ).tolist()
+
+
+def _ttft(client, prompt: list[int]) -> float:
+    start = time.perf_counter()
+    stream = client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt,
+                                       max_tokens=2, temperature=0, stream=True)
+    first = None
+    for chunk in stream:
+        if first is None and chunk.choices:
+            first = time.perf_counter() - start
+    return first
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def format_table(report: dict) -> str:
+    lines = ["kvstore throughput (one kvstore process, one client, loopback TCP; SmolLM2 "
+             "bf16 blocks of 368,640 B)",
+             f"{'tier':8}{'blocks':>8}{'put GB/s':>10}{'get GB/s':>10}"]
+    for row in report["throughput"]:
+        lines.append(f"{row['tier']:8}{row['blocks']:>8}{row['put_gb_s']:>10}{row['get_gb_s']:>10}")
+    if "ttft" in report:
+        t = report["ttft"]
+        lines += ["", "TTFT of a 2,048-token prompt (median ms)",
+                  f"cold {t['cold']}   1,984 tokens in the kvstore {t['kvstore_hit']} "
+                  f"({t['speedup_kvstore']}x)   in the local cache {t['local_hit']} "
+                  f"({t['speedup_local']}x)"]
+    return "\n".join(lines)

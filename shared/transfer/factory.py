@@ -1,0 +1,37 @@
+"""Pick a data-plane implementation by name: `tcp` (default) or `mooncake` (the Mooncake
+Transfer Engine, extra `rdma`: its `tcp` protocol here, `rdma` where NICs exist)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from shared.errors import KvstackError
+from shared.transfer.base import KVReceiver, KVSender, KVSink
+from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
+
+TRANSPORTS = ("tcp", "mooncake")
+
+
+def make_sender(kind: str, auth_token: str | None, protocol: str = "tcp") -> KVSender:
+    if kind == "mooncake":
+        return _mooncake().MooncakeKVSender(auth_token=auth_token, protocol=protocol)
+    return TcpKVSender(auth_token=auth_token)
+
+
+def make_receiver(kind: str, sink: KVSink, host: str, port: int, auth_token: str | None,
+                  memory: Sequence[torch.Tensor] = (), protocol: str = "tcp") -> KVReceiver:
+    """`memory`: what the sink hands out destinations in (registered up front by engines
+    that write one-sidedly into registered memory)."""
+    if kind == "mooncake":
+        return _mooncake().MooncakeKVReceiver(sink, host, port, auth_token, protocol=protocol,
+                                              memory=memory)
+    return TcpKVReceiver(sink, host, port, auth_token)
+
+
+def _mooncake():
+    from shared.transfer import mooncake
+    if not mooncake.available():
+        raise KvstackError("--transport mooncake needs the Mooncake Transfer Engine: apt-get "
+                           "install libibverbs1 librdmacm1; pip install -e '.[rdma]'")
+    return mooncake

@@ -1,0 +1,31 @@
+import asyncio
+
+import torch
+
+from shared.kv_inbox import KVInbox
+from shared.kvcache.storage import KVStorage
+from shared.transfer.base import BlockSpan, coalesce
+
+
+def test_consecutive_whole_blocks_merge_into_one_run() -> None:
+    pieces = [(10, 4, 0, 16), (11, 5, 0, 16), (12, 6, 0, 16), (20, 7, 0, 16), (21, 8, 0, 5)]
+    assert coalesce(pieces, 16) == [(10, 4, 0, 48), (20, 7, 0, 16), (21, 8, 0, 5)]
+
+
+def test_partial_blocks_and_gaps_stay_apart() -> None:
+    pieces = [(1, 1, 3, 13), (2, 2, 0, 16), (3, 9, 0, 16)]
+    assert coalesce(pieces, 16) == [(1, 1, 3, 13), (2, 2, 0, 16), (3, 9, 0, 16)]
+
+
+def test_a_run_span_lands_in_every_block_it_covers() -> None:
+    async def scenario() -> None:
+        storage = KVStorage(2, 8, 4, 1, 2, torch.float32)
+        inbox = KVInbox(storage, asyncio.get_running_loop())
+        inbox.expect("r", [2, 3, 4], 2, 10)
+        k, v = inbox.destination("r", 1, BlockSpan(2, 0, 12), 0)
+        assert k.nbytes == 12 * storage.token_bytes
+        k[:] = bytes(range(k.nbytes))
+        assert bytes(storage.span_bytes(1, 4, 0, 4)[0]) == bytes(range(64, 96))  # third block
+        assert inbox.destination("r", 1, BlockSpan(3, 0, 12), 0) is None   # block 5 not its
+        assert inbox.destination("r", 1, BlockSpan(2, 1, 6), 0) is None    # runs start at 0
+    asyncio.run(scenario())
