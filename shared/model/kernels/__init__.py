@@ -1,6 +1,8 @@
 """Native CPU kernels, compiled once per machine on first use (torch C++ extension)."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
@@ -39,11 +41,28 @@ def _build():
     from torch.utils.cpp_extension import load
     directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    if not any(directory.glob("*.so")):
-        print("kvstack: compiling native CPU kernels once (about a minute)...", file=sys.stderr)
-    return load(name="kvstack_cpu_ops", sources=[str(SOURCE)], build_directory=str(directory),
-                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                verbose=False)
+    with _exclusive(directory / "build.flock"):
+        # NOTE: torch's own lock file outlives a builder that was killed, and every later load
+        # would wait on it forever; under our flock no other builder is alive, so it is stale.
+        (directory / "lock").unlink(missing_ok=True)
+        if not any(directory.glob("*.so")):
+            print("kvstack: compiling native CPU kernels once (about a minute)...",
+                  file=sys.stderr)
+        return load(name="kvstack_cpu_ops", sources=[str(SOURCE)],
+                    build_directory=str(directory), extra_cflags=["-O3", "-march=native",
+                                                                  "-fopenmp"],
+                    extra_ldflags=["-fopenmp"], verbose=False)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """One builder per machine at a time; the kernel drops the lock if its holder dies."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _cpu_model() -> str:

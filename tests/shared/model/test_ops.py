@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import platform
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from shared.model import ops
-from shared.model.kernels import cpu_ops
+from shared.model.kernels import build_dir, cpu_ops
 
 DTYPES = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -16,6 +18,16 @@ def test_native_kernels_build_on_this_machine() -> None:
     if platform.machine() != "x86_64":
         pytest.skip("native kernels are built for x86_64 only")
     assert cpu_ops() is not None
+
+
+def test_a_lock_left_by_a_killed_build_does_not_stop_the_next_load() -> None:
+    if cpu_ops() is None:
+        pytest.skip("no native kernels on this machine")
+    stale = build_dir() / "lock"
+    stale.touch()
+    code = "from shared.model.kernels import cpu_ops; assert cpu_ops() is not None"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+    assert not stale.exists()
 
 
 def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
