@@ -2,8 +2,9 @@
 plane beside the TCP one, with the same sender and receiver contract.
 
 The engine writes one-sidedly into memory the receiver registered, and tells the receiver
-nothing. So a plain TCP control connection per sender and receiver pair (with the TCP
-transport's HMAC handshake, under its own magic) carries everything but the bytes:
+nothing. So a plain TCP control connection per sender and receiver pair (with the HMAC
+handshake of `common.handshake`, under this transport's own magic) carries everything but
+the bytes:
 
     receiver -> sender   HELLO, [proof ->], verdict, then the receiver's engine session
     sender -> receiver   ASK      request id, layer, span table (no bytes)
@@ -30,7 +31,7 @@ no authentication of its own; see MooncakeKVReceiver.
 
 Modules: `memory` (addresses, allocations, copies), `engine` (the TransferEngine and what
 this package relies on about it), `control` (handshake and messages), `parts`, `sender`,
-`receiver`.
+`receiver` (the last two on the channel, listener and connection bookkeeping of `common`).
 `mooncake` itself is imported only when an engine starts, so this package imports anywhere.
 """
 from __future__ import annotations

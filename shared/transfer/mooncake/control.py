@@ -2,24 +2,16 @@
 but the KV bytes (see the package docstring for the exchange)."""
 from __future__ import annotations
 
-import hmac
-import os
 import socket
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.transfer.base import BlockSpan
-from shared.transfer.tcp.handshake import (
-    ACCEPTED,
-    HELLO,
-    PROOF_BYTES,
-    REFUSED,
-    AuthenticationError,
-    proof_of,
-)
-from shared.transfer.tcp.sockets import recv_exact
-from shared.transfer.tcp.wire import MAX_HALF_BYTES, MAX_REQUEST_ID, Frame, ProtocolError
+from shared.transfer.common import handshake
+from shared.transfer.common.frames import MAX_HALF_BYTES, MAX_REQUEST_ID, Frame, ProtocolError
+from shared.transfer.common.handshake import Greeting
+from shared.transfer.common.sockets import recv_exact
 
 MAGIC = 0x434D564B  # b"KVMC" read as little endian: not a kvstack TCP-transport peer
 VERSION = 1
@@ -31,6 +23,7 @@ PLACE = struct.Struct("<QQ?")  # K address, V address at the receiver, accepted
 CHECKSUM = struct.Struct("<Q")  # xxh3_64 of a span's K then V bytes, as the sender read them
 SESSION = struct.Struct("<H")  # length of the receiver's Transfer Engine session name
 MAX_SPANS = 1 << 20  # per frame; frames are never split into parts here
+GREETING = Greeting(MAGIC, VERSION, f"kvstack mooncake v{VERSION}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,27 +52,13 @@ REFUSE = Place()
 def challenge(sock: socket.socket, token: str | None, session: str) -> None:
     """Receiver side: check the sender's proof, then tell it the engine session to write to
     (only an accepted sender learns it)."""
-    nonce = os.urandom(32)
-    sock.sendall(HELLO.pack(MAGIC, VERSION, token is not None, nonce))
-    if token is not None and not hmac.compare_digest(recv_exact(sock, PROOF_BYTES),
-                                                     proof_of(token, nonce)):
-        sock.sendall(REFUSED)
-        raise AuthenticationError("authentication failed")
     name = session.encode()
-    sock.sendall(ACCEPTED + SESSION.pack(len(name)) + name)
+    handshake.challenge(sock, token, GREETING, SESSION.pack(len(name)) + name)
 
 
 def answer_hello(sock: socket.socket, token: str | None) -> str:
     """Sender side; returns the receiver's engine session, or raises AuthenticationError."""
-    magic, version, auth_required, nonce = HELLO.unpack(recv_exact(sock, HELLO.size))
-    if magic != MAGIC or version != VERSION:
-        raise ProtocolError(f"not a kvstack mooncake v{VERSION} receiver")
-    if auth_required:
-        if token is None:
-            raise AuthenticationError("authentication failed: the receiver needs a token")
-        sock.sendall(proof_of(token, nonce))
-    if sock.recv(1) != ACCEPTED:
-        raise AuthenticationError("authentication failed")
+    handshake.answer_hello(sock, token, GREETING)
     (length,) = SESSION.unpack(recv_exact(sock, SESSION.size))
     return recv_exact(sock, length).decode()
 

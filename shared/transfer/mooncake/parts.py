@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shared.transfer.common.frames import checksum
 from shared.transfer.mooncake.control import Place
 from shared.transfer.mooncake.memory import Copy, address_of, coalesced
-from shared.transfer.tcp.wire import checksum
 
 # K+V bytes per part. On 2 CPUs over loopback 1 MiB, 4 MiB and whole frames measured the same
 # (everything is CPU-bound there); parts pay off where the receiver's hashing is the slow step,

@@ -2,16 +2,16 @@
 sink and checks every span once the engine has written it, and the engine those writes land in."""
 from __future__ import annotations
 
-import logging
 import socket
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from shared.transfer.base import BlockSpan, KVReceiver, KVSink
+from shared.transfer.base import BlockSpan, KVSink
+from shared.transfer.common.frames import ProtocolError, checksum
+from shared.transfer.common.receiver import Connection, ListeningReceiver
 from shared.transfer.mooncake.control import (
     KIND_ASK,
     KIND_END,
@@ -28,13 +28,6 @@ from shared.transfer.mooncake.control import (
 )
 from shared.transfer.mooncake.engine import Engine
 from shared.transfer.mooncake.memory import address_of, views_of
-from shared.transfer.tcp.counters import Counters
-from shared.transfer.tcp.handshake import HANDSHAKE_TIMEOUT_S
-from shared.transfer.tcp.receiver import writable
-from shared.transfer.tcp.sockets import tune
-from shared.transfer.tcp.wire import ProtocolError, checksum
-
-log = logging.getLogger(__name__)
 
 Target = tuple[memoryview, memoryview] | None  # where a span's K and V went; None: refused
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -80,67 +73,48 @@ def verify(targets: Sequence[Target], checksums: Sequence[int]) -> str:
     return ""
 
 
-class _Connection:
+class _Connection(Connection):
     """One sender's control connection: at most one frame placed at a time, so the sink sees
     `destination` ... `on_frame` of one frame before `destination` of the next."""
 
     def __init__(self, sock: socket.socket, receiver: MooncakeKVReceiver) -> None:
-        self.sock = sock
-        self.receiver = receiver
-        self.sink = receiver.sink
-        self.open_requests: dict[str, None] = {}  # insertion-ordered set
-        self.placed: _Placed | None = None
+        super().__init__(sock, receiver)
+        self.frame: _Placed | None = None
 
-    def run(self) -> None:
-        error = "connection closed"
-        try:
-            tune(self.sock, None)
-            self.sock.settimeout(HANDSHAKE_TIMEOUT_S)
-            challenge(self.sock, self.receiver.auth_token, self.receiver.engine.session)
-            self.sock.settimeout(None)
-            while self._serve_one():
-                pass
-        except (OSError, ProtocolError) as e:
-            error = str(e) or type(e).__name__
-        finally:
-            self.sock.close()
-            if self.placed is not None:
-                # NOTE: the sender may still be writing into the places it was given, and
-                # the sink may reuse them once told; give a write in flight time to finish.
-                time.sleep(self.receiver.settle_s)
-            if self.open_requests:
-                self._call(self.sink.on_lost, list(self.open_requests), error)
+    def _handshake(self) -> None:
+        challenge(self.sock, self.receiver.auth_token, self.receiver.engine.session)
 
-    def _serve_one(self) -> bool:
-        header = read_header(self.sock, eof_ok=True)
-        if header is None:
-            if self.placed is not None:
-                raise ConnectionError("connection closed mid-frame")
-            return False
+    def _read_header(self) -> Header | None:
+        return read_header(self.sock, eof_ok=True)
+
+    def _handle(self, header: Header) -> None:
         if header.kind == KIND_ASK:
             self._place(header)
         elif header.kind in (KIND_LANDED, KIND_LANDED_MORE):
             self._landed(header)
         elif header.kind == KIND_END:
-            self._end(header)
+            self._end_of(header)
         else:
             raise ProtocolError(f"a sender does not send {header}")
-        return True
+
+    def _closed(self) -> None:
+        if self.frame is not None:
+            # NOTE: the sender may still be writing into the places it was given, and
+            # the sink may reuse them once told; give a write in flight time to finish.
+            time.sleep(self.receiver.settle_s)
 
     def _place(self, header: Header) -> None:
-        if self.placed is not None:
+        if self.frame is not None:
             raise ProtocolError(f"ASK of {header.request_id} before the last frame landed")
         asked = read_ask(self.sock, header.count)
         targets = tuple(self._target(header.request_id, header.layer, span, nbytes)
                         for span, nbytes in asked)
-        self.open_requests[header.request_id] = None
-        self.placed = _Placed(header.request_id, header.layer,
-                              tuple(span for span, _ in asked), targets)
+        self._begin(_Placed(header.request_id, header.layer,
+                            tuple(span for span, _ in asked), targets))
         self.sock.sendall(encode_places(header.layer, [place_of(t) for t in targets]))
 
     def _target(self, request_id: str, layer: int, span: BlockSpan, nbytes: int) -> Target:
-        dest = writable(self._call(self.sink.destination, request_id, layer, span, nbytes),
-                        nbytes)
+        dest = self._destination(request_id, layer, span, nbytes)
         engine = self.receiver.engine
         if dest is None or not all(engine.ensure_registered(d) for d in dest if d.nbytes):
             return None
@@ -148,7 +122,7 @@ class _Connection:
 
     def _landed(self, header: Header) -> None:
         """Hash one part where it landed; after the last, report the frame."""
-        placed = self.placed
+        placed = self.frame
         if placed is None or not placed.expects(header):
             raise ProtocolError(f"LANDED {header} does not match the frame placed")
         checksums = read_checksums(self.sock, header.count)
@@ -157,28 +131,15 @@ class _Connection:
         placed.error = placed.error or verify(targets, checksums)
         self.receiver.counters.add(bytes=landed_bytes(targets))
         if header.kind == KIND_LANDED:
-            self.placed = None
-            self.receiver.counters.add(frames=1, rejected=int(bool(placed.error)))
-            self._call(self.sink.on_frame, placed.request_id, placed.layer, placed.spans,
-                       not placed.error, placed.error)
+            self._complete()
 
-    def _end(self, header: Header) -> None:
-        if self.placed is not None:
+    def _end_of(self, header: Header) -> None:
+        if self.frame is not None:
             raise ProtocolError(f"END of {header.request_id} inside a frame")
-        self.open_requests.pop(header.request_id, None)
-        self._call(self.sink.on_end, header.request_id, header.count)
-
-    @staticmethod
-    def _call(callback: Callable, *args: object) -> object:
-        """Run a sink callback; a sink's bug must not take the connection down."""
-        try:
-            return callback(*args)
-        except Exception:
-            log.exception("KV sink %s failed", getattr(callback, "__name__", callback))
-            return None
+        self._end(header.request_id, header.count)
 
 
-class MooncakeKVReceiver(KVReceiver):
+class MooncakeKVReceiver(ListeningReceiver):
     """Serves senders' control connections and lets their engines write where `sink` says.
 
     `memory` (the tensors the sink hands out destinations from) is registered with the engine
@@ -192,61 +153,29 @@ class MooncakeKVReceiver(KVReceiver):
     checked: run it on a trusted network.
     """
 
+    connection_class = _Connection
+
     def __init__(self, sink: KVSink, host: str = "0.0.0.0", port: int = 0,
                  auth_token: str | None = None, protocol: str = "tcp", device_name: str = "",
                  advertise_host: str | None = None,
                  memory: Sequence[torch.Tensor | memoryview] = (),
                  settle_s: float = 0.5) -> None:
-        self.sink = sink
-        self.host, self.port = host, port
-        self.auth_token = auth_token
+        super().__init__(sink, host, port, auth_token)
         self.protocol, self.device_name = protocol, device_name
         self.advertise_host = advertise_host
         self.memory = views_of(memory)
         self.settle_s = settle_s
-        self.counters = Counters("bytes", "frames", "rejected")
         self.engine: Engine | None = None
-        self._listener: socket.socket | None = None
-        self._threads: list[threading.Thread] = []
-        self._sockets: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._stopping = False
 
     def start(self) -> str:
         self.engine = Engine(self._engine_host(), self.protocol, self.device_name)
         self.engine.register(self.memory)
-        self._listener = socket.create_server((self.host, self.port), backlog=64)
-        self._spawn(self._accept_loop, "kv-accept")
-        host, port = self._listener.getsockname()[:2]
-        return f"{host}:{port}"
+        return super().start()
 
     def stop(self) -> None:
-        with self._lock:
-            self._stopping = True
-            sockets = [s for s in (self._listener, *self._sockets) if s is not None]
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        for thread in list(self._threads):
-            thread.join(timeout=5.0)
-        if self._listener is not None:
-            self._listener.close()
+        super().stop()
         if self.engine is not None:
             self.engine.close()
-
-    @property
-    def bytes_received(self) -> int:
-        return self.counters["bytes"]
-
-    @property
-    def frames_received(self) -> int:
-        return self.counters["frames"]
-
-    @property
-    def frames_rejected(self) -> int:
-        return self.counters["rejected"]
 
     def _engine_host(self) -> str:
         """The address senders' engines reach this one at (a wildcard bind names none)."""
@@ -258,29 +187,3 @@ class MooncakeKVReceiver(KVReceiver):
             return socket.gethostbyname(socket.gethostname())
         except OSError:
             return "127.0.0.1"
-
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return  # stop() shut the listener down
-            with self._lock:
-                if self._stopping:
-                    sock.close()
-                    return
-                self._sockets.add(sock)
-            self._spawn(lambda s=sock: self._serve(s), "kv-recv")
-
-    def _serve(self, sock: socket.socket) -> None:
-        try:
-            _Connection(sock, self).run()
-        finally:
-            with self._lock:
-                self._sockets.discard(sock)
-
-    def _spawn(self, target: Callable[[], None], name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        thread.start()

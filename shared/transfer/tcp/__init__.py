@@ -1,13 +1,9 @@
 """KV frames over plain TCP: the default data plane.
 
-Every connection opens with a handshake:
-
-    receiver -> sender   HELLO    magic, version, auth required, 32-byte nonce
-    sender -> receiver   proof    HMAC-SHA256(token, nonce), only when auth is required
-    receiver -> sender   verdict  one byte: 1 accepted; 0, or a close, refused
-
-then carries frames, each a fixed HEADER (magic, version, kind, request-id length, layer,
-count, body bytes) and a body of `body bytes`:
+Every connection opens with the handshake of `common.handshake` (HELLO under this
+transport's MAGIC, an HMAC proof when the receiver holds a token, a verdict), then carries
+frames, each a fixed HEADER (magic, version, kind, request-id length, layer, count, body
+bytes) and a body of `body bytes`:
 
     KV, KV_MORE  request id, `count` SPAN records (each with xxh3_64 of its K then V bytes),
                  then each span's K bytes and V bytes
@@ -20,17 +16,19 @@ hash bytes that are still in cache (hashing whole frames apart from the copy cos
 fifth of loopback throughput in `kvstack bench transfer`).
 
 One thread and one connection per peer on the sending side keep a request's frames and END
-in order; one thread per accepted connection on the receiving side.
+in order; one thread per accepted connection on the receiving side (both from `common`).
 
-Modules: `wire` (frame format, encoding, decoding), `handshake`, `sockets` (scatter/gather
-I/O), `sender`, `receiver`, `counters`.
+Modules: `wire` (frame format, encoding, decoding), `sockets` (scatter/gather I/O), `sender`,
+`receiver`.
 """
 from __future__ import annotations
 
-from shared.transfer.tcp.handshake import HELLO, AuthenticationError
+from shared.transfer.common.frames import ProtocolError
+from shared.transfer.common.handshake import HELLO, AuthenticationError
+from shared.transfer.common.sockets import tune
 from shared.transfer.tcp.receiver import TcpKVReceiver
 from shared.transfer.tcp.sender import TcpKVSender
-from shared.transfer.tcp.sockets import IOV_MAX, SOCKET_BUFFER_BYTES, send_all, tune
+from shared.transfer.tcp.sockets import IOV_MAX, SOCKET_BUFFER_BYTES, send_all
 from shared.transfer.tcp.wire import (
     HEADER,
     KIND_END,
@@ -41,7 +39,6 @@ from shared.transfer.tcp.wire import (
     PART_BYTES,
     SPAN,
     VERSION,
-    ProtocolError,
 )
 
 __all__ = [

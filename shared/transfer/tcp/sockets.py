@@ -1,4 +1,5 @@
-"""Socket plumbing: tuning, scatter/gather sends and receives, and liveness checks."""
+"""Scatter/gather I/O: sends and receives of many buffers per system call, the receive
+hashing each piece as soon as it has landed."""
 from __future__ import annotations
 
 import os
@@ -16,13 +17,6 @@ IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))  # buffers per sendmsg/re
 Landing = tuple[memoryview, xxhash.xxh3_64 | None]  # where bytes go, what hashes them
 
 
-def tune(sock: socket.socket, buffer_bytes: int | None) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if buffer_bytes:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
-
-
 def send_all(sock: socket.socket, buffers: Sequence[memoryview]) -> None:
     """`sendmsg` until every byte has gone (it may send only part of the scatter list)."""
     pending = deque(b for b in buffers if b.nbytes)
@@ -35,20 +29,6 @@ def send_all(sock: socket.socket, buffers: Sequence[memoryview]) -> None:
                 break
             sent -= first.nbytes
             pending.popleft()
-
-
-def recv_exact(sock: socket.socket, nbytes: int, eof_ok: bool = False) -> bytes | None:
-    """`nbytes` bytes, or None when the peer closed cleanly before the first (if `eof_ok`)."""
-    buf = bytearray(nbytes)
-    view, got = memoryview(buf), 0
-    while got < nbytes:
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            if got == 0 and eof_ok:
-                return None
-            raise ConnectionError("connection closed mid-frame")
-        got += n
-    return bytes(buf)
 
 
 def first_bytes(pending: deque[Landing], limit: int) -> list[memoryview]:
@@ -78,20 +58,3 @@ def recv_hashed(sock: socket.socket, landings: Sequence[Landing]) -> None:
                 break
             received -= view.nbytes
             pending.popleft()
-
-
-def peer_closed(sock: socket.socket) -> bool:
-    """Whether the receiver has closed an idle connection: it never sends after the
-    handshake, so anything readable (an EOF, a reset, stray bytes) means it is gone."""
-    try:
-        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except BlockingIOError:
-        return False
-    except OSError:
-        pass
-    return True
-
-
-def split_peer(peer: str) -> tuple[str, int]:
-    host, _, port = peer.rpartition(":")
-    return host.strip("[]"), int(port)

@@ -4,71 +4,31 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-
-import xxhash
 
 from shared.transfer.base import BlockSpan, SpanBytes
+from shared.transfer.common.frames import (
+    MAX_HALF_BYTES,
+    MAX_REQUEST_ID,
+    Frame,
+    ProtocolError,
+    checksum,
+)
+from shared.transfer.common.handshake import Greeting
 
 MAGIC = 0x5453564B  # b"KVST" read as little endian
 VERSION = 1
 KIND_KV, KIND_KV_MORE, KIND_END = 1, 2, 3
 HEADER = struct.Struct("<IBBHIIQ")  # magic, version, kind, id length, layer, count, body bytes
 SPAN = struct.Struct("<IIIQQQ")  # block id, offset, tokens, bytes per half, block hash, checksum
+GREETING = Greeting(MAGIC, VERSION, f"kvstack v{VERSION}")
 
 PART_BYTES = 1 << 20  # payload per wire part: hashed, then sent while still in L2
-# NOTE: limits that make garbage fail fast instead of allocating or waiting on absurd sizes.
-MAX_REQUEST_ID = 1024
+# NOTE: limits that make garbage fail fast (common.frames has those both transports share).
 MAX_SPANS = 1 << 16
-MAX_HALF_BYTES = 1 << 30
 MAX_BODY_BYTES = 1 << 32
-U32, U64 = 1 << 32, 1 << 64
-
-
-class ProtocolError(Exception):
-    """The peer sent something that is not a valid frame; the connection is dropped."""
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    request_id: str
-    layer: int
-    spans: tuple[SpanBytes, ...]
-
-
-def as_bytes(buffer: memoryview) -> memoryview:
-    view = memoryview(buffer)
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def checksum(k: memoryview, v: memoryview) -> int:
-    digest = xxhash.xxh3_64(k)
-    digest.update(v)
-    return digest.intdigest()
 
 
 # --- encoding (sender) ----------------------------------------------------------------------
-
-
-def check_request_id(request_id: str) -> None:
-    if len(request_id.encode()) > MAX_REQUEST_ID:
-        raise ValueError(f"request id longer than {MAX_REQUEST_ID} bytes")
-
-
-def checked_frame(request_id: str, layer: int, spans: Sequence[SpanBytes]) -> Frame:
-    """The frame with flat byte views; ValueError (in the caller's thread, before anything
-    is queued) for whatever the wire cannot carry."""
-    check_request_id(request_id)
-    frame = Frame(request_id, layer, tuple((s, as_bytes(k), as_bytes(v)) for s, k, v in spans))
-    if not 0 <= layer < U32:
-        raise ValueError(f"layer {layer} out of range")
-    for span, k, v in frame.spans:
-        if k.nbytes != v.nbytes or k.nbytes > MAX_HALF_BYTES:
-            raise ValueError(f"{span}: K has {k.nbytes} bytes, V has {v.nbytes}")
-        if not (max(span.block_id, span.offset, span.num_tokens) < U32 and span.block_hash < U64
-                and min(span.block_id, span.offset, span.num_tokens, span.block_hash) >= 0):
-            raise ValueError(f"{span} does not fit the wire format")
-    return frame
 
 
 def runs_of(spans: Sequence[SpanBytes], part_bytes: int) -> list[Sequence[SpanBytes]]:

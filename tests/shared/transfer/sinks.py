@@ -1,4 +1,5 @@
-"""Test doubles for the receiving worker: a sink that records, on_done results, KV data."""
+"""Test doubles for the workers on either side: a sink that records, on_done results, KV data,
+and the moves that the scenarios send."""
 from __future__ import annotations
 
 import threading
@@ -7,9 +8,18 @@ from collections.abc import Callable
 import torch
 
 from shared.kvcache.storage import KVStorage
-from shared.transfer.base import BlockSpan, kv_span_bytes
+from shared.transfer.base import BlockSpan, KVSender, kv_span_bytes
 
 WAIT_S = 5.0
+# request id -> (source block, destination span); offsets > 0 are partial blocks
+MOVES = {
+    "req-a": [(0, BlockSpan(5, 0, 4, block_hash=0xA1)), (1, BlockSpan(2, 0, 4, 0xA2)),
+              (2, BlockSpan(7, 1, 2))],
+    "req-b": [(3, BlockSpan(0, 0, 4, 0xB1)), (4, BlockSpan(1, 2, 1))],
+    "req-c": [(6, BlockSpan(3, 3, 1))],
+}
+ONE_BLOCK = [(0, BlockSpan(1, 0, 4))]
+TWO_BLOCKS = [(0, BlockSpan(4, 0, 4)), (1, BlockSpan(5, 0, 4))]
 
 
 class RecordingSink:
@@ -84,3 +94,13 @@ def source_spans(source: KVStorage, layer: int, moves: list[tuple[int, BlockSpan
     return [(span, *kv_span_bytes(source.kv, layer,
                                   BlockSpan(src, span.offset, span.num_tokens)))
             for src, span in moves]
+
+
+def send_request(sender: KVSender, address: str, source: KVStorage, request_id: str,
+                 moves: list[tuple[int, BlockSpan]], layers=range(3)) -> Done:
+    """One frame per layer, then the END; the Done to wait on."""
+    done = Done()
+    for layer in layers:
+        sender.send(address, request_id, layer, source_spans(source, layer, moves))
+    sender.finish(address, request_id, done.callback(request_id))
+    return done

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from shared.transfer.base import BlockSpan, kv_span_bytes, tensor_bytes
+from shared.transfer.common.frames import checked_frame
 from shared.transfer.mooncake.control import (
     KIND_ASK,
     KIND_LANDED,
@@ -29,7 +30,6 @@ from shared.transfer.mooncake.memory import (
     views_of,
 )
 from shared.transfer.mooncake.parts import parts_of
-from shared.transfer.tcp.wire import checked_frame
 
 
 def test_allocation_of_a_kv_span_is_the_whole_tensor() -> None:

@@ -1,4 +1,5 @@
-"""Dead peers fail the sender's requests; garbage closes one connection and nothing else."""
+"""TCP only: a receiver killed while the sender's bytes pile up fails the request; garbage on
+the wire closes one connection and nothing else."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -20,33 +21,22 @@ from shared.transfer.tcp import (
     MAX_SPANS,
     SPAN,
     VERSION,
-    TcpKVReceiver,
 )
-from tests.shared.transfer.sinks import Done, RecordingSink, random_storage, source_spans
+from tests.shared.transfer.sinks import ONE_BLOCK, Done, RecordingSink, random_storage, send_request
+from tests.shared.transfer.transports import stalled_receiver
 
-MOVES = [(0, BlockSpan(1, 0, 4))]
 SPAN_HALF_BYTES = 4 * 2 * 8 * 4  # block_size x kv_heads x head_dim x float32
 
 
-class StalledSink:
-    """Never returns a destination, so the sender's bytes pile up until the process dies."""
-
-    def destination(self, *args):
-        time.sleep(60)
-
-    def on_frame(self, *args): ...
-    def on_end(self, *args): ...
-    def on_lost(self, *args): ...
-
-
-def stalled_receiver(conn) -> None:
-    conn.send(TcpKVReceiver(StalledSink(), host="127.0.0.1").start())
-    time.sleep(60)
+@pytest.fixture
+def transport() -> str:
+    return "tcp"
 
 
 def test_receiver_killed_mid_transfer_fails_the_request(make_sender) -> None:
     parent, child = mp.get_context("fork").Pipe()
-    process = mp.get_context("fork").Process(target=stalled_receiver, args=(child,), daemon=True)
+    process = mp.get_context("fork").Process(target=stalled_receiver, args=(child, "tcp"),
+                                             daemon=True)
     process.start()
     try:
         address = parent.recv()
@@ -64,16 +54,6 @@ def test_receiver_killed_mid_transfer_fails_the_request(make_sender) -> None:
     finally:
         process.kill()
         process.join()
-
-
-def test_unreachable_peer_fails_the_request(make_sender) -> None:
-    with socket.create_server(("127.0.0.1", 0)) as placeholder:
-        address = f"127.0.0.1:{placeholder.getsockname()[1]}"
-    sender, done = make_sender(), Done()
-    sender.send(address, "r", 0, [(BlockSpan(0, 0, 1), memoryview(b"k"), memoryview(b"v"))])
-    sender.finish(address, "r", done.callback("r"))
-    ok, num_frames, error = done.wait("r")
-    assert (ok, num_frames) == (False, 0) and "cannot reach" in error
 
 
 def connect(address: str) -> socket.socket:
@@ -122,9 +102,7 @@ def test_garbage_closes_only_its_connection(make_receiver, make_sender, garbage)
     bad.sendall(garbage)
     assert closed_by_peer(bad)
 
-    sender, done = make_sender(), Done()
-    sender.send(address, "after", 0, source_spans(source, 0, MOVES))
-    sender.finish(address, "after", done.callback("after"))
+    done = send_request(make_sender(), address, source, "after", ONE_BLOCK, layers=[0])
     assert done.wait("after") == (True, 1, "")
     sink.wait_ends("after")
     assert [f[4] for f in sink.frames("after")] == [True]
@@ -142,50 +120,3 @@ def test_truncated_frame_reports_its_request_lost(make_receiver) -> None:
     sock.close()
     sink.wait_for(lambda: any(e[0] == "lost" for e in sink.events))
     assert sink.events == [("lost", ("trunc",), "connection closed mid-frame")]
-
-
-def test_stopping_the_receiver_reports_open_requests_lost(make_receiver, make_sender) -> None:
-    source = random_storage(torch.float32)
-    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
-    receiver, address = make_receiver(sink)
-    sender = make_sender()
-    sender.send(address, "open", 0, source_spans(source, 0, MOVES))
-    sink.wait_for(lambda: sink.frames("open"))
-    receiver.stop()
-    sink.wait_for(lambda: any(e[0] == "lost" for e in sink.events))
-    assert sink.events[-1][:2] == ("lost", ("open",))
-
-
-def test_close_interrupts_a_silent_peer_and_fails_its_requests(make_sender) -> None:
-    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never says HELLO
-        address = f"127.0.0.1:{silent.getsockname()[1]}"
-        sender, done = make_sender(connect_timeout_s=30), Done()
-        sender.send(address, "r", 0, [(BlockSpan(0, 0, 1), memoryview(b"k"), memoryview(b"v"))])
-        sender.finish(address, "r", done.callback("r"))
-        time.sleep(0.1)  # the sender is now waiting for the HELLO
-        start = time.monotonic()
-        sender.close()
-        assert time.monotonic() - start < 2
-        ok, _, error = done.wait("r", timeout=0)
-        assert not ok and error
-        with pytest.raises(RuntimeError):
-            sender.finish(address, "late", done.callback("late"))
-
-
-def test_sender_reconnects_to_a_restarted_receiver(make_receiver, make_sender) -> None:
-    source = random_storage(torch.float32)
-    first = RecordingSink(KVStorage(3, 8, 4, 2, 8))
-    receiver, address = make_receiver(first)
-    sender, done = make_sender(), Done()
-    sender.send(address, "before", 0, source_spans(source, 0, MOVES))
-    sender.finish(address, "before", done.callback("before"))
-    first.wait_ends("before")
-    receiver.stop()
-
-    second = RecordingSink(KVStorage(3, 8, 4, 2, 8))
-    make_receiver(second, port=int(address.rsplit(":", 1)[1]))
-    sender.send(address, "after", 0, source_spans(source, 0, MOVES))
-    sender.finish(address, "after", done.callback("after"))
-    assert done.wait("after") == (True, 1, "")
-    second.wait_ends("after")
-    assert [f[4] for f in second.frames("after")] == [True]

@@ -5,12 +5,18 @@ import os
 import socket
 import threading
 
+import pytest
 import torch
 
 from shared.kvcache.storage import KVStorage
 from shared.transfer.base import BlockSpan
 from shared.transfer.tcp import IOV_MAX, send_all
 from tests.shared.transfer.sinks import Done, RecordingSink, random_storage, source_spans
+
+
+@pytest.fixture
+def transport() -> str:
+    return "tcp"
 
 
 def test_send_all_survives_partial_sends_and_iov_max() -> None:

@@ -1,29 +1,26 @@
-"""Shared-token authentication: HMAC over a nonce, the token itself never on the wire."""
+"""Shared-token authentication: HMAC over a nonce, the token itself never on the wire (of
+either transport's connection)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from shared.kvcache.storage import KVStorage
-from shared.transfer.base import BlockSpan
 from tests.shared.transfer.proxy import FlipProxy
-from tests.shared.transfer.sinks import Done, RecordingSink, random_storage, source_spans
+from tests.shared.transfer.sinks import ONE_BLOCK, RecordingSink, random_storage, send_request
 
-MOVES = [(0, BlockSpan(1, 0, 4))]
 TOKEN = "s3cret-token-for-kv"
 
 
 def transfer(make_receiver, make_sender, receiver_token, sender_token, via_proxy=False):
     """Send one frame and END; returns (sink, on_done result, proxy or None)."""
-    source = random_storage(torch.float32)
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
     _, address = make_receiver(sink, auth_token=receiver_token)
     proxy = FlipProxy(address) if via_proxy else None
     peer = proxy.address if proxy else address
-    sender, done = make_sender(auth_token=sender_token), Done()
-    sender.send(peer, "r", 0, source_spans(source, 0, MOVES))
-    sender.finish(peer, "r", done.callback("r"))
-    result = done.wait("r")
+    sender = make_sender(auth_token=sender_token)
+    result = send_request(sender, peer, random_storage(torch.float32), "r", ONE_BLOCK,
+                          layers=[0]).wait("r")
     if result[0]:
         sink.wait_ends("r")  # every byte has passed the proxy
     if proxy:

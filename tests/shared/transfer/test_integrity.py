@@ -1,41 +1,73 @@
-"""A receiver never reports corrupted, refused or mis-sized spans as good."""
+"""A receiver never reports corrupted, refused or mis-sized spans as good (over each
+transport)."""
 from __future__ import annotations
+
+import ctypes
 
 import pytest
 import torch
 
 from shared.kvcache.storage import KVStorage
 from shared.transfer.base import BlockSpan
+from shared.transfer.mooncake.engine import Engine
 from shared.transfer.tcp import HEADER, SPAN
 from tests.shared.transfer.proxy import FlipProxy
-from tests.shared.transfer.sinks import Done, RecordingSink, random_storage, source_spans
+from tests.shared.transfer.sinks import (
+    TWO_BLOCKS,
+    RecordingSink,
+    random_storage,
+    send_request,
+)
 
-MOVES = [(0, BlockSpan(4, 0, 4)), (1, BlockSpan(5, 0, 4))]
+# No auth, so the TCP sender's stream starts with the first frame: a byte of its 2nd span.
+FLIP_AT = HEADER.size + len(b"req") + len(TWO_BLOCKS) * SPAN.size + 4 * 2 * 8 * 4 * 2 + 77
+
+
+def flip_first_landing(monkeypatch) -> None:
+    """Flips one byte of the first batch the engine writes, after it landed."""
+    real_start = Engine.start_writes
+
+    def start_writes(self, session, copies):
+        wait = real_start(self, session, copies)
+        if start_writes.flipped:
+            return wait
+
+        def wait_then_flip() -> bool:
+            landed = wait()
+            ctypes.c_ubyte.from_address(copies[-1].target + 77).value ^= 0xFF
+            return landed
+        start_writes.flipped = True
+        return wait_then_flip
+    start_writes.flipped = False
+    monkeypatch.setattr(Engine, "start_writes", start_writes)
 
 
 @pytest.fixture
-def proxies():
-    made = []
-    yield lambda *args: made.append(FlipProxy(*args)) or made[-1]
-    for proxy in made:
+def corrupted(transport, monkeypatch):
+    """`corrupted(address)`: where to send so that a byte of the first frame changes after
+    the sender hashed it, on the wire (tcp) or where the engine wrote it (mooncake)."""
+    if transport == "mooncake":
+        flip_first_landing(monkeypatch)
+        yield lambda address: address
+        return
+    proxies = []
+
+    def through_proxy(address: str) -> str:
+        proxies.append(FlipProxy(address, FLIP_AT))
+        return proxies[-1].address
+    yield through_proxy
+    for proxy in proxies:
         proxy.close()
 
 
-def test_flipped_payload_byte_is_reported_bad(make_receiver, make_sender, proxies) -> None:
+def test_flipped_byte_is_reported_bad(make_receiver, make_sender, corrupted) -> None:
     source = random_storage(torch.float32)
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
     receiver, address = make_receiver(sink)
-    # No auth, so the sender's stream starts with the first frame: flip a byte of its 2nd span.
-    first_payload = HEADER.size + len(b"req") + len(MOVES) * SPAN.size
-    proxy = proxies(address, first_payload + 4 * 2 * 8 * 4 * 2 + 77)
-    sender, done = make_sender(), Done()
-    for layer in range(3):
-        sender.send(proxy.address, "req", layer, source_spans(source, layer, MOVES))
-    sender.finish(proxy.address, "req", done.callback("req"))
+    done = send_request(make_sender(), corrupted(address), source, "req", TWO_BLOCKS)
     sink.wait_ends("req")
 
-    oks = [frame[4] for frame in sink.frames("req")]
-    assert oks == [False, True, True]
+    assert [f[4] for f in sink.frames("req")] == [False, True, True]
     assert sink.frames("req")[0][5] == "checksum mismatch"
     assert receiver.frames_rejected == 1 and receiver.frames_received == 3
     assert not torch.equal(sink.storage.kv[0, :, 4:6], source.kv[0, :, 0:2])  # it did land...
@@ -49,8 +81,7 @@ def test_refused_request_does_not_break_the_connection(make_receiver, make_sende
     receiver, address = make_receiver(sink)
     sender = make_sender()
     for rid in ("unknown", "known"):
-        sender.send(address, rid, 0, source_spans(source, 0, MOVES))
-        sender.finish(address, rid, lambda *_: None)
+        send_request(sender, address, source, rid, TWO_BLOCKS, layers=[0])
     sink.wait_ends("unknown", "known")
 
     assert [(f[4], f[5]) for f in sink.frames("unknown")] == \
@@ -71,9 +102,7 @@ def test_destination_of_the_wrong_size_is_reported_bad(make_receiver, make_sende
     source = random_storage(torch.float32)
     sink = WrongSizeSink(KVStorage(3, 8, 4, 2, 8))
     _, address = make_receiver(sink)
-    sender = make_sender()
-    sender.send(address, "r", 0, source_spans(source, 0, MOVES))
-    sender.finish(address, "r", lambda *_: None)
+    send_request(make_sender(), address, source, "r", TWO_BLOCKS, layers=[0])
     sink.wait_ends("r")
     assert [f[4] for f in sink.frames("r")] == [False]
     assert torch.all(sink.storage.kv == 0)  # nothing was written into the short buffers

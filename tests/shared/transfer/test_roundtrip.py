@@ -1,4 +1,5 @@
-"""Frames of several requests land byte-exact in a receiver-side KVStorage, END last."""
+"""Frames of several requests land byte-exact in a receiver-side KVStorage, END last (over
+each transport)."""
 from __future__ import annotations
 
 import pytest
@@ -6,27 +7,25 @@ import torch
 
 from shared.kvcache.storage import KVStorage
 from shared.transfer.base import BlockSpan, tensor_bytes
-from tests.shared.transfer.sinks import Done, RecordingSink, random_storage, source_spans
-
-# request id -> (source block, destination span); offsets > 0 are partial blocks
-MOVES = {
-    "req-a": [(0, BlockSpan(5, 0, 4, block_hash=0xA1)), (1, BlockSpan(2, 0, 4, 0xA2)),
-              (2, BlockSpan(7, 1, 2))],
-    "req-b": [(3, BlockSpan(0, 0, 4, 0xB1)), (4, BlockSpan(1, 2, 1))],
-    "req-c": [(6, BlockSpan(3, 3, 1))],
-}
+from tests.shared.transfer.sinks import (
+    MOVES,
+    Done,
+    RecordingSink,
+    random_storage,
+    send_request,
+    source_spans,
+)
 
 
 def as_ints(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("part_bytes", [64, 1 << 20])  # many wire parts per frame, or one
-def test_requests_land_byte_exact(make_receiver, make_sender, dtype, part_bytes) -> None:
+def check_requests_land_byte_exact(make_receiver, make_sender, dtype, part_bytes,
+                                   **receiver_options) -> None:
     source = random_storage(dtype)
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8, dtype))
-    receiver, address = make_receiver(sink)
+    receiver, address = make_receiver(sink, **receiver_options)
     sender, done = make_sender(part_bytes=part_bytes), Done()
     for layer in range(3):  # requests interleave, as concurrent prefills would
         for rid, moves in MOVES.items():
@@ -53,13 +52,45 @@ def test_requests_land_byte_exact(make_receiver, make_sender, dtype, part_bytes)
     assert receiver.frames_rejected == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("part_bytes", [64, 1 << 20])  # a part per span, or one per frame
+def test_requests_land_byte_exact(make_receiver, make_sender, dtype, part_bytes) -> None:
+    check_requests_land_byte_exact(make_receiver, make_sender, dtype, part_bytes)
+
+
+class OrderSink(RecordingSink):
+    """Also records every destination call."""
+
+    def destination(self, request_id, layer, span, nbytes):
+        self._record("destination", request_id, layer)
+        return super().destination(request_id, layer, span, nbytes)
+
+
+def test_sink_sees_one_frame_at_a_time(make_receiver, make_sender) -> None:
+    """The next frame's destinations are not asked for before this one is reported (a sink
+    may track one frame in flight per request, as shared.kv_inbox does)."""
+    source = random_storage(torch.float32)
+    sink = OrderSink(KVStorage(3, 8, 4, 2, 8))
+    _, address = make_receiver(sink)
+    sender = make_sender()
+    for rid, moves in MOVES.items():
+        send_request(sender, address, source, rid, moves)
+    sink.wait_ends(*MOVES)
+    placed = None
+    for kind, rid, *rest in sink.events:
+        if kind == "destination":
+            assert placed in (None, (rid, rest[0]))
+            placed = (rid, rest[0])
+        elif kind == "frame":
+            assert placed == (rid, rest[0])
+            placed = None
+
+
 def test_slots_outside_the_spans_stay_untouched(make_receiver, make_sender) -> None:
     source = random_storage(torch.float32)
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
     _, address = make_receiver(sink)
-    sender = make_sender()
-    sender.send(address, "r", 1, source_spans(source, 1, [(2, BlockSpan(7, 1, 2))]))
-    sender.finish(address, "r", lambda *_: None)
+    send_request(make_sender(), address, source, "r", [(2, BlockSpan(7, 1, 2))], layers=[1])
     sink.wait_ends("r")
     written = torch.zeros(sink.storage.kv.shape, dtype=torch.bool)
     written[1, :, 7, 1:3] = True

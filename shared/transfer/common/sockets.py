@@ -1,0 +1,51 @@
+"""Socket helpers both transports use: tuning, exact reads, liveness, peer addresses."""
+from __future__ import annotations
+
+import socket
+
+
+def tune(sock: socket.socket, buffer_bytes: int | None) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if buffer_bytes:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
+
+
+def recv_exact(sock: socket.socket, nbytes: int, eof_ok: bool = False) -> bytes | None:
+    """`nbytes` bytes, or None when the peer closed cleanly before the first (if `eof_ok`)."""
+    buf = bytearray(nbytes)
+    view, got = memoryview(buf), 0
+    while got < nbytes:
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            if got == 0 and eof_ok:
+                return None
+            raise ConnectionError("connection closed mid-frame")
+        got += n
+    return bytes(buf)
+
+
+def peer_closed(sock: socket.socket) -> bool:
+    """Whether the receiver has closed an idle connection: it never sends between frames,
+    so anything readable (an EOF, a reset, stray bytes) means it is gone."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def shut_down(sock: socket.socket | None) -> None:
+    """Wake whatever thread blocks on `sock` (its owner closes it)."""
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def split_peer(peer: str) -> tuple[str, int]:
+    host, _, port = peer.rpartition(":")
+    return host.strip("[]"), int(port)

@@ -1,0 +1,44 @@
+"""The two transports, by name, for tests that run the same scenario over each."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from shared.transfer import mooncake
+from shared.transfer.base import KVReceiver, KVSender, KVSink
+from shared.transfer.mooncake import MooncakeKVReceiver, MooncakeKVSender
+from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
+
+needs_mooncake = pytest.mark.skipif(
+    not mooncake.available(), reason="mooncake.engine cannot be imported: pip install "
+    "mooncake-transfer-engine-non-cuda (it needs Debian's libibverbs1 and librdmacm1)")
+TRANSPORTS = ["tcp", pytest.param("mooncake", marks=needs_mooncake)]
+RECEIVERS = {"tcp": TcpKVReceiver, "mooncake": MooncakeKVReceiver}
+SENDERS = {"tcp": TcpKVSender, "mooncake": MooncakeKVSender}
+OTHER = {"tcp": "mooncake", "mooncake": "tcp"}
+
+
+def new_receiver(transport: str, sink: KVSink, **kwargs) -> KVReceiver:
+    return RECEIVERS[transport](sink, host="127.0.0.1", **kwargs)
+
+
+def new_sender(transport: str, **kwargs) -> KVSender:
+    return SENDERS[transport](**kwargs)
+
+
+class StalledSink:
+    """Never returns a destination, so a sender's frame never gets through."""
+
+    def destination(self, *args):
+        time.sleep(60)
+
+    def on_frame(self, *args): ...
+    def on_end(self, *args): ...
+    def on_lost(self, *args): ...
+
+
+def stalled_receiver(conn, transport: str) -> None:
+    """A receiver process's body: sends its address down `conn`, then stalls every sender."""
+    conn.send(new_receiver(transport, StalledSink()).start())
+    time.sleep(60)
