@@ -16,3 +16,12 @@ class UnsupportedModel(KvstackError):
 
 class InvalidRequest(KvstackError):
     pass
+
+
+# Refusals for overload start with this: the gateway answers 503 at once instead of trying
+# another placement, which the same overload would refuse again.
+OVERLOADED = "overloaded: "
+
+
+def is_overload(error: str) -> bool:
+    return error.startswith(OVERLOADED)

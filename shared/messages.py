@@ -28,6 +28,7 @@ class Heartbeat:
     num_running: int = 0
     num_waiting: int = 0
     queued_tokens: int = 0        # prompt tokens admitted but not yet computed
+    context_tokens: int = 0       # KV tokens of the running requests (decode's step cost)
     free_blocks: int = 0
     total_blocks: int = 0
     draining: bool = False
@@ -42,6 +43,8 @@ class PlacementRequest:
     deadline: float
     block_hashes: tuple[int, ...] = ()
     exclude: tuple[str, ...] = ()   # workers that already failed this request
+    slo_ttft: float = 0.0           # seconds; 0: the conductor's default
+    slo_tbt: float = 0.0
 
 
 @message("placement")
@@ -55,6 +58,10 @@ class Placement:
     retry_after: float = 0.0
     prefix_peer: str = ""         # a prefill worker holding more of the prefix than the pool
     prefix_peer_blocks: int = 0
+    load_prefix: bool = True      # False: recompute what is not cached locally (cheaper)
+    stage_tbt_slo: float = 0.0    # > 0: decode re-checks its own TBT on arrival (baseline)
+    predicted_ttft: float = 0.0
+    predicted_tbt: float = 0.0
 
 
 @message("prefill_request")
@@ -67,6 +74,8 @@ class PrefillRequest:
     deadline: float
     prefix_peer: str = ""
     prefix_peer_blocks: int = 0
+    load_prefix: bool = True
+    stage_tbt_slo: float = 0.0
 
 
 @message("ack")
@@ -90,6 +99,7 @@ class KVReserve:
     namespace: str                # model and dtype; KV of another layout is refused
     deadline: float
     prefill_id: str = ""
+    stage_tbt_slo: float = 0.0    # > 0: refuse at commit if this worker's TBT is over it
 
 
 @message("kv_reservation")
@@ -159,6 +169,7 @@ class WorkerStats:
     blocks_from_kvstore: int = 0     # prefix blocks loaded from the kvstore pool
     blocks_from_peers: int = 0       # prefix blocks loaded from peer prefill workers
     blocks_served: int = 0           # blocks of this worker's cache sent to peers
+    num_rejected_after_prefill: int = 0   # decode refused at commit (wasted prefill)
 
 
 @message("block_lookup")
@@ -217,6 +228,40 @@ class KVEvent:
     service: str                  # "prefill", "decode" or "kvstore"
     stored: tuple[int, ...] = ()
     removed: tuple[int, ...] = ()
+    snapshot: bool = False        # `stored` is everything the source holds (a resync answer)
+
+
+@message("kv_resync")
+@dataclass(frozen=True, slots=True)
+class KVResync:
+    """A conductor that (re)started asks every cache to publish a snapshot KVEvent."""
+    requester: str
+
+
+@message("request_done")
+@dataclass(frozen=True, slots=True)
+class RequestDone:
+    """What a finished request turned out to need (the gateway reports; predictions learn)."""
+    request_id: str
+    first_block_hash: int
+    num_prompt_tokens: int
+    num_output_tokens: int
+    ttft: float
+    tbt: float                    # mean seconds between tokens after the first
+
+
+@message("conductor_stats")
+@dataclass(frozen=True, slots=True)
+class ConductorStats:
+    worker_id: str
+    policy: str
+    admission: str
+    num_indexed_blocks: int
+    num_accepted: int
+    num_rejected: int
+    num_replications: int         # placements that pull a remote prefix into the chosen worker
+    live_prefill: tuple[str, ...] = ()
+    live_decode: tuple[str, ...] = ()
 
 
 @message("store_stats")

@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from shared import codec, subjects
 from shared.bus import Bus
 from shared.errors import KvstackError
-from shared.messages import Heartbeat
+from shared.messages import Heartbeat, KVResync
 from shared.metrics import Metrics
 
 log = logging.getLogger("kvstack.service")
@@ -82,6 +82,9 @@ async def serve(service: Service, ready: asyncio.Event | None = None) -> None:
     await service.start(service.bus)
     discovery = await _register(service)
     beats = asyncio.ensure_future(_heartbeats(service))
+    # NOTE: a (re)started conductor asks for resync; a beat now spares it a blind interval.
+    await service.bus.subscribe(subjects.kv_resync(), lambda _: _beat(service),
+                                expected=KVResync)
     log.info("%s ready: http://%s", service.worker_id, service.http_addr)
     if ready is not None:
         ready.set()
@@ -165,17 +168,20 @@ async def _register(service: Service):
 
 
 async def _heartbeats(service: Service) -> None:
-    subject = subjects.heartbeat(service.name)
     while True:
-        try:
-            await service.bus.publish(subject, service.heartbeat())
-        except Exception as e:  # a NATS hiccup must not end the heartbeats
-            log.warning("%s: heartbeat failed: %s", service.worker_id, e)
+        await _beat(service)
         await asyncio.sleep(service.config.heartbeat_interval)
+
+
+async def _beat(service: Service) -> None:
+    try:
+        await service.bus.publish(subjects.heartbeat(service.name), service.heartbeat())
+    except Exception as e:  # a NATS hiccup must not end the heartbeats
+        log.warning("%s: heartbeat failed: %s", service.worker_id, e)
 
 
 async def _bounded(coro, timeout: float, what: str) -> None:
     try:
         await asyncio.wait_for(coro, timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         log.warning("%s took longer than %.0fs; going on", what, timeout)

@@ -61,3 +61,17 @@ def prefill_get(worker_id: str) -> str:
 def kv_events() -> str:
     """Broadcast: blocks stored in or removed from some cache (prefill, decode or kvstore)."""
     return f"{PREFIX}.kv_events"
+
+
+def kv_resync() -> str:
+    """Broadcast: a conductor wants a snapshot KVEvent from every cache."""
+    return f"{PREFIX}.kv_resync"
+
+
+def request_done() -> str:
+    """Broadcast: a request finished (from the gateway), for predictions of output length."""
+    return f"{PREFIX}.request_done"
+
+
+def conductor_stats() -> str:
+    return f"{PREFIX}.conductor.stats"

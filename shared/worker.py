@@ -40,11 +40,12 @@ def worker_heartbeat(service: str, worker_id: str, config: WorkerConfig, engine:
     """Load as the engine sees it (read without locks: a slightly stale view is fine)."""
     scheduler = engine.scheduler
     queued = sum(s.num_tokens - s.num_computed_tokens for s in list(scheduler.waiting))
+    context = sum(s.num_tokens for s in list(scheduler.running))
     return Heartbeat(
         service, worker_id, time.time(), config.heartbeat_interval, http_addr=http_addr,
         data_addr=data_addr, model=config.model, block_size=config.block_size,
         num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
-        queued_tokens=queued, free_blocks=engine.kv.num_free_blocks,
+        queued_tokens=queued, context_tokens=context, free_blocks=engine.kv.num_free_blocks,
         total_blocks=engine.kv.pool.num_blocks, draining=draining)
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.cli import bench_engine, bench_kvstore, bench_transfer
+from services.cli import bench_conductor, bench_engine, bench_kvstore, bench_transfer
 
-BENCHMARKS = (bench_engine, bench_transfer, bench_kvstore)
+BENCHMARKS = (bench_engine, bench_transfer, bench_kvstore, bench_conductor)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.cli import bench, generate, serve, up
+from services.cli import bench, generate, profile, serve, up
 from shared.errors import KvstackError
 
-COMMANDS = (up, generate, serve, bench)
+COMMANDS = (up, generate, serve, profile, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from shared.engine.config import DTYPE_CHOICES
@@ -10,6 +11,8 @@ from shared.model.registry import DEFAULT_MODEL
 from shared.service import run
 from shared.transfer.factory import TRANSPORTS
 from shared.worker import WorkerConfig
+
+log = logging.getLogger("kvstack.cli")
 
 
 def add_common(p: argparse.ArgumentParser, http_port: int = 0) -> None:
@@ -60,7 +63,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     conductor = sub.add_parser("conductor", help="run the conductor (placement)")
     add_common(conductor)
-    conductor.add_argument("--policy", default="load-balance")
+    add_scheduling(conductor)
     conductor.set_defaults(run=run_conductor)
     for name, runner in (("prefill", run_prefill), ("decode", run_decode)):
         p = sub.add_parser(name, help=f"run a {name} worker")
@@ -89,12 +92,46 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     gateway.set_defaults(run=run_gateway)
 
 
+def add_scheduling(p: argparse.ArgumentParser) -> None:
+    from services.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
+    d = SchedulingConfig()
+    p.add_argument("--policy", choices=POLICY_NAMES, default=d.policy)
+    p.add_argument("--admission", choices=ADMISSION_MODES, default=d.admission,
+                   help="how overload is refused (see docs/conductor.md)")
+    p.add_argument("--slo-ttft", type=float, default=d.slo_ttft, help="seconds (default SLO)")
+    p.add_argument("--slo-tbt", type=float, default=d.slo_tbt, help="seconds (default SLO)")
+    p.add_argument("--balancing-threshold", type=float, default=d.balancing_threshold,
+                   help="kvcentric loads a remote prefix when it is this many times the local")
+    p.add_argument("--decode-time", type=float, default=d.decode_time,
+                   help="predictive admission's uniform decode seconds, until learned")
+    p.add_argument("--cost-model", default="auto", help="a file from `kvstack profile`, or "
+                   "roofline:<model>:<hardware>; auto: the profile of --model if there is one")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="the model the workers serve")
+
+
 def run_conductor(args: argparse.Namespace) -> int:
-    from services.conductor.policies import POLICIES
+    from services.conductor.config import SchedulingConfig
     from services.conductor.service import ConductorConfig, ConductorService
-    if args.policy not in POLICIES:
-        raise KvstackError(f"unknown policy {args.policy!r}; choose from {', '.join(POLICIES)}")
-    return run(ConductorService(ConductorConfig(**common_config(args), policy=args.policy)))
+    scheduling = SchedulingConfig(args.policy, args.admission, args.slo_ttft, args.slo_tbt,
+                                  args.balancing_threshold, args.decode_time)
+    cost = conductor_cost_model(args.cost_model, args.model)
+    config = ConductorConfig(**common_config(args), scheduling=scheduling,
+                             cost_model=args.cost_model)
+    return run(ConductorService(config, cost))
+
+
+def conductor_cost_model(spec: str, model: str):
+    """The cost model named by `spec`; "auto" is the profile `kvstack profile` saved for
+    `model`, or the roofline of this CPU when there is none."""
+    from shared import costmodel
+    if spec != "auto":
+        return costmodel.from_spec(spec)
+    from services.cli.profile import default_path
+    path = default_path(model)
+    if path.is_file():
+        return costmodel.load(path)
+    log.info("no profile at %s (run `kvstack profile`); using the CPU roofline", path)
+    return costmodel.roofline("smollm2-135m", "cpu")
 
 
 def run_prefill(args: argparse.Namespace) -> int:

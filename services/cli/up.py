@@ -7,10 +7,11 @@ import sys
 import time
 from pathlib import Path
 
+from services.cli.stack import Stack, StackConfig
+from services.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
 from shared.engine.config import DTYPE_CHOICES
 from shared.errors import KvstackError
 from shared.model.registry import DEFAULT_MODEL, resolve_model
-from services.cli.stack import Stack, StackConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +29,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--api-key", default="", help="require this bearer key at the gateway")
     p.add_argument("--log-dir", default=".kvstack/logs")
+    scheduling = SchedulingConfig()
+    p.add_argument("--policy", choices=POLICY_NAMES, default=scheduling.policy)
+    p.add_argument("--admission", choices=ADMISSION_MODES, default=scheduling.admission)
+    p.add_argument("--slo-ttft", type=float, default=scheduling.slo_ttft, help="seconds")
+    p.add_argument("--slo-tbt", type=float, default=scheduling.slo_tbt, help="seconds")
     p.set_defaults(run=run)
 
 
@@ -39,11 +45,15 @@ def run(args: argparse.Namespace) -> int:
     worker_args = ("--dtype", args.dtype, "--kv-cache-gib", str(args.kv_cache_gib),
                    "--threads", str(args.threads))
     gateway_args = ("--dtype", args.dtype, *(("--api-key", args.api_key) if args.api_key else ()))
+    conductor_args = ("--model", args.model, "--policy", args.policy, "--admission",
+                      args.admission, "--slo-ttft", str(args.slo_ttft), "--slo-tbt",
+                      str(args.slo_tbt))
     stack = Stack(StackConfig(
         nats_url=args.nats, num_prefill=args.prefill, num_decode=args.decode,
         num_kvstore=args.kvstore, kvstore_args=("--dram-gib", str(args.kvstore_dram_gib)),
         model=args.model,
         host=args.host, port=args.port, worker_args=worker_args, gateway_args=gateway_args,
+        conductor_args=conductor_args,
         log_dir=Path(args.log_dir)))
     for sig in (signal.SIGINT, signal.SIGTERM):   # also when started with SIGINT ignored
         signal.signal(sig, _interrupt)

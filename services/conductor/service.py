@@ -1,67 +1,93 @@
-"""The conductor service: keeps the cluster view and answers placement requests."""
+"""The conductor service: feeds heartbeats, KV events and finished requests to the
+Conductor (core.py) and answers placement requests; metrics and stats over NATS."""
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from services.conductor.config import SchedulingConfig
+from services.conductor.core import Conductor
 from shared import subjects
 from shared.bus import Bus
-from shared.messages import Heartbeat, KVEvent, Placement, PlacementRequest
+from shared.costmodel import CostModel
+from shared.messages import (
+    ConductorStats,
+    Heartbeat,
+    KVEvent,
+    KVResync,
+    Placement,
+    PlacementRequest,
+    RequestDone,
+    StatsRequest,
+)
+from shared.metrics import TTFT_BUCKETS
 from shared.service import Service, ServiceConfig
-from services.conductor.index import PrefixIndex
-from services.conductor.policies import POLICIES
-from services.conductor.state import ClusterState
 
 log = logging.getLogger("kvstack.conductor")
 
 
 @dataclass(frozen=True)
 class ConductorConfig(ServiceConfig):
-    policy: str = "load-balance"
+    scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+    cost_model: str = ""          # a fitted file or roofline:<model>:<hardware>; see cli
 
 
 class ConductorService(Service):
     name = "conductor"
 
-    def __init__(self, config: ConductorConfig) -> None:
+    def __init__(self, config: ConductorConfig, cost: CostModel) -> None:
         super().__init__(config)
-        self.state = ClusterState()
-        self.index = PrefixIndex()
-        self.policy = POLICIES[config.policy]
+        self.core = Conductor(config.scheduling, cost)
         self.placements = self.metrics.counter("placements", "placement decisions", ("result",))
+        self.replications = self.metrics.counter(
+            "replicated_blocks", "prefix blocks placements pull into a worker (replicas)")
+        self.predicted_ttft = self.metrics.histogram(
+            "predicted_ttft_seconds", "TTFT predicted for admitted requests", TTFT_BUCKETS)
         self.live_workers = self.metrics.gauge("live_workers", "workers alive", ("service",))
+        self.indexed_blocks = self.metrics.gauge("indexed_blocks", "blocks in the prefix index")
 
     async def start(self, bus: Bus) -> None:
         await bus.subscribe(subjects.all_heartbeats(), self._on_heartbeat, expected=Heartbeat)
         await bus.subscribe(subjects.kv_events(), self._on_kv_event, expected=KVEvent)
+        await bus.subscribe(subjects.request_done(), self._on_done, expected=RequestDone)
         await bus.serve(subjects.place(), self._place, queue="conductor",
                         expected=PlacementRequest)
+        await bus.serve(subjects.conductor_stats(), self._stats, expected=StatsRequest)
+        # NOTE: after a restart the index is empty; every cache answers with a snapshot.
+        await bus.publish(subjects.kv_resync(), KVResync(self.worker_id))
 
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
-        if hb.service in ("prefill", "decode", "kvstore"):
-            self.state.observe(hb)
+        self.core.observe(hb)
 
     async def _on_kv_event(self, event: KVEvent) -> None:
-        if event.service in ("prefill", "kvstore"):
-            self.index.apply(event)
+        self.core.apply(event)
+
+    async def _on_done(self, done: RequestDone) -> None:
+        self.core.finished(done)
 
     async def _place(self, request: PlacementRequest) -> Placement:
-        now = time.time()
-        for worker_id in self.state.forget_dead(now):
-            self.index.forget(worker_id)
-            log.warning("worker %s missed its heartbeats; no new work goes there", worker_id)
-        snapshot = self.state.snapshot(now)
-        prefix = self.index.match(request.block_hashes, [w.worker_id for w in snapshot.prefill])
-        placement = self.policy(snapshot, request, prefix)
+        before = self.core.counters.replicated_blocks
+        placement = self.core.place(request, time.time())
+        result = "accepted" if placement.accepted else "rejected"
+        self.placements.labels(result).inc()
+        self.replications.inc(self.core.counters.replicated_blocks - before)
         if placement.accepted:
-            self.state.assign(placement.prefill_id, request.num_prompt_tokens)
-            self.state.assign(placement.decode_id, request.num_prompt_tokens + 1)
-        self.placements.labels("accepted" if placement.accepted else "rejected").inc()
+            self.predicted_ttft.observe(placement.predicted_ttft)
         return placement
+
+    async def _stats(self, _: StatsRequest) -> ConductorStats:
+        core, now = self.core, time.time()
+        return ConductorStats(
+            self.worker_id, core.config.policy, core.config.admission, len(core.index),
+            core.counters.accepted, core.counters.rejected + core.counters.unplaceable,
+            core.counters.replications,
+            tuple(hb.worker_id for hb in core.state.live("prefill", now)),
+            tuple(hb.worker_id for hb in core.state.live("decode", now)))
 
     def heartbeat(self) -> Heartbeat:
         now = time.time()
         for service in ("prefill", "decode"):
-            self.live_workers.labels(service).set(len(self.state.live(service, now)))
+            self.live_workers.labels(service).set(len(self.core.state.live(service, now)))
+        self.indexed_blocks.set(len(self.core.index))
         return super().heartbeat()

@@ -1,56 +1,114 @@
-"""The conductor's view of the cluster, kept from heartbeats."""
+"""The conductor's view of the cluster, kept from heartbeats, plus its own bookkeeping of
+work it assigned that the workers have not reported yet (so a burst between two beats is
+spread, not all sent to the worker that looked idlest at the last beat)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from services.conductor.snapshot import NO_PENDING, ClusterSnapshot, Pending, WorkerLoad
 from shared.messages import Heartbeat
-from services.conductor.snapshot import ClusterSnapshot, WorkerLoad
 
 MISSED_BEATS = 3     # a worker silent for this many intervals is dead
-
-
-@dataclass
-class _Pending:
-    """Work the conductor assigned since the worker's last heartbeat (not in its numbers yet)."""
-    tokens: int = 0
-    requests: int = 0
+MARGIN = 1e-3        # seconds: near a death time, liveness is checked beat by beat
+SERVICES = ("prefill", "decode")
 
 
 @dataclass
 class ClusterState:
+    """Change it only through its methods: they keep the caches below in step.
+
+    A snapshot reuses each worker's WorkerLoad until its next heartbeat or assignment, and
+    skips the liveness checks while every worker is surely alive (before the earliest time
+    one could be dead), so a decision costs no per-worker work when nothing changed."""
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
-    pending: dict[str, _Pending] = field(default_factory=dict)
+    pending: dict[str, Pending] = field(default_factory=dict)
+    # service -> worker id -> load, of every non-draining worker, in heartbeat order; valid
+    # while all are alive (None: to rebuild)
+    _view: dict[str, dict[str, WorkerLoad]] | None = field(
+        default=None, init=False, repr=False, compare=False)
+    # no worker dies before this (an earliest death time, less MARGIN, or earlier)
+    _alive_until: float = field(default=-math.inf, init=False, repr=False, compare=False)
+    # the earliest time some pending work is predicted done
+    _expiry: float = field(default=math.inf, init=False, repr=False, compare=False)
 
     def observe(self, hb: Heartbeat) -> None:
+        old = self.heartbeats.get(hb.worker_id)
         self.heartbeats[hb.worker_id] = hb
         self.pending.pop(hb.worker_id, None)
+        self._alive_until = min(self._alive_until, _death(hb) - MARGIN)
+        if old is None or (old.service, old.draining) != (hb.service, hb.draining):
+            self._view = None
+        self._refresh(hb.worker_id)
 
-    def assign(self, worker_id: str, num_tokens: int) -> None:
-        pending = self.pending.setdefault(worker_id, _Pending())
-        pending.tokens += num_tokens
-        pending.requests += 1
+    def assign(self, worker_id: str, num_tokens: int, seconds: float = 0.0,
+               until: float = math.inf) -> None:
+        """Count work sent to a worker until its next beat reports it, or until `until`, when
+        it is predicted done (a worker that finished before its next beat is not busy)."""
+        old = self.pending.get(worker_id)
+        until = until if old is None else max(old.until, until)
+        old = old or NO_PENDING
+        self.pending[worker_id] = Pending(old.tokens + num_tokens, old.requests + 1,
+                                          old.seconds + seconds, until)
+        self._expiry = min(self._expiry, until)
+        self._refresh(worker_id)
 
     def live(self, service: str, now: float) -> list[Heartbeat]:
         return [hb for hb in self.heartbeats.values()
                 if hb.service == service and not hb.draining and self._alive(hb, now)]
 
     def forget_dead(self, now: float) -> list[str]:
+        if self._all_alive(now):
+            return []
         dead = [w for w, hb in self.heartbeats.items() if not self._alive(hb, now)]
         for worker_id in dead:
             del self.heartbeats[worker_id]
             self.pending.pop(worker_id, None)
+        if dead:
+            self._view = None
         return dead
 
     def snapshot(self, now: float) -> ClusterSnapshot:
-        def loads(service: str) -> tuple[WorkerLoad, ...]:
-            return tuple(WorkerLoad.from_heartbeat(hb, *self._pending_of(hb.worker_id))
-                         for hb in self.live(service, now))
-        return ClusterSnapshot(now, loads("prefill"), loads("decode"))
+        if now >= self._expiry:
+            self._expire(now)
+        if not self._all_alive(now):               # some may be dead: check each one
+            return ClusterSnapshot(now, *(tuple(self._load(hb) for hb in self.live(s, now))
+                                          for s in SERVICES))
+        if self._view is None:
+            self._view = {s: {hb.worker_id: self._load(hb) for hb in self.live(s, now)}
+                          for s in SERVICES}
+        return ClusterSnapshot(now, *(tuple(self._view[s].values()) for s in SERVICES))
 
-    def _pending_of(self, worker_id: str) -> tuple[int, int]:
-        pending = self.pending.get(worker_id)
-        return (pending.tokens, pending.requests) if pending else (0, 0)
+    def _expire(self, now: float) -> None:
+        done = [w for w, pending in self.pending.items() if pending.until <= now]
+        for worker_id in done:
+            del self.pending[worker_id]
+            self._refresh(worker_id)
+        self._expiry = min((p.until for p in self.pending.values()), default=math.inf)
+
+    def _load(self, hb: Heartbeat) -> WorkerLoad:
+        return WorkerLoad.from_heartbeat(hb, self.pending.get(hb.worker_id, NO_PENDING))
+
+    def _refresh(self, worker_id: str) -> None:
+        """Recompute one worker's load where the cached view holds it."""
+        hb = self.heartbeats.get(worker_id)
+        loads = self._view.get(hb.service) if self._view is not None and hb else None
+        if loads is not None and worker_id in loads:
+            loads[worker_id] = self._load(hb)
+
+    def _all_alive(self, now: float) -> bool:
+        """Whether every worker is surely alive at `now`, so none needs checking."""
+        if now < self._alive_until:
+            return True
+        self._alive_until = min(map(_death, self.heartbeats.values()), default=math.inf) \
+            - MARGIN
+        return now < self._alive_until
 
     @staticmethod
     def _alive(hb: Heartbeat, now: float) -> bool:
         return now - hb.time <= MISSED_BEATS * hb.interval
+
+
+def _death(hb: Heartbeat) -> float:
+    """When a worker that sends no more beats after `hb` is dead."""
+    return hb.time + MISSED_BEATS * hb.interval

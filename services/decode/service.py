@@ -3,6 +3,7 @@ landed intact, decodes them in continuous batches and streams tokens to the gate
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -11,12 +12,21 @@ from shared.bus import Bus
 from shared.engine.engine import LLMEngine
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
+from shared.errors import OVERLOADED, KvstackError
 from shared.kv_inbox import KVInbox
-from shared.errors import KvstackError
-from shared.messages import (Abort, Ack, Heartbeat, KVCommit, KVReservation, KVReserve,
-                             StatsRequest, TokenEvent, WorkerStats)
-from shared.service import Service
 from shared.kvstore_client import KvstorePool, write_back
+from shared.messages import (
+    Abort,
+    Ack,
+    Heartbeat,
+    KVCommit,
+    KVReservation,
+    KVReserve,
+    StatsRequest,
+    TokenEvent,
+    WorkerStats,
+)
+from shared.service import Service
 from shared.transfer.factory import make_receiver
 from shared.transfer.tcp import TcpKVSender
 from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
@@ -38,11 +48,14 @@ class DecodeService(Service):
         self.next_seq: dict[str, int] = {}
         self.num_done = 0
         self.num_refused = 0
+        self.num_rejected_after_prefill = 0
         self.tokens_out = self.metrics.counter("generation_tokens", "tokens generated")
         self.refused = self.metrics.counter("refused_requests", "reservations refused",
                                             ("reason",))
         self.transfers = self.metrics.counter("kv_transfers", "KV transfers by outcome",
                                               ("result",))
+        self.wasted_prefill = self.metrics.counter(
+            "wasted_prefill_tokens", "prompt tokens prefilled, then refused here (baseline)")
         self.kv_usage = self.metrics.gauge("kv_cache_usage_perc", "share of KV blocks in use")
 
     async def start(self, bus: Bus) -> None:
@@ -130,8 +143,14 @@ class DecodeService(Service):
             log.warning("request %s: refusing its KV: %s", msg.request_id, problem)
             await self._release(msg.request_id)
             return Ack(msg.request_id, False, f"KV transfer failed: {problem}", 503)
-        self.reservations.take(msg.request_id)
         req = reservation.payload
+        overload = self._over_tbt_slo(req)
+        if overload:
+            self.num_rejected_after_prefill += 1
+            self.wasted_prefill.inc(len(req.prompt_token_ids))
+            await self._release(msg.request_id)
+            return Ack(msg.request_id, False, overload, 503)
+        self.reservations.take(msg.request_id)
         self.next_seq[msg.request_id] = 1
         keep = bool(self.pool.ring())   # for the next turn: blocks go to the pool at the end
         await self.engine_loop.call(lambda e: e.install(
@@ -139,10 +158,19 @@ class DecodeService(Service):
             msg.num_cached_tokens, hold_kv=keep))
         return Ack(msg.request_id, True)
 
+    def _over_tbt_slo(self, req: KVReserve) -> str:
+        """The baseline's decode-stage check, after prefill was spent: "" when the TBT this
+        worker gives now is within the request's SLO (or it has none)."""
+        tbt = self.engine_loop.mean_step_seconds if self.engine.has_unfinished else 0.0
+        if not req.stage_tbt_slo or tbt <= req.stage_tbt_slo:
+            return ""
+        return f"{OVERLOADED}decode TBT {tbt * 1000:.0f}ms exceeds the SLO " \
+               f"{req.stage_tbt_slo * 1000:.0f}ms (prefill wasted)"
+
     async def _wait_for_transfer(self, reservation, num_frames: int) -> str:
         try:
             await asyncio.wait_for(reservation.settled.wait(), self.config.request_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return "the end of the transfer never arrived"
         return reservation.verdict(num_frames)
 
@@ -152,7 +180,7 @@ class DecodeService(Service):
             return
         try:
             await asyncio.wait_for(reservation.idle.wait(), self.config.request_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.error("request %s: a KV frame never finished landing; leaking its blocks",
                       request_id)
             return
@@ -199,5 +227,7 @@ class DecodeService(Service):
             await self.engine_loop.call(lambda e: e.abort(rid) and e.release(rid))
 
     async def _stats(self, _: StatsRequest) -> WorkerStats:
-        return worker_stats(self.worker_id, self.engine, len(self.reservations), self.num_done,
-                            self.num_refused)
+        stats = worker_stats(self.worker_id, self.engine, len(self.reservations),
+                             self.num_done, self.num_refused)
+        return dataclasses.replace(stats,
+                                   num_rejected_after_prefill=self.num_rejected_after_prefill)

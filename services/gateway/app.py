@@ -12,11 +12,15 @@ from aiohttp import web
 
 from services.gateway import errors
 from services.gateway.errors import ApiError, error_body
-from services.gateway.protocol import (GenerateRequest, decode_body,
-                                       parse_chat, parse_completion)
+from services.gateway.protocol import GenerateRequest, decode_body, parse_chat, parse_completion
 from services.gateway.relay import Relay
-from services.gateway.responses import (final_response, models_response, stream_chunk,
-                                        usage_chunk, format_logprobs)
+from services.gateway.responses import (
+    final_response,
+    format_logprobs,
+    models_response,
+    stream_chunk,
+    usage_chunk,
+)
 from services.gateway.sse import SSE_DONE, SSE_HEADERS, sse_error, sse_event
 
 log = logging.getLogger("kvstack.gateway")

@@ -12,14 +12,14 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from shared import codec, subjects
-from shared.bus import Bus, ServiceUnavailable
-from shared.messages import (Abort, Ack, Placement, PlacementRequest, PrefillRequest,
-                             TokenEvent)
-from shared.hashing import block_hashes
 from services.gateway.errors import from_status, service_unavailable
 from services.gateway.liveness import Liveness
 from services.gateway.protocol import GenerateRequest
+from shared import codec, subjects
+from shared.bus import Bus, ServiceUnavailable
+from shared.errors import is_overload
+from shared.hashing import block_hashes
+from shared.messages import Abort, Ack, Placement, PlacementRequest, PrefillRequest, TokenEvent
 
 log = logging.getLogger("kvstack.gateway")
 
@@ -83,11 +83,18 @@ class Backend:
                 asyncio.ensure_future(self.bus.publish(subjects.abort(),
                                                        Abort(internal_id, "gateway gave up")))
 
+    def first_block_hash(self, req: GenerateRequest) -> int:
+        """The hash naming the prompt's first full block (0: shorter than a block)."""
+        first = req.prompt_token_ids[:self.block_size]
+        hashes = block_hashes(first, self.block_size, self.namespace)
+        return hashes[0] if hashes else 0
+
     async def _place(self, req: GenerateRequest, internal_id: str,
                      exclude: tuple[str, ...]) -> Placement:
         hashes = tuple(block_hashes(req.prompt_token_ids, self.block_size, self.namespace))
         message = PlacementRequest(internal_id, req.num_prompt_tokens, req.params.max_tokens,
-                                   time.time() + self.timeouts.first_token, hashes, exclude)
+                                   time.time() + self.timeouts.first_token, hashes, exclude,
+                                   req.slo_ttft, req.slo_tbt)
         try:
             placement = await self.bus.request(subjects.place(), message, self.timeouts.control,
                                                expected=Placement)
@@ -101,7 +108,8 @@ class Backend:
     async def _submit(self, req: GenerateRequest, internal_id: str, placement: Placement) -> None:
         message = PrefillRequest(internal_id, req.prompt_token_ids, req.params,
                                  placement.decode_id, time.time() + self.timeouts.first_token,
-                                 placement.prefix_peer, placement.prefix_peer_blocks)
+                                 placement.prefix_peer, placement.prefix_peer_blocks,
+                                 placement.load_prefix, placement.stage_tbt_slo)
         try:
             ack = await self.bus.request(subjects.prefill_submit(placement.prefill_id), message,
                                          self.timeouts.control, expected=Ack)
@@ -132,7 +140,7 @@ class Backend:
         while time.monotonic() < deadline:
             try:
                 return await asyncio.wait_for(events.get(), min(1.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 dead = self.liveness.dead(workers)
                 if dead is not None:
                     reason = f"worker {dead} stopped responding"
@@ -146,7 +154,7 @@ class Backend:
     def _check(event: TokenEvent, delivered: bool) -> None:
         if not event.error:
             return
-        if event.code == 503 and not delivered:
+        if event.code == 503 and not delivered and not is_overload(event.error):
             raise _Retry(event.error)
         raise from_status(event.code, event.error)
 

@@ -13,8 +13,7 @@ from typing import Any, Literal
 
 import orjson
 
-from services.gateway.errors import (
-    body_too_large, internal_error, invalid_request, model_not_found)
+from services.gateway.errors import body_too_large, internal_error, invalid_request, model_not_found
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest, KvstackError
 from shared.model.tokenizer import Tokenizer
@@ -78,6 +77,8 @@ class GenerateRequest:
     stream: bool
     include_usage: bool                 # stream a final usage chunk (stream_options)
     logprobs: int | None                # top alternatives per token; None: no logprobs
+    slo_ttft: float = 0.0               # seconds (kvstack extension); 0: the conductor's
+    slo_tbt: float = 0.0
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -140,7 +141,17 @@ def _request(body: dict, request_id: str, endpoint: Endpoint, model: str,
              prompt_ids: tuple[int, ...], params: SamplingParams) -> GenerateRequest:
     stream = bool(_read(body, "stream", BOOL))
     return GenerateRequest(request_id, endpoint, model, prompt_ids, params, stream,
-                           _include_usage(body, stream), params.logprobs)
+                           _include_usage(body, stream), params.logprobs,
+                           _slo(body, "slo_ttft"), _slo(body, "slo_tbt"))
+
+
+def _slo(body: dict, name: str) -> float:
+    """A per-request SLO in seconds (kvstack extension field); 0.0 when absent."""
+    value = _read(body, name, NUMBER)
+    if value is not None and value <= 0:
+        raise invalid_request(f"{name} must be a positive number of seconds, got {value}.",
+                              param=name)
+    return float(value or 0.0)
 
 
 # -- model, n, stream options ------------------------------------------------------------------

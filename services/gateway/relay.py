@@ -5,12 +5,12 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from shared.engine.sampler import TokenLogprob
-from shared.model.tokenizer import Tokenizer
 from services.gateway.backend import Backend
 from services.gateway.protocol import GenerateRequest
 from services.gateway.responses import format_logprobs, usage
 from services.gateway.text import TextStream
+from shared.engine.sampler import TokenLogprob
+from shared.model.tokenizer import Tokenizer
 
 
 @dataclass

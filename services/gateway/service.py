@@ -1,25 +1,26 @@
 """The gateway service: OpenAI-compatible HTTP in front, NATS behind."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from shared import subjects
-from shared.bus import Bus
-from shared.messages import Heartbeat
-from shared.engine.config import resolve_dtype
-from shared.engine.engine import kv_namespace
-from shared.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
-from shared.model.config import ModelConfig
-from shared.model.registry import resolve_model
-from shared.model.tokenizer import Tokenizer, has_tokenizer
-from shared.service import Service, ServiceConfig
 from services.gateway.app import GatewayApp
 from services.gateway.backend import Backend, BackendTimeouts
 from services.gateway.liveness import Liveness
 from services.gateway.protocol import GatewayLimits
 from services.gateway.relay import Relay
+from shared import subjects
+from shared.bus import Bus
+from shared.engine.config import resolve_dtype
+from shared.engine.engine import kv_namespace
+from shared.messages import Heartbeat, RequestDone
+from shared.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from shared.model.config import ModelConfig
+from shared.model.registry import resolve_model
+from shared.model.tokenizer import Tokenizer, has_tokenizer
+from shared.service import Service, ServiceConfig
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,12 @@ class GatewayService(Service):
         for earlier, later in zip(times, times[1:]):
             self.itl.observe(later - earlier)
         self.e2e.observe(times[-1] - relay.started)
+        asyncio.ensure_future(self.bus.publish(subjects.request_done(), self._done(relay)))
+
+    def _done(self, relay: Relay) -> RequestDone:
+        """What the conductor learns output lengths and decode times from."""
+        req, num_tokens = relay.req, relay.stream.num_tokens if relay.stream else 0
+        tbt = (relay.token_times[-1] - relay.first_token_at) / max(1, num_tokens - 1)
+        return RequestDone(req.request_id, self.backend.first_block_hash(req),
+                           req.num_prompt_tokens, num_tokens,
+                           relay.first_token_at - relay.started, tbt)

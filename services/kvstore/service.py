@@ -15,7 +15,8 @@ from pathlib import Path
 from shared import subjects
 from shared.bus import Bus
 from shared.messages import (Ack, BlockGet, BlockLookup, BlockPresence, BlockPut, Heartbeat,
-                             KVEvent, PutSlots, StatsRequest, StoreStats)
+                             KVResync, PutSlots, StatsRequest, StoreStats)
+from shared.kv_events import kv_events
 from shared.service import Service, ServiceConfig
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from services.kvstore.inbox import PutInbox
@@ -64,6 +65,7 @@ class KvstoreService(Service):
             await bus.serve(subjects.kvstore_op(self.worker_id, op), handler, expected=kind)
         await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
                         expected=StatsRequest)
+        await bus.subscribe(subjects.kv_resync(), self._resync, expected=KVResync)
         self.background = asyncio.ensure_future(self._housekeeping())
 
     async def stop(self) -> None:
@@ -122,6 +124,13 @@ class KvstoreService(Service):
             await asyncio.sleep(EVENT_INTERVAL)
             self.inbox.expire(time.time())
             stored, removed = self.store.take_events()
-            if stored or removed:
-                await self.bus.publish(subjects.kv_events(), KVEvent(
-                    self.worker_id, self.name, tuple(stored), tuple(removed)))
+            await self._publish(kv_events(self.worker_id, self.name, stored, removed))
+
+    async def _resync(self, _: KVResync) -> None:
+        """A (re)started conductor asks: all this instance stores, as one snapshot."""
+        hashes = await asyncio.to_thread(self.store.snapshot)
+        await self._publish(kv_events(self.worker_id, self.name, hashes, snapshot=True))
+
+    async def _publish(self, events) -> None:
+        for event in events:
+            await self.bus.publish(subjects.kv_events(), event)

@@ -72,6 +72,11 @@ class BlockStore:
         with self._cond:
             return self._tiers.events.take()
 
+    def snapshot(self) -> list[int]:
+        """Every stored block hash (for a conductor's resync); pending events are dropped."""
+        with self._cond:
+            return self._tiers.stored_hashes()
+
     def stats(self) -> dict[str, int]:
         with self._cond:
             dram, disk = self._tiers.dram, self._tiers.disk

@@ -67,6 +67,14 @@ class Tiers:
             return True
         return state is BlockState.RESERVED and self.on_disk(block_hash)
 
+    def stored_hashes(self) -> list[int]:
+        """Everything lookups report as stored, clearing pending events (superseded)."""
+        self.events.take()
+        on_disk = list(self.disk.entries) if self.disk is not None else []
+        return list(dict.fromkeys(
+            [h for h, b in self.dram.blocks.items() if b.state is BlockState.COMMITTED]
+            + on_disk))
+
     # ---- bookkeeping ----
 
     def forget_if_gone(self, block_hashes: list[int]) -> None:

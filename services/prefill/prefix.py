@@ -46,6 +46,8 @@ class PrefixLoader:
     async def prepare(self, req: PrefillRequest, hashes: list[int]) -> int:
         """Reserve and start fetching what is cached elsewhere; returns the prompt tokens
         whose KV needs no compute (0: nothing remote, the engine matches locally)."""
+        if not req.load_prefix:     # the conductor found recomputing cheaper than loading
+            return 0
         block_size = self.pool.layout.block_size
         usable = (len(req.prompt_token_ids) - 1) // block_size   # one token is always computed
         local = await self.engine_loop.call(lambda e: len(e.kv.match_prefix(hashes, usable)))

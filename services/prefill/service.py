@@ -18,7 +18,7 @@ from shared.hashing import block_hashes
 from shared.kv_inbox import KVInbox
 from shared.kvstore_client import KvstorePool, write_back
 from shared.messages import (Abort, Ack, BlockGet, Heartbeat, KVCommit, KVReservation,
-                             KVReserve, PrefillRequest, StatsRequest, TokenEvent, WorkerStats)
+                             KVReserve, KVResync, PrefillRequest, StatsRequest, TokenEvent, WorkerStats)
 from shared.service import Service
 from shared.transfer.factory import make_sender
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
@@ -68,6 +68,7 @@ class PrefillService(Service):
                         expected=StatsRequest)
         await bus.subscribe(subjects.abort(), self._on_abort, expected=Abort)
         await bus.subscribe(subjects.all_heartbeats(), self._on_heartbeat, expected=Heartbeat)
+        await bus.subscribe(subjects.kv_resync(), self.sharing.resync, expected=KVResync)
         self.events = asyncio.ensure_future(self.sharing.publish_events())
 
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
@@ -126,7 +127,7 @@ class PrefillService(Service):
     async def _reserve(self, req: PrefillRequest) -> KVReservation:
         message = KVReserve(req.request_id, req.prompt_token_ids, req.params,
                             self.config.block_size, self.engine.namespace, req.deadline,
-                            self.worker_id)
+                            self.worker_id, req.stage_tbt_slo)
         try:
             return await self.bus.request(subjects.decode_reserve(req.decode_id), message,
                                           self.config.request_timeout, expected=KVReservation)

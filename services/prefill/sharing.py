@@ -10,7 +10,8 @@ from shared.engine.engine import LLMEngine
 from shared.engine.loop import EngineLoop
 from shared.kvblocks import BlockLayout
 from shared.kvstore_client import send_blocks
-from shared.messages import Ack, BlockGet, KVEvent
+from shared.kv_events import kv_events
+from shared.messages import Ack, BlockGet, KVResync
 from shared.transfer.base import KVSender
 
 EVENT_INTERVAL = 0.2
@@ -46,9 +47,17 @@ class CacheSharing:
             await asyncio.sleep(EVENT_INTERVAL)
             events = await self.engine_loop.call(lambda e: e.kv.pool.take_events())
             if events:
-                await self.bus.publish(subjects.kv_events(), KVEvent(
-                    self.worker_id, "prefill", tuple(events.stored), tuple(events.removed)))
+                await self._publish(kv_events(self.worker_id, "prefill", events.stored,
+                                              events.removed))
 
+    async def resync(self, _: KVResync) -> None:
+        """A (re)started conductor asks: all this worker caches, as one snapshot."""
+        hashes = await self.engine_loop.call(lambda e: e.kv.pool.snapshot())
+        await self._publish(kv_events(self.worker_id, "prefill", hashes, snapshot=True))
+
+    async def _publish(self, events) -> None:
+        for event in events:
+            await self.bus.publish(subjects.kv_events(), event)
 
 def _pin(engine: LLMEngine, block_hashes) -> list | None:
     blocks = [engine.kv.pool.lookup(h) for h in block_hashes]

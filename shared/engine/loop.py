@@ -34,6 +34,7 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
         self.num_steps = 0
         self.step_seconds = 0.0
+        self.mean_step_seconds = 0.0    # moving average: the TBT this worker gives now
         self.on_step: Callable[[float], None] | None = None   # e.g. a histogram's observe
 
     def start(self) -> None:
@@ -67,6 +68,7 @@ class EngineLoop:
                 outputs = self.engine.fail_all(f"engine step failed: {type(e).__name__}: {e}")
             self.num_steps += 1
             self.step_seconds = time.perf_counter() - started
+            self.mean_step_seconds += 0.2 * (self.step_seconds - self.mean_step_seconds)
             if self.on_step is not None:
                 self.on_step(self.step_seconds)
             log.debug("step %d: %.1f ms", self.num_steps, self.step_seconds * 1000)

@@ -44,6 +44,11 @@ class BlockPool:
     def lookup(self, block_hash: int) -> KVBlock | None:
         return self.cached.get(block_hash)
 
+    def snapshot(self) -> list[int]:
+        """Every cached block hash, clearing pending events (the snapshot supersedes them)."""
+        self.events = KVEvents()
+        return list(self.cached)
+
     def touch(self, blocks: list[KVBlock]) -> None:
         """Take a reference on cached blocks (a prefix hit), pulling freed ones out of the LRU."""
         for block in blocks:

@@ -1,11 +1,11 @@
+"""Cluster state from heartbeats, and work assigned since the last beat."""
+from __future__ import annotations
+
+import pytest
+
+from services.conductor.snapshot import Pending
 from services.conductor.state import ClusterState
-from shared.messages import Heartbeat
-
-
-def beat(worker_id: str, service: str, time: float, free: int = 100, queued: int = 0,
-         draining: bool = False) -> Heartbeat:
-    return Heartbeat(service, worker_id, time, 1.0, block_size=16, free_blocks=free,
-                     total_blocks=100, queued_tokens=queued, draining=draining)
+from tests.services.conductor.builders import beat, conductor, prefill_s, request
 
 
 def test_a_worker_that_misses_three_beats_is_dead_and_forgotten() -> None:
@@ -26,7 +26,7 @@ def test_draining_workers_get_no_new_work() -> None:
 def test_assigned_work_counts_until_the_next_heartbeat() -> None:
     state = ClusterState()
     state.observe(beat("p0", "prefill", time=0.0, queued=10))
-    state.observe(beat("d0", "decode", time=0.0, free=100))
+    state.observe(beat("d0", "decode", time=0.0, free=100, total=100))
     state.assign("p0", 300)
     state.assign("d0", 33)            # three blocks of 16
     snap = state.snapshot(now=0.5)
@@ -34,3 +34,85 @@ def test_assigned_work_counts_until_the_next_heartbeat() -> None:
     assert snap.decode[0].free_blocks == 97
     state.observe(beat("p0", "prefill", time=1.0, queued=0))
     assert state.snapshot(now=1.1).prefill[0].queued_tokens == 0
+
+
+def test_a_worker_past_its_last_beat_leaves_the_snapshot_before_it_is_forgotten() -> None:
+    state = ClusterState()
+    state.observe(beat("p0", "prefill", time=10.0))
+    assert len(state.snapshot(now=12.0).prefill) == 1
+    assert state.snapshot(now=13.1).prefill == ()
+
+
+def test_a_worker_that_starts_draining_leaves_the_snapshot() -> None:
+    state = ClusterState()
+    state.observe(beat("d0", "decode", time=0.0))
+    assert len(state.snapshot(now=0.1).decode) == 1
+    state.observe(beat("d0", "decode", time=0.2, draining=True))
+    assert state.snapshot(now=0.3).decode == ()
+
+
+def test_work_assigned_after_a_snapshot_shows_in_the_next() -> None:
+    state = ClusterState()
+    state.observe(beat("p0", "prefill", time=0.0))
+    state.snapshot(now=0.1)
+    state.assign("p0", 300, 0.4)
+    assert state.snapshot(now=0.2).prefill[0].pending == Pending(300, 1, 0.4)
+
+
+def test_a_forgotten_worker_that_beats_again_is_back() -> None:
+    state = ClusterState()
+    state.observe(beat("p0", "prefill", time=0.0))
+    state.forget_dead(now=5.0)
+    state.observe(beat("p0", "prefill", time=6.0))
+    assert [w.worker_id for w in state.snapshot(now=6.1).prefill] == ["p0"]
+
+
+# the conductor's bookkeeping between beats
+
+def test_a_burst_between_beats_spreads_over_workers() -> None:
+    core = conductor(prefill=("p0", "p1"), decode=("d0", "d1"))
+    picks = [core.place(request(1000, f"r{i}"), 0.1) for i in range(4)]
+    assert [(p.prefill_id, p.decode_id) for p in picks] == [("p0", "d0"), ("p1", "d1")] * 2
+
+
+def test_a_burst_books_predicted_seconds_and_tokens_as_pending() -> None:
+    core = conductor(prefill=("p0", "p1"), decode=("d0", "d1"))
+    for i in range(4):
+        core.place(request(1000, f"r{i}"), 0.1)
+    p0 = core.state.pending["p0"]
+    assert (p0.tokens, p0.requests) == (2000, 2)
+    assert p0.seconds == pytest.approx(2 * prefill_s(1000))
+    assert core.state.pending["d1"] == Pending(2002, 2, 0.0)     # decode: until its beat
+
+
+def test_pending_prefill_work_expires_when_it_is_predicted_done() -> None:
+    core = conductor(prefill=("p0",), decode=("d0",))
+    first = core.place(request(1000, "r0"), 0.1)
+    done = 0.1 + first.predicted_ttft
+    assert core.state.pending["p0"].until == pytest.approx(done)
+    core.state.snapshot(done - 1e-3)
+    assert "p0" in core.state.pending
+    second = core.place(request(1000, "r1"), done + 1e-3)      # no beat came in between
+    assert second.predicted_ttft == pytest.approx(first.predicted_ttft)
+    assert "d0" in core.state.pending
+
+
+def test_later_placements_in_a_burst_predict_the_queue_of_earlier_ones() -> None:
+    core = conductor()
+    first, second = (core.place(request(1000, f"r{i}"), 0.1) for i in range(2))
+    assert second.predicted_ttft == pytest.approx(first.predicted_ttft + prefill_s(1000))
+
+
+def test_load_balance_spreads_a_burst_by_pending_tokens() -> None:
+    core = conductor(prefill=("p0", "p1", "p2"), policy="load-balance")
+    picks = [core.place(request(1000, f"r{i}"), 0.1).prefill_id for i in range(3)]
+    assert sorted(picks) == ["p0", "p1", "p2"]
+
+
+def test_a_heartbeat_replaces_what_was_pending_on_that_worker() -> None:
+    core = conductor(prefill=("p0", "p1"))
+    core.place(request(1000, "r0"), 0.1)
+    core.place(request(1000, "r1"), 0.1)
+    core.observe(beat("p0", "prefill", 0.2))
+    assert "p0" not in core.state.pending and core.state.pending["p1"].requests == 1
+    assert core.place(request(1000, "r2"), 0.3).prefill_id == "p0"

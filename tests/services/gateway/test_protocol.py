@@ -146,6 +146,12 @@ def test_sampling_extensions(tokenizer) -> None:
                                                                          False)
 
 
+def test_slo_fields_travel_with_the_request(tokenizer) -> None:
+    req = completion({"prompt": "Hi", "slo_ttft": 2, "slo_tbt": 0.05}, tokenizer)
+    assert (req.slo_ttft, req.slo_tbt) == (2.0, 0.05)
+    assert completion({"prompt": "Hi"}, tokenizer).slo_ttft == 0.0   # the conductor's default
+
+
 def test_stream_options_default_to_usage(tokenizer) -> None:
     req = completion({"prompt": "Hi", "stream": True, "stream_options": {}}, tokenizer)
     assert req.include_usage
@@ -205,6 +211,9 @@ BAD_COMPLETIONS = [
     ({"prompt": "Hi", "logprobs": 21}, 400, "logprobs"),
     ({"prompt": "Hi", "logprobs": True}, 400, "logprobs"),
     ({"prompt": "Hi", "stream": "true"}, 400, "stream"),
+    ({"prompt": "Hi", "slo_ttft": 0}, 400, "slo_ttft"),
+    ({"prompt": "Hi", "slo_tbt": -0.1}, 400, "slo_tbt"),
+    ({"prompt": "Hi", "slo_tbt": "fast"}, 400, "slo_tbt"),
     ({"prompt": "Hi", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"prompt": "Hi", "stream": True, "stream_options": []}, 400, "stream_options"),
     ({"prompt": "Hi", "stream": True, "stream_options": {"include_usage": 1}}, 400,

@@ -233,3 +233,11 @@ def test_a_corrupted_compressed_file_is_discarded(tmp_path):
     damage(tmp_path / block_file_name(1), "flip")
     assert store.acquire([1], LAYOUT) == [None]
     assert store.take_events() == ([], [1])
+
+
+def test_a_snapshot_lists_both_tiers_once_and_supersedes_pending_events(tmp_path):
+    store = two_tier(tmp_path)
+    for block_hash in (1, 2, 3, 4):
+        put(store, block_hash)             # two demoted to SSD, two in DRAM
+    assert sorted(store.snapshot()) == [1, 2, 3, 4]
+    assert store.take_events() == ([], [])

@@ -69,3 +69,13 @@ def test_disabled_prefix_cache_names_nothing() -> None:
     (block,) = pool.allocate(1)
     pool.name(block, 5)
     assert pool.lookup(5) is None
+
+
+def test_a_snapshot_names_every_cached_block_and_clears_pending_events() -> None:
+    pool = BlockPool(3)
+    blocks = pool.allocate(3)
+    for block, block_hash in zip(blocks, (7, 8, 9)):
+        pool.name(block, block_hash)
+    pool.free(blocks[:1])                  # freed but still cached: still reusable
+    assert sorted(pool.snapshot()) == [7, 8, 9]
+    assert not pool.take_events()

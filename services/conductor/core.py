@@ -1,0 +1,104 @@
+"""The conductor without I/O: cluster state, prefix index, bookkeeping, policy and
+admission. The service feeds it messages; the benchmark and the simulator call it directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.conductor import admission
+from services.conductor.config import SchedulingConfig
+from services.conductor.forecast import Booking, Ledger
+from services.conductor.index import PrefixIndex
+from services.conductor.outputs import OutputLengths
+from services.conductor.policies import POLICIES, Choice, Inputs, Rejection
+from services.conductor.state import ClusterState
+from shared.costmodel import CostModel
+from shared.messages import Heartbeat, KVEvent, Placement, PlacementRequest, RequestDone
+
+
+@dataclass
+class Counters:
+    accepted: int = 0
+    rejected: int = 0               # by admission (overload)
+    unplaceable: int = 0            # no worker could take it
+    replications: int = 0           # placements that pull a remote prefix into the worker
+    replicated_blocks: int = 0
+
+
+@dataclass
+class Conductor:
+    config: SchedulingConfig
+    cost: CostModel
+    state: ClusterState = field(default_factory=ClusterState)
+    index: PrefixIndex = field(default_factory=PrefixIndex)
+    ledger: Ledger = field(default_factory=Ledger)
+    outputs: OutputLengths = field(init=False)
+    counters: Counters = field(default_factory=Counters)
+
+    def __post_init__(self) -> None:
+        self.outputs = OutputLengths(self.config.decode_time)
+        self.policy = POLICIES[self.config.policy]
+
+    def observe(self, hb: Heartbeat) -> None:
+        if hb.service in ("prefill", "decode", "kvstore"):
+            self.state.observe(hb)
+
+    def apply(self, event: KVEvent) -> None:
+        if event.service not in ("prefill", "kvstore"):
+            return
+        if event.snapshot:     # everything the source holds: what we knew of it is stale
+            self.index.forget(event.source)
+        self.index.apply(event)
+
+    def finished(self, done: RequestDone) -> None:
+        self.outputs.observe(done)
+
+    def forget_dead(self, now: float) -> list[str]:
+        dead = self.state.forget_dead(now)
+        for worker_id in dead:
+            self.index.forget(worker_id)
+            self.ledger.forget(worker_id)
+        return dead
+
+    def place(self, request: PlacementRequest, now: float) -> Placement:
+        self.forget_dead(now)
+        self.ledger.prune(now)
+        snapshot = self.state.snapshot(now)
+        prefix = self.index.match(request.block_hashes, [w.worker_id for w in snapshot.prefill])
+        inputs = Inputs(snapshot, request, prefix, self.config, self.cost)
+        choice = self.policy(inputs)
+        if isinstance(choice, Rejection):
+            self.counters.unplaceable += 1
+            return Placement(request.request_id, False, reason=choice.reason,
+                             retry_after=choice.retry_after)
+        reason = admission.verdict(inputs, choice, self.ledger, self.outputs)
+        if reason:
+            self.counters.rejected += 1
+            return Placement(request.request_id, False, reason=reason,
+                             retry_after=self.config.retry_after)
+        self._book(inputs, choice)
+        return self._placement(request, choice)
+
+    def _book(self, inputs: Inputs, choice: Choice) -> None:
+        """Count the request against its workers until their next heartbeats report it."""
+        n, now = inputs.request.num_prompt_tokens, inputs.snapshot.time
+        self.state.assign(choice.prefill_id, n - choice.prefix_tokens, choice.busy_seconds,
+                          until=now + choice.ttft)
+        self.state.assign(choice.decode_id, n + 1)
+        duration = admission.decode_duration(inputs, choice, self.outputs)
+        self.ledger.book(choice.decode_id, Booking(now + choice.ttft,
+                                                   now + choice.ttft + duration, n))
+        self.counters.accepted += 1
+        if choice.fetch_blocks:
+            self.counters.replications += 1
+            self.counters.replicated_blocks += choice.fetch_blocks
+
+    def _placement(self, request: PlacementRequest, choice: Choice) -> Placement:
+        peer = choice.fetch_from if choice.fetch_from not in ("", "kvstore") else ""
+        slo = admission.slo_of(request, self.config)
+        stage_tbt = slo.tbt if self.config.admission == "baseline" else 0.0
+        return Placement(request.request_id, True, choice.prefill_id, choice.decode_id,
+                         prefix_peer=peer, prefix_peer_blocks=choice.source_blocks if peer else 0,
+                         load_prefix=choice.load_prefix, stage_tbt_slo=stage_tbt,
+                         predicted_ttft=choice.ttft, predicted_tbt=choice.tbt)
+
