@@ -6,7 +6,6 @@ that admission compares with the SLOs) or a Rejection when no worker can take th
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random as _random
 import zlib
@@ -112,7 +111,9 @@ def _place(inputs: Inputs, choose_prefill: Callable[[list[WorkerLoad]], Choice],
         return Rejection(f"no {missing} worker available", inputs.config.retry_after)
     choice, chosen = choose_prefill(prefill), choose_decode(decode)
     tbt = estimate.decode_tbt(chosen, request.num_prompt_tokens, inputs.cost)
-    return dataclasses.replace(choice, decode_id=chosen.worker_id, tbt=tbt)
+    c = choice    # NOTE: built directly; dataclasses.replace costs ~15 us of a ~250 us decision
+    return Choice(c.prefill_id, chosen.worker_id, c.ttft, tbt, c.prefix_tokens, c.fetch_from,
+                  c.fetch_blocks, c.source_blocks, c.load_prefix, c.busy_seconds)
 
 
 def _fastest(inputs: Inputs, workers: list[WorkerLoad], route: Route) -> Choice:
