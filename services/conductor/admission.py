@@ -37,13 +37,13 @@ def verdict(inputs: Inputs, choice: Choice, ledger: Ledger, outputs: OutputLengt
     if mode == "none":
         return ""
     if choice.ttft > slo.ttft:
-        return f"{OVERLOADED}predicted TTFT {choice.ttft:.2f}s exceeds the SLO {slo.ttft:.2f}s"
+        return f"{OVERLOADED}predicted TTFT {choice.ttft:.3g}s exceeds the SLO {slo.ttft:.3g}s"
     if mode == "baseline":
         return ""
     tbt = decode_tbt(inputs, choice, ledger, outputs)
     if tbt > slo.tbt:
-        return f"{OVERLOADED}predicted TBT {tbt * 1000:.0f}ms exceeds the SLO " \
-               f"{slo.tbt * 1000:.0f}ms"
+        return f"{OVERLOADED}predicted TBT {tbt * 1000:.3g}ms exceeds the SLO " \
+               f"{slo.tbt * 1000:.3g}ms"
     return ""
 
 

@@ -164,8 +164,8 @@ class DecodeService(Service):
         tbt = self.engine_loop.mean_step_seconds if self.engine.has_unfinished else 0.0
         if not req.stage_tbt_slo or tbt <= req.stage_tbt_slo:
             return ""
-        return f"{OVERLOADED}decode TBT {tbt * 1000:.0f}ms exceeds the SLO " \
-               f"{req.stage_tbt_slo * 1000:.0f}ms (prefill wasted)"
+        return f"{OVERLOADED}decode TBT {tbt * 1000:.3g}ms exceeds the SLO " \
+               f"{req.stage_tbt_slo * 1000:.3g}ms (prefill wasted)"
 
     async def _wait_for_transfer(self, reservation, num_frames: int) -> str:
         try:
