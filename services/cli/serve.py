@@ -131,7 +131,21 @@ def conductor_cost_model(spec: str, model: str):
     if path.is_file():
         return costmodel.load(path)
     log.info("no profile at %s (run `kvstack profile`); using the CPU roofline", path)
-    return costmodel.roofline("smollm2-135m", "cpu")
+    return cpu_roofline(model)
+
+
+def cpu_roofline(model: str):
+    """The roofline of `model`'s own shape on this CPU; SmolLM2's when its files are not
+    reachable from here (a conductor may run where the weights are not)."""
+    from shared.costmodel import HARDWARE, ModelShape, RooflineCostModel, roofline
+    from shared.model.config import ModelConfig
+    from shared.model.registry import resolve_model
+    try:
+        config = ModelConfig.from_dir(resolve_model(model))
+    except KvstackError as e:
+        log.warning("cannot read %s's config (%s); predicting with SmolLM2's shape", model, e)
+        return roofline("smollm2-135m", "cpu")
+    return RooflineCostModel(ModelShape.of(config, model), HARDWARE["cpu"])
 
 
 def run_prefill(args: argparse.Namespace) -> int:
