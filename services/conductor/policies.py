@@ -160,7 +160,9 @@ def _route_kvcentric(inputs: Inputs, worker: WorkerLoad) -> Way:
     source, best = inputs.prefix.best_remote(worker.worker_id)
     if best > local and (local == 0 or best / local > inputs.config.balancing_threshold):
         return local, source, best, True
-    return local, "", 0, False
+    # Recompute what a known remote prefix would add; with none known, the worker may still
+    # find blocks the index has not heard of yet (events lag writes by a fraction of a second).
+    return local, "", 0, best <= local
 
 
 def _plan(inputs: Inputs, worker: WorkerLoad, local_blocks: int, source: str = "",

@@ -40,7 +40,7 @@ class PrefixLoader:
         self.pool = pool
         self.inbox = inbox
         self.layer_timeout = layer_timeout
-        self.loads: dict[str, PrefixLoad] = {}      # requests whose fetch is in flight
+        self.loads: dict[str, PrefixLoad] = {}      # fetches in flight, or failed (until forget)
         self.blocks_loaded = {"kvstore": 0, "peer": 0}
 
     async def prepare(self, req: PrefillRequest, hashes: list[int]) -> int:
@@ -91,14 +91,21 @@ class PrefixLoader:
         return started is not None
 
     async def _settle(self, load: PrefixLoad) -> None:
-        """Once every transfer ended, drop them from the inbox and count what came."""
+        """Once every transfer ended, drop them from the inbox and count what came. A failed
+        load stays known until the request ends (`forget`): the gate of a layer not yet
+        computed must still see it fail, or that layer would read blocks that never came."""
         for expected in load.expectations:
             await expected.settled.wait()
             self.inbox.take(expected.transfer_id)
-        if all(not e.verdict() for e in load.expectations):
-            kind = "kvstore" if load.source == "kvstore" else "peer"
-            self.blocks_loaded[kind] += len(load.fetched_hashes)
+        if any(e.verdict() for e in load.expectations):
+            return
+        kind = "kvstore" if load.source == "kvstore" else "peer"
+        self.blocks_loaded[kind] += len(load.fetched_hashes)
         self.loads.pop(load.request_id, None)
+
+    def forget(self, request_id: str) -> None:
+        """The request ended: its load, failed or not, is of no more use."""
+        self.loads.pop(request_id, None)
 
     # -- engine thread ------------------------------------------------------------------
 

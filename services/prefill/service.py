@@ -176,6 +176,7 @@ class PrefillService(Service):
                       num_frames: int, error: str) -> None:
         rid = target.request_id
         self.targets.pop(rid, None)
+        self.loader.forget(rid)
         ok = out is not None and out.finish_reason not in ("abort", "error") and sent
         if ok:   # in the background: the first token does not wait for the write-back
             asyncio.ensure_future(self._write_back(rid, target))

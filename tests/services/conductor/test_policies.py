@@ -112,6 +112,13 @@ def test_kvcentric_recomputes_when_remote_is_below_the_threshold() -> None:
     assert choice.ttft == pytest.approx(OVERHEAD + prefill_s(1600 - 64, 64))
 
 
+def test_kvcentric_leaves_loading_on_when_no_remote_prefix_is_known() -> None:
+    # the index may not have heard of blocks written a moment ago: let the worker look
+    choice = kv_alone(local=4, pool=0)
+    assert (choice.fetch_from, choice.fetch_blocks, choice.load_prefix) == ("", 0, True)
+    assert kv_alone(local=0, pool=0).load_prefix
+
+
 def test_kvcentric_threshold_is_strict() -> None:
     assert kv_alone(local=4, pool=6).fetch_blocks == 0           # 6/4 = 1.5, not above
 
