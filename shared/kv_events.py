@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from shared import subjects
+from shared.bus import Bus
 from shared.messages import KVEvent
 
 HASHES_PER_EVENT = 20_000
@@ -18,6 +20,13 @@ def kv_events(source: str, service: str, stored: Sequence[int], removed: Sequenc
               for i, part in enumerate(stored_parts) if part or (snapshot and i == 0)]
     events += [KVEvent(source, service, (), part) for part in _chunks(removed)]
     return events
+
+
+async def publish_kv_events(bus: Bus, source: str, service: str, stored: Sequence[int],
+                            removed: Sequence[int] = (), snapshot: bool = False) -> None:
+    """Publish what `kv_events` makes of these changes, in order."""
+    for event in kv_events(source, service, stored, removed, snapshot):
+        await bus.publish(subjects.kv_events(), event)
 
 
 def _chunks(hashes: Sequence[int]) -> list[tuple[int, ...]]:

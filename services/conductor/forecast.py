@@ -67,4 +67,4 @@ def tbt_at(ledger: Ledger, worker: WorkerLoad, now: float, t: float, cost: CostM
     batch, context = ledger.batch_at(worker, now, t)
     if extra_tokens:
         batch, context = batch + 1, context + extra_tokens
-    return cost.decode_step_time(max(batch, 1), context) if batch else 0.0
+    return cost.decode_step_time(batch, context) if batch else 0.0

@@ -52,7 +52,6 @@ class Inputs:
 
 
 Policy = Callable[[Inputs], "Choice | Rejection"]
-Plan = Callable[[Inputs, WorkerLoad], Choice]
 Way = tuple[int, str, int, bool]    # local blocks, source, source blocks, load_prefix
 Route = Callable[[Inputs, WorkerLoad], Way]
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from shared import subjects
 from shared.bus import Bus
+from shared.kv_events import publish_kv_events
 from shared.messages import (Ack, BlockGet, BlockLookup, BlockPresence, BlockPut, Heartbeat,
                              KVResync, PutSlots, StatsRequest, StoreStats)
-from shared.kv_events import kv_events
 from shared.service import Service, ServiceConfig
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from services.kvstore.inbox import PutInbox
@@ -124,13 +124,9 @@ class KvstoreService(Service):
             await asyncio.sleep(EVENT_INTERVAL)
             self.inbox.expire(time.time())
             stored, removed = self.store.take_events()
-            await self._publish(kv_events(self.worker_id, self.name, stored, removed))
+            await publish_kv_events(self.bus, self.worker_id, self.name, stored, removed)
 
     async def _resync(self, _: KVResync) -> None:
         """A (re)started conductor asks: all this instance stores, as one snapshot."""
         hashes = await asyncio.to_thread(self.store.snapshot)
-        await self._publish(kv_events(self.worker_id, self.name, hashes, snapshot=True))
-
-    async def _publish(self, events) -> None:
-        for event in events:
-            await self.bus.publish(subjects.kv_events(), event)
+        await publish_kv_events(self.bus, self.worker_id, self.name, hashes, snapshot=True)

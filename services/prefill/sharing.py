@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from shared import subjects
 from shared.bus import Bus
 from shared.engine.engine import LLMEngine
 from shared.engine.loop import EngineLoop
+from shared.kv_events import publish_kv_events
 from shared.kvblocks import BlockLayout
 from shared.kvstore_client import send_blocks
-from shared.kv_events import kv_events
 from shared.messages import Ack, BlockGet, KVResync
 from shared.transfer.base import KVSender
 
@@ -47,17 +46,13 @@ class CacheSharing:
             await asyncio.sleep(EVENT_INTERVAL)
             events = await self.engine_loop.call(lambda e: e.kv.pool.take_events())
             if events:
-                await self._publish(kv_events(self.worker_id, "prefill", events.stored,
-                                              events.removed))
+                await publish_kv_events(self.bus, self.worker_id, "prefill", events.stored,
+                                        events.removed)
 
     async def resync(self, _: KVResync) -> None:
         """A (re)started conductor asks: all this worker caches, as one snapshot."""
         hashes = await self.engine_loop.call(lambda e: e.kv.pool.snapshot())
-        await self._publish(kv_events(self.worker_id, "prefill", hashes, snapshot=True))
-
-    async def _publish(self, events) -> None:
-        for event in events:
-            await self.bus.publish(subjects.kv_events(), event)
+        await publish_kv_events(self.bus, self.worker_id, "prefill", hashes, snapshot=True)
 
 def _pin(engine: LLMEngine, block_hashes) -> list | None:
     blocks = [engine.kv.pool.lookup(h) for h in block_hashes]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import socket
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from shared import subjects
 from shared.bus import Bus
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
+from shared.engine.sampling_params import SamplingParams
 from shared.messages import StatsRequest, WorkerStats
 from services.cli.stack import Stack, StackConfig
 
@@ -64,3 +66,23 @@ def worker_stats(stack: Stack, service: str, worker_id: str) -> WorkerStats:
         finally:
             await bus.drain()
     return asyncio.run(ask())
+
+
+def assert_chats_equal_reference(stack: Stack, reference: LLMEngine, prompts: list[str],
+                                 max_tokens: int) -> None:
+    """All `prompts` as concurrent greedy chat requests: each answer is what the reference
+    engine generates for it alone."""
+    import openai
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    wants = [reference.generate([reference.tokenizer.encode_chat(
+        [{"role": "user", "content": p}])], params)[0].text for p in prompts]
+    client = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0)
+
+    def ask(prompt: str) -> str:
+        result = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens, temperature=0)
+        return result.choices[0].message.content
+
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        assert list(pool.map(ask, prompts)) == wants
