@@ -102,15 +102,27 @@ class KVReserve:
     stage_tbt_slo: float = 0.0    # > 0: refuse at commit if this worker's TBT is over it
 
 
+@dataclass(frozen=True, slots=True)
+class KVShard:
+    """Where KV heads [kv_head_start, kv_head_end) of a request go (an attention worker)."""
+    data_addr: str
+    kv_head_start: int
+    kv_head_end: int
+
+
 @message("kv_reservation")
 @dataclass(frozen=True, slots=True)
 class KVReservation:
+    """Blocks held for a request's KV. With `shards` (a decode worker that offloads
+    attention) the KV goes, split by KV heads, to each shard's address instead of
+    `data_addr`, into the same `block_ids` on every shard."""
     request_id: str
     ok: bool
     block_ids: tuple[int, ...] = ()
     data_addr: str = ""
     reason: str = ""
     code: int = 200
+    shards: tuple[KVShard, ...] = ()
 
 
 @message("kv_commit")
@@ -274,3 +286,65 @@ class StoreStats:
     disk_bytes: int
     hits: int
     misses: int
+
+
+@message("attention_attach")
+@dataclass(frozen=True, slots=True)
+class AttentionAttach:
+    """A decode worker makes an attention worker shard `shard` of its group of
+    `group_size`: it then holds KV heads [shard, shard + 1) * num_kv_heads / group_size
+    of every offloaded request (its pool is rebuilt: earlier KV is dropped)."""
+    decode_id: str
+    group_size: int
+    shard: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: str
+
+
+@message("attention_attached")
+@dataclass(frozen=True, slots=True)
+class AttentionAttached:
+    ok: bool
+    num_blocks: int = 0
+    link_addr: str = ""           # the attention link (q, k, v out; attention output back)
+    data_addr: str = ""           # where prefill workers send KV of this shard's heads
+    error: str = ""
+
+
+@message("kv_expect")
+@dataclass(frozen=True, slots=True)
+class KVExpect:
+    """Hold `block_ids` for a request's KV that a prefill worker is about to send."""
+    request_id: str
+    block_ids: tuple[int, ...]
+    num_layers: int
+    ttl: float
+
+
+@message("kv_settle")
+@dataclass(frozen=True, slots=True)
+class KVSettle:
+    """ok: check that all `num_frames` frames landed intact and keep the KV; not ok: drop
+    the expectation (and whatever landed)."""
+    request_id: str
+    ok: bool
+    num_frames: int = 0
+
+
+@message("attention_stats")
+@dataclass(frozen=True, slots=True)
+class AttentionStats:
+    worker_id: str
+    decode_id: str
+    num_requests: int             # requests whose KV this worker holds
+    used_blocks: int
+    total_blocks: int
+    kv_heads: tuple[int, int] = (0, 0)
+    num_attention_calls: int = 0  # (micro-batch, layer) computations served
+    link_bytes_in: int = 0
+    link_bytes_out: int = 0
+    kv_bytes_received: int = 0

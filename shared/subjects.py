@@ -75,3 +75,8 @@ def request_done() -> str:
 
 def conductor_stats() -> str:
     return f"{PREFIX}.conductor.stats"
+
+
+def attention_op(worker_id: str, op: str) -> str:
+    """An attention worker's attach / expect / settle endpoints (request/reply)."""
+    return f"{PREFIX}.attention.{worker_id}.{op}"

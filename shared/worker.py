@@ -26,6 +26,9 @@ class WorkerConfig(ServiceConfig):
     data_token: str = ""               # shared secret of the data plane (KVSTACK_DATA_TOKEN)
     transport: str = "tcp"             # prefill -> decode KV stream: "tcp" or "mooncake"
     request_timeout: float = 10.0      # one control round trip (reserve, commit)
+    attention_workers: tuple[str, ...] = ()   # decode: offload attention to this group
+    micro_batches: int = 2             # decode, offloaded: staggered micro-batches per step
+    attention_recovery_timeout: float = 30.0  # decode: wait this long for a group to re-form
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(

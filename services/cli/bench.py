@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 
-from services.cli import bench_conductor, bench_engine, bench_kvstore, bench_transfer
+from services.cli import (bench_conductor, bench_engine, bench_kvstore, bench_offload,
+                          bench_transfer)
 
-BENCHMARKS = (bench_engine, bench_transfer, bench_kvstore, bench_conductor)
+BENCHMARKS = (bench_engine, bench_transfer, bench_kvstore, bench_conductor, bench_offload)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

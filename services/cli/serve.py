@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 
@@ -43,6 +44,24 @@ def add_worker(p: argparse.ArgumentParser) -> None:
                    help="data plane of the prefill -> decode KV stream")
 
 
+def add_offload(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--attention-workers", default="",
+                   help="offload attention to this group of attention-worker ids (comma-"
+                        "separated; the group size must divide the model's KV heads)")
+    p.add_argument("--micro-batches", type=int, default=2,
+                   help="staggered micro-batches per step when offloading (1: no overlap)")
+    p.add_argument("--attention-recovery-timeout", type=float, default=30.0,
+                   help="seconds to wait for attention workers to re-form a lost group")
+
+
+def offload_config(args: argparse.Namespace) -> dict:
+    if args.micro_batches < 1:
+        raise KvstackError(f"--micro-batches must be at least 1, got {args.micro_batches}")
+    workers = tuple(w.strip() for w in args.attention_workers.split(",") if w.strip())
+    return dict(attention_workers=workers, micro_batches=args.micro_batches,
+                attention_recovery_timeout=args.attention_recovery_timeout)
+
+
 def common_config(args: argparse.Namespace) -> dict:
     return dict(nats_url=args.nats, worker_id=args.worker_id, host=args.host,
                 http_port=args.http_port, heartbeat_interval=args.heartbeat_interval,
@@ -69,6 +88,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         p = sub.add_parser(name, help=f"run a {name} worker")
         add_worker(p)
         p.set_defaults(run=runner)
+    add_offload(p)   # the decode worker's
+    attention = sub.add_parser("attention-worker", help="run an attention worker (holds KV "
+                               "of offloaded decode requests, computes their attention)")
+    add_common(attention)
+    attention.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV pool size in GiB")
+    attention.add_argument("--threads", type=int, default=None, help="torch threads (1-2 on CPU)")
+    attention.add_argument("--data-host", default="127.0.0.1",
+                           help="bind address of the KV data plane and the attention link")
+    attention.add_argument("--data-port", type=int, default=0, help="KV from prefill workers")
+    attention.add_argument("--link-port", type=int, default=0, help="the decode worker's link")
+    attention.add_argument("--advertise-host", default="", help="host peers should dial")
+    attention.set_defaults(run=run_attention_worker)
     kvstore = sub.add_parser("kvstore", help="run a kvstore instance (KV blocks in DRAM/SSD)")
     add_common(kvstore)
     kvstore.add_argument("--dram-gib", type=float, default=4.0, help="DRAM tier size")
@@ -155,7 +186,18 @@ def run_prefill(args: argparse.Namespace) -> int:
 
 def run_decode(args: argparse.Namespace) -> int:
     from services.decode.service import DecodeService
-    return run(DecodeService(worker_config(args)))
+    config = dataclasses.replace(worker_config(args), **offload_config(args))
+    return run(DecodeService(config))
+
+
+def run_attention_worker(args: argparse.Namespace) -> int:
+    from services.attention_worker.service import AttentionWorkerConfig, AttentionWorkerService
+    config = AttentionWorkerConfig(
+        **common_config(args), kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+        num_threads=args.threads, data_host=args.data_host, data_port=args.data_port,
+        link_port=args.link_port, advertise_host=args.advertise_host,
+        data_token=os.environ.get("KVSTACK_DATA_TOKEN", ""))
+    return run(AttentionWorkerService(config))
 
 
 def run_kvstore(args: argparse.Namespace) -> int:

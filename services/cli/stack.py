@@ -28,6 +28,8 @@ class StackConfig:
     num_decode: int = 1
     num_kvstore: int = 0
     kvstore_args: tuple[str, ...] = ()
+    num_attention: int = 0             # attention workers per decode worker (0: no offload)
+    attention_args: tuple[str, ...] = ()
     model: str = "SmolLM2-135M-Instruct"
     host: str = "127.0.0.1"
     port: int = 8000
@@ -85,8 +87,13 @@ class Stack:
                                        *cfg.kvstore_args]) for i in range(cfg.num_kvstore)]
         commands += [(f"prefill-{i}", ["prefill", "--worker-id", f"prefill-{i}", *worker,
                                        *cfg.prefill_args]) for i in range(cfg.num_prefill)]
-        commands += [(f"decode-{i}", ["decode", "--worker-id", f"decode-{i}", *worker,
-                                      *cfg.decode_args]) for i in range(cfg.num_decode)]
+        for i in range(cfg.num_decode):
+            group = [f"attention-{i}-{j}" for j in range(cfg.num_attention)]
+            commands += [(w, ["attention-worker", "--worker-id", w, *cfg.attention_args])
+                         for w in group]
+            offload = ["--attention-workers", ",".join(group)] if group else []
+            commands.append((f"decode-{i}", ["decode", "--worker-id", f"decode-{i}", *worker,
+                                             *offload, *cfg.decode_args]))
         if cfg.with_gateway:
             commands.append(("gateway-0", [
                 "gateway", "--worker-id", "gateway-0", "--model", cfg.model, "--host", cfg.host,

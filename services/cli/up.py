@@ -21,6 +21,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decode", type=int, default=1, help="number of decode workers")
     p.add_argument("--kvstore", type=int, default=1, help="kvstore instances (0: none)")
     p.add_argument("--kvstore-dram-gib", type=float, default=2.0, help="per kvstore instance")
+    p.add_argument("--attention-workers", type=int, default=0,
+                   help="attention workers per decode worker (0: attention stays in decode); "
+                        "must divide the model's KV heads")
+    p.add_argument("--micro-batches", type=int, default=2, help="when offloading attention")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
     p.add_argument("--host", default="127.0.0.1")
@@ -51,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     stack = Stack(StackConfig(
         nats_url=args.nats, num_prefill=args.prefill, num_decode=args.decode,
         num_kvstore=args.kvstore, kvstore_args=("--dram-gib", str(args.kvstore_dram_gib)),
+        num_attention=args.attention_workers,
+        attention_args=("--kv-cache-gib", str(args.kv_cache_gib), "--threads", str(args.threads)),
+        decode_args=("--micro-batches", str(args.micro_batches)) if args.attention_workers else (),
         model=args.model,
         host=args.host, port=args.port, worker_args=worker_args, gateway_args=gateway_args,
         conductor_args=conductor_args,

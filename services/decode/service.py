@@ -14,6 +14,9 @@ from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
 from shared.errors import OVERLOADED, KvstackError
 from shared.kv_inbox import KVInbox
+from shared.model.config import ModelConfig
+from shared.model.registry import resolve_model
+from shared.transfer.attention.client import AttentionLost
 from shared.kvstore_client import KvstorePool, write_back
 from shared.messages import (
     Abort,
@@ -30,6 +33,10 @@ from shared.service import Service
 from shared.transfer.factory import make_receiver
 from shared.transfer.tcp import TcpKVSender
 from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
+from services.attention_worker.shard import usable_group_size
+from services.decode.attention_group import AttentionGroup
+from services.decode.incoming import LocalKV, OffloadedKV
+from services.decode.offload_runner import OffloadRunner
 
 log = logging.getLogger("kvstack.decode")
 
@@ -49,6 +56,7 @@ class DecodeService(Service):
         self.num_done = 0
         self.num_refused = 0
         self.num_rejected_after_prefill = 0
+        self.num_recoveries = 0
         self.tokens_out = self.metrics.counter("generation_tokens", "tokens generated")
         self.refused = self.metrics.counter("refused_requests", "reservations refused",
                                             ("reason",))
@@ -60,18 +68,14 @@ class DecodeService(Service):
 
     async def start(self, bus: Bus) -> None:
         loop = asyncio.get_running_loop()
-        self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
-        self.reservations = KVInbox(self.engine.runner.storage, loop)
         token = self.config.data_token or None
-        self.receiver = make_receiver(self.config.transport, self.reservations,
-                                      self.config.data_host, self.config.data_port, token,
-                                      memory=[self.engine.runner.storage.kv])
-        bound = self.receiver.start()
-        self.data_addr = self.config.advertise_data_addr or bound
         self.sender = TcpKVSender(auth_token=token)
-        self.pool = KvstorePool(bus, self.sender, self.engine.runner.storage, self.reservations,
-                                self.data_addr, self.config.request_timeout)
-        self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs)
+        self.group = None
+        if self.config.attention_workers:
+            await self._start_offloaded(bus, token)
+        else:
+            await self._start_local(bus, loop, token)
+        self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs, step=self._step)
         self.engine_loop.start()
         self.janitor = asyncio.ensure_future(self._expire_reservations())
         await bus.serve(subjects.decode_reserve(self.worker_id), self._reserve, expected=KVReserve)
@@ -81,8 +85,42 @@ class DecodeService(Service):
         await bus.subscribe(subjects.abort(), self._on_abort, expected=Abort)
         await bus.subscribe(subjects.all_heartbeats(), self._on_heartbeat, expected=Heartbeat)
 
+    async def _start_local(self, bus: Bus, loop: asyncio.AbstractEventLoop,
+                           token: str | None) -> None:
+        self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
+        storage = self.engine.runner.storage
+        inbox = KVInbox(storage, loop)
+        self.receiver = make_receiver(self.config.transport, inbox, self.config.data_host,
+                                      self.config.data_port, token, memory=[storage.kv])
+        bound = self.receiver.start()
+        self.data_addr = self.config.advertise_data_addr or bound
+        self.incoming = LocalKV(inbox, self.engine.model_config.num_layers,
+                                self.config.request_timeout)
+        self.pool = KvstorePool(bus, self.sender, storage, inbox, self.data_addr,
+                                self.config.request_timeout)
+
+    async def _start_offloaded(self, bus: Bus, token: str | None) -> None:
+        """Attention goes to the group: attach it first, since its pool sizes ours."""
+        config = self.config.engine_config()
+        model = ModelConfig.from_dir(resolve_model(config.model))
+        self.group = AttentionGroup(bus, self.worker_id, self.config.attention_workers, model,
+                                    config.resolved_dtype, config.block_size, token,
+                                    self.config.request_timeout)
+        await self.group.wait_for_workers(self.config.attention_recovery_timeout)
+        num_blocks = await self.group.attach()
+        config = dataclasses.replace(config, num_blocks=num_blocks, local_kv=False,
+                                     enable_prefix_cache=False)
+        loop = asyncio.get_running_loop()
+        self.engine = await loop.run_in_executor(None, LLMEngine, config)
+        runner = self.engine.runner
+        self.engine.runner = OffloadRunner(runner.model, runner.storage, self.group,
+                                           self.config.micro_batches)
+        self.receiver, self.data_addr, self.pool = None, "", None
+        self.incoming = OffloadedKV(self.group, model.num_layers)
+
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
-        self.pool.observe(hb)
+        if self.pool is not None:
+            self.pool.observe(hb)
 
     def heartbeat(self) -> Heartbeat:
         self.kv_usage.set(self.engine.kv.usage)
@@ -90,13 +128,16 @@ class DecodeService(Service):
                                 self.http_addr, self.data_addr, self.draining)
 
     async def drain(self) -> None:
-        while self.next_seq or len(self.reservations):
+        while self.next_seq or len(self.incoming):
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
         self.janitor.cancel()
         self.engine_loop.stop()
-        self.receiver.stop()
+        if self.receiver is not None:
+            self.receiver.stop()
+        if self.group is not None:
+            self.group.close()
         self.sender.close()
 
     # -- KV arrival ---------------------------------------------------------------------
@@ -114,9 +155,14 @@ class DecodeService(Service):
             self.refused.labels("kv_full").inc()
             return KVReservation(msg.request_id, False, reason="cannot admit: KV cache full",
                                  code=503)
-        self.reservations.expect(msg.request_id, block_ids, self.engine.model_config.num_layers,
-                                 RESERVATION_TTL, payload=msg)
-        return KVReservation(msg.request_id, True, tuple(block_ids), self.data_addr)
+        problem = await self.incoming.expect(msg.request_id, block_ids, RESERVATION_TTL, msg)
+        if problem:
+            await self.engine_loop.call(lambda e: e.release(msg.request_id))
+            self.refused.labels("attention").inc()
+            return KVReservation(msg.request_id, False, reason=problem, code=503)
+        shards = self.group.shards if self.group is not None else ()
+        return KVReservation(msg.request_id, True, tuple(block_ids), self.data_addr,
+                             shards=shards)
 
     def _refusal(self, msg: KVReserve) -> tuple[str, str, int] | None:
         if self.draining:
@@ -130,29 +176,28 @@ class DecodeService(Service):
         return None
 
     async def _commit(self, msg: KVCommit) -> Ack:
-        reservation = self.reservations.get(msg.request_id)
-        if reservation is None:
+        req = self.incoming.payload(msg.request_id)
+        if req is None:
             return Ack(msg.request_id, False, "no reservation for this request (expired?)", 503)
         if not msg.ok:
             await self._release(msg.request_id)
             return Ack(msg.request_id, True)
-        problem = await self._wait_for_transfer(reservation, msg.num_frames)
+        problem = await self.incoming.verdict(msg.request_id, msg.num_frames)
         self.transfers.labels("refused" if problem else "ok").inc()
         if problem:
             self.num_refused += 1
             log.warning("request %s: refusing its KV: %s", msg.request_id, problem)
             await self._release(msg.request_id)
             return Ack(msg.request_id, False, f"KV transfer failed: {problem}", 503)
-        req = reservation.payload
         overload = self._over_tbt_slo(req)
         if overload:
             self.num_rejected_after_prefill += 1
             self.wasted_prefill.inc(len(req.prompt_token_ids))
             await self._release(msg.request_id)
             return Ack(msg.request_id, False, overload, 503)
-        self.reservations.take(msg.request_id)
+        self.incoming.take(msg.request_id)
         self.next_seq[msg.request_id] = 1
-        keep = bool(self.pool.ring())   # for the next turn: blocks go to the pool at the end
+        keep = self.pool is not None and bool(self.pool.ring())   # to the pool at the end
         await self.engine_loop.call(lambda e: e.install(
             msg.request_id, req.prompt_token_ids, msg.first_token, req.params,
             msg.num_cached_tokens, hold_kv=keep))
@@ -167,40 +212,69 @@ class DecodeService(Service):
         return f"{OVERLOADED}decode TBT {tbt * 1000:.3g}ms exceeds the SLO " \
                f"{req.stage_tbt_slo * 1000:.3g}ms (prefill wasted)"
 
-    async def _wait_for_transfer(self, reservation, num_frames: int) -> str:
-        try:
-            await asyncio.wait_for(reservation.settled.wait(), self.config.request_timeout)
-        except TimeoutError:
-            return "the end of the transfer never arrived"
-        return reservation.verdict(num_frames)
-
     async def _release(self, request_id: str) -> None:
-        reservation = self.reservations.retire(request_id)
-        if reservation is None:
-            return
-        try:
-            await asyncio.wait_for(reservation.idle.wait(), self.config.request_timeout)
-        except TimeoutError:
-            log.error("request %s: a KV frame never finished landing; leaking its blocks",
-                      request_id)
-            return
-        await self.engine_loop.call(lambda e: e.release(request_id))
+        if await self.incoming.retire(request_id):
+            await self.engine_loop.call(lambda e: e.release(request_id))
 
     async def _expire_reservations(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            for request_id in self.reservations.expired(time.time()):
+            for request_id in self.incoming.expired(time.time()):
                 log.warning("request %s: KV never committed; releasing its blocks", request_id)
                 await self._release(request_id)
 
     # -- decoding -------------------------------------------------------------------------
+
+    def _step(self, engine: LLMEngine) -> list[RequestOutput]:
+        """One engine step (engine thread); offloaded, a step that loses an attention worker
+        rebuilds the group and recomputes every running request's KV there."""
+        if self.group is None:
+            return engine.step()
+        try:
+            outputs = engine.step()
+        except AttentionLost as e:
+            return self._recover(engine, str(e))
+        self._release_finished(outputs)
+        return outputs
+
+    def _release_finished(self, outputs: list[RequestOutput]) -> None:
+        done = [out.request_id for out in outputs if out.finished]
+        if done:
+            self.group.release(done)
+
+    def _recover(self, engine: LLMEngine, error: str) -> list[RequestOutput]:
+        log.warning("attention group lost (%s); rebuilding it and recomputing KV", error)
+        rebuilt = asyncio.run_coroutine_threadsafe(self._rebuild_group(), self.engine_loop.loop)
+        try:
+            num_blocks = rebuilt.result(self.config.attention_recovery_timeout + 5)
+        except Exception as e:  # no group could be formed: these requests cannot go on
+            log.error("attention group cannot be rebuilt: %s", e)
+            return engine.fail_all(f"attention workers lost and not replaced: {e}")
+        engine.recompute_all(num_blocks)
+        self.num_recoveries += 1
+        return []
+
+    async def _rebuild_group(self) -> int:
+        """Attach the largest group of live workers that splits the KV heads evenly, waiting
+        up to the recovery timeout for enough of them to answer."""
+        for request_id in self.incoming.forget_all():
+            log.warning("request %s: its KV went to the lost group; refusing it", request_id)
+        deadline = time.monotonic() + self.config.attention_recovery_timeout
+        while True:
+            live = await self.group.live_workers()
+            size = usable_group_size(self.engine.model_config.num_kv_heads, len(live))
+            if size:
+                return await self.group.attach(live[:size])
+            if time.monotonic() > deadline:
+                raise KvstackError("no attention worker of the group answers")
+            await asyncio.sleep(0.5)
 
     def _on_outputs(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             if out.request_id in self.next_seq:
                 asyncio.ensure_future(self.bus.publish(subjects.tokens(out.request_id),
                                                        self._event(out)))
-            if out.finished:   # held only when a pool exists; else this just frees nothing
+            if out.finished and self.pool is not None:   # held only when a pool exists
                 asyncio.ensure_future(write_back(self.pool, self.engine_loop, out.request_id,
                                                  f"{out.request_id}:turn"))
 
@@ -220,14 +294,20 @@ class DecodeService(Service):
 
     async def _on_abort(self, msg: Abort) -> None:
         rid = msg.request_id
-        if self.reservations.get(rid) is not None:
+        if self.incoming.payload(rid) is not None:
             await self._release(rid)
         if self.next_seq.pop(rid, None) is not None:
             # NOTE: an aborted request is not written back: free its (held) blocks now.
-            await self.engine_loop.call(lambda e: e.abort(rid) and e.release(rid))
+            await self.engine_loop.call(lambda e: self._abort(e, rid))
+
+    def _abort(self, engine: LLMEngine, request_id: str) -> None:
+        if engine.abort(request_id):
+            engine.release(request_id)
+            if self.group is not None:
+                self.group.release([request_id])
 
     async def _stats(self, _: StatsRequest) -> WorkerStats:
-        stats = worker_stats(self.worker_id, self.engine, len(self.reservations),
+        stats = worker_stats(self.worker_id, self.engine, len(self.incoming),
                              self.num_done, self.num_refused)
         return dataclasses.replace(stats,
                                    num_rejected_after_prefill=self.num_rejected_after_prefill)

@@ -36,7 +36,7 @@ class PrefillService(Service):
     def __init__(self, config: WorkerConfig) -> None:
         super().__init__(config)
         self.config: WorkerConfig = config
-        self.targets: dict[str, Target] = {}
+        self.targets: dict[str, list[Target]] = {}   # one per decode worker or KV shard
         self.started: dict[str, float] = {}   # for debug timing of each request's stages
         self.requests: dict[str, PrefillRequest] = {}
         self.num_done = 0
@@ -115,8 +115,7 @@ class PrefillService(Service):
         if not reservation.ok:
             return await self._fail(req, reservation.reason, reservation.code)
         hashes = self._block_hashes(req)
-        self.targets[req.request_id] = Target(
-            req.request_id, reservation.data_addr, req.decode_id, reservation.block_ids)
+        self.targets[req.request_id] = _targets(req, reservation)
         external = await self.loader.prepare(req, hashes)
         self._trace(req.request_id, f"prefix planned ({external} tokens not computed)")
         prefill_only = dataclasses.replace(req.params, max_tokens=1)
@@ -146,14 +145,12 @@ class PrefillService(Service):
     def _send_layer(self, layer: int, chunks: list[SeqChunk]) -> None:
         last_layer = layer == self.engine.model_config.num_layers - 1
         for chunk in chunks:
-            target = self.targets.get(chunk.request_id)
-            if target is None:
-                continue
-            spans = layer_spans(self.engine.runner.storage, layer, chunk, target)
-            if spans:
-                self.kv_out.send(target.peer, target.request_id, layer, spans)
-            if last_layer:
-                target.sent_upto = chunk.context_len
+            for target in self.targets.get(chunk.request_id, ()):
+                spans = layer_spans(self.engine.runner.storage, layer, chunk, target)
+                if spans:
+                    self._stream(target).send(target.peer, target.request_id, layer, spans)
+                if last_layer:
+                    target.sent_upto = chunk.context_len
 
     # -- back on the event loop ---------------------------------------------------------
 
@@ -162,15 +159,26 @@ class PrefillService(Service):
             if out.finished and out.request_id in self.targets:
                 self._finish_transfer(self.targets[out.request_id], out)
 
-    def _finish_transfer(self, target: Target, out: RequestOutput | None) -> None:
-        """End the request's stream of frames; commit (or cancel) once it is sent."""
+    def _finish_transfer(self, targets: list[Target], out: RequestOutput | None) -> None:
+        """End the request's streams of frames; commit (or cancel) once all are sent."""
         loop = asyncio.get_running_loop()
+        results: list[tuple[bool, int, str]] = []
 
         def on_done(ok: bool, num_frames: int, error: str) -> None:
-            loop.call_soon_threadsafe(
-                lambda: asyncio.ensure_future(self._commit(out, target, ok, num_frames, error)))
-        self._trace(target.request_id, "computed; ending the KV stream")
-        self.kv_out.finish(target.peer, target.request_id, on_done)
+            loop.call_soon_threadsafe(settled, (ok, num_frames, error))
+
+        def settled(result: tuple[bool, int, str]) -> None:
+            results.append(result)
+            if len(results) == len(targets):
+                ok, num_frames, error = _all_sent(results)
+                asyncio.ensure_future(self._commit(out, targets[0], ok, num_frames, error))
+        self._trace(targets[0].request_id, "computed; ending the KV stream")
+        for target in targets:
+            self._stream(target).finish(target.peer, target.request_id, on_done)
+
+    def _stream(self, target: Target):
+        """Attention workers take KV over TCP only; a decode worker over --transport."""
+        return self.kv_out if target.kv_heads is None else self.sender
 
     async def _commit(self, out: RequestOutput | None, target: Target, sent: bool,
                       num_frames: int, error: str) -> None:
@@ -252,9 +260,9 @@ class PrefillService(Service):
         if self.requests.pop(msg.request_id, None) is None:
             return
         aborted = await self.engine_loop.call(lambda e: e.abort(msg.request_id))
-        target = self.targets.get(msg.request_id)
-        if aborted and target is not None:
-            self._finish_transfer(target, None)   # blocks are freed once the sends are done
+        targets = self.targets.get(msg.request_id)
+        if aborted and targets:
+            self._finish_transfer(targets, None)   # blocks are freed once the sends are done
 
     async def _stats(self, _: StatsRequest) -> WorkerStats:
         stats = worker_stats(self.worker_id, self.engine, len(self.targets), self.num_done)
@@ -262,3 +270,23 @@ class PrefillService(Service):
         return dataclasses.replace(stats, blocks_from_kvstore=loaded["kvstore"],
                                    blocks_from_peers=loaded["peer"],
                                    blocks_served=self.sharing.blocks_served)
+
+
+def _targets(req: PrefillRequest, reservation: KVReservation) -> list[Target]:
+    """One stream to the decode worker, or one per KV shard of its attention group."""
+    if not reservation.shards:
+        return [Target(req.request_id, reservation.data_addr, req.decode_id,
+                       reservation.block_ids)]
+    return [Target(req.request_id, shard.data_addr, req.decode_id, reservation.block_ids,
+                   kv_heads=(shard.kv_head_start, shard.kv_head_end))
+            for shard in reservation.shards]
+
+
+def _all_sent(results: list[tuple[bool, int, str]]) -> tuple[bool, int, str]:
+    """Every stream carries the same frames (one per layer and run of blocks), so their
+    counts must agree; the first error otherwise."""
+    counts = {num_frames for _, num_frames, _ in results}
+    error = next((e for ok, _, e in results if not ok), "")
+    if len(counts) > 1 and not error:
+        error = f"KV streams sent different frame counts {sorted(counts)}"
+    return not error, results[0][1], error

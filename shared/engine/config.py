@@ -44,6 +44,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     num_threads: int | None = None         # torch threads for this process
     detokenize: bool = True                # False: token ids only (the gateway makes text)
+    local_kv: bool = True                  # False: KV lives elsewhere (attention offload);
+                                           # num_blocks then counts the remote pool's blocks
     seed: int = 0
 
     def __post_init__(self) -> None:

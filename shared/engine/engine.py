@@ -59,8 +59,9 @@ class LLMEngine:
         self.model_config = mc = model.config
         num_blocks = config.num_blocks or max(1, config.kv_cache_bytes // KVStorage.bytes_per_block(
             mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype))
-        storage = KVStorage(mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads,
-                            mc.head_dim, config.torch_dtype, config.device)
+        storage = KVStorage(mc.num_layers, num_blocks if config.local_kv else 0,
+                            config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype,
+                            config.device)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
         self.runner = ModelRunner(model, storage, TorchPagedAttention(storage, mc.head_dim))
         self.scheduler = Scheduler(SchedulerConfig(
@@ -163,6 +164,16 @@ class LLMEngine:
             return []
         num_full = min(seq.num_computed_tokens // self.config.block_size, len(seq.block_hashes))
         return list(zip(self.kv.block_ids(request_id)[:num_full], seq.block_hashes[:num_full]))
+
+    def recompute_all(self, num_blocks: int) -> None:
+        """Every request's KV is gone (its attention workers died): start a new pool of
+        `num_blocks` and recompute each running request over prompt + generated tokens.
+        Its next token is sampled from there, so no token is repeated or lost."""
+        self.scheduler.preempt_all()
+        for request_id in [*self._held, *self.kv.block_tables]:
+            self.release(request_id)
+        self.kv = KVCacheManager(num_blocks, self.config.block_size, self.config.enable_prefix_cache)
+        self.scheduler.kv = self.kv
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """End every request with finish_reason "error" (after a failed step)."""

@@ -103,6 +103,11 @@ class Scheduler:
                 return False
         return True
 
+    def preempt_all(self) -> None:
+        """Send every running sequence back to wait for recomputation, in its order."""
+        while self.running:
+            self._preempt(self.running.pop())
+
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq.request_id)
         seq.num_computed_tokens = 0

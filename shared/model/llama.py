@@ -44,16 +44,18 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, sum(self.split), bias=config.attention_bias)
         self.o_proj = Linear(config.q_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def project(self, x: torch.Tensor, batch: ForwardBatch) -> tuple[torch.Tensor, ...]:
+        """x [T, hidden] -> q [T, H, D], k and v [T, H_kv, D], rotated at their positions."""
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
         ops.rotary_(qkv, batch.cos, batch.sin, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split(self.split, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = batch.attention(self.layer_idx, q, k, v)
-        return self.o_proj(out.reshape(num_tokens, -1))
+        return (q.view(num_tokens, self.num_heads, self.head_dim),
+                k.view(num_tokens, self.num_kv_heads, self.head_dim),
+                v.view(num_tokens, self.num_kv_heads, self.head_dim))
+
+    def output(self, attention_out: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(attention_out.reshape(attention_out.shape[0], -1))
 
 
 class DecoderLayer(nn.Module):
@@ -67,11 +69,23 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                 batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream travels beside x so that each add fuses into the next norm."""
+        (q, k, v), residual = self.before_attention(x, residual, batch)
+        out = batch.attention(self.self_attn.layer_idx, q, k, v)
+        return self.after_attention(out, residual)
+
+    def before_attention(self, x: torch.Tensor, residual: torch.Tensor | None,
+                         batch: ForwardBatch) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """The layer up to attention: (q, k, v) and the residual stream. Split from
+        `after_attention` so attention can run elsewhere (offloaded) in between."""
         if residual is None:
             x, residual = self.input_layernorm(x), x
         else:
             x, residual = self.input_layernorm.add_norm(x, residual)
-        x = self.self_attn(x, batch)
+        return self.self_attn.project(x, batch), residual
+
+    def after_attention(self, attention_out: torch.Tensor,
+                        residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.self_attn.output(attention_out)
         x, residual = self.post_attention_layernorm.add_norm(x, residual)
         return self.mlp(x), residual
 
@@ -89,8 +103,7 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """input_ids [T] -> final hidden states [T, hidden]."""
-        x = self.embed_tokens(input_ids)
-        batch.cos, batch.sin = self.rotary.cos_sin(batch.positions)
+        x = self.embed(input_ids, batch)
         residual = None
         for layer_idx, layer in enumerate(self.layers):
             if batch.before_layer is not None:
@@ -98,6 +111,14 @@ class LlamaModel(nn.Module):
             x, residual = layer(x, residual, batch)
             if batch.on_layer_done is not None:
                 batch.on_layer_done(layer_idx)
+        return self.final_norm(x, residual)
+
+    def embed(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Token embeddings; also sets the batch's rotary tables for its positions."""
+        batch.cos, batch.sin = self.rotary.cos_sin(batch.positions)
+        return self.embed_tokens(input_ids)
+
+    def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.norm.add_norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

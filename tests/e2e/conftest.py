@@ -57,12 +57,12 @@ def reference(smollm2_dir) -> LLMEngine:
     return LLMEngine(EngineConfig(dtype="float32", kv_cache_bytes=256 << 20))
 
 
-def worker_stats(stack: Stack, service: str, worker_id: str) -> WorkerStats:
-    async def ask() -> WorkerStats:
+def worker_stats(stack: Stack, service: str, worker_id: str, expected: type = WorkerStats):
+    async def ask():
         bus = await Bus.connect(stack.nats_url, "test-stats")
         try:
             return await bus.request(subjects.worker_stats(service, worker_id), StatsRequest(),
-                                     5.0, expected=WorkerStats)
+                                     5.0, expected=expected)
         finally:
             await bus.drain()
     return asyncio.run(ask())

@@ -1,0 +1,155 @@
+"""The attention worker (Lamina): holds a shard (whole KV heads) of the KV of a decode
+worker's offloaded requests and computes their attention, layer by layer, for the q, k, v
+the decode worker sends over the attention link. It never loads model weights."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from shared import subjects
+from shared.bus import Bus
+from shared.errors import KvstackError
+from shared.messages import (Ack, AttentionAttach, AttentionAttached, AttentionStats, Heartbeat,
+                             KVExpect, KVSettle, StatsRequest)
+from shared.service import Service, ServiceConfig
+from shared.transfer.attention.server import AttentionServer
+from shared.transfer.tcp import TcpKVReceiver
+from services.attention_worker.shard import AttentionShard
+from services.attention_worker.slot import ShardSlot
+
+log = logging.getLogger("kvstack.attention")
+
+
+@dataclass(frozen=True)
+class AttentionWorkerConfig(ServiceConfig):
+    kv_cache_bytes: int = 1 << 30
+    num_threads: int | None = None
+    data_host: str = "127.0.0.1"       # KV from prefill workers, and the attention link
+    data_port: int = 0
+    link_port: int = 0
+    advertise_host: str = ""           # what peers should dial, if not the bound host
+    data_token: str = ""
+    request_timeout: float = 10.0
+
+
+class AttentionWorkerService(Service):
+    name = "attention-worker"
+
+    def __init__(self, config: AttentionWorkerConfig) -> None:
+        super().__init__(config)
+        self.config: AttentionWorkerConfig = config
+        self.slot = ShardSlot()
+        self.decode_id = ""
+        self.kv_usage = self.metrics.gauge("kv_cache_usage_perc", "share of KV blocks in use")
+
+    async def start(self, bus: Bus) -> None:
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        token = self.config.data_token or None
+        host = self.config.data_host
+        self.receiver = TcpKVReceiver(self.slot, host, self.config.data_port, token)
+        self.link = AttentionServer(self.slot, host, self.config.link_port, token)
+        self.data_addr = self._advertised(self.receiver.start())
+        self.link_addr = self._advertised(self.link.start())
+        for op, handler, kind in (("attach", self._attach, AttentionAttach),
+                                  ("expect", self._expect, KVExpect),
+                                  ("settle", self._settle, KVSettle)):
+            await bus.serve(subjects.attention_op(self.worker_id, op), handler, expected=kind)
+        await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
+                        expected=StatsRequest)
+        self.janitor = asyncio.ensure_future(self._expire())
+
+    def _advertised(self, bound: str) -> str:
+        host = self.config.advertise_host
+        return f"{host}:{bound.rpartition(':')[2]}" if host else bound
+
+    async def stop(self) -> None:
+        self.janitor.cancel()
+        self.link.stop()
+        self.receiver.stop()
+
+    def heartbeat(self) -> Heartbeat:
+        shard = self.slot.shard
+        used = shard.used_blocks if shard else 0
+        total = shard.storage.num_blocks if shard else 0
+        self.kv_usage.set(used / total if total else 0.0)
+        return Heartbeat(self.name, self.worker_id, time.time(), self.config.heartbeat_interval,
+                         http_addr=self.http_addr, data_addr=self.data_addr,
+                         num_running=len(shard.request_blocks) if shard else 0,
+                         free_blocks=total - used, total_blocks=total, draining=self.draining)
+
+    async def _attach(self, msg: AttentionAttach) -> AttentionAttached:
+        if msg.dtype not in ("float32", "bfloat16", "float16"):
+            return AttentionAttached(False, error=f"unknown dtype {msg.dtype!r}")
+        try:
+            shard = AttentionShard(msg, self.config.kv_cache_bytes, asyncio.get_running_loop())
+        except KvstackError as e:
+            return AttentionAttached(False, error=str(e))
+        if self.decode_id and self.decode_id != msg.decode_id:
+            log.warning("decode worker %s takes this attention worker over from %s",
+                        msg.decode_id, self.decode_id)
+        self.slot.shard, self.decode_id = shard, msg.decode_id
+        log.info("shard %d/%d of %s: KV heads %s, %d blocks", msg.shard, msg.group_size,
+                 msg.decode_id, shard.kv_heads, shard.storage.num_blocks)
+        return AttentionAttached(True, shard.storage.num_blocks, self.link_addr, self.data_addr)
+
+    async def _expect(self, msg: KVExpect) -> Ack:
+        shard = self.slot.shard
+        if shard is None:
+            return Ack(msg.request_id, False, "attention worker is not attached", 503)
+        try:
+            shard.hold(msg.request_id, msg.block_ids)
+        except ValueError as e:
+            return Ack(msg.request_id, False, str(e), 400)
+        shard.inbox.expect(msg.request_id, list(msg.block_ids), msg.num_layers, msg.ttl)
+        return Ack(msg.request_id, True)
+
+    async def _settle(self, msg: KVSettle) -> Ack:
+        shard = self.slot.shard
+        expected = shard.inbox.get(msg.request_id) if shard else None
+        if expected is None:
+            return Ack(msg.request_id, False, "no KV expected for this request (expired?)", 503)
+        problem = "" if not msg.ok else await self._verdict(expected, msg.num_frames)
+        if msg.ok and not problem:
+            shard.inbox.take(msg.request_id)
+            return Ack(msg.request_id, True)
+        await self._drop(shard, msg.request_id)
+        return Ack(msg.request_id, not msg.ok, problem, 503 if problem else 200)
+
+    async def _verdict(self, expected, num_frames: int) -> str:
+        try:
+            await asyncio.wait_for(expected.settled.wait(), self.config.request_timeout)
+        except TimeoutError:
+            return "the end of the transfer never arrived"
+        return expected.verdict(num_frames)
+
+    async def _drop(self, shard: AttentionShard, request_id: str) -> None:
+        """Refuse further bytes of a transfer and forget the request once none is landing."""
+        expected = shard.inbox.retire(request_id)
+        if expected is not None:
+            try:
+                await asyncio.wait_for(expected.idle.wait(), self.config.request_timeout)
+            except TimeoutError:
+                log.error("request %s: a KV frame never finished landing", request_id)
+        shard.release([request_id])
+
+    async def _expire(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            shard = self.slot.shard
+            for request_id in shard.inbox.expired(time.time()) if shard else ():
+                log.warning("request %s: KV never settled; dropping it", request_id)
+                await self._drop(shard, request_id)
+
+    async def _stats(self, _: StatsRequest) -> AttentionStats:
+        shard = self.slot.shard
+        if shard is None:
+            return AttentionStats(self.worker_id, "", 0, 0, 0)
+        return AttentionStats(
+            self.worker_id, self.decode_id, len(shard.request_blocks), shard.used_blocks,
+            shard.storage.num_blocks, shard.kv_heads, shard.num_calls,
+            self.link.bytes_received, self.link.bytes_sent, self.receiver.bytes_received)

@@ -1,0 +1,79 @@
+"""A model runner whose attention runs on the attention group, with staggered micro-batches:
+while one micro-batch's attention is away, the next one's dense work runs here."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from shared.engine.runner import ModelRunner, SeqChunk
+from shared.kvcache.storage import KVStorage
+from shared.model.llama import ForwardBatch, LlamaModel
+from services.decode.attention_group import AttentionGroup
+
+
+@dataclass
+class _MicroBatch:
+    index: int
+    chunks: list[SeqChunk]
+    batch: ForwardBatch
+    x: torch.Tensor
+    residual: torch.Tensor | None = None
+
+
+def split_micro_batches(chunks: Sequence[SeqChunk], count: int) -> list[list[SeqChunk]]:
+    """At most `count` consecutive runs of chunks with about equal tokens, none empty."""
+    count = max(1, min(count, len(chunks)))
+    total = sum(c.num_tokens for c in chunks)
+    parts: list[list[SeqChunk]] = [[] for _ in range(count)]
+    done = 0
+    for i, chunk in enumerate(chunks):
+        part = min(count - 1, done * count // total, i)
+        part = max(part, count - (len(chunks) - i))   # leave one chunk for each later part
+        parts[part].append(chunk)
+        done += chunk.num_tokens
+    return [p for p in parts if p]
+
+
+class OffloadRunner(ModelRunner):
+    def __init__(self, model: LlamaModel, storage: KVStorage, group: AttentionGroup,
+                 num_micro_batches: int = 2) -> None:
+        super().__init__(model, storage, backend=None)
+        self.group = group
+        self.num_micro_batches = num_micro_batches
+
+    @torch.inference_mode()
+    def execute(self, chunks: Sequence[SeqChunk], backend=None,
+                on_layer_done: Callable[[int], None] | None = None,
+                before_layer: Callable[[int], None] | None = None) -> list[torch.Tensor]:
+        order = sorted(range(len(chunks)), key=lambda i: chunks[i].num_tokens > 1)
+        ordered = [chunks[i] for i in order]
+        parts = split_micro_batches(ordered, self.num_micro_batches)
+        micro_batches = [self._start(i, part) for i, part in enumerate(parts)]
+        layers = self.model.layers
+        for layer_idx, layer in enumerate(layers):
+            for mb in micro_batches:
+                out = self.group.wait(mb.index, layer_idx)
+                mb.x, mb.residual = layer.after_attention(out, mb.residual)
+                if layer_idx + 1 < len(layers):
+                    self._send(mb, layer_idx + 1)
+        logits = [row for mb in micro_batches
+                  for row in self._logits(self.model.final_norm(mb.x, mb.residual), mb.chunks)]
+        result: list[torch.Tensor] = [None] * len(chunks)
+        for i, chunk_logits in zip(order, logits):
+            result[i] = chunk_logits
+        return result
+
+    def _start(self, index: int, chunks: list[SeqChunk]) -> _MicroBatch:
+        input_ids, positions, _ = self.prepare(chunks)
+        batch = ForwardBatch(positions=positions, attention=None)
+        self.group.begin_step(index, chunks)
+        mb = _MicroBatch(index, chunks, batch, self.model.embed(input_ids, batch))
+        self._send(mb, 0)
+        return mb
+
+    def _send(self, mb: _MicroBatch, layer_idx: int) -> None:
+        layer = self.model.layers[layer_idx]
+        (q, k, v), mb.residual = layer.before_attention(mb.x, mb.residual, mb.batch)
+        self.group.send(mb.index, layer_idx, q, k, v)

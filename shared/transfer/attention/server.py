@@ -1,0 +1,93 @@
+"""The attention worker's side of the link: a listener and one thread per decode worker
+that reads q, k, v straight into tensors, has its handler compute, and sends the output."""
+from __future__ import annotations
+
+from typing import Protocol
+
+import orjson
+import torch
+
+from shared.transfer.attention.wire import (GREETING, KIND_ERROR, KIND_OUT, KIND_QKV,
+                                            KIND_RELEASE, KIND_STEP, ChunkSpec, decode_step,
+                                            read_header, send_frame)
+from shared.transfer.base import tensor_bytes
+from shared.transfer.common.counters import Counters
+from shared.transfer.common.frames import ProtocolError
+from shared.transfer.common.handshake import challenge
+from shared.transfer.common.receiver import Connection, ListeningReceiver
+from shared.transfer.common.sockets import recv_exact
+from shared.transfer.tcp.sockets import recv_hashed
+
+
+class AttentionHandler(Protocol):
+    """What the attention worker does with a link's frames (on the link's thread)."""
+
+    def begin_step(self, micro_batch: int, chunks: list[ChunkSpec]) -> None:
+        """Adopt a micro-batch's layout; ValueError if it names blocks it cannot hold."""
+
+    def qkv_buffers(self, micro_batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Empty q, k, v tensors shaped for that micro-batch's tokens and this shard's heads."""
+
+    def attend(self, micro_batch: int, layer: int, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> torch.Tensor:
+        """Append k, v to the cache and return the attention output [T, H_w, D]."""
+
+    def release(self, request_ids: list[str]) -> None: ...
+
+
+class _LinkConnection(Connection):
+    def _handshake(self) -> None:
+        challenge(self.sock, self.receiver.auth_token, GREETING)
+
+    def _read_header(self):
+        return read_header(self.sock)
+
+    def _handle(self, header) -> None:
+        kind, micro_batch, layer, size = header
+        handler: AttentionHandler = self.sink
+        try:
+            if kind == KIND_QKV:
+                return self._attend(handler, micro_batch, layer, size)
+            payload = recv_exact(self.sock, size)
+            self.receiver.counters.add(bytes=size)
+            if kind == KIND_STEP:
+                handler.begin_step(micro_batch, decode_step(payload))
+            elif kind == KIND_RELEASE:
+                handler.release(_request_ids(payload))
+            else:
+                raise ProtocolError(f"unexpected frame kind {kind} from a decode worker")
+        except (ValueError, KeyError) as e:
+            send_frame(self.sock, KIND_ERROR, micro_batch, layer, str(e).encode())
+            raise ProtocolError(str(e)) from None
+
+    def _attend(self, handler: AttentionHandler, micro_batch: int, layer: int, size: int) -> None:
+        buffers = handler.qkv_buffers(micro_batch)
+        views = [tensor_bytes(b) for b in buffers]
+        if size != sum(v.nbytes for v in views):
+            raise ValueError(f"QKV of {size} bytes; micro-batch {micro_batch} needs "
+                             f"{sum(v.nbytes for v in views)}")
+        recv_hashed(self.sock, [(view, None) for view in views])
+        out = handler.attend(micro_batch, layer, *buffers)
+        sent = send_frame(self.sock, KIND_OUT, micro_batch, layer, tensor_bytes(out.contiguous()))
+        self.receiver.counters.add(bytes=size, frames=1, sent=sent)
+
+
+def _request_ids(payload: bytes) -> list[str]:
+    ids = orjson.loads(payload)
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise ValueError("RELEASE carries a list of request ids")
+    return ids
+
+
+class AttentionServer(ListeningReceiver):
+    """Serves decode workers' attention links with one handler (the worker's KV shard)."""
+    connection_class = _LinkConnection
+
+    def __init__(self, handler: AttentionHandler, host: str, port: int,
+                 auth_token: str | None) -> None:
+        super().__init__(handler, host, port, auth_token)
+        self.counters = Counters("bytes", "frames", "rejected", "sent")
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.counters["sent"]

@@ -1,0 +1,88 @@
+"""Attention offloaded to attention workers (Lamina), through the whole stack: prefill sends
+each shard its KV heads, the decode worker sends q, k, v per layer, outputs match local
+decode, and a dead attention worker's requests are rebuilt and go on."""
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+
+import pytest
+
+from shared.engine.sampling_params import SamplingParams
+from shared.errors import KvstackError
+from shared.messages import AttentionStats
+from tests.e2e.conftest import assert_chats_equal_reference, running_stack, worker_stats
+
+PROMPTS = ["What is the capital of France?", "Count from one to five.",
+           "Name a colour of the sky.", "Write one word about the sea."]
+
+
+def attention_stats(stack, worker_id: str) -> AttentionStats:
+    return worker_stats(stack, "attention-worker", worker_id, expected=AttentionStats)
+
+
+@pytest.mark.parametrize("group_size", [1, 3])
+def test_offloaded_outputs_equal_local_decode(tmp_path, reference, group_size):
+    with running_stack(tmp_path, num_attention=group_size, num_kvstore=0) as stack:
+        assert_chats_equal_reference(stack, reference, PROMPTS, max_tokens=24)
+        heads = []
+        for i in range(group_size):
+            stats = attention_stats(stack, f"attention-0-{i}")
+            assert stats.decode_id == "decode-0"
+            assert stats.kv_bytes_received > 0      # prefill sent this shard its heads
+            assert stats.num_attention_calls > 0
+            assert stats.num_requests == 0 and stats.used_blocks == 0   # freed on finish
+            heads.append(stats.kv_heads)
+        assert heads == [(i * 3 // group_size, (i + 1) * 3 // group_size)
+                         for i in range(group_size)]
+
+
+def test_a_group_that_does_not_divide_the_kv_heads_is_refused_clearly(tmp_path):
+    with pytest.raises(KvstackError, match="cannot split 3 KV heads evenly"):
+        with running_stack(tmp_path, num_attention=2, num_kvstore=0, with_gateway=False,
+                           with_conductor=False, num_prefill=0):
+            pass
+
+
+def test_a_dead_attention_worker_is_rebuilt_and_the_stream_goes_on(tmp_path, reference):
+    prompt, max_tokens = "Once upon a time", 96
+    want = reference.generate([reference.tokenizer.encode(prompt)], SamplingParams(
+        max_tokens=max_tokens, temperature=0, ignore_eos=True))[0].text
+    with running_stack(tmp_path, num_attention=3, num_kvstore=0) as stack:
+        response = _stream(stack, prompt, max_tokens)
+        pieces = [_next_text(response) for _ in range(8)]
+        victim = next(p for p in stack.processes if p.name == "attention-0-1")
+        victim.popen.send_signal(signal.SIGKILL)
+        stack.processes.remove(victim)
+        while (piece := _next_text(response)) is not None:
+            pieces.append(piece)
+        assert "".join(pieces) == want    # no token lost or repeated across the rebuild
+        survivor = attention_stats(stack, "attention-0-0")
+        assert survivor.kv_heads == (0, 3)   # the group re-formed as one worker with all heads
+
+
+def _stream(stack, prompt: str, max_tokens: int):
+    host, port = stack.api_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": prompt, "stream": True,
+            "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+    conn.request("POST", "/v1/completions", json.dumps(body),
+                 {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    return response
+
+
+def _next_text(response) -> str | None:
+    """The text of the next SSE event; None at [DONE]."""
+    while line := response.readline():
+        if not line.startswith(b"data: "):
+            continue
+        data = line.removeprefix(b"data: ").strip()
+        if data == b"[DONE]":
+            return None
+        event = json.loads(data)
+        assert "error" not in event, event
+        return event["choices"][0]["text"]
+    return None
