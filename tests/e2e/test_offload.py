@@ -14,6 +14,8 @@ from shared.errors import KvstackError
 from shared.messages import AttentionStats
 from tests.e2e.conftest import assert_chats_equal_reference, running_stack, worker_stats
 
+# Attention workers sized like the other workers (WORKER_ARGS): one thread, a small pool.
+OFFLOAD = dict(num_kvstore=0, attention_args=("--threads", "1", "--kv-cache-gib", "0.25"))
 PROMPTS = ["What is the capital of France?", "Count from one to five.",
            "Name a colour of the sky.", "Write one word about the sea."]
 
@@ -24,7 +26,7 @@ def attention_stats(stack, worker_id: str) -> AttentionStats:
 
 @pytest.mark.parametrize("group_size", [1, 3])
 def test_offloaded_outputs_equal_local_decode(tmp_path, reference, group_size):
-    with running_stack(tmp_path, num_attention=group_size, num_kvstore=0) as stack:
+    with running_stack(tmp_path, num_attention=group_size, **OFFLOAD) as stack:
         assert_chats_equal_reference(stack, reference, PROMPTS, max_tokens=24)
         heads = []
         for i in range(group_size):
@@ -40,7 +42,7 @@ def test_offloaded_outputs_equal_local_decode(tmp_path, reference, group_size):
 
 def test_a_group_that_does_not_divide_the_kv_heads_is_refused_clearly(tmp_path):
     with pytest.raises(KvstackError, match="cannot split 3 KV heads evenly"):
-        with running_stack(tmp_path, num_attention=2, num_kvstore=0, with_gateway=False,
+        with running_stack(tmp_path, num_attention=2, **OFFLOAD, with_gateway=False,
                            with_conductor=False, num_prefill=0):
             pass
 
@@ -49,7 +51,7 @@ def test_a_dead_attention_worker_is_rebuilt_and_the_stream_goes_on(tmp_path, ref
     prompt, max_tokens = "Once upon a time", 96
     want = reference.generate([reference.tokenizer.encode(prompt)], SamplingParams(
         max_tokens=max_tokens, temperature=0, ignore_eos=True))[0].text
-    with running_stack(tmp_path, num_attention=3, num_kvstore=0) as stack:
+    with running_stack(tmp_path, num_attention=3, **OFFLOAD) as stack:
         response = _stream(stack, prompt, max_tokens)
         pieces = [_next_text(response) for _ in range(8)]
         victim = next(p for p in stack.processes if p.name == "attention-0-1")
