@@ -20,7 +20,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -147,7 +147,7 @@ class ExactIndex:
     def __init__(self, index: PrefixIndex) -> None:
         self.index = index
 
-    def match(self, block_hashes: Sequence[int], workers: Iterable[str]) -> PrefixMatch:
+    def match(self, block_hashes: Sequence[int], workers: Sequence[str]) -> PrefixMatch:
         return self.index.walk(block_hashes, workers)
 
     def forget(self, worker_id: str) -> None:

@@ -19,6 +19,8 @@ from services.conductor.policies import Choice, Inputs
 from shared.errors import OVERLOADED
 from shared.messages import PlacementRequest
 
+FORECAST_MODES = ("predictive", "predictive-request")
+
 
 @dataclass(frozen=True, slots=True)
 class Slo:
@@ -33,9 +35,10 @@ def slo_of(request: PlacementRequest, config: SchedulingConfig) -> Slo:
 
 def verdict(inputs: Inputs, choice: Choice, ledger: Ledger, outputs: OutputLengths) -> str:
     """"" to admit; otherwise why not, for the client."""
-    mode, slo = inputs.config.admission, slo_of(inputs.request, inputs.config)
+    mode = inputs.config.admission
     if mode == "none":
         return ""
+    slo = slo_of(inputs.request, inputs.config)
     if choice.ttft > slo.ttft:
         return f"{OVERLOADED}predicted TTFT {choice.ttft:.3g}s exceeds the SLO {slo.ttft:.3g}s"
     if mode == "baseline":
@@ -62,6 +65,11 @@ def decode_tbt(inputs: Inputs, choice: Choice, ledger: Ledger, outputs: OutputLe
     loads = [tbt_at(ledger, w, now, t, inputs.cost, n if w is chosen else 0) / slo_tbt
              for w in inputs.snapshot.decode]
     return sum(loads) / len(loads) * slo_tbt
+
+
+def forecasts(config: SchedulingConfig) -> bool:
+    """Whether the mode reads the decode ledger (the others need no bookings)."""
+    return config.admission in FORECAST_MODES
 
 
 def decode_duration(inputs: Inputs, choice: Choice, outputs: OutputLengths) -> float:

@@ -64,7 +64,7 @@ class Conductor:
         self.forget_dead(now)
         self.ledger.prune(now)
         snapshot = self.state.snapshot(now)
-        prefix = self.index.match(request.block_hashes, [w.worker_id for w in snapshot.prefill])
+        prefix = self.index.match(request.block_hashes, snapshot.prefill_view().ids)
         inputs = Inputs(snapshot, request, prefix, self.config, self.cost)
         choice = self.policy(inputs)
         if isinstance(choice, Rejection):
@@ -85,9 +85,10 @@ class Conductor:
         self.state.assign(choice.prefill_id, n - choice.prefix_tokens, choice.busy_seconds,
                           until=now + choice.ttft)
         self.state.assign(choice.decode_id, n + 1)
-        duration = admission.decode_duration(inputs, choice, self.outputs)
-        self.ledger.book(choice.decode_id, Booking(now + choice.ttft,
-                                                   now + choice.ttft + duration, n))
+        if admission.forecasts(self.config):
+            duration = admission.decode_duration(inputs, choice, self.outputs)
+            self.ledger.book(choice.decode_id, Booking(now + choice.ttft,
+                                                       now + choice.ttft + duration, n))
         self.counters.accepted += 1
         if choice.fetch_blocks:
             self.counters.replications += 1
@@ -95,8 +96,8 @@ class Conductor:
 
     def _placement(self, request: PlacementRequest, choice: Choice) -> Placement:
         peer = choice.fetch_from if choice.fetch_from not in ("", "kvstore") else ""
-        slo = admission.slo_of(request, self.config)
-        stage_tbt = slo.tbt if self.config.admission == "baseline" else 0.0
+        stage_tbt = admission.slo_of(request, self.config).tbt \
+            if self.config.admission == "baseline" else 0.0
         return Placement(request.request_id, True, choice.prefill_id, choice.decode_id,
                          prefix_peer=peer, prefix_peer_blocks=choice.source_blocks if peer else 0,
                          load_prefix=choice.load_prefix, stage_tbt_slo=stage_tbt,

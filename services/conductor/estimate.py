@@ -2,24 +2,25 @@
 kvcentric policy minimises and what admission compares with the SLOs."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from services.conductor.snapshot import WorkerLoad
-from shared.costmodel import CostModel
+if TYPE_CHECKING:     # snapshot.py imports this module (through views.py)
+    from services.conductor.snapshot import WorkerLoad
+    from services.conductor.views import DecodeView
+    from shared.costmodel import CostModel
 
 
 def prefill_queue_time(worker: WorkerLoad, cost: CostModel) -> float:
-    """Seconds of prefill already queued on `worker`: its reported queue, taken as requests
-    of equal length, plus the predicted seconds assigned since its last beat. Remembered on
-    `worker` for `cost` (a cost model's answers never change)."""
-    known = worker._queue_time
-    if known is not None and known[0] is cost:
-        return known[1]
-    requests, tokens = worker.reported_waiting
-    queued = requests * cost.prefill_time(tokens // requests, 0) if requests and tokens else 0.0
-    seconds = queued + worker.pending.seconds
-    object.__setattr__(worker, "_queue_time", (cost, seconds))
-    return seconds
+    """Seconds of prefill already queued on `worker`: its reported queue plus the
+    predicted seconds assigned since its last beat."""
+    return reported_queue_time(*worker.reported_waiting, cost) + worker.pending.seconds
+
+
+def reported_queue_time(requests: int, tokens: int, cost: CostModel) -> float:
+    """Seconds of `requests` queued prefills of `tokens` in all, taken as of equal length."""
+    return requests * cost.prefill_time(tokens // requests, 0) if requests and tokens else 0.0
 
 
 def prefill_time(cost: CostModel, num_prompt_tokens: int, num_prefix_tokens: int) -> float:
@@ -40,15 +41,14 @@ def decode_tbt(worker: WorkerLoad, num_prompt_tokens: int, cost: CostModel) -> f
     return cost.decode_step_time(batch, worker.context_tokens + num_prompt_tokens)
 
 
-def decode_tbts(workers: list[WorkerLoad], num_prompt_tokens: int, cost: CostModel
-                ) -> list[float]:
-    """decode_tbt of each worker, in one vectorized call where the cost model has one (a
-    conductor weighs every decode worker on every placement)."""
+def decode_tbts(view: DecodeView, rows: np.ndarray, num_prompt_tokens: int, cost: CostModel
+                ) -> np.ndarray:
+    """decode_tbt of the workers at `rows` of `view`, in one vectorized call where the cost
+    model has one (a conductor weighs every decode worker on every placement)."""
     vectorized = getattr(cost, "decode_step_times", None)
     if vectorized is None:
-        return [decode_tbt(w, num_prompt_tokens, cost) for w in workers]
-    count = len(workers)
-    batch = np.fromiter((w.num_running + w.num_waiting + 1 for w in workers), float, count)
-    context = np.fromiter((w.context_tokens + num_prompt_tokens for w in workers), float,
-                          count)
-    return vectorized(batch, context).tolist()
+        return np.array([decode_tbt(view.by_row[i], num_prompt_tokens, cost)
+                         for i in rows.tolist()])
+    if rows is view.rows:                   # all of them: the columns as they are
+        return vectorized(view.batch, view.context + num_prompt_tokens)
+    return vectorized(view.batch[rows], view.context[rows] + num_prompt_tokens)

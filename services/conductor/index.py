@@ -16,8 +16,7 @@ block by block, kept as the reference for tests and the benchmark's baseline.
 """
 from __future__ import annotations
 
-import bisect
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 
 from services.conductor.snapshot import PrefixMatch
 from shared.messages import KVEvent
@@ -31,12 +30,16 @@ class PrefixIndex:
         self._service: dict[str, str] = {}           # worker id -> service
         self._holders: dict[int, int] = {}           # block hash -> how many workers hold it
         self._pool: dict[int, int] = {}              # ... how many kvstore instances hold it
+        # the workers last matched and their sets, until a worker's set comes or goes
+        self._sets: tuple[Sequence[str], list[set[int] | None]] | None = None
 
     def __len__(self) -> int:
         return len(self._holders)
 
     def apply(self, event: KVEvent) -> None:
         self._service[event.source] = event.service
+        if event.source not in self._blocks:
+            self._sets = None
         blocks = self._blocks.setdefault(event.source, set())
         counts = (self._holders, self._pool) if event.service == POOL else (self._holders,)
         for block_hash in event.stored:
@@ -53,28 +56,38 @@ class PrefixIndex:
     def forget(self, worker_id: str) -> None:
         """A dead worker's blocks leave the index."""
         pooled = self._service.pop(worker_id, None) == POOL
+        self._sets = None
         for block_hash in self._blocks.pop(worker_id, ()):
             _decrement(self._holders, block_hash)
             if pooled:
                 _decrement(self._pool, block_hash)
 
-    def match(self, block_hashes: Sequence[int], workers: Iterable[str]) -> PrefixMatch:
-        """Leading blocks cached on each of `workers`, and in the kvstore pool as a whole,
-        each taken to be a run from the first block (see the module's NOTE)."""
-        by_worker, ends = dict.fromkeys(workers, 0), []
+    def match(self, block_hashes: Sequence[int], workers: Sequence[str]) -> PrefixMatch:
+        """Leading blocks cached on each of `workers` that holds any (the others are left
+        out), and in the kvstore pool as a whole, each taken to be a run from the first
+        block (see the module's NOTE)."""
+        by_worker: dict[str, int] = {}
+        ends: list[int] = []
         first = block_hashes[0] if block_hashes else None
         if first in self._holders:
-            for worker in by_worker:
-                held = self._blocks.get(worker)
+            for worker, held in zip(workers, self._sets_of(workers)):
                 if held and first in held:
                     by_worker[worker] = _leading_run(block_hashes, held, ends)
         pool = _leading_run(block_hashes, self._pool, ends) if first in self._pool else 0
         return PrefixMatch(by_worker, pool)
 
-    def walk(self, block_hashes: Sequence[int], workers: Iterable[str]) -> PrefixMatch:
+    def walk(self, block_hashes: Sequence[int], workers: Sequence[str]) -> PrefixMatch:
         """The exact match: blocks up to each worker's (and the pool's) first miss."""
-        by_worker = {w: _leading(block_hashes, self._blocks.get(w, ())) for w in workers}
-        return PrefixMatch(by_worker, _leading(block_hashes, self._pool))
+        runs = {w: _leading(block_hashes, self._blocks.get(w, ())) for w in workers}
+        return PrefixMatch({w: n for w, n in runs.items() if n},
+                           _leading(block_hashes, self._pool))
+
+    def _sets_of(self, workers: Sequence[str]) -> list[set[int] | None]:
+        """Each worker's blocks, kept while the same workers (a snapshot's ids, which stay
+        the same object from decision to decision) are asked about."""
+        if self._sets is None or self._sets[0] is not workers:
+            self._sets = (workers, [self._blocks.get(w) for w in workers])
+        return self._sets[1]
 
 
 def _leading_run(hashes: Sequence[int], held: Collection[int], ends: list[int]) -> int:
@@ -84,6 +97,10 @@ def _leading_run(hashes: Sequence[int], held: Collection[int], ends: list[int]) 
     the answer joins them): the holders of a shared prefix mostly end together, so most
     searches take a probe or two, and none more than log2 of each list's length plus one.
     """
+    if len(ends) == 1:                # NOTE: the common case, probed as the search would
+        end = ends[0]
+        if hashes[end - 1] in held and (end == len(hashes) or hashes[end] not in held):
+            return end
     lo, hi = 0, len(hashes)           # hashes[:lo] are held, hashes[hi:] are not
     i, j = 0, len(ends)
     while i < j:
@@ -92,6 +109,7 @@ def _leading_run(hashes: Sequence[int], held: Collection[int], ends: list[int]) 
             lo, i = ends[k], k + 1
         else:
             hi, j = ends[k] - 1, k
+    known = lo                        # 0, or ends[i - 1]; and hi < ends[i]
     if 0 < lo < hi:                   # most likely ends where another run did
         if hashes[lo] in held:
             lo += 1
@@ -103,9 +121,8 @@ def _leading_run(hashes: Sequence[int], held: Collection[int], ends: list[int]) 
             lo = mid
         else:
             hi = mid - 1
-    k = bisect.bisect_left(ends, lo)
-    if lo and (k == len(ends) or ends[k] != lo):
-        ends.insert(k, lo)
+    if lo != known:                   # a new end, between ends[i - 1] and ends[i]
+        ends.insert(i, lo)
     return lo
 
 

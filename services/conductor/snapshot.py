@@ -1,15 +1,22 @@
-"""The cluster as a placement policy sees it: plain, frozen data, no I/O."""
+"""The cluster as a placement policy sees it: plain, frozen data, no I/O.
+
+NOTE: the values built on every decision (a load per assignment and heartbeat, pending
+work) are NamedTuples: a frozen dataclass sets each field through object.__setattr__, and
+building a WorkerLoad that way costs about four times as much.
+"""
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from services.conductor.views import DecodeView, LoadViews, PrefillView
 from shared.messages import Heartbeat
 
+POOL = "kvstore"
 
-@dataclass(frozen=True, slots=True)
-class Pending:
+
+class Pending(NamedTuple):
     """Work the conductor assigned to a worker since its last heartbeat (not in its numbers)."""
     tokens: int = 0
     requests: int = 0
@@ -20,8 +27,7 @@ class Pending:
 NO_PENDING = Pending()
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
+class WorkerLoad(NamedTuple):
     worker_id: str
     service: str
     num_running: int
@@ -32,10 +38,6 @@ class WorkerLoad:
     block_size: int
     context_tokens: int = 0       # KV tokens of running requests, plus assigned ones (decode)
     pending: Pending = NO_PENDING
-    # NOTE: (cost model, seconds) last answered by estimate.prefill_queue_time: the cluster
-    # state keeps a load until its worker's next beat or assignment, and placements ask again.
-    _queue_time: tuple[object, float] | None = field(default=None, init=False, repr=False,
-                                                     compare=False)
 
     @classmethod
     def from_heartbeat(cls, hb: Heartbeat, pending: Pending = NO_PENDING) -> WorkerLoad:
@@ -59,22 +61,32 @@ class WorkerLoad:
 @dataclass(frozen=True, slots=True)
 class PrefixMatch:
     """How much of one request's prompt (in leading blocks) is cached where."""
-    by_worker: dict[str, int]     # prefill worker -> leading blocks in its local cache
+    by_worker: dict[str, int]     # prefill worker -> leading blocks in its local cache (a
+                                  # worker that holds none may be left out)
     pool_blocks: int = 0          # leading blocks in the kvstore pool
-    # NOTE: the two longest matches as (-blocks, worker), found on the first best_peer call:
-    # every prefill worker asks, so a decision ranks the workers once, not once per worker.
+    # NOTE: found on the first ask and kept: every prefill worker asks, so a decision groups
+    # and ranks the workers once, not once per worker.
+    _holders: dict[int, list[str]] | None = field(default=None, init=False, repr=False,
+                                                  compare=False)
     _top: tuple[tuple[int, str], ...] | None = field(default=None, init=False, repr=False,
                                                       compare=False)
 
     def local(self, worker_id: str) -> int:
         return self.by_worker.get(worker_id, 0)
 
+    def holders(self) -> dict[int, list[str]]:
+        """The workers that hold some of the prompt, by how many leading blocks."""
+        if self._holders is None:
+            holders: dict[int, list[str]] = {}
+            for worker, blocks in self.by_worker.items():
+                if blocks > 0:
+                    holders.setdefault(blocks, []).append(worker)
+            object.__setattr__(self, "_holders", holders)
+        return self._holders
+
     def best_peer(self, exclude: str) -> tuple[str, int]:
         """The other prefill worker with the longest match (ties: lowest id)."""
-        if self._top is None:
-            object.__setattr__(self, "_top", tuple(heapq.nsmallest(
-                2, ((-n, w) for w, n in self.by_worker.items() if n > 0))))
-        for blocks, worker in self._top:
+        for blocks, worker in self._ranked():
             if worker != exclude:
                 return worker, -blocks
         return "", 0
@@ -82,8 +94,38 @@ class PrefixMatch:
     def best_remote(self, worker_id: str) -> tuple[str, int]:
         """Where `worker_id` could load the longest prefix from: a peer when it holds more
         than the kvstore pool, else the pool ("kvstore")."""
-        peer, blocks = self.best_peer(worker_id)
-        return (peer, blocks) if blocks > self.pool_blocks else ("kvstore", self.pool_blocks)
+        return self._or_pool(*self.best_peer(worker_id))
+
+    def best_remotes(self) -> tuple[str, tuple[str, int], tuple[str, int]]:
+        """(the leader: the worker with the longest match, its best_remote, every other
+        worker's best_remote): only the leader's differs, so a decision asks twice, not
+        per worker."""
+        top = self._ranked()
+        leader, blocks = (top[0][1], -top[0][0]) if top else ("", 0)
+        return leader, self.best_remote(leader), self._or_pool(leader, blocks)
+
+    def _ranked(self) -> tuple[tuple[int, str], ...]:
+        """The two longest matches as (-blocks, worker), ties by lowest id."""
+        if self._top is None:
+            object.__setattr__(self, "_top", _two_longest(self.holders()))
+        return self._top
+
+    def _or_pool(self, peer: str, blocks: int) -> tuple[str, int]:
+        return (peer, blocks) if blocks > self.pool_blocks else (POOL, self.pool_blocks)
+
+
+def _two_longest(holders: dict[int, list[str]]) -> tuple[tuple[int, str], ...]:
+    """sorted((-blocks, worker) of every holder)[:2], without sorting them all."""
+    top: list[tuple[int, str]] = []
+    for blocks in sorted(holders, reverse=True):
+        first = min(holders[blocks])
+        top.append((-blocks, first))
+        if len(top) == 2:
+            break
+        if len(holders[blocks]) > 1:
+            top.append((-blocks, min(w for w in holders[blocks] if w != first)))
+            break
+    return tuple(top)
 
 
 NO_MATCH = PrefixMatch({})
@@ -94,3 +136,11 @@ class ClusterSnapshot:
     time: float
     prefill: tuple[WorkerLoad, ...]
     decode: tuple[WorkerLoad, ...]
+    # what policies derive from the loads, shared by a cluster state's snapshots (views.py)
+    views: LoadViews = field(default_factory=LoadViews, repr=False, compare=False)
+
+    def prefill_view(self) -> PrefillView:
+        return self.views.prefill(self.prefill)
+
+    def decode_view(self) -> DecodeView:
+        return self.views.decode(self.decode)

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from services.conductor.snapshot import NO_PENDING, ClusterSnapshot, Pending, WorkerLoad
+from services.conductor.views import LoadViews
 from shared.messages import Heartbeat
 
 MISSED_BEATS = 3     # a worker silent for this many intervals is dead
@@ -20,17 +21,25 @@ class ClusterState:
 
     A snapshot reuses each worker's WorkerLoad until its next heartbeat or assignment, and
     skips the liveness checks while every worker is surely alive (before the earliest time
-    one could be dead), so a decision costs no per-worker work when nothing changed."""
+    one could be dead), so a decision costs no per-worker work when nothing changed. The
+    views (views.py) hear which workers changed between two snapshots."""
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
     pending: dict[str, Pending] = field(default_factory=dict)
     # service -> worker id -> load, of every non-draining worker, in heartbeat order; valid
     # while all are alive (None: to rebuild)
-    _view: dict[str, dict[str, WorkerLoad]] | None = field(
+    _loads: dict[str, dict[str, WorkerLoad]] | None = field(
         default=None, init=False, repr=False, compare=False)
     # no worker dies before this (an earliest death time, less MARGIN, or earlier)
     _alive_until: float = field(default=-math.inf, init=False, repr=False, compare=False)
     # the earliest time some pending work is predicted done
     _expiry: float = field(default=math.inf, init=False, repr=False, compare=False)
+    # what policies derive from the loads, kept from one snapshot to the next
+    _views: LoadViews = field(default_factory=LoadViews, init=False, repr=False, compare=False)
+    # per service: the loads of the last snapshot, and the workers whose load changed since
+    _handed: dict[str, tuple[WorkerLoad, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+    _changed: dict[str, set[str]] = field(default_factory=lambda: {s: set() for s in SERVICES},
+                                          init=False, repr=False, compare=False)
 
     def observe(self, hb: Heartbeat) -> None:
         old = self.heartbeats.get(hb.worker_id)
@@ -38,7 +47,7 @@ class ClusterState:
         self.pending.pop(hb.worker_id, None)
         self._alive_until = min(self._alive_until, _death(hb) - MARGIN)
         if old is None or (old.service, old.draining) != (hb.service, hb.draining):
-            self._view = None
+            self._loads = None
         self._refresh(hb.worker_id)
 
     def assign(self, worker_id: str, num_tokens: int, seconds: float = 0.0,
@@ -65,7 +74,7 @@ class ClusterState:
             del self.heartbeats[worker_id]
             self.pending.pop(worker_id, None)
         if dead:
-            self._view = None
+            self._loads = None
         return dead
 
     def snapshot(self, now: float) -> ClusterSnapshot:
@@ -73,11 +82,26 @@ class ClusterState:
             self._expire(now)
         if not self._all_alive(now):               # some may be dead: check each one
             return ClusterSnapshot(now, *(tuple(self._load(hb) for hb in self.live(s, now))
-                                          for s in SERVICES))
-        if self._view is None:
-            self._view = {s: {hb.worker_id: self._load(hb) for hb in self.live(s, now)}
-                          for s in SERVICES}
-        return ClusterSnapshot(now, *(tuple(self._view[s].values()) for s in SERVICES))
+                                          for s in SERVICES), self._views)
+        if self._loads is None:
+            self._loads = {s: {hb.worker_id: self._load(hb) for hb in self.live(s, now)}
+                           for s in SERVICES}
+            self._handed.clear()
+        return ClusterSnapshot(now, *(self._hand(s) for s in SERVICES), self._views)
+
+    def _hand(self, service: str) -> tuple[WorkerLoad, ...]:
+        """The service's loads for a snapshot: the last ones when none changed, else new
+        ones, and the views hear which workers changed."""
+        before, changed = self._handed.get(service), self._changed[service]
+        if before is not None and not changed:
+            return before
+        by_id = self._loads[service]
+        loads = tuple(by_id.values())
+        if before is not None:
+            self._views.advance(service, before, loads, [by_id[w] for w in changed])
+        self._handed[service] = loads
+        changed.clear()
+        return loads
 
     def _expire(self, now: float) -> None:
         done = [w for w, pending in self.pending.items() if pending.until <= now]
@@ -90,11 +114,12 @@ class ClusterState:
         return WorkerLoad.from_heartbeat(hb, self.pending.get(hb.worker_id, NO_PENDING))
 
     def _refresh(self, worker_id: str) -> None:
-        """Recompute one worker's load where the cached view holds it."""
+        """Recompute one worker's load where the cached loads hold it."""
         hb = self.heartbeats.get(worker_id)
-        loads = self._view.get(hb.service) if self._view is not None and hb else None
+        loads = self._loads.get(hb.service) if self._loads is not None and hb else None
         if loads is not None and worker_id in loads:
             loads[worker_id] = self._load(hb)
+            self._changed[hb.service].add(worker_id)
 
     def _all_alive(self, now: float) -> bool:
         """Whether every worker is surely alive at `now`, so none needs checking."""

@@ -1,10 +1,10 @@
 """What the conductor remembers between decisions (loads in the cluster state, the ranking
-of prefix matches, queue times) answers exactly as computing it afresh does."""
+of prefix matches, queue times in the views) answers exactly as computing it afresh does;
+test_reference.py checks the views and the decisions built on them."""
 from __future__ import annotations
 
 import random
 
-from services.conductor import estimate
 from services.conductor.snapshot import NO_PENDING, ClusterSnapshot, PrefixMatch, WorkerLoad
 from services.conductor.state import ClusterState
 from shared.costmodel import roofline
@@ -62,9 +62,10 @@ def test_best_peer_is_the_longest_other_match_lowest_id_on_ties() -> None:
                                                 else ("", 0))
 
 
-def test_a_remembered_queue_time_belongs_to_its_cost_model() -> None:
-    worker = prefill_worker("p0", waiting=2, queued=3000)
+def test_a_views_queue_times_belong_to_its_cost_model() -> None:
+    loads = (prefill_worker("p0", waiting=2, queued=3000), prefill_worker("p1"))
     other = roofline("llama3-8b", "h100")
-    assert estimate.prefill_queue_time(worker, COST) == 2 * COST.prefill_time(1500, 0)
-    assert estimate.prefill_queue_time(worker, other) == 2 * other.prefill_time(1500, 0)
-    assert estimate.prefill_queue_time(worker, COST) == 2 * COST.prefill_time(1500, 0)
+    view = ClusterSnapshot(0.0, loads, ()).prefill_view()
+    for cost in (COST, other, COST):
+        assert view.queue_seconds(cost) == {"p0": 2 * cost.prefill_time(1500, 0), "p1": 0.0}
+        assert view.ranking(cost) == [(0.0, "p1"), (2 * cost.prefill_time(1500, 0), "p0")]

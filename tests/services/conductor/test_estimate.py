@@ -1,8 +1,6 @@
 """Predicted times: prefill queue, prefill, transfer and decode TBT, by hand."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from services.conductor import estimate
@@ -48,5 +46,5 @@ def test_transfer_is_latency_plus_bytes_over_bandwidth() -> None:
 
 
 def test_decode_tbt_counts_running_waiting_and_the_new_request() -> None:
-    worker = replace(decode_worker("d0", running=4, context=3000), num_waiting=2)
+    worker = decode_worker("d0", running=4, context=3000)._replace(num_waiting=2)
     assert estimate.decode_tbt(worker, 500, COST) == pytest.approx(step_s(7, 3500))

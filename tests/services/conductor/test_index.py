@@ -51,7 +51,7 @@ def test_a_prefill_worker_holding_a_block_does_not_put_it_in_the_pool() -> None:
 
 def test_only_the_workers_asked_for_are_matched() -> None:
     match = index_of(stored("p0", 1, 2), stored("p1", 1)).match(PROMPT, ["p1", "p9"])
-    assert match.by_worker == {"p1": 1, "p9": 0}
+    assert match.by_worker == {"p1": 1}              # p9 holds none: left out
 
 
 def test_removed_blocks_end_the_match_there() -> None:
@@ -62,7 +62,7 @@ def test_removed_blocks_end_the_match_there() -> None:
 def test_forget_drops_a_workers_blocks_and_keeps_the_others() -> None:
     index = index_of(stored("p0", 1, 2, 3), stored("p1", 1))
     index.forget("p0")
-    assert len(index) == 1 and index.match(PROMPT, ["p0", "p1"]).by_worker == {"p0": 0, "p1": 1}
+    assert len(index) == 1 and index.match(PROMPT, ["p0", "p1"]).by_worker == {"p1": 1}
 
 
 def test_the_conductor_ignores_decode_kv_events() -> None:
@@ -75,7 +75,7 @@ def test_a_snapshot_event_replaces_what_the_conductor_knew() -> None:
     core = conductor()
     core.apply(stored("p0", 1, 2, 3))
     core.apply(KVEvent("p0", "prefill", stored=(7,), snapshot=True))
-    assert len(core.index) == 1 and core.index.match(PROMPT, ["p0"]).by_worker == {"p0": 0}
+    assert len(core.index) == 1 and core.index.match(PROMPT, ["p0"]).by_worker == {}
 
 
 def test_a_dead_workers_blocks_leave_the_index() -> None:
@@ -84,7 +84,7 @@ def test_a_dead_workers_blocks_leave_the_index() -> None:
     for worker, service in (("p1", "prefill"), ("d0", "decode")):
         core.observe(beat(worker, service, time=3.0))
     assert core.forget_dead(now=3.5) == ["p0"]
-    assert core.index.match(PROMPT, ["p0"]).by_worker == {"p0": 0}
+    assert core.index.match(PROMPT, ["p0"]).by_worker == {}
 
 
 def test_a_dead_worker_gets_no_work_and_no_one_fetches_from_it() -> None:

@@ -18,7 +18,7 @@ def test_each_worker_matches_its_own_run_and_the_pool_its_union() -> None:
                      stored("s0", *PROMPT[0:5:2], service="kvstore"),
                      stored("s1", *PROMPT[1:5:2], service="kvstore"))
     match = index.match(PROMPT, ["p0", "p1", "p2", "p3", "p9"])
-    assert match.by_worker == {"p0": 7, "p1": 3, "p2": 10, "p3": 0, "p9": 0}
+    assert match.by_worker == {"p0": 7, "p1": 3, "p2": 10}
     assert match.pool_blocks == 5
     assert match == index.walk(PROMPT, ["p0", "p1", "p2", "p3", "p9"])
 
@@ -33,7 +33,7 @@ def test_a_replica_counts_once_and_stays_while_any_holder_has_it() -> None:
     index.forget("s1")
     assert index.match(PROMPT, []).pool_blocks == 1
     index.forget("p0")
-    assert len(index) == 2 and index.match(PROMPT, ["p0", "p1"]).by_worker == {"p0": 0, "p1": 2}
+    assert len(index) == 2 and index.match(PROMPT, ["p0", "p1"]).by_worker == {"p1": 2}
 
 
 def test_evicting_the_tail_of_a_run_shortens_it() -> None:
@@ -58,10 +58,10 @@ def test_a_hole_ends_the_match_at_it_or_at_a_later_edge_of_what_is_held() -> Non
         held = {h for h in PROMPT[:1] + tuple(range(1, n)) if rng.random() < 0.8}
         prompt = PROMPT[:1] + tuple(range(1, n))
         index = index_of(stored("p0", *held))
-        found = index.match(prompt, ["p0"]).by_worker["p0"]
+        found = index.match(prompt, ["p0"]).local("p0")
         assert found == 0 or prompt[found - 1] in held
         assert found == n or prompt[found] not in held
-        assert index.walk(prompt, ["p0"]).by_worker["p0"] <= found
+        assert index.walk(prompt, ["p0"]).local("p0") <= found
 
 
 def test_the_search_equals_the_walk_on_caches_of_prefix_trees() -> None:
