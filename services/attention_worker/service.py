@@ -83,8 +83,6 @@ class AttentionWorkerService(Service):
                          free_blocks=total - used, total_blocks=total, draining=self.draining)
 
     async def _attach(self, msg: AttentionAttach) -> AttentionAttached:
-        if msg.dtype not in ("float32", "bfloat16", "float16"):
-            return AttentionAttached(False, error=f"unknown dtype {msg.dtype!r}")
         try:
             shard = AttentionShard(msg, self.config.kv_cache_bytes, asyncio.get_running_loop())
         except KvstackError as e:

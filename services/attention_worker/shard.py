@@ -50,6 +50,8 @@ class _Step:
 class AttentionShard:
     def __init__(self, spec: AttentionAttach, kv_cache_bytes: int,
                  loop: asyncio.AbstractEventLoop) -> None:
+        if spec.dtype not in DTYPES:
+            raise KvstackError(f"unknown dtype {spec.dtype!r}; known: {', '.join(DTYPES)}")
         self.spec = spec
         self.kv_heads = kv_head_range(spec.num_kv_heads, spec.group_size, spec.shard)
         self.num_kv_heads = self.kv_heads[1] - self.kv_heads[0]

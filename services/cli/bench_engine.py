@@ -107,11 +107,11 @@ class KvstackSide:
         return n / statistics.median(times)
 
     def decode_rate(self, batch: int, prompt_len: int, num_tokens: int, repeats: int) -> float:
-        self._decode_time(batch, prompt_len, 4)  # warm-up
-        times = [self._decode_time(batch, prompt_len, num_tokens) for _ in range(repeats)]
+        self.decode_time(batch, prompt_len, 4)  # warm-up
+        times = [self.decode_time(batch, prompt_len, num_tokens) for _ in range(repeats)]
         return batch * (num_tokens - 1) / statistics.median(times)
 
-    def _decode_time(self, batch: int, prompt_len: int, num_tokens: int) -> float:
+    def decode_time(self, batch: int, prompt_len: int, num_tokens: int) -> float:
         """Seconds from every request's first token to the last token of all."""
         params = SamplingParams(max_tokens=num_tokens, temperature=0, ignore_eos=True)
         for i, prompt in enumerate(self.prompts(batch, prompt_len)):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -19,7 +20,8 @@ from shared.bus import Bus
 from shared.costmodel import offload as lamina
 from shared.engine.config import DTYPE_CHOICES, EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.model.registry import DEFAULT_MODEL
+from shared.model.config import ModelConfig
+from shared.model.registry import DEFAULT_MODEL, resolve_model
 from services.cli.bench_engine import KvstackSide
 from services.cli.stack import Stack, StackConfig
 from services.decode.attention_group import AttentionGroup
@@ -91,7 +93,7 @@ def wire_bytes(side: KvstackSide, group: AttentionGroup, batch: int, prompt_len:
                num_layers: int) -> dict:
     """Bytes per token per layer of one prefill + one decode step, from the link counters."""
     before = group.counter("qkv_bytes"), group.counter("out_bytes")
-    side._decode_time(batch, prompt_len, 2)
+    side.decode_time(batch, prompt_len, 2)
     num_tokens = batch * (prompt_len + 1) * num_layers
     return {"sent_per_token_layer": (group.counter("qkv_bytes") - before[0]) / num_tokens,
             "received_per_token_layer": (group.counter("out_bytes") - before[1]) / num_tokens}
@@ -122,8 +124,6 @@ def attention_workers(count: int, args: argparse.Namespace):
 
 def offloaded(stack: Stack, config: EngineConfig, size: int,
               depth: int) -> tuple[LLMEngine, AttentionGroup]:
-    from shared.model.config import ModelConfig
-    from shared.model.registry import resolve_model
     model = ModelConfig.from_dir(resolve_model(config.model))
     ids = [f"attention-{i}" for i in range(size)]
 
@@ -146,7 +146,6 @@ def progress(message: str) -> None:
 
 
 def _cpus() -> int:
-    import os
     return len(os.sched_getaffinity(0))
 
 

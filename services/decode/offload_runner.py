@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.engine.runner import ModelRunner, SeqChunk
+from shared.engine.runner import ModelRunner, SeqChunk, decode_first, in_order
 from shared.kvcache.storage import KVStorage
 from shared.model.llama import ForwardBatch, LlamaModel
 from services.decode.attention_group import AttentionGroup
@@ -47,8 +47,7 @@ class OffloadRunner(ModelRunner):
     def execute(self, chunks: Sequence[SeqChunk], backend=None,
                 on_layer_done: Callable[[int], None] | None = None,
                 before_layer: Callable[[int], None] | None = None) -> list[torch.Tensor]:
-        order = sorted(range(len(chunks)), key=lambda i: chunks[i].num_tokens > 1)
-        ordered = [chunks[i] for i in order]
+        order, ordered = decode_first(chunks)
         parts = split_micro_batches(ordered, self.num_micro_batches)
         micro_batches = [self._start(i, part) for i, part in enumerate(parts)]
         layers = self.model.layers
@@ -58,12 +57,9 @@ class OffloadRunner(ModelRunner):
                 mb.x, mb.residual = layer.after_attention(out, mb.residual)
                 if layer_idx + 1 < len(layers):
                     self._send(mb, layer_idx + 1)
-        logits = [row for mb in micro_batches
-                  for row in self._logits(self.model.final_norm(mb.x, mb.residual), mb.chunks)]
-        result: list[torch.Tensor] = [None] * len(chunks)
-        for i, chunk_logits in zip(order, logits):
-            result[i] = chunk_logits
-        return result
+        return in_order(order, [
+            row for mb in micro_batches
+            for row in self._logits(self.model.final_norm(mb.x, mb.residual), mb.chunks)])
 
     def _start(self, index: int, chunks: list[SeqChunk]) -> _MicroBatch:
         input_ids, positions, _ = self.prepare(chunks)

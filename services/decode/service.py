@@ -56,7 +56,6 @@ class DecodeService(Service):
         self.num_done = 0
         self.num_refused = 0
         self.num_rejected_after_prefill = 0
-        self.num_recoveries = 0
         self.tokens_out = self.metrics.counter("generation_tokens", "tokens generated")
         self.refused = self.metrics.counter("refused_requests", "reservations refused",
                                             ("reason",))
@@ -65,6 +64,8 @@ class DecodeService(Service):
         self.wasted_prefill = self.metrics.counter(
             "wasted_prefill_tokens", "prompt tokens prefilled, then refused here (baseline)")
         self.kv_usage = self.metrics.gauge("kv_cache_usage_perc", "share of KV blocks in use")
+        self.recoveries = self.metrics.counter(
+            "attention_recoveries", "attention groups re-formed after losing a worker")
 
     async def start(self, bus: Bus) -> None:
         loop = asyncio.get_running_loop()
@@ -251,7 +252,7 @@ class DecodeService(Service):
             log.error("attention group cannot be rebuilt: %s", e)
             return engine.fail_all(f"attention workers lost and not replaced: {e}")
         engine.recompute_all(num_blocks)
-        self.num_recoveries += 1
+        self.recoveries.inc()
         return []
 
     async def _rebuild_group(self) -> int:

@@ -45,19 +45,14 @@ class ModelRunner:
                 on_layer_done: Callable[[int], None] | None = None,
                 before_layer: Callable[[int], None] | None = None) -> list[torch.Tensor]:
         """Run the chunks; return float32 logits [num_logits, vocab] per chunk, in order."""
-        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) > 1)
-        ordered = [chunks[i] for i in order]
+        order, ordered = decode_first(chunks)
         input_ids, positions, meta = self.prepare(ordered)
         backend = backend or self.backend
         batch = ForwardBatch(
             positions=positions, on_layer_done=on_layer_done, before_layer=before_layer,
             attention=lambda layer, q, k, v: backend.forward(layer, q, k, v, meta))
         hidden = self.model(input_ids, batch)
-        logits = self._logits(hidden, ordered)
-        result: list[torch.Tensor] = [None] * len(chunks)
-        for i, chunk_logits in zip(order, logits):
-            result[i] = chunk_logits
-        return result
+        return in_order(order, self._logits(hidden, ordered))
 
     def prepare(self, chunks: Sequence[SeqChunk]) -> tuple[torch.Tensor, ...]:
         """Flat token ids, positions and attention metadata; decode chunks must come first."""
@@ -75,3 +70,18 @@ class ModelRunner:
             return [hidden.new_empty((0, 0))] * len(chunks)
         index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
         return list(self.model.compute_logits(hidden[index]).split(counts))
+
+
+def decode_first(chunks: Sequence[SeqChunk]) -> tuple[list[int], list[SeqChunk]]:
+    """The chunks with single-token ones first (the layout attention metadata needs), and
+    where each came from."""
+    order = sorted(range(len(chunks)), key=lambda i: chunks[i].num_tokens > 1)
+    return order, [chunks[i] for i in order]
+
+
+def in_order(order: list[int], rows: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-chunk results of `decode_first`'s layout, back in the callers' chunk order."""
+    result: list[torch.Tensor] = [None] * len(order)
+    for i, row in zip(order, rows):
+        result[i] = row
+    return result
