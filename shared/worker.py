@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
+from shared.engine.mock import MockSpec
+from shared.errors import KvstackError
 from shared.messages import Heartbeat, WorkerStats
 from shared.service import ServiceConfig
 
@@ -29,13 +31,21 @@ class WorkerConfig(ServiceConfig):
     attention_workers: tuple[str, ...] = ()   # decode: offload attention to this group
     micro_batches: int = 2             # decode, offloaded: staggered micro-batches per step
     attention_recovery_timeout: float = 30.0  # decode: wait this long for a group to re-form
+    mock: MockSpec | None = None       # the mock engine: no model (model names the tokenizer)
+    max_model_len: int | None = None   # default: the model's own limit
+
+    def __post_init__(self) -> None:
+        if self.mock is not None and self.attention_workers:
+            raise KvstackError("attention offload (--attention-workers) does not run with the "
+                               "mock engine; use --engine torch")
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             model=self.model, dtype=self.dtype, block_size=self.block_size,
             kv_cache_bytes=self.kv_cache_bytes, max_num_batched_tokens=self.max_num_batched_tokens,
             max_num_seqs=self.max_num_seqs, num_threads=self.num_threads, detokenize=False,
-            enable_prefix_cache=self.enable_prefix_cache)
+            enable_prefix_cache=self.enable_prefix_cache, mock=self.mock,
+            max_model_len=self.max_model_len)
 
 
 def worker_heartbeat(service: str, worker_id: str, config: WorkerConfig, engine: LLMEngine,

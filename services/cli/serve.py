@@ -6,7 +6,9 @@ import dataclasses
 import logging
 import os
 
+from shared.costmodel import HARDWARE, MODELS
 from shared.engine.config import DTYPE_CHOICES
+from shared.engine.mock import ENGINES, MOCK_MAX_MODEL_LEN, MockSpec
 from shared.errors import KvstackError
 from shared.model.registry import DEFAULT_MODEL
 from shared.service import run
@@ -42,6 +44,38 @@ def add_worker(p: argparse.ArgumentParser) -> None:
     p.add_argument("--advertise-data-addr", default="", help="host:port peers should dial")
     p.add_argument("--transport", choices=TRANSPORTS, default="tcp",
                    help="data plane of the prefill -> decode KV stream")
+    add_engine(p)
+
+
+def add_engine(p: argparse.ArgumentParser) -> None:
+    """The engine flags; the gateway takes them too (the mock model names the KV blocks)."""
+    p.add_argument("--engine", choices=ENGINES, default="torch",
+                   help="torch: run --model; mock: no model, each step takes the cost model's "
+                        "time for --mock-model on --mock-hardware (--model gives the tokenizer)")
+    p.add_argument("--mock-model", default=None,
+                   help=f"the model a mock worker stands in for ({', '.join(MODELS)}; "
+                        f"default {MockSpec.model})")
+    p.add_argument("--mock-hardware", default=None,
+                   help=f"the instance it runs on ({', '.join(HARDWARE)}; "
+                        f"default {MockSpec.hardware})")
+    p.add_argument("--mock-kv-scale", type=float, default=None,
+                   help=f"KV bytes stored and moved, relative to the real model's (default "
+                        f"{MockSpec.kv_scale:g}: llama3-70b's 320 KiB per token become 320 B)")
+    p.add_argument("--max-model-len", type=int, default=0,
+                   help=f"context limit in tokens (0: the model's; mock: {MOCK_MAX_MODEL_LEN})")
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """mock (a MockSpec for --engine mock, else None) and max_model_len, checked."""
+    if args.max_model_len < 0:
+        raise KvstackError(f"--max-model-len must not be negative, got {args.max_model_len}")
+    given = {field: value for field, value in (("model", args.mock_model),
+             ("hardware", args.mock_hardware), ("kv_scale", args.mock_kv_scale))
+             if value is not None}
+    if args.engine != "mock" and given:
+        raise KvstackError("--mock-model, --mock-hardware and --mock-kv-scale need --engine mock")
+    mock = MockSpec(**given) if args.engine == "mock" else None
+    return dict(mock=mock, max_model_len=args.max_model_len or None)
 
 
 def add_offload(p: argparse.ArgumentParser) -> None:
@@ -76,7 +110,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         num_threads=args.threads, enable_prefix_cache=not args.no_prefix_cache,
         data_host=args.data_host, data_port=args.data_port,
         advertise_data_addr=args.advertise_data_addr, transport=args.transport,
-        data_token=os.environ.get("KVSTACK_DATA_TOKEN", ""))
+        data_token=os.environ.get("KVSTACK_DATA_TOKEN", ""), **engine_options(args))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -120,6 +154,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     gateway.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                          help="the workers' dtype (names KV blocks)")
     gateway.add_argument("--block-size", type=int, default=16, help="the workers' block size")
+    add_engine(gateway)
     gateway.set_defaults(run=run_gateway)
 
 
@@ -215,10 +250,12 @@ def run_kvstore(args: argparse.Namespace) -> int:
 
 def run_gateway(args: argparse.Namespace) -> int:
     from services.gateway.service import GatewayConfig, GatewayService
+    engine = engine_options(args)
     config = GatewayConfig(**common_config(args), model=args.model,
                            served_model_name=args.served_model_name, api_key=args.api_key,
                            max_tokens_limit=args.max_tokens_limit, dtype=args.dtype,
-                           block_size=args.block_size)
+                           block_size=args.block_size, mock=engine["mock"],
+                           max_model_len=engine["max_model_len"] or 0)
     return run(GatewayService(config))
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared import codec, subjects
+from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 from shared.messages import Heartbeat
 from shared.nats_server import NatsServer
@@ -31,6 +32,7 @@ class StackConfig:
     num_attention: int = 0             # attention workers per decode worker (0: no offload)
     attention_args: tuple[str, ...] = ()
     model: str = "SmolLM2-135M-Instruct"
+    mock: MockSpec | None = None       # workers run the mock engine (model: the tokenizer)
     host: str = "127.0.0.1"
     port: int = 8000
     worker_args: tuple[str, ...] = ()  # extra args for prefill and decode workers
@@ -79,8 +81,11 @@ class Stack:
 
     def commands(self) -> list[tuple[str, list[str]]]:
         cfg = self.config
-        worker = ["--model", cfg.model, *cfg.worker_args]
-        commands = [("conductor-0", ["conductor", "--worker-id", "conductor-0",
+        engine = engine_args(cfg.mock)
+        worker = ["--model", cfg.model, *engine, *cfg.worker_args]
+        # The conductor predicts with the cost model the mock workers take their time from.
+        cost = ["--cost-model", cfg.mock.cost_spec] if cfg.mock is not None else []
+        commands = [("conductor-0", ["conductor", "--worker-id", "conductor-0", *cost,
                                      *cfg.conductor_args])]
         commands = commands if cfg.with_conductor else []
         commands += [(f"kvstore-{i}", ["kvstore", "--worker-id", f"kvstore-{i}",
@@ -97,7 +102,7 @@ class Stack:
         if cfg.with_gateway:
             commands.append(("gateway-0", [
                 "gateway", "--worker-id", "gateway-0", "--model", cfg.model, "--host", cfg.host,
-                "--http-port", str(cfg.port), *cfg.gateway_args]))
+                "--http-port", str(cfg.port), *engine, *cfg.gateway_args]))
         return commands
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
@@ -172,6 +177,14 @@ class Stack:
                 process.popen.wait()
         if self.nats is not None:
             self.nats.stop()
+
+
+def engine_args(mock: MockSpec | None) -> list[str]:
+    """The engine flags of workers and gateway (`kvstack prefill --engine ...`)."""
+    if mock is None:
+        return []
+    return ["--engine", "mock", "--mock-model", mock.model, "--mock-hardware", mock.hardware,
+            "--mock-kv-scale", repr(mock.kv_scale)]
 
 
 async def _quiet(e: Exception) -> None:

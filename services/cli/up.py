@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from services.cli.serve import add_engine, engine_options
 from services.cli.stack import Stack, StackConfig
 from services.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
 from shared.engine.config import DTYPE_CHOICES
@@ -15,7 +16,13 @@ from shared.model.registry import DEFAULT_MODEL, resolve_model
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="run nats-server, conductor, prefill, decode and gateway")
+    p = sub.add_parser(
+        "up", help="run nats-server, conductor, prefill, decode and gateway",
+        description="Run the whole stack on this machine until Ctrl-C. With --engine mock the "
+                    "workers run no model: each step takes the cost model's time for "
+                    "--mock-model on --mock-hardware, KV bytes shrink by --mock-kv-scale, and "
+                    "the conductor predicts with the same cost model, so a cluster of e.g. "
+                    "--prefill 8 --decode 8 replays a trace on one machine (docs/mock.md).")
     p.add_argument("--nats", default="", help="use this NATS server instead of starting one")
     p.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
     p.add_argument("--decode", type=int, default=1, help="number of decode workers")
@@ -31,6 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="per worker")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="per worker (decode batch)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="per worker and step (the prefill chunk)")
+    add_engine(p)
     p.add_argument("--api-key", default="", help="require this bearer key at the gateway")
     p.add_argument("--log-dir", default=".kvstack/logs")
     scheduling = SchedulingConfig()
@@ -44,11 +55,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.prefill < 1 or args.decode < 1:
         raise KvstackError("--prefill and --decode need at least 1 worker each")
+    mock = engine_options(args)["mock"]
+    if mock is not None and args.attention_workers:
+        raise KvstackError("--attention-workers does not run with --engine mock")
     print(f"kvstack: preparing {args.model} ...", file=sys.stderr, flush=True)
     resolve_model(args.model)  # convert once here, not in every worker at the same time
+    context = ("--max-model-len", str(args.max_model_len)) if args.max_model_len else ()
     worker_args = ("--dtype", args.dtype, "--kv-cache-gib", str(args.kv_cache_gib),
-                   "--threads", str(args.threads))
-    gateway_args = ("--dtype", args.dtype, *(("--api-key", args.api_key) if args.api_key else ()))
+                   "--threads", str(args.threads), "--max-num-seqs", str(args.max_num_seqs),
+                   "--max-num-batched-tokens", str(args.max_num_batched_tokens), *context)
+    gateway_args = ("--dtype", args.dtype, *context,
+                    *(("--api-key", args.api_key) if args.api_key else ()))
     conductor_args = ("--model", args.model, "--policy", args.policy, "--admission",
                       args.admission, "--slo-ttft", str(args.slo_ttft), "--slo-tbt",
                       str(args.slo_tbt))
@@ -58,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         num_attention=args.attention_workers,
         attention_args=("--kv-cache-gib", str(args.kv_cache_gib), "--threads", str(args.threads)),
         decode_args=("--micro-batches", str(args.micro_batches)) if args.attention_workers else (),
-        model=args.model,
+        model=args.model, mock=mock,
         host=args.host, port=args.port, worker_args=worker_args, gateway_args=gateway_args,
         conductor_args=conductor_args,
         log_dir=Path(args.log_dir)))
@@ -69,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvstack: starting {len(stack.processes)} services (logs in {args.log_dir}) ...",
               file=sys.stderr, flush=True)
         stack.wait_ready()
-        print(f"kvstack is up: {stack.api_url}/v1  (model {args.model}; Ctrl-C stops it)",
-              flush=True)
+        serving = args.model if mock is None else f"mock {mock.model} on {mock.hardware}"
+        print(f"kvstack is up: {stack.api_url}/v1  ({serving}; Ctrl-C stops it)", flush=True)
         while True:
             stack.check_alive()
             time.sleep(0.5)

@@ -15,6 +15,7 @@ from shared import subjects
 from shared.bus import Bus
 from shared.engine.config import resolve_dtype
 from shared.engine.engine import kv_namespace
+from shared.engine.mock import MockSpec
 from shared.messages import Heartbeat, RequestDone
 from shared.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from shared.model.config import ModelConfig
@@ -33,6 +34,8 @@ class GatewayConfig(ServiceConfig):
     max_body_bytes: int = 4 << 20
     block_size: int = 16                  # must match the workers' (for block hashes)
     dtype: str = "auto"                   # the workers' dtype (names their KV blocks)
+    mock: MockSpec | None = None          # the workers' mock model (names their KV blocks)
+    max_model_len: int = 0                # 0: the model's (the mock model's) context size
     timeouts: BackendTimeouts = BackendTimeouts()
 
 
@@ -48,8 +51,11 @@ class GatewayService(Service):
         self.served_model = config.served_model_name or config.model
         self.model_aliases = {config.model, model_dir.name}
         self.namespace = kv_namespace(model_dir, resolve_dtype(config.dtype))
+        if config.mock is not None:   # the workers' KV blocks and context are the mock model's
+            self.namespace = config.mock.namespace
+            model_config = config.mock.model_config(model_config, None)
         self.limits = GatewayLimits(
-            max_model_len=model_config.max_position_embeddings,
+            max_model_len=config.max_model_len or model_config.max_position_embeddings,
             max_tokens_limit=config.max_tokens_limit or None,
             max_body_bytes=config.max_body_bytes, vocab_size=model_config.vocab_size)
         self.max_body_bytes = config.max_body_bytes

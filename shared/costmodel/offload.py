@@ -22,8 +22,9 @@ from shared.errors import KvstackError
 
 # HARDWARE's GPU profiles are nodes of 8 (`hardware.gpus`); a pool here is any count of them.
 GPUS_PER_NODE = 8
-# Hardware has no capacity field; per-GPU HBM from Lamina Table 1.
-HBM_BYTES = {"h100": 80 * GB, "h20": 96 * GB}
+# Hardware has no capacity field; per-GPU HBM from Lamina Table 1 (A800: 80 GB, as the A100
+# it is cut from; the mock engine sizes its KV pool from these).
+HBM_BYTES = {"a800": 80 * GB, "h100": 80 * GB, "h20": 96 * GB}
 # The paper's MHA model (G = 1), where KV capacity matters most.
 LLAMA_65B = ModelShape("llama-65b", 80, 8192, 22016, 64, 64, 128, 32000)
 SHAPES = {**MODELS, LLAMA_65B.name: LLAMA_65B}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -47,6 +48,7 @@ class EngineConfig:
     local_kv: bool = True                  # False: KV lives elsewhere (attention offload);
                                            # num_blocks then counts the remote pool's blocks
     seed: int = 0
+    mock: MockSpec | None = None           # no model: the mock engine (shared/engine/mock.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:

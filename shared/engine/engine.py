@@ -16,8 +16,9 @@ import torch
 import xxhash
 
 from shared.engine.config import EngineConfig
+from shared.engine.mock_runner import mock_runner
 from shared.engine.output import Completion, RequestOutput
-from shared.engine.sampler import TokenLogprob, logprobs, sample
+from shared.engine.sampler import TokenLogprob
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from shared.engine.sequence import Sequence
@@ -26,6 +27,7 @@ from shared.errors import InvalidRequest
 from shared.kvcache.manager import KVCacheManager
 from shared.kvcache.storage import KVStorage
 from shared.model.attention import TorchPagedAttention
+from shared.model.config import ModelConfig
 from shared.model.detokenizer import IncrementalDetokenizer
 from shared.model.kernels import cpu_ops
 from shared.model.loader import load_model, weight_files
@@ -50,26 +52,24 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        if config.device == "cpu":
-            cpu_ops()  # build (once per machine) before serving, not in a first request
-        self.model_dir = resolve_model(config.model)
+        self.model_dir = resolve_model(config.model)   # the mock engine uses its tokenizer
         self.tokenizer = (Tokenizer.from_dir(self.model_dir) if has_tokenizer(self.model_dir)
                           else None)
-        model = load_model(self.model_dir, config.torch_dtype, config.device)
-        self.model_config = mc = model.config
-        num_blocks = config.num_blocks or max(1, config.kv_cache_bytes // KVStorage.bytes_per_block(
-            mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype))
-        storage = KVStorage(mc.num_layers, num_blocks if config.local_kv else 0,
-                            config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype,
-                            config.device)
+        if config.mock is None:
+            self.runner, self.model_config, num_blocks = self._torch_runner(config)
+            self.namespace = kv_namespace(self.model_dir, config.resolved_dtype)
+        else:
+            special = self.tokenizer.all_special_ids if self.tokenizer is not None else ()
+            self.runner, self.model_config, num_blocks = mock_runner(
+                config, ModelConfig.from_dir(self.model_dir), special)
+            self.namespace = config.mock.namespace
+        mc = self.model_config
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
-        self.runner = ModelRunner(model, storage, TorchPagedAttention(storage, mc.head_dim))
         self.scheduler = Scheduler(SchedulerConfig(
             config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill),
             self.kv)
         limit = config.max_model_len or mc.max_position_embeddings
         self.max_model_len = min(limit, mc.max_position_embeddings, num_blocks * config.block_size)
-        self.namespace = kv_namespace(self.model_dir, config.resolved_dtype)
         self.eos_token_ids = set(mc.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
@@ -78,6 +78,18 @@ class LLMEngine:
         self._held: dict[str, Sequence] = {}    # finished, blocks kept until `release`
         self._generator = torch.Generator().manual_seed(config.seed)
         self._ids = itertools.count()
+
+    def _torch_runner(self, config: EngineConfig) -> tuple[ModelRunner, ModelConfig, int]:
+        if config.device == "cpu":
+            cpu_ops()  # build (once per machine) before serving, not in a first request
+        model = load_model(self.model_dir, config.torch_dtype, config.device)
+        mc = model.config
+        num_blocks = config.num_blocks or max(1, config.kv_cache_bytes // KVStorage.bytes_per_block(
+            mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype))
+        storage = KVStorage(mc.num_layers, num_blocks if config.local_kv else 0,
+                            config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype,
+                            config.device)
+        return ModelRunner(model, storage, TorchPagedAttention(storage, mc.head_dim)), mc, num_blocks
 
     @property
     def has_unfinished(self) -> bool:
@@ -256,8 +268,8 @@ class LLMEngine:
         rows = torch.cat([row for _, row in ready])
         seqs = [seq for seq, _ in ready]
         extras = [self._extras[seq.request_id] for seq in seqs]
-        token_ids = sample(rows, [s.params for s in seqs], [e.generator for e in extras])
-        token_logprobs = logprobs(rows, token_ids, [s.params.logprobs for s in seqs])
+        token_ids, token_logprobs = self.runner.sample(rows, [s.params for s in seqs],
+                                                       [e.generator for e in extras])
         return [self._append(seq, t, lp) for seq, t, lp in zip(seqs, token_ids, token_logprobs)]
 
     def _append(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> RequestOutput:

@@ -8,6 +8,8 @@ import torch
 
 from shared.kvcache.storage import KVStorage
 from shared.engine.metadata import attention_metadata
+from shared.engine.sampler import TokenLogprob, logprobs, sample
+from shared.engine.sampling_params import SamplingParams
 from shared.model.attention import AttentionBackend
 from shared.model.llama import ForwardBatch, LlamaModel
 
@@ -53,6 +55,13 @@ class ModelRunner:
             attention=lambda layer, q, k, v: backend.forward(layer, q, k, v, meta))
         hidden = self.model(input_ids, batch)
         return in_order(order, self._logits(hidden, ordered))
+
+    def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
+               generators: Sequence[torch.Generator | None]
+               ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """logits [B, vocab] -> a token id per row, and its logprob where one is asked for."""
+        token_ids = sample(logits, params, generators)
+        return token_ids, logprobs(logits, token_ids, [p.logprobs for p in params])
 
     def prepare(self, chunks: Sequence[SeqChunk]) -> tuple[torch.Tensor, ...]:
         """Flat token ids, positions and attention metadata; decode chunks must come first."""

@@ -1,0 +1,116 @@
+"""Colocated nodes: prefill and decode on one engine with a local prefix cache only (no
+pool, no transfers), scheduled as vLLM v0 does without chunked prefill: before each step,
+the oldest waiting prompt is prefilled if its KV fits, and the running batch waits for it;
+otherwise the batch decodes a step. Each prefill therefore stalls every running request:
+its gap between two tokens includes the whole prefill.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from loadgen.sim.cache import BlockCache
+from loadgen.sim.decode import STEP_SMOOTHING, Batch
+from loadgen.sim.job import Job
+from loadgen.sim.prefill import BLOCK_SIZE, full_blocks, local_plan, prefill_seconds
+from shared.costmodel import CostModel
+from shared.messages import Heartbeat
+
+
+class ColocatedNode:
+    waiting = ()      # no request waits with its KV computed: prompts wait in `queue`
+
+    def __init__(self, worker_id: str, cost: CostModel, capacity_tokens: int,
+                 cache: BlockCache) -> None:
+        self.worker_id = worker_id
+        self.cost = cost
+        self.cache = cache
+        self.batch = Batch(cost, capacity_tokens)
+        self.queue: deque[Job] = deque()       # waiting for their prefill
+        self.queued_tokens = 0
+        self.queued_seconds = 0.0
+        self.prefilling: Job | None = None
+        self.step_start: float | None = None
+        self.step_end: float | None = None     # None: idle
+        self.last_decode_end: float | None = None
+        self.mean_gap_seconds = 0.0            # between a running request's tokens
+        self.done: list[Job] = []
+
+    @property
+    def tbt(self) -> float:
+        return self.mean_gap_seconds if self.batch.size else 0.0
+
+    def arrive(self, job: Job, now: float) -> None:
+        """`job` is placed here at `now` (the node was advanced to it)."""
+        job.expected_seconds = sum(prefill_seconds(self.cost, job, local_plan(job, self.cache)))
+        self.queue.append(job)
+        self.queued_tokens += job.num_prompt_tokens
+        self.queued_seconds += job.expected_seconds
+        if self.step_end is None:
+            self._start_step(now)
+
+    def advance(self, t: float) -> None:
+        while self.step_end is not None and self.step_end <= t:
+            end = self.step_end
+            if self.prefilling is not None:
+                self._prefilled(end)
+            else:
+                self._decoded(end)
+            self._start_step(end)
+
+    def _start_step(self, now: float) -> None:
+        self.step_start = now
+        if self.queue and self.batch.fits(self.queue[0]):
+            job = self.queue.popleft()
+            self.queued_tokens -= job.num_prompt_tokens
+            self.queued_seconds -= job.expected_seconds
+            self.batch.reserve(job)
+            job.plan, job.prefill_start = local_plan(job, self.cache), now
+            job.fetch_seconds, job.compute_seconds = prefill_seconds(self.cost, job, job.plan)
+            self.prefilling, self.step_end = job, now + job.compute_seconds
+        elif self.batch.size:
+            self.step_end = now + self.batch.step_seconds()
+        else:
+            self.step_start = self.step_end = None
+
+    def _prefilled(self, end: float) -> None:
+        job, self.prefilling = self.prefilling, None
+        job.first_token = end
+        self.cache.touch(full_blocks(job))
+        if job.num_output_tokens > 1:
+            self.batch.join(job)
+            if self.last_decode_end is None:       # the batch starts: its first gap
+                self.last_decode_end = end         # counts from this first token
+        else:
+            self.batch.reserved -= job.final_tokens
+            self.done.append(job)
+
+    def _decoded(self, end: float) -> None:
+        gap = end - self.last_decode_end
+        self.mean_gap_seconds += STEP_SMOOTHING * (gap - self.mean_gap_seconds)
+        self.done += self.batch.complete_step(end)
+        self.last_decode_end = end if self.batch.size else None
+
+    def queue_seconds(self, now: float) -> float:
+        """Seconds of prefill queued here: the current one's rest and the waiting ones'."""
+        left = max(0.0, self.step_end - now) if self.prefilling else 0.0
+        return left + max(0.0, self.queued_seconds)
+
+    def heartbeats(self, now: float, interval: float) -> tuple[Heartbeat, Heartbeat]:
+        """The node as the conductor's prefill worker and decode worker."""
+        batch, cache = self.batch, self.cache
+        prefill = Heartbeat("prefill", self.worker_id, now, interval, block_size=BLOCK_SIZE,
+                            num_running=int(self.prefilling is not None),
+                            num_waiting=len(self.queue), queued_tokens=self.queued_tokens,
+                            free_blocks=max(0, cache.capacity - len(cache)),
+                            total_blocks=cache.capacity)
+        decode = Heartbeat("decode", decode_id(self.worker_id), now, interval,
+                           block_size=BLOCK_SIZE, num_running=batch.size,
+                           context_tokens=batch.context,
+                           free_blocks=max(0, batch.capacity - batch.reserved) // BLOCK_SIZE,
+                           total_blocks=batch.capacity // BLOCK_SIZE)
+        return prefill, decode
+
+
+def decode_id(worker_id: str) -> str:
+    """The id a colocated node's decode side goes by at the conductor."""
+    return f"{worker_id}/decode"

@@ -1,0 +1,137 @@
+"""Decode nodes: continuous batching over a KV pool of fixed size, advanced step by step.
+
+A step takes cost.decode_step_time(batch, total context) and gives every running request
+one token; requests whose KV arrived join at the next step, in arrival order, while the
+pool has room for their whole KV (prompt and output: the simulator knows the output length
+and so never preempts). A request decodes on every step from joining to finishing, so its
+token times are a slice of its node's step end times: a step costs O(1) plus the requests
+that finish in it, whatever the batch size.
+
+Nodes advance lazily: `advance(t)` runs the steps that end by t. The simulator advances
+every node to the time of each event before handling it.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from loadgen.sim.job import Job
+from shared.costmodel import CostModel
+from shared.errors import OVERLOADED
+from shared.messages import Heartbeat
+
+# The weight of the newest step in a worker's mean step time, the TBT it reports for the
+# baseline's decode-stage check (shared/engine/loop.py: mean_step_seconds).
+STEP_SMOOTHING = 0.2
+
+
+class Batch:
+    """The requests decoding on one node, their KV and the node's step end times."""
+
+    def __init__(self, cost: CostModel, capacity_tokens: int) -> None:
+        self.cost = cost
+        self.capacity = capacity_tokens
+        self.size = 0
+        self.context = 0              # KV tokens of the running requests (the step's cost)
+        self.reserved = 0             # KV tokens they (and reserved joiners) will hold
+        self.step_ends: list[float] = []
+        self._finishing: list[tuple[int, int, Job]] = []   # (last step, index, job)
+
+    def fits(self, job: Job) -> bool:
+        """Room for the job's whole KV; one larger than the pool runs alone."""
+        return self.reserved + job.final_tokens <= self.capacity or not self.reserved
+
+    def reserve(self, job: Job) -> None:
+        self.reserved += job.final_tokens
+
+    def join(self, job: Job) -> None:
+        """A reserved job with its first token takes part from the next step on."""
+        job.join_step = len(self.step_ends)
+        last = job.join_step + job.num_output_tokens - 2    # tokens 2..n come from steps
+        heapq.heappush(self._finishing, (last, job.index, job))
+        self.size += 1
+        self.context += job.num_prompt_tokens + 1
+
+    def step_seconds(self) -> float:
+        return self.cost.decode_step_time(self.size, self.context)
+
+    def complete_step(self, end: float) -> list[Job]:
+        """A step ended at `end`: every running job has one more token; the done leave."""
+        step = len(self.step_ends)
+        self.step_ends.append(end)
+        self.context += self.size
+        done = []
+        while self._finishing and self._finishing[0][0] == step:
+            job = heapq.heappop(self._finishing)[2]
+            job.token_ends = self.step_ends[job.join_step:]
+            self.size -= 1
+            self.context -= job.final_tokens
+            self.reserved -= job.final_tokens
+            done.append(job)
+        return done
+
+    @property
+    def usage(self) -> float:
+        return min(1.0, self.reserved / self.capacity) if self.capacity else 1.0
+
+
+class DecodeNode:
+    def __init__(self, worker_id: str, cost: CostModel, capacity_tokens: int) -> None:
+        self.worker_id = worker_id
+        self.batch = Batch(cost, capacity_tokens)
+        self.waiting: deque[Job] = deque()     # KV arrived, no room yet
+        self.step_start: float | None = None
+        self.step_end: float | None = None     # None: idle
+        self.mean_step_seconds = 0.0
+        self.done: list[Job] = []              # finished since the simulator last looked
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.batch.size or self.waiting)
+
+    @property
+    def tbt(self) -> float:
+        """The TBT this node gives now (what the live decode worker checks)."""
+        return self.mean_step_seconds if self.has_unfinished else 0.0
+
+    def advance(self, t: float) -> None:
+        while self.step_end is not None and self.step_end <= t:
+            end = self.step_end
+            self.mean_step_seconds += STEP_SMOOTHING * (end - self.step_start
+                                                        - self.mean_step_seconds)
+            self.done += self.batch.complete_step(end)
+            self._start_step(end)
+
+    def over_tbt_slo(self, stage_tbt_slo: float) -> str:
+        """The baseline's decode-stage check on arrival, after prefill was spent, as
+        services/decode/service.py makes it: "" when within the SLO (or none is set)."""
+        if not stage_tbt_slo or self.tbt <= stage_tbt_slo:
+            return ""
+        return f"{OVERLOADED}decode TBT {self.tbt * 1000:.3g}ms exceeds the SLO " \
+               f"{stage_tbt_slo * 1000:.3g}ms (prefill wasted)"
+
+    def arrive(self, job: Job, now: float) -> None:
+        """The job's KV landed at `now` (the node was advanced to it)."""
+        self.waiting.append(job)
+        if self.step_end is None:
+            self._start_step(now)
+
+    def _start_step(self, now: float) -> None:
+        batch = self.batch
+        while self.waiting and batch.fits(self.waiting[0]):
+            job = self.waiting.popleft()
+            batch.reserve(job)
+            batch.join(job)
+        if not batch.size:
+            self.step_start = self.step_end = None
+            return
+        self.step_start, self.step_end = now, now + batch.step_seconds()
+
+    def heartbeat(self, now: float, interval: float, block_size: int) -> Heartbeat:
+        """What a live decode worker reports (shared/worker.py: worker_heartbeat)."""
+        batch = self.batch
+        return Heartbeat("decode", self.worker_id, now, interval, block_size=block_size,
+                         num_running=batch.size, num_waiting=len(self.waiting),
+                         queued_tokens=len(self.waiting), context_tokens=batch.context,
+                         free_blocks=max(0, batch.capacity - batch.reserved) // block_size,
+                         total_blocks=batch.capacity // block_size)

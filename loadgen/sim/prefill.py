@@ -1,0 +1,119 @@
+"""Prefill nodes of the disaggregated cluster: a FIFO queue, one prompt at a time.
+
+A node starts a request by finding its prefix as a live prefill worker does
+(services/prefill/prefix.py): its own cache first; then, unless the placement says to
+recompute, the longest run the pool holds beyond it, or the peer the placement names when
+that one holds more (all or nothing). It is busy while it fetches the remote blocks
+(the cost model's transfer time) and then computes the rest (the cost model's prefill
+time), as the conductor predicts. Its KV streams to the decode node layer by layer while
+it computes, so the KV has landed when both the compute and the transfer of the prompt's
+KV are done (the last layer's share of the transfer is not added). The prompt's full
+blocks, computed or fetched, then enter the node's cache.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+
+from loadgen.sim.cache import BlockCache, BlockPool
+from loadgen.sim.job import Job, PrefixPlan
+from loadgen.trace import TRACE_BLOCK_SIZE
+from services.conductor import estimate
+from shared.costmodel import CostModel
+from shared.messages import Heartbeat
+
+BLOCK_SIZE = TRACE_BLOCK_SIZE
+
+
+def usable_blocks(job: Job) -> int:
+    """Leading full blocks a prefix can cover: one prompt token is always computed."""
+    return min(len(job.row.hash_ids), (job.num_prompt_tokens - 1) // BLOCK_SIZE)
+
+
+def full_blocks(job: Job) -> tuple[int, ...]:
+    """The prompt's full blocks: what a cache names (a partial last block is not hashed)."""
+    return job.row.hash_ids[:job.num_prompt_tokens // BLOCK_SIZE]
+
+
+def local_plan(job: Job, cache: BlockCache) -> PrefixPlan:
+    return PrefixPlan(cache.leading(job.row.hash_ids, usable_blocks(job)))
+
+
+def plan_prefix(job: Job, cache: BlockCache, pool: BlockPool | None,
+                peers: Mapping[str, BlockCache]) -> PrefixPlan:
+    """Where the job's prefix comes from, as PrefixLoader.prepare decides it."""
+    local = local_plan(job, cache)
+    placement = job.placement
+    if placement is None or not placement.load_prefix:
+        return local
+    hashes, usable, have = job.row.hash_ids, usable_blocks(job), local.local_blocks
+    source, upto = "kvstore", have + (pool.leading(hashes, have, usable) if pool else 0)
+    peer_blocks = min(placement.prefix_peer_blocks, usable)
+    if placement.prefix_peer and peer_blocks > upto:
+        source, upto = placement.prefix_peer, peer_blocks
+    if upto <= have:
+        return local
+    peer = peers.get(source)
+    if source != "kvstore" and (peer is None or not peer.holds_all(hashes[have:upto])):
+        return local           # a peer that lacks a block sends none: compute instead
+    return PrefixPlan(have, upto - have, source)
+
+
+def prefill_seconds(cost: CostModel, job: Job, plan: PrefixPlan) -> tuple[float, float]:
+    """(fetch, compute) seconds of the job's prefill with `plan`."""
+    return (estimate.transfer_time(cost, plan.fetched_blocks, BLOCK_SIZE),
+            estimate.prefill_time(cost, job.num_prompt_tokens, plan.blocks * BLOCK_SIZE))
+
+
+class PrefillNode:
+    def __init__(self, worker_id: str, cost: CostModel, cache: BlockCache) -> None:
+        self.worker_id = worker_id
+        self.cost = cost
+        self.cache = cache
+        self.queue: deque[Job] = deque()
+        self.queued_tokens = 0
+        self.queued_seconds = 0.0          # the waiting jobs' expected prefill seconds
+        self.current: Job | None = None
+        self.busy_until = 0.0
+
+    def enqueue(self, job: Job, expected_seconds: float) -> None:
+        """Queue `job`, whose prefill should take `expected_seconds` (for load reports;
+        its real plan is made when it starts)."""
+        job.expected_seconds = expected_seconds
+        self.queue.append(job)
+        self.queued_tokens += job.num_prompt_tokens
+        self.queued_seconds += expected_seconds
+
+    def start_next(self, now: float, plan: PrefixPlan) -> Job:
+        """Start the head of the queue with its prefix `plan`; it ends at busy_until."""
+        job = self.queue.popleft()
+        self.queued_tokens -= job.num_prompt_tokens
+        self.queued_seconds -= job.expected_seconds
+        job.plan, job.prefill_start = plan, now
+        job.fetch_seconds, job.compute_seconds = prefill_seconds(self.cost, job, plan)
+        self.current, self.busy_until = job, now + job.busy_seconds
+        return job
+
+    def finish(self) -> Job:
+        job, self.current = self.current, None
+        self.cache.touch(full_blocks(job))
+        return job
+
+    def kv_landed(self, job: Job) -> float:
+        """When the job's KV is all on its decode node (streamed while computing)."""
+        stream = self.cost.transfer_time(job.num_prompt_tokens * self.cost.kv_bytes_per_token)
+        return job.prefill_start + job.fetch_seconds + max(job.compute_seconds, stream)
+
+    def queue_seconds(self, now: float) -> float:
+        """Seconds of prefill queued here: the current one's rest and the waiting ones'."""
+        left = max(0.0, self.busy_until - now) if self.current else 0.0
+        return left + max(0.0, self.queued_seconds)
+
+    def heartbeat(self, now: float, interval: float) -> Heartbeat:
+        """What a live prefill worker reports (shared/worker.py: worker_heartbeat)."""
+        cache = self.cache
+        return Heartbeat("prefill", self.worker_id, now, interval, block_size=BLOCK_SIZE,
+                         num_running=int(self.current is not None),
+                         num_waiting=len(self.queue), queued_tokens=self.queued_tokens,
+                         free_blocks=max(0, cache.capacity - len(cache)),
+                         total_blocks=cache.capacity)

@@ -1,0 +1,61 @@
+import orjson
+import pytest
+
+from loadgen.cli import main
+from loadgen.output import load_result
+from tests.loadgen.sim.builders import conversations
+
+
+@pytest.fixture
+def trace(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({
+        "timestamp": r.timestamp * 1000, "input_length": r.input_length,
+        "output_length": r.output_length, "hash_ids": list(r.hash_ids)}) + b"\n"
+        for r in conversations(40)))
+    return path
+
+
+def test_sim_writes_the_result_and_plots(trace, tmp_path, capsys):
+    out, plots = tmp_path / "out.json", tmp_path / "plots"
+    code = main(["sim", "--trace", str(trace), "--prefill", "2", "--decode", "2",
+                 "--admission", "early", "--slo-tbt", "0.1", "--output-json", str(out),
+                 "--plot-dir", str(plots), "--label", "t", "--quiet"])
+    assert code == 0
+    result = load_result(out)
+    sim = result["sim"]
+    assert result["num_prompts"] == 40 and result["backend"] == "kvstack-sim"
+    assert sim["policy"] == "kvcentric" and sim["nodes"] == {"prefill": 2, "decode": 2}
+    assert 0 < sim["hit_ratio"]["global"] <= sim["hit_ratio"]["ceiling"]
+    assert sim["hit_ratio"]["local"] <= sim["hit_ratio"]["global"]
+    assert len(sim["timeseries"]["time"]) > 10
+    assert {"prefill", "decode", "local_blocks"} <= set(result["records"][0]["extra"])
+    assert (plots / "t-load.png").is_file() and len(list(plots.glob("t-*.png"))) > 1
+    assert "cache hits" in capsys.readouterr().out
+
+
+def test_colocated_defaults_to_load_balance(trace, tmp_path):
+    out = tmp_path / "c.json"
+    assert main(["sim", "--trace", str(trace), "--colocated", "3", "--output-json", str(out),
+                 "--quiet"]) == 0
+    sim = load_result(out)["sim"]
+    assert (sim["mode"], sim["policy"]) == ("colocated", "load-balance")
+    assert sim["hit_ratio"]["local"] == sim["hit_ratio"]["global"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prefill", "2", "--colocated", "2"], "either"),
+    (["--colocated", "2", "--policy", "kvcentric"], "no KV pool"),
+    (["--prefill", "1", "--decode", "1", "--hardware", "cpu"], "--kv-tokens"),
+    (["--prefill", "1", "--decode", "1", "--time-scale", "0"], "time scale"),
+    (["--prefill", "1", "--decode", "1", "--max-requests", "0"], "no requests"),
+])
+def test_bad_arguments_exit_2_with_a_message(trace, capsys, args, message):
+    assert main(["sim", "--trace", str(trace), "--quiet", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_trace_is_a_clear_error(tmp_path, capsys):
+    assert main(["sim", "--trace", str(tmp_path / "none.jsonl"), "--prefill", "1",
+                 "--decode", "1"]) == 2
+    assert "trace file not found" in capsys.readouterr().err

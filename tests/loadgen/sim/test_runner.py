@@ -1,0 +1,151 @@
+"""The simulation end to end on small traces: times from the cost model, cache reuse,
+admission under overload, and the conductor's own decisions."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+
+from loadgen.sim import runner
+from loadgen.sim.report import record_of
+from services.conductor.core import Conductor
+from tests.loadgen.sim.builders import COST, config, conversations, row, simulate
+
+BLOCK = 512
+
+
+def test_a_lone_request_takes_the_cost_models_prefill_then_decode_steps():
+    n, out = 2000, 5
+    (job,) = simulate([row(0.0, n, out, 1)], config(1, 1)).jobs
+    record = record_of(job)
+    stream = COST.transfer_time(n * COST.kv_bytes_per_token)   # overlaps the compute
+    assert record.ttft == pytest.approx(max(COST.prefill_time(n, 0), stream))
+    steps = [COST.decode_step_time(1, n + k) for k in range(1, out)]
+    assert record.itl == pytest.approx(steps)
+    assert record.latency == pytest.approx(record.ttft + sum(steps))
+    assert record.status == 200 and record.output_len == out
+
+
+def test_a_prefix_in_the_pool_is_fetched_and_only_the_rest_computed():
+    """B shares A's five full blocks; C keeps A's node busy, so B runs on the other node
+    and loads the prefix from the pool (load-balance loads any longer remote prefix)."""
+    a = row(0.0, 3000, 2, 1)
+    c = row(50.0, 5000, 2, 100)
+    b = row(50.001, 3000, 2, 200, prefix=a.hash_ids[:5])
+    run = simulate([a, c, b], config(2, 1, policy="load-balance"))
+    job = run.jobs[2]
+    assert (job.prefill_id, run.jobs[1].prefill_id) == ("prefill-01", "prefill-00")
+    assert (job.plan.local_blocks, job.plan.fetched_blocks, job.plan.source) == \
+        (0, 5, "kvstore")
+    cached = 5 * BLOCK
+    fetch = COST.transfer_time(cached * COST.kv_bytes_per_token)
+    assert record_of(job).ttft == pytest.approx(fetch + COST.prefill_time(3000 - cached,
+                                                                          cached))
+
+
+def test_without_a_pool_the_prefix_comes_from_the_peer_the_conductor_names():
+    a = row(0.0, 3000, 2, 1)
+    c = row(50.0, 5000, 2, 100)
+    b = row(50.001, 3000, 2, 200, prefix=a.hash_ids[:5])
+    run = simulate([a, c, b], config(2, 1, policy="load-balance", pool=False))
+    job = run.jobs[2]
+    assert job.placement.prefix_peer == "prefill-00" and job.prefill_id == "prefill-01"
+    assert (job.plan.fetched_blocks, job.plan.source) == (5, "prefill-00")
+
+
+def test_a_second_request_on_a_shared_prefix_hits_the_local_cache():
+    a = row(0.0, 3000, 2, 1)
+    b = row(50.0, 3000, 2, 200, prefix=a.hash_ids[:5])
+    run = simulate([a, b], config(1, 1))
+    first, second = (record_of(job) for job in run.jobs)
+    assert run.jobs[1].plan.local_blocks == 5 and second.cached_tokens == 5 * BLOCK
+    assert first.cached_tokens == 0
+    assert run.jobs[1].compute_seconds == pytest.approx(COST.prefill_time(3000 - 2560, 2560))
+    assert second.ttft < first.ttft
+
+
+def overload(admission: str):
+    """Prefill keeps up; one decode node cannot hold the TBT SLO for so many requests."""
+    rows = [row(i * 0.1, 600, 300, 10 * i) for i in range(60)]
+    return simulate(rows, config(4, 1, admission=admission, slo_ttft=1000.0, slo_tbt=0.02))
+
+
+def test_early_rejection_rejects_before_any_prefill():
+    run = overload("early")
+    assert sum(job.status == 503 for job in run.jobs) > 0
+    assert not any(job.wasted for job in run.jobs)
+    assert all(job.first_token is None for job in run.jobs if job.status == 503)
+
+
+def test_baseline_admission_wastes_prefills_the_decode_node_refuses():
+    run = overload("baseline")
+    wasted = [job for job in run.jobs if job.wasted]
+    assert wasted and all(job.status == 503 and job.busy_seconds > 0 for job in wasted)
+    assert all("prefill wasted" in job.error for job in wasted)
+
+
+def test_same_inputs_same_result():
+    rows = conversations()
+    runs = [simulate(rows, config(3, 2, policy="random", admission="predictive"))
+            for _ in range(2)]
+    assert [record_of(j).to_json() for j in runs[0].jobs] == \
+        [record_of(j).to_json() for j in runs[1].jobs]
+    assert runs[0].series == runs[1].series
+
+
+def test_the_seed_varies_the_random_policy():
+    rows = conversations()
+    one, other = (simulate(rows, config(4, 2, policy="random", seed=s)) for s in (0, 1))
+    assert [j.prefill_id for j in one.jobs] != [j.prefill_id for j in other.jobs]
+
+
+def test_policies_place_differently():
+    rows = conversations()
+    placements = {policy: [j.prefill_id for j in simulate(rows, config(4, 2, policy=policy)).jobs]
+                  for policy in ("random", "kvcentric")}
+    assert placements["random"] != placements["kvcentric"]
+
+
+class Recording(Conductor):
+    """The conductor, logging every message it is fed and every placement it makes."""
+    log: ClassVar[list] = []
+
+    def observe(self, hb):
+        self.log.append(("observe", hb))
+        super().observe(hb)
+
+    def apply(self, event):
+        self.log.append(("apply", event))
+        super().apply(event)
+
+    def finished(self, done):
+        self.log.append(("finished", done))
+        super().finished(done)
+
+    def place(self, request, now):
+        placement = super().place(request, now)
+        self.log.append(("place", (request, now), placement))
+        return placement
+
+
+def test_placements_are_the_conductors_for_what_it_was_told(monkeypatch):
+    """Replaying the heartbeats, KV events and finished requests the simulation fed its
+    conductor into a fresh Conductor gives the same placements, which the jobs follow."""
+    Recording.log = []
+    monkeypatch.setattr(runner, "Conductor", Recording)
+    sim_config = config(4, 2, admission="predictive-request", slo_tbt=0.05)
+    run = simulate(conversations(80, rate=4.0), sim_config)
+    fresh = Conductor(sim_config.scheduling, COST)
+    placements = []
+    for kind, arg, *made in Recording.log:
+        if kind == "place":
+            assert fresh.place(*arg) == made[0]
+            placements.append(made[0])
+        else:
+            getattr(fresh, kind)(arg)
+    assert len(placements) == len(run.jobs)
+    assert any(not p.accepted for p in placements) and any(p.accepted for p in placements)
+    for job, placement in zip(run.jobs, placements):
+        assert job.placement is placement
+        assert (job.prefill_id, job.decode_id) == ((placement.prefill_id, placement.decode_id)
+                                                   if placement.accepted else ("", ""))
