@@ -19,7 +19,7 @@ def assert_clean_error(result: subprocess.CompletedProcess, fragment: str) -> No
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("kvstack: error: ") and fragment in lines[0]
 
 
 def test_json_output_has_ids_text_and_logprobs(smollm2_dir) -> None:
