@@ -66,6 +66,9 @@ def add_cluster_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--no-pool", action="store_true",
                    help="no global pool (kvstore): prefill nodes load only from peers the "
                         "conductor names")
+    g.add_argument("--local-prefix-only", action="store_true",
+                   help="prefill nodes reuse only their own cache, whatever the conductor "
+                        "names (no pool, no peer): local-cache-only baselines")
     g.add_argument("--kv-tokens", type=int, metavar="T",
                    help="KV tokens a decode node's HBM holds (default: HBM minus weights)")
     g.add_argument("--heartbeat-interval", type=float, default=HEARTBEAT_INTERVAL,
@@ -118,8 +121,10 @@ def sim_config(args: argparse.Namespace, cost: CostModel, spec: str) -> SimConfi
     scheduling = SchedulingConfig(policy, args.admission, args.slo_ttft, args.slo_tbt,
                                   args.balancing_threshold, args.decode_time)
     return SimConfig(kv_tokens(args, spec), args.prefill, args.decode, args.colocated,
-                     scheduling, args.cache_tokens, not args.no_pool, args.heartbeat_interval,
-                     sample_interval=args.sample_interval, seed=args.seed)
+                     scheduling, args.cache_tokens,
+                     not (args.no_pool or args.local_prefix_only), args.heartbeat_interval,
+                     sample_interval=args.sample_interval, seed=args.seed,
+                     remote_prefix=not args.local_prefix_only)
 
 
 def kv_tokens(args: argparse.Namespace, spec: str) -> int:

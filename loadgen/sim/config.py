@@ -33,6 +33,9 @@ class SimConfig:
     event_interval: float = EVENT_INTERVAL
     sample_interval: float = 1.0        # the load time series
     seed: int = 0                       # names requests: the `random` policy seeds by name
+    # False: a prefill reuses only its own node's cache, whatever the placement names (no
+    # pool, no peer): the local-cache-only baselines of Mooncake's scheduling experiment
+    remote_prefix: bool = True
 
     def __post_init__(self) -> None:
         disaggregated = self.num_prefill or self.num_decode

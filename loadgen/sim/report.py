@@ -115,6 +115,7 @@ def sim_section(run: SimRun, rows: Sequence[TraceRow], records: Sequence[Request
         "policy": scheduling.policy, "admission": scheduling.admission,
         "slo_ttft_s": scheduling.slo_ttft, "slo_tbt_s": scheduling.slo_tbt,
         "pool": config.pool and not config.colocated,
+        "remote_prefix": config.remote_prefix and not config.colocated,
         "cache_tokens_per_node": config.cache_tokens, "kv_tokens_per_node": config.kv_tokens,
         "heartbeat_interval_s": config.heartbeat_interval, "seed": config.seed,
         "hit_ratio": hit_ratios(run.jobs, rows),

@@ -21,7 +21,13 @@ from typing import Any
 from loadgen.sim.cluster import Cluster
 from loadgen.sim.config import SimConfig
 from loadgen.sim.job import Job
-from loadgen.sim.prefill import PrefillNode, full_blocks, plan_prefix, prefill_seconds
+from loadgen.sim.prefill import (
+    PrefillNode,
+    full_blocks,
+    local_plan,
+    plan_prefix,
+    prefill_seconds,
+)
 from loadgen.sim.series import Counts, LoadSeries
 from loadgen.trace import TraceRow
 from services.conductor.core import Conductor, Counters
@@ -155,6 +161,8 @@ class Simulation:
             self._start_prefill(node)
 
     def _plan(self, node: PrefillNode, job: Job):
+        if not self.config.remote_prefix:
+            return local_plan(job, node.cache)
         return plan_prefix(job, node.cache, self.cluster.pool, self.cluster.caches)
 
     def _start_prefill(self, node: PrefillNode) -> None:

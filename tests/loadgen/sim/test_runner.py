@@ -53,6 +53,20 @@ def test_without_a_pool_the_prefix_comes_from_the_peer_the_conductor_names():
     assert (job.plan.fetched_blocks, job.plan.source) == (5, "prefill-00")
 
 
+def test_local_prefix_only_computes_what_the_node_lacks_whatever_the_placement_names():
+    """As above, but the node may reuse only its own cache: the conductor still names the
+    peer (it does not know), and the node computes the whole prompt."""
+    a = row(0.0, 3000, 2, 1)
+    c = row(50.0, 5000, 2, 100)
+    b = row(50.001, 3000, 2, 200, prefix=a.hash_ids[:5])
+    run = simulate([a, c, b], config(2, 1, policy="load-balance", pool=False,
+                                     remote_prefix=False))
+    job = run.jobs[2]
+    assert job.placement.prefix_peer == "prefill-00" and job.prefill_id == "prefill-01"
+    assert (job.plan.local_blocks, job.plan.fetched_blocks) == (0, 0)
+    assert record_of(job).ttft == pytest.approx(COST.prefill_time(3000, 0))
+
+
 def test_a_second_request_on_a_shared_prefix_hits_the_local_cache():
     a = row(0.0, 3000, 2, 1)
     b = row(50.0, 3000, 2, 200, prefix=a.hash_ids[:5])
