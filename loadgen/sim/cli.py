@@ -78,7 +78,7 @@ def add_cluster_args(g: argparse._ArgumentGroup) -> None:
 def add_scheduling_args(g: argparse._ArgumentGroup) -> None:
     d = SchedulingConfig()
     g.add_argument("--policy", choices=POLICY_NAMES,
-                   help=f"default {d.policy}; colocated: load-balance (one of "
+                   help=f"default {d.policy}; colocated: round-robin (one of "
                         f"{', '.join(COLOCATED_POLICIES)})")
     g.add_argument("--admission", choices=ADMISSION_MODES, default=d.admission)
     g.add_argument("--slo-ttft", type=float, default=d.slo_ttft, metavar="S", help="seconds")
@@ -117,7 +117,7 @@ def cost_model(args: argparse.Namespace) -> tuple[CostModel, str]:
 
 
 def sim_config(args: argparse.Namespace, cost: CostModel, spec: str) -> SimConfig:
-    policy = args.policy or ("load-balance" if args.colocated else SchedulingConfig.policy)
+    policy = args.policy or ("round-robin" if args.colocated else SchedulingConfig.policy)
     scheduling = SchedulingConfig(policy, args.admission, args.slo_ttft, args.slo_tbt,
                                   args.balancing_threshold, args.decode_time)
     return SimConfig(kv_tokens(args, spec), args.prefill, args.decode, args.colocated,

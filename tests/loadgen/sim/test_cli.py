@@ -34,12 +34,12 @@ def test_sim_writes_the_result_and_plots(trace, tmp_path, capsys):
     assert "cache hits" in capsys.readouterr().out
 
 
-def test_colocated_defaults_to_load_balance(trace, tmp_path):
+def test_colocated_defaults_to_round_robin(trace, tmp_path):
     out = tmp_path / "c.json"
     assert main(["sim", "--trace", str(trace), "--colocated", "3", "--output-json", str(out),
                  "--quiet"]) == 0
     sim = load_result(out)["sim"]
-    assert (sim["mode"], sim["policy"]) == ("colocated", "load-balance")
+    assert (sim["mode"], sim["policy"]) == ("colocated", "round-robin")
     assert sim["hit_ratio"]["local"] == sim["hit_ratio"]["global"]
 
 
