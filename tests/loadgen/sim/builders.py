@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
+
+import orjson
 
 from loadgen.sim.config import SimConfig
 from loadgen.sim.runner import SimRun, Simulation
@@ -54,3 +57,12 @@ def config(prefill: int = 0, decode: int = 0, colocated: int = 0, policy: str = 
 
 def simulate(rows: list[TraceRow], sim_config: SimConfig, cost=COST) -> SimRun:
     return Simulation(rows, sim_config, cost).run()
+
+
+def write_trace(path: Path, rows: list[TraceRow]) -> Path:
+    """`rows` as a Mooncake trace file (timestamps back in milliseconds)."""
+    path.write_bytes(b"".join(orjson.dumps({
+        "timestamp": r.timestamp * 1000, "input_length": r.input_length,
+        "output_length": r.output_length, "hash_ids": list(r.hash_ids)}) + b"\n"
+        for r in rows))
+    return path

@@ -1,19 +1,13 @@
-import orjson
 import pytest
 
 from loadgen.cli import main
 from loadgen.output import load_result
-from tests.loadgen.sim.builders import conversations
+from tests.loadgen.sim.builders import conversations, write_trace
 
 
 @pytest.fixture
 def trace(tmp_path):
-    path = tmp_path / "trace.jsonl"
-    path.write_bytes(b"".join(orjson.dumps({
-        "timestamp": r.timestamp * 1000, "input_length": r.input_length,
-        "output_length": r.output_length, "hash_ids": list(r.hash_ids)}) + b"\n"
-        for r in conversations(40)))
-    return path
+    return write_trace(tmp_path / "trace.jsonl", conversations(40))
 
 
 def test_sim_writes_the_result_and_plots(trace, tmp_path, capsys):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 
-import orjson
 import pytest
 
 from loadgen.cli import main
 from loadgen.sim.sweep import bracket, find_capacity
-from tests.loadgen.sim.builders import conversations
+from tests.loadgen.sim.builders import conversations, write_trace
 
 
 def threshold_at(limit: float, calls: list[float]):
@@ -44,12 +43,7 @@ def test_the_bounds_end_the_search_with_one_side_unknown():
 
 @pytest.fixture
 def trace(tmp_path):
-    path = tmp_path / "trace.jsonl"
-    path.write_bytes(b"".join(orjson.dumps({
-        "timestamp": r.timestamp * 1000, "input_length": r.input_length,
-        "output_length": r.output_length, "hash_ids": list(r.hash_ids)}) + b"\n"
-        for r in conversations(40, rate=20.0)))
-    return path
+    return write_trace(tmp_path / "trace.jsonl", conversations(40, rate=20.0))
 
 
 def test_the_command_finds_a_capacity_whose_probes_bracket_the_target(trace, tmp_path):
