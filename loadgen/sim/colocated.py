@@ -6,12 +6,17 @@ its gap between two tokens includes the whole prefill.
 """
 from __future__ import annotations
 
-from collections import deque
-
 from loadgen.sim.cache import BlockCache
 from loadgen.sim.decode import STEP_SMOOTHING, Batch
 from loadgen.sim.job import Job
-from loadgen.sim.prefill import BLOCK_SIZE, full_blocks, local_plan, prefill_seconds
+from loadgen.sim.prefill import (
+    BLOCK_SIZE,
+    PromptQueue,
+    full_blocks,
+    local_plan,
+    prefill_heartbeat,
+    prefill_seconds,
+)
 from shared.costmodel import CostModel
 from shared.messages import Heartbeat
 
@@ -25,9 +30,7 @@ class ColocatedNode:
         self.cost = cost
         self.cache = cache
         self.batch = Batch(cost, capacity_tokens)
-        self.queue: deque[Job] = deque()       # waiting for their prefill
-        self.queued_tokens = 0
-        self.queued_seconds = 0.0
+        self.queue = PromptQueue()
         self.prefilling: Job | None = None
         self.step_start: float | None = None
         self.step_end: float | None = None     # None: idle
@@ -41,10 +44,7 @@ class ColocatedNode:
 
     def arrive(self, job: Job, now: float) -> None:
         """`job` is placed here at `now` (the node was advanced to it)."""
-        job.expected_seconds = sum(prefill_seconds(self.cost, job, local_plan(job, self.cache)))
-        self.queue.append(job)
-        self.queued_tokens += job.num_prompt_tokens
-        self.queued_seconds += job.expected_seconds
+        self.queue.push(job, sum(prefill_seconds(self.cost, job, local_plan(job, self.cache))))
         if self.step_end is None:
             self._start_step(now)
 
@@ -60,9 +60,7 @@ class ColocatedNode:
     def _start_step(self, now: float) -> None:
         self.step_start = now
         if self.queue and self.batch.fits(self.queue[0]):
-            job = self.queue.popleft()
-            self.queued_tokens -= job.num_prompt_tokens
-            self.queued_seconds -= job.expected_seconds
+            job = self.queue.pop()
             self.batch.reserve(job)
             job.plan, job.prefill_start = local_plan(job, self.cache), now
             job.fetch_seconds, job.compute_seconds = prefill_seconds(self.cost, job, job.plan)
@@ -92,17 +90,13 @@ class ColocatedNode:
 
     def queue_seconds(self, now: float) -> float:
         """Seconds of prefill queued here: the current one's rest and the waiting ones'."""
-        left = max(0.0, self.step_end - now) if self.prefilling else 0.0
-        return left + max(0.0, self.queued_seconds)
+        return self.queue.seconds_from(now, self.step_end if self.prefilling else None)
 
     def heartbeats(self, now: float, interval: float) -> tuple[Heartbeat, Heartbeat]:
         """The node as the conductor's prefill worker and decode worker."""
         batch, cache = self.batch, self.cache
-        prefill = Heartbeat("prefill", self.worker_id, now, interval, block_size=BLOCK_SIZE,
-                            num_running=int(self.prefilling is not None),
-                            num_waiting=len(self.queue), queued_tokens=self.queued_tokens,
-                            free_blocks=max(0, cache.capacity - len(cache)),
-                            total_blocks=cache.capacity)
+        prefill = prefill_heartbeat(self.worker_id, now, interval,
+                                    int(self.prefilling is not None), self.queue, cache)
         decode = Heartbeat("decode", decode_id(self.worker_id), now, interval,
                            block_size=BLOCK_SIZE, num_running=batch.size,
                            context_tokens=batch.context,

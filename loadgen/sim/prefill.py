@@ -65,30 +65,66 @@ def prefill_seconds(cost: CostModel, job: Job, plan: PrefixPlan) -> tuple[float,
             estimate.prefill_time(cost, job.num_prompt_tokens, plan.blocks * BLOCK_SIZE))
 
 
+class PromptQueue:
+    """Prompts waiting for their prefill, in order, with the totals heartbeats report."""
+
+    def __init__(self) -> None:
+        self.jobs: deque[Job] = deque()
+        self.num_tokens = 0
+        self.seconds = 0.0                 # the waiting jobs' expected prefill seconds
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def __getitem__(self, index: int) -> Job:
+        return self.jobs[index]
+
+    def push(self, job: Job, expected_seconds: float) -> None:
+        job.expected_seconds = expected_seconds
+        self.jobs.append(job)
+        self.num_tokens += job.num_prompt_tokens
+        self.seconds += expected_seconds
+
+    def pop(self) -> Job:
+        job = self.jobs.popleft()
+        self.num_tokens -= job.num_prompt_tokens
+        self.seconds -= job.expected_seconds
+        return job
+
+    def seconds_from(self, now: float, current_end: float | None) -> float:
+        """Seconds of prefill queued: the current one's rest (ending at `current_end`,
+        None when none runs) and the waiting ones'."""
+        left = max(0.0, current_end - now) if current_end is not None else 0.0
+        return left + max(0.0, self.seconds)
+
+
+def prefill_heartbeat(worker_id: str, now: float, interval: float, num_running: int,
+                      queue: PromptQueue, cache: BlockCache) -> Heartbeat:
+    """What a live prefill worker reports (shared/worker.py: worker_heartbeat)."""
+    return Heartbeat("prefill", worker_id, now, interval, block_size=BLOCK_SIZE,
+                     num_running=num_running, num_waiting=len(queue),
+                     queued_tokens=queue.num_tokens,
+                     free_blocks=max(0, cache.capacity - len(cache)),
+                     total_blocks=cache.capacity)
+
+
 class PrefillNode:
     def __init__(self, worker_id: str, cost: CostModel, cache: BlockCache) -> None:
         self.worker_id = worker_id
         self.cost = cost
         self.cache = cache
-        self.queue: deque[Job] = deque()
-        self.queued_tokens = 0
-        self.queued_seconds = 0.0          # the waiting jobs' expected prefill seconds
+        self.queue = PromptQueue()
         self.current: Job | None = None
         self.busy_until = 0.0
 
     def enqueue(self, job: Job, expected_seconds: float) -> None:
         """Queue `job`, whose prefill should take `expected_seconds` (for load reports;
         its real plan is made when it starts)."""
-        job.expected_seconds = expected_seconds
-        self.queue.append(job)
-        self.queued_tokens += job.num_prompt_tokens
-        self.queued_seconds += expected_seconds
+        self.queue.push(job, expected_seconds)
 
     def start_next(self, now: float, plan: PrefixPlan) -> Job:
         """Start the head of the queue with its prefix `plan`; it ends at busy_until."""
-        job = self.queue.popleft()
-        self.queued_tokens -= job.num_prompt_tokens
-        self.queued_seconds -= job.expected_seconds
+        job = self.queue.pop()
         job.plan, job.prefill_start = plan, now
         job.fetch_seconds, job.compute_seconds = prefill_seconds(self.cost, job, plan)
         self.current, self.busy_until = job, now + job.busy_seconds
@@ -106,14 +142,8 @@ class PrefillNode:
 
     def queue_seconds(self, now: float) -> float:
         """Seconds of prefill queued here: the current one's rest and the waiting ones'."""
-        left = max(0.0, self.busy_until - now) if self.current else 0.0
-        return left + max(0.0, self.queued_seconds)
+        return self.queue.seconds_from(now, self.busy_until if self.current else None)
 
     def heartbeat(self, now: float, interval: float) -> Heartbeat:
-        """What a live prefill worker reports (shared/worker.py: worker_heartbeat)."""
-        cache = self.cache
-        return Heartbeat("prefill", self.worker_id, now, interval, block_size=BLOCK_SIZE,
-                         num_running=int(self.current is not None),
-                         num_waiting=len(self.queue), queued_tokens=self.queued_tokens,
-                         free_blocks=max(0, cache.capacity - len(cache)),
-                         total_blocks=cache.capacity)
+        return prefill_heartbeat(self.worker_id, now, interval, int(self.current is not None),
+                                 self.queue, self.cache)

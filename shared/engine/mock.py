@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from shared.costmodel import HARDWARE, MODELS, ModelShape, RooflineCostModel
+from shared.costmodel import HARDWARE, MODELS, ModelShape, RooflineCostModel, roofline
 from shared.costmodel.offload import GPUS_PER_NODE, HBM_BYTES, Assumptions, Pool
 from shared.errors import KvstackError
 from shared.model.config import ModelConfig
@@ -50,7 +50,7 @@ class MockSpec:
         return f"roofline:{self.model}:{self.hardware}"
 
     def cost(self) -> RooflineCostModel:
-        return RooflineCostModel(self.shape, HARDWARE[self.hardware])
+        return roofline(self.model, self.hardware)
 
     @property
     def token_half_bytes(self) -> int:
