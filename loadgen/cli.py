@@ -1,5 +1,6 @@
-"""`loadgen`: measure OpenAI-compatible endpoints (`run`), compare results (`report`) and
-simulate a cluster in virtual time (`sim`).
+"""`loadgen`: measure OpenAI-compatible endpoints (`run`), compare results (`report`),
+simulate a cluster in virtual time (`sim`) and kill kvstack's processes under load
+(`chaos`).
 
 Each command is a module with `add_parser(sub)`, which adds its subparser and sets
 `run=<its function>` as a default, and that function, `run(args) -> int` (the exit code).
@@ -11,11 +12,12 @@ import argparse
 import sys
 
 from loadgen import report, run_command
+from loadgen.chaos import cli as chaos
 from loadgen.sim import cli as sim
 from loadgen.sim import sweep
 from shared import cli
 
-COMMANDS = (run_command, report, sim, sweep)
+COMMANDS = (run_command, report, sim, sweep, chaos)
 
 
 def build_parser() -> argparse.ArgumentParser:

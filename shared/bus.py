@@ -15,6 +15,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from shared import codec
 from shared.errors import KvstackError
 from shared.messages import Ack
+from shared.tasks import Tasks
 
 log = logging.getLogger("kvstack.bus")
 
@@ -30,19 +31,29 @@ class Bus:
     def __init__(self, nc: Client, name: str) -> None:
         self.nc = nc
         self.name = name
-        self._tasks: set[asyncio.Task] = set()
+        self.tasks = Tasks(name)
+        # Called after each reconnection: messages published meanwhile may be lost, so a
+        # service re-announces itself or re-checks what it waits for.
+        self.on_reconnect: list[Callable[[], Awaitable[None]]] = []
 
     @classmethod
     async def connect(cls, url: str, name: str, connect_timeout: float = 5.0) -> Bus:
+        bus: Bus | None = None
+
+        async def reconnected() -> None:
+            log.info("%s: NATS reconnected", name)
+            for callback in bus.on_reconnect if bus is not None else ():
+                bus.tasks.spawn(callback(), "re-announcing after a reconnection")
         try:
             nc = await nats.connect(
                 url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5, allow_reconnect=True,
-                error_cb=_log_error, disconnected_cb=_log_event(f"{name}: NATS disconnected"),
-                reconnected_cb=_log_event(f"{name}: NATS reconnected"))
+                reconnect_time_wait=0.5, allow_reconnect=True, error_cb=_log_error,
+                disconnected_cb=_log_event(f"{name}: NATS disconnected"),
+                reconnected_cb=reconnected)
         except Exception as e:
             raise KvstackError(f"cannot reach NATS at {url}: {type(e).__name__} {e}") from None
-        return cls(nc, name)
+        bus = cls(nc, name)
+        return bus
 
     @property
     def connected(self) -> bool:
@@ -85,8 +96,7 @@ class Bus:
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Finish handlers, flush, close. With NATS gone there is nothing to flush: close."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout)
+        await self.tasks.wait(timeout)
         if self.nc.is_closed:
             return
         if not self.nc.is_connected:
@@ -119,14 +129,7 @@ class Bus:
             return None
 
     def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("%s: handler failed", self.name, exc_info=task.exception())
+        self.tasks.spawn(coro, "a message handler")
 
 
 async def _log_error(e: Exception) -> None:

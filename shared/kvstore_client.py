@@ -48,7 +48,11 @@ class KvstorePool:
     # -- membership --------------------------------------------------------------------
 
     def observe(self, hb: Heartbeat) -> None:
-        if hb.service == "kvstore" and hb.data_addr and not hb.draining:
+        if hb.service != "kvstore":
+            return
+        if hb.stopped:
+            self._members.pop(hb.worker_id, None)
+        elif hb.data_addr and not hb.draining:
             self._members[hb.worker_id] = _Member(hb.data_addr, time.monotonic(), hb.interval)
 
     def ring(self) -> HashRing:

@@ -31,7 +31,9 @@ class Heartbeat:
     context_tokens: int = 0       # KV tokens of the running requests (decode's step cost)
     free_blocks: int = 0
     total_blocks: int = 0
-    draining: bool = False
+    draining: bool = False        # finishing what it holds: place nothing new here
+    instance: str = ""            # one process's life: a restart under the same id changes it
+    stopped: bool = False         # the last beat of a clean stop: forget this worker now
 
 
 @message("placement_request")

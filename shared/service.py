@@ -1,8 +1,15 @@
 """What every kvstack service shares: start, heartbeat, /health and /metrics, drain, stop.
 
 A service subclasses `Service` and fills in its own parts; `run(service)` does the rest:
-connects the bus, serves HTTP, publishes heartbeats, and on SIGTERM/SIGINT drains
-(stops taking work, finishes what it holds, up to a timeout) before it stops.
+connects the bus, serves HTTP, publishes heartbeats, and on SIGTERM/SIGINT drains before
+it stops, so that `kvstack up`, `docker compose stop` and a Kubernetes rolling update all
+behave the same:
+
+1. `draining` is set and announced at once (a heartbeat): /health answers 503, the
+   conductor places nothing new here, new work is refused with a retryable 503.
+2. `drain()` finishes what the service holds, up to `--drain-timeout`; past it,
+   `abandon()` hands off or ends what is left (each request with a clear error).
+3. A last heartbeat with `stopped` deregisters it; then `stop()`, then the bus closes.
 """
 from __future__ import annotations
 
@@ -13,7 +20,8 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 
 import nats.micro
 from aiohttp import web
@@ -24,6 +32,7 @@ from shared.bus import Bus
 from shared.errors import KvstackError
 from shared.messages import Heartbeat, KVResync
 from shared.metrics import Metrics
+from shared.tasks import Tasks
 
 log = logging.getLogger("kvstack.service")
 VERSION = "0.1.0"
@@ -46,9 +55,13 @@ class Service:
         self.config = config
         self.worker_id = config.worker_id or f"{self.name}-{socket.gethostname()}-{os.getpid()}"
         self.metrics = Metrics(self.name.replace("-", "_"))
+        self.instance = uuid.uuid4().hex[:12]
+        self.tasks = Tasks(self.worker_id)
         self.bus: Bus | None = None
         self.http_addr = ""
         self.draining = False
+        self.leaving = False             # the last beat is out: peers forget this worker
+        self.exit_code = 0
         self.stopped = asyncio.Event()
 
     async def start(self, bus: Bus) -> None:
@@ -68,10 +81,19 @@ class Service:
         return self.bus is not None and self.bus.connected and not self.draining
 
     async def drain(self) -> None:
-        """Stop taking new work and finish what is in flight."""
+        """Finish what is in flight (new work is refused while `draining`)."""
+
+    async def abandon(self) -> None:
+        """The drain timed out: hand off or end, each with a clear error, what is left."""
 
     async def stop(self) -> None:
         """Release everything; called after drain (or when drain timed out)."""
+
+    def fail(self, reason: str, exit_code: int = 70) -> None:
+        """Stop this process with a non-zero exit code (a supervisor restarts it)."""
+        log.error("%s: stopping: %s", self.worker_id, reason)
+        self.exit_code = exit_code
+        self.stopped.set()
 
 
 async def serve(service: Service, ready: asyncio.Event | None = None) -> None:
@@ -81,23 +103,38 @@ async def serve(service: Service, ready: asyncio.Event | None = None) -> None:
     runner = await _start_http(service)
     await service.start(service.bus)
     discovery = await _register(service)
-    beats = asyncio.ensure_future(_heartbeats(service))
+    beats = service.tasks.every(cfg.heartbeat_interval, lambda: _beat(service), "heartbeats")
     # NOTE: a (re)started conductor asks for resync; a beat now spares it a blind interval.
     await service.bus.subscribe(subjects.kv_resync(), lambda _: _beat(service),
                                 expected=KVResync)
+    service.bus.on_reconnect.append(lambda: _beat(service))
+    await _beat(service)
     log.info("%s ready: http://%s", service.worker_id, service.http_addr)
     if ready is not None:
         ready.set()
     try:
         await service.stopped.wait()
-        service.draining = True
-        await _bounded(service.drain(), cfg.drain_timeout, f"{service.worker_id}: drain")
+        await _drain(service)
     finally:
         beats.cancel()
         await _bounded(discovery.stop(), 5, f"{service.worker_id}: discovery")
         await _bounded(service.stop(), 10, f"{service.worker_id}: stop")
+        service.tasks.cancel()
         await service.bus.drain()
         await runner.cleanup()
+
+
+async def _drain(service: Service) -> None:
+    """Refuse new work, finish (or hand off) what is held, then deregister."""
+    service.draining = True
+    await _beat(service)      # the conductor stops placing here now, not a beat later
+    log.info("%s draining (up to %.0fs)", service.worker_id, service.config.drain_timeout)
+    done = await _bounded(service.drain(), service.config.drain_timeout,
+                          f"{service.worker_id}: drain")
+    if not done:
+        await _bounded(service.abandon(), 10, f"{service.worker_id}: hand-off")
+    service.leaving = True
+    await _beat(service)
 
 
 def run(service: Service) -> int:
@@ -108,7 +145,7 @@ def run(service: Service) -> int:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, service.stopped.set)
+            loop.add_signal_handler(sig, _on_signal, service)
         await serve(service)
 
     try:
@@ -116,7 +153,17 @@ def run(service: Service) -> int:
     except KvstackError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return 0
+    return service.exit_code
+
+
+def _on_signal(service: Service) -> None:
+    """The first SIGTERM/SIGINT drains; a second one stops at once."""
+    if not service.stopped.is_set():
+        service.stopped.set()
+        return
+    log.warning("%s: second signal; stopping without finishing the drain", service.worker_id)
+    logging.shutdown()
+    os._exit(1)
 
 
 async def _start_http(service: Service) -> web.AppRunner:
@@ -167,21 +214,19 @@ async def _register(service: Service):
     return micro
 
 
-async def _heartbeats(service: Service) -> None:
-    while True:
-        await _beat(service)
-        await asyncio.sleep(service.config.heartbeat_interval)
-
-
 async def _beat(service: Service) -> None:
+    beat = replace(service.heartbeat(), instance=service.instance, stopped=service.leaving)
     try:
-        await service.bus.publish(subjects.heartbeat(service.name), service.heartbeat())
+        await service.bus.publish(subjects.heartbeat(service.name), beat)
     except Exception as e:  # a NATS hiccup must not end the heartbeats
         log.warning("%s: heartbeat failed: %s", service.worker_id, e)
 
 
-async def _bounded(coro, timeout: float, what: str) -> None:
+async def _bounded(coro, timeout: float, what: str) -> bool:
+    """Whether `coro` finished within `timeout` seconds."""
     try:
         await asyncio.wait_for(coro, timeout)
     except TimeoutError:
         log.warning("%s took longer than %.0fs; going on", what, timeout)
+        return False
+    return True

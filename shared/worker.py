@@ -20,6 +20,8 @@ class WorkerConfig(ServiceConfig):
     kv_cache_bytes: int = 1 << 30
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
+    long_prefill_tokens: int | None = None   # a prompt's chunk while others prefill (None:
+                                             # the scheduler's default, 0: no limit)
     num_threads: int | None = None
     enable_prefix_cache: bool = True
     data_host: str = "127.0.0.1"       # where this worker receives KV bytes
@@ -43,7 +45,8 @@ class WorkerConfig(ServiceConfig):
         return EngineConfig(
             model=self.model, dtype=self.dtype, block_size=self.block_size,
             kv_cache_bytes=self.kv_cache_bytes, max_num_batched_tokens=self.max_num_batched_tokens,
-            max_num_seqs=self.max_num_seqs, num_threads=self.num_threads, detokenize=False,
+            max_num_seqs=self.max_num_seqs, long_prefill_tokens=self.long_prefill_tokens,
+            num_threads=self.num_threads, detokenize=False,
             enable_prefix_cache=self.enable_prefix_cache, mock=self.mock,
             max_model_len=self.max_model_len)
 

@@ -61,14 +61,19 @@ class AttentionWorkerService(Service):
             await bus.serve(subjects.attention_op(self.worker_id, op), handler, expected=kind)
         await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
                         expected=StatsRequest)
-        self.janitor = asyncio.ensure_future(self._expire())
+        self.tasks.every(1.0, self._expire, "expiring unsettled KV")
 
     def _advertised(self, bound: str) -> str:
         host = self.config.advertise_host
         return f"{host}:{bound.rpartition(':')[2]}" if host else bound
 
+    async def drain(self) -> None:
+        """Keep serving attention until the decode worker released every request (new
+        ones are refused meanwhile, so it places them elsewhere)."""
+        while self.slot.shard is not None and self.slot.shard.request_blocks:
+            await asyncio.sleep(0.05)
+
     async def stop(self) -> None:
-        self.janitor.cancel()
         self.link.stop()
         self.receiver.stop()
 
@@ -83,8 +88,12 @@ class AttentionWorkerService(Service):
                          free_blocks=total - used, total_blocks=total, draining=self.draining)
 
     async def _attach(self, msg: AttentionAttach) -> AttentionAttached:
-        try:
-            shard = AttentionShard(msg, self.config.kv_cache_bytes, asyncio.get_running_loop())
+        if self.draining:
+            return AttentionAttached(False, error="attention worker is draining")
+        loop = asyncio.get_running_loop()
+        try:   # NOTE: allocating the pool takes seconds on a busy machine: off the loop
+            shard = await asyncio.to_thread(AttentionShard, msg, self.config.kv_cache_bytes,
+                                            loop)
         except KvstackError as e:
             return AttentionAttached(False, error=str(e))
         if self.decode_id and self.decode_id != msg.decode_id:
@@ -99,6 +108,8 @@ class AttentionWorkerService(Service):
         shard = self.slot.shard
         if shard is None:
             return Ack(msg.request_id, False, "attention worker is not attached", 503)
+        if self.draining:
+            return Ack(msg.request_id, False, "attention worker is draining", 503)
         try:
             shard.hold(msg.request_id, msg.block_ids)
         except ValueError as e:
@@ -136,12 +147,10 @@ class AttentionWorkerService(Service):
         shard.release([request_id])
 
     async def _expire(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            shard = self.slot.shard
-            for request_id in shard.inbox.expired(time.time()) if shard else ():
-                log.warning("request %s: KV never settled; dropping it", request_id)
-                await self._drop(shard, request_id)
+        shard = self.slot.shard
+        for request_id in shard.inbox.expired(time.time()) if shard else ():
+            log.warning("request %s: KV never settled; dropping it", request_id)
+            await self._drop(shard, request_id)
 
     async def _stats(self, _: StatsRequest) -> AttentionStats:
         shard = self.slot.shard

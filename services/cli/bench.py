@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import argparse
 
-from services.cli import (bench_conductor, bench_engine, bench_kvstore, bench_offload,
-                          bench_transfer)
+from services.cli import (bench_conductor, bench_engine, bench_fairness, bench_kvstore,
+                          bench_offload, bench_transfer)
 
-BENCHMARKS = (bench_engine, bench_transfer, bench_kvstore, bench_conductor, bench_offload)
+BENCHMARKS = (bench_engine, bench_fairness, bench_transfer, bench_kvstore, bench_conductor,
+              bench_offload)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

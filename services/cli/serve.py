@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 
+from services.gateway.backend import BackendTimeouts
 from shared.costmodel import HARDWARE, MODELS
 from shared.engine.config import DTYPE_CHOICES
 from shared.engine.mock import ENGINES, MOCK_MAX_MODEL_LEN, MockSpec
@@ -36,6 +37,10 @@ def add_worker(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache size in GiB")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--long-prefill-tokens", type=int, default=None,
+                   help="most prompt tokens one request computes per step while others "
+                        "prefill too (default: max(block size, max-num-batched-tokens / 4); "
+                        "0: no limit, a long prompt may hold the whole step)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (1-2 on CPU)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="no local prefix cache (reuse only through the kvstore pool)")
@@ -107,7 +112,8 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         **common_config(args), model=args.model, dtype=args.dtype, block_size=args.block_size,
         kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        num_threads=args.threads, enable_prefix_cache=not args.no_prefix_cache,
+        long_prefill_tokens=args.long_prefill_tokens, num_threads=args.threads,
+        enable_prefix_cache=not args.no_prefix_cache,
         data_host=args.data_host, data_port=args.data_port,
         advertise_data_addr=args.advertise_data_addr, transport=args.transport,
         data_token=os.environ.get("KVSTACK_DATA_TOKEN", ""), **engine_options(args))
@@ -154,8 +160,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     gateway.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                          help="the workers' dtype (names KV blocks)")
     gateway.add_argument("--block-size", type=int, default=16, help="the workers' block size")
+    add_reliability(gateway)
     add_engine(gateway)
     gateway.set_defaults(run=run_gateway)
+
+
+def add_reliability(p: argparse.ArgumentParser) -> None:
+    """How the gateway moves a request off a worker that was lost (`kvstack up` too)."""
+    d = BackendTimeouts()
+    p.add_argument("--migration-limit", type=int, default=d.migration_limit,
+                   help="times a streaming request may move to another worker after tokens "
+                        "arrived (its worker died or stopped); then it ends with an error")
+    p.add_argument("--placement-wait", type=float, default=d.placement_wait,
+                   help="seconds a request waits for a conductor or a live worker (a restart) "
+                        "before it gets 503")
+
+
+def backend_timeouts(args: argparse.Namespace) -> BackendTimeouts:
+    if args.migration_limit < 0 or args.placement_wait < 0:
+        raise KvstackError("--migration-limit and --placement-wait must not be negative")
+    return BackendTimeouts(migration_limit=args.migration_limit,
+                           placement_wait=args.placement_wait)
 
 
 def add_scheduling(p: argparse.ArgumentParser) -> None:
@@ -239,6 +264,8 @@ def run_kvstore(args: argparse.Namespace) -> int:
     from services.kvstore.service import KvstoreConfig, KvstoreService
     if args.disk_gib > 0 and not args.disk_dir:
         raise KvstackError("--disk-gib needs --disk-dir")
+    if args.dram_gib < 0 or args.disk_gib < 0:
+        raise KvstackError("--dram-gib and --disk-gib must not be negative")
     config = KvstoreConfig(
         **common_config(args), dram_bytes=int(args.dram_gib * (1 << 30)),
         disk_dir=args.disk_dir, disk_bytes=int(args.disk_gib * (1 << 30)),
@@ -255,7 +282,8 @@ def run_gateway(args: argparse.Namespace) -> int:
                            served_model_name=args.served_model_name, api_key=args.api_key,
                            max_tokens_limit=args.max_tokens_limit, dtype=args.dtype,
                            block_size=args.block_size, mock=engine["mock"],
-                           max_model_len=engine["max_model_len"] or 0)
+                           max_model_len=engine["max_model_len"] or 0,
+                           timeouts=backend_timeouts(args))
     return run(GatewayService(config))
 
 

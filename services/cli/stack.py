@@ -1,25 +1,49 @@
 """A whole kvstack on this machine: nats-server plus one process per service.
 
 Used by `kvstack up` and by the end-to-end tests, so what is tested is what users run.
+
+    stack = Stack(StackConfig(..., restart=RestartPolicy(), metrics_port=0))
+    stack.start()         # nats-server first, then every service; logs rotated
+    stack.wait_ready()    # until every service beats and the gateway answers /health
+    ...
+    stack.stop()          # drains: gateway, workers, attention workers, the rest, nats last
+
+With `restart` set, `start()` also starts the supervisor (`supervisor.py`): a child that
+exits, nats-server included, is started again with the same command line after a
+backoff, and `check_alive()` raises only once it gave up on one. Without it (the
+tests that kill a child on purpose) any exited child makes `check_alive()` raise.
+For fault tests: `process(name)` is the live `Process` (its `popen` changes on a
+restart), `restarts(name)` counts its restarts, `restart_nats()` stops nats-server and
+starts it again on the same port, `kill()` SIGKILLs every child and nats-server at once
+(then `stop()` reaps them and cleans up).
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
-import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.cli import stack_process
+from services.cli.restarts import RestartPolicy
+from services.cli.stack_logs import rotate, tail
+from services.cli.stack_process import Process, stop_tiers
+from services.cli.supervisor import Child, Supervisor
+from services.cli.up_metrics import UpMetrics
 from shared import codec, subjects
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 from shared.messages import Heartbeat
 from shared.nats_server import NatsServer
+
+STOP_GRACE = 20.0        # seconds a service may take past its drain to stop and deregister
+PROGRESS_EVERY = 5.0     # seconds between "waiting for ..." lines while starting
 
 
 @dataclass(frozen=True)
@@ -44,18 +68,9 @@ class StackConfig:
     with_gateway: bool = True
     log_dir: Path = Path(".kvstack/logs")
     ready_timeout: float = 300.0
-
-
-@dataclass
-class Process:
-    name: str
-    args: list[str]        # after `kvstack`: the service first
-    popen: subprocess.Popen
-    log_path: Path
-
-    @property
-    def service(self) -> str:
-        return self.args[0]
+    drain_timeout: float = 30.0        # every child's --drain-timeout
+    restart: RestartPolicy | None = None   # None: no supervisor, an exited child is an error
+    metrics_port: int | None = None    # the stack's own /metrics (0: a free port; None: off)
 
 
 @dataclass
@@ -64,20 +79,38 @@ class Stack:
     nats: NatsServer | None = None
     nats_url: str = ""
     processes: list[Process] = field(default_factory=list)
+    metrics: UpMetrics = field(default_factory=UpMetrics)
+    supervisor: Supervisor | None = None
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    _logs_begun: set[str] = field(default_factory=set, repr=False)
 
     @property
     def api_url(self) -> str:
         return f"http://{self.config.host}:{self.config.port}"
 
     def start(self) -> None:
-        self.config.log_dir.mkdir(parents=True, exist_ok=True)
-        if self.config.nats_url:
-            self.nats_url = self.config.nats_url
+        cfg = self.config
+        cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.metrics_port is not None:
+            self._serve_metrics()
+        if cfg.nats_url:
+            self.nats_url = cfg.nats_url
         else:
-            self.nats = NatsServer()
+            self.nats = NatsServer(log_path=self._log_path(NatsServer.name))
             self.nats_url = self.nats.url
         for name, args in self.commands():
             self.spawn(name, args)
+        if cfg.restart is not None:
+            self.supervisor = Supervisor(cfg.restart, self._children, self._lock,
+                                         self.metrics, say)
+            self.supervisor.start()
+
+    def _serve_metrics(self) -> None:
+        host, port = self.config.host, self.config.metrics_port
+        try:
+            self.metrics.serve(host, port)
+        except OSError as e:
+            raise KvstackError(f"cannot serve metrics on {host}:{port}: {e.strerror}") from None
 
     def commands(self) -> list[tuple[str, list[str]]]:
         cfg = self.config
@@ -103,46 +136,81 @@ class Stack:
             commands.append(("gateway-0", [
                 "gateway", "--worker-id", "gateway-0", "--model", cfg.model, "--host", cfg.host,
                 "--http-port", str(cfg.port), *engine, *cfg.gateway_args]))
-        return commands
+        drain = ["--drain-timeout", f"{cfg.drain_timeout:g}"]
+        return [(name, [*args, *drain]) for name, args in commands]
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
         """Run `kvstack <args>`; the NATS URL comes from KVSTACK_NATS unless args give one."""
-        log_path = self.config.log_dir / f"{name}.log"
-        argv = [sys.executable, "-m", "services.cli.main", *args]
         env = {**os.environ, "KVSTACK_NATS": self.nats_url, "PYTHONUNBUFFERED": "1",
                **(env or {})}
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
-        process = Process(name, list(args), popen, log_path)
-        self.processes.append(process)
+        with self._lock:
+            process = Process.launch(name, args, env, self._log_path(name))
+            self.processes.append(process)
         return process
 
+    def process(self, name: str) -> Process:
+        """The live child called `name` (after a restart, its new process)."""
+        return next(p for p in self.processes if p.name == name)
+
+    def restarts(self, name: str) -> int:
+        """How often the supervisor restarted `name` (nats-server included)."""
+        return self.supervisor.restarts[name] if self.supervisor is not None else 0
+
+    def restart_nats(self) -> None:
+        """Stop the local nats-server and start it again on the same port and store."""
+        if self.nats is None:
+            raise KvstackError("this stack uses a NATS server it did not start")
+        with self._lock:
+            self.nats.restart()
+
     def wait_ready(self) -> None:
-        """Until every service beats and the gateway answers /health; raises on a crash."""
+        """Until every service beats and the gateway answers /health; raises on a crash
+        (supervised: once the supervisor gave up on a child)."""
+        deadline = time.monotonic() + self.config.ready_timeout
         expected = Counter(p.service for p in self.processes)
-        asyncio.run(self._await_heartbeats(expected, time.monotonic() + self.config.ready_timeout))
+        asyncio.run(self._await_heartbeats(expected, deadline))
         if self.config.with_gateway:
-            self._await_gateway(time.monotonic() + 30)
+            self._await_gateway(max(deadline, time.monotonic() + 30))
 
     async def _await_heartbeats(self, expected: Counter, deadline: float) -> None:
         import nats
         seen: dict[str, str] = {}   # worker id -> service
-        nc = await nats.connect(self.nats_url, error_cb=_quiet, max_reconnect_attempts=3)
+        nc = await nats.connect(self.nats_url, error_cb=_quiet, max_reconnect_attempts=-1)
 
         async def on_beat(msg) -> None:
             beat = codec.decode(msg.data, Heartbeat)
             seen[beat.worker_id] = beat.service
         await nc.subscribe(subjects.all_heartbeats(), cb=on_beat)
         try:
-            while missing := expected - Counter(seen.values()):
-                self.check_alive()
-                if time.monotonic() > deadline:
-                    raise KvstackError(f"not ready within {self.config.ready_timeout:.0f}s: "
-                                       f"waiting for {', '.join(sorted(missing))}")
-                await asyncio.sleep(0.2)
+            await self._until_seen(expected, seen, deadline)
         finally:
             await nc.close()
+
+    async def _until_seen(self, expected: Counter, seen: dict[str, str], deadline: float
+                          ) -> None:
+        began, restarts = time.monotonic(), self._total_restarts()
+        next_report = began + PROGRESS_EVERY
+        while waiting := self._not_ready(expected, seen):
+            self.check_alive()
+            if restarts != self._total_restarts():   # a restarted child must beat anew
+                seen.clear()
+                restarts = self._total_restarts()
+            now = time.monotonic()
+            if now > deadline:
+                raise KvstackError(f"not ready within {self.config.ready_timeout:.0f}s: "
+                                   f"waiting for {', '.join(waiting)}")
+            if now >= next_report:
+                say(f"waiting for {', '.join(waiting)} ({now - began:.0f}s)")
+                next_report += PROGRESS_EVERY
+            await asyncio.sleep(0.2)
+
+    def _not_ready(self, expected: Counter, seen: dict[str, str]) -> list[str]:
+        """Who is not ready: a child not running (restarting), or one not heard from yet
+        (by name where its name is its worker id, else by service)."""
+        missing = expected - Counter(seen.values())
+        names = [p.name for p in self.processes
+                 if p.popen.poll() is not None or (p.service in missing and p.name not in seen)]
+        return names or sorted(missing)
 
     def _await_gateway(self, deadline: float) -> None:
         while True:
@@ -158,25 +226,61 @@ class Stack:
             time.sleep(0.2)
 
     def check_alive(self) -> None:
+        if self.supervisor is not None:
+            if self.supervisor.failure is not None:
+                raise self.supervisor.failure
+            return
         for process in self.processes:
             code = process.popen.poll()
             if code is not None:
                 raise KvstackError(f"{process.name} exited with code {code}; its log "
                                    f"({process.log_path}) ends with:\n{tail(process.log_path)}")
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM in reverse start order (gateway first, so nothing new comes in), then wait."""
-        for process in reversed(self.processes):
-            _signal(process, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for process in reversed(self.processes):
-            try:
-                process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal(process, signal.SIGKILL)
-                process.popen.wait()
+    def stop(self) -> None:
+        """Drain and stop, one tier after the other (`stack_process.STOP_TIERS`): each gets
+        SIGTERM and its drain timeout to exit; nats-server last. Nothing restarts now."""
+        self._hold()
+        for tier in stop_tiers(self.processes):
+            stack_process.terminate(tier, self.config.drain_timeout + STOP_GRACE)
         if self.nats is not None:
             self.nats.stop()
+        self.metrics.close()
+        if self.supervisor is not None:   # after every child it may have started ended
+            self.supervisor.close()
+
+    def kill(self) -> None:
+        """The forced stop: SIGKILL every child's process group, then nats-server, at once
+        and without waiting (so a signal handler may call it, also amid stop()); stop()
+        then reaps them and cleans up."""
+        self._hold()
+        for process in self.processes:
+            process.signal(signal.SIGKILL)
+        if self.nats is not None:
+            self.nats.kill()
+
+    def _hold(self) -> None:
+        with self._lock:
+            if self.supervisor is not None:
+                self.supervisor.hold()
+
+    def _children(self) -> list[Child]:
+        return [*([self.nats] if self.nats is not None else []), *self.processes]
+
+    def _total_restarts(self) -> int:
+        return self.supervisor.restarts.total() if self.supervisor is not None else 0
+
+    def _log_path(self, name: str) -> Path:
+        """`name`'s log; the first time in this stack, last run's log moves to name.log.1."""
+        path = self.config.log_dir / f"{name}.log"
+        if name not in self._logs_begun:
+            self._logs_begun.add(name)
+            rotate(path)
+        return path
+
+
+def say(message: str) -> None:
+    """What `kvstack up` (and a stack under test) tells its user, on stderr."""
+    print(f"kvstack: {message}", file=sys.stderr, flush=True)
 
 
 def engine_args(mock: MockSpec | None) -> list[str]:
@@ -189,27 +293,3 @@ def engine_args(mock: MockSpec | None) -> list[str]:
 
 async def _quiet(e: Exception) -> None:
     pass
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if `kvstack up` dies, so no service outlives it (Linux)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def _signal(process: Process, sig: int) -> None:
-    if process.popen.poll() is None:
-        try:
-            os.killpg(process.popen.pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

@@ -40,7 +40,12 @@ class Conductor:
         self.policy = POLICIES[self.config.policy]
 
     def observe(self, hb: Heartbeat) -> None:
-        if hb.service in ("prefill", "decode", "kvstore"):
+        if hb.service not in ("prefill", "decode", "kvstore"):
+            return
+        old = self.state.heartbeats.get(hb.worker_id)
+        if hb.stopped or (old is not None and old.instance != hb.instance):
+            self.forget(hb.worker_id)   # it left, or restarted with empty caches
+        if not hb.stopped:
             self.state.observe(hb)
 
     def apply(self, event: KVEvent) -> None:
@@ -59,6 +64,11 @@ class Conductor:
             self.index.forget(worker_id)
             self.ledger.forget(worker_id)
         return dead
+
+    def forget(self, worker_id: str) -> None:
+        self.state.forget(worker_id)
+        self.index.forget(worker_id)
+        self.ledger.forget(worker_id)
 
     def place(self, request: PlacementRequest, now: float) -> Placement:
         self.forget_dead(now)

@@ -55,7 +55,12 @@ class ConductorService(Service):
                         expected=PlacementRequest)
         await bus.serve(subjects.conductor_stats(), self._stats, expected=StatsRequest)
         # NOTE: after a restart the index is empty; every cache answers with a snapshot.
-        await bus.publish(subjects.kv_resync(), KVResync(self.worker_id))
+        # After a NATS outage events may be lost: the same question rebuilds it.
+        await self._resync()
+        bus.on_reconnect.append(self._resync)
+
+    async def _resync(self) -> None:
+        await self.bus.publish(subjects.kv_resync(), KVResync(self.worker_id))
 
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
         self.core.observe(hb)

@@ -50,6 +50,12 @@ class ClusterState:
             self._loads = None
         self._refresh(hb.worker_id)
 
+    def forget(self, worker_id: str) -> None:
+        """A worker that left (a clean stop): no longer placed on, at once."""
+        if self.heartbeats.pop(worker_id, None) is not None:
+            self.pending.pop(worker_id, None)
+            self._loads = None
+
     def assign(self, worker_id: str, num_tokens: int, seconds: float = 0.0,
                until: float = math.inf) -> None:
         """Count work sent to a worker until its next beat reports it, or until `until`, when

@@ -20,6 +20,9 @@ from shared.transfer.attention.client import AttentionLink, AttentionLost
 from services.attention_worker.shard import kv_head_range
 
 log = logging.getLogger("kvstack.decode")
+# An attach allocates the worker's KV pool: seconds on a machine busy starting a dozen
+# processes, so it gets far longer than a control round trip.
+ATTACH_TIMEOUT = 120.0
 
 
 class AttentionGroup:
@@ -67,7 +70,8 @@ class AttentionGroup:
                               m.num_kv_heads, m.head_dim, self.block_size, self.dtype)
         try:
             reply = await self.bus.request(subjects.attention_op(worker_id, "attach"), msg,
-                                           self.timeout, expected=AttentionAttached)
+                                           max(self.timeout, ATTACH_TIMEOUT),
+                                           expected=AttentionAttached)
         except ServiceUnavailable as e:
             raise KvstackError(f"attention worker {worker_id}: {e}") from None
         if not reply.ok:

@@ -44,6 +44,9 @@ log = logging.getLogger("kvstack.decode")
 # ("cannot admit") rather than filling the pool so tightly that requests preempt at once.
 ADMISSION_HEADROOM_TOKENS = 64
 RESERVATION_TTL = 30.0
+# At start attention workers may still be loading (a dozen processes share the machine):
+# wait for them as long as `kvstack up` waits for the whole stack.
+ATTENTION_START_WAIT = 300.0
 
 
 class DecodeService(Service):
@@ -77,8 +80,9 @@ class DecodeService(Service):
         else:
             await self._start_local(bus, loop, token)
         self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs, step=self._step)
+        self.engine_loop.on_broken = lambda reason: self.fail(f"engine broken: {reason}")
         self.engine_loop.start()
-        self.janitor = asyncio.ensure_future(self._expire_reservations())
+        self.tasks.every(1.0, self._expire_reservations, "expiring reservations")
         await bus.serve(subjects.decode_reserve(self.worker_id), self._reserve, expected=KVReserve)
         await bus.serve(subjects.decode_commit(self.worker_id), self._commit, expected=KVCommit)
         await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
@@ -107,7 +111,8 @@ class DecodeService(Service):
         self.group = AttentionGroup(bus, self.worker_id, self.config.attention_workers, model,
                                     config.resolved_dtype, config.block_size, token,
                                     self.config.request_timeout)
-        await self.group.wait_for_workers(self.config.attention_recovery_timeout)
+        await self.group.wait_for_workers(max(self.config.attention_recovery_timeout,
+                                              ATTENTION_START_WAIT))
         num_blocks = await self.group.attach()
         config = dataclasses.replace(config, num_blocks=num_blocks, local_kv=False,
                                      enable_prefix_cache=False)
@@ -129,11 +134,21 @@ class DecodeService(Service):
                                 self.http_addr, self.data_addr, self.draining)
 
     async def drain(self) -> None:
+        """Decode what was adopted to the end (new reservations are refused meanwhile)."""
         while self.next_seq or len(self.incoming):
             await asyncio.sleep(0.05)
 
+    async def abandon(self) -> None:
+        """Past the drain timeout: hand each request still decoding back to its gateway,
+        which places it again with the tokens so far (none is lost), and free it here."""
+        for request_id in list(self.next_seq):
+            seq = self.next_seq.pop(request_id)   # first: no token may follow the hand-back
+            error = f"decode worker {self.worker_id} is stopping; moving the request"
+            await self.bus.publish(subjects.tokens(request_id), TokenEvent(
+                request_id, seq, finished=True, finish_reason="error", error=error, code=503))
+            await self.engine_loop.call(lambda e, rid=request_id: self._abort(e, rid))
+
     async def stop(self) -> None:
-        self.janitor.cancel()
         self.engine_loop.stop()
         if self.receiver is not None:
             self.receiver.stop()
@@ -218,11 +233,9 @@ class DecodeService(Service):
             await self.engine_loop.call(lambda e: e.release(request_id))
 
     async def _expire_reservations(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            for request_id in self.incoming.expired(time.time()):
-                log.warning("request %s: KV never committed; releasing its blocks", request_id)
-                await self._release(request_id)
+        for request_id in self.incoming.expired(time.time()):
+            log.warning("request %s: KV never committed; releasing its blocks", request_id)
+            await self._release(request_id)
 
     # -- decoding -------------------------------------------------------------------------
 
@@ -272,12 +285,14 @@ class DecodeService(Service):
 
     def _on_outputs(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
-            if out.request_id in self.next_seq:
-                asyncio.ensure_future(self.bus.publish(subjects.tokens(out.request_id),
-                                                       self._event(out)))
+            rid = out.request_id
+            if rid in self.next_seq:
+                self.tasks.spawn(self.bus.publish(subjects.tokens(rid), self._event(out)),
+                                 f"publishing tokens of {rid}")
             if out.finished and self.pool is not None:   # held only when a pool exists
-                asyncio.ensure_future(write_back(self.pool, self.engine_loop, out.request_id,
-                                                 f"{out.request_id}:turn"))
+                self.tasks.spawn(write_back(self.pool, self.engine_loop, rid, f"{rid}:turn"),
+                                 f"writing {rid} back to the pool",
+                                 on_error=lambda _, rid=rid: self._free_held(rid))
 
     def _event(self, out: RequestOutput) -> TokenEvent:
         seq = self.next_seq[out.request_id]
@@ -287,8 +302,8 @@ class DecodeService(Service):
         if out.finished:
             del self.next_seq[out.request_id]
             self.num_done += 1
-            if out.finish_reason == "error":
-                error, code = str(out.stop_reason), 500
+            if out.finish_reason == "error":   # the engine's fault: another worker goes on
+                error, code = str(out.stop_reason), 500 if out.error_kind == "request" else 503
         return TokenEvent(out.request_id, seq, out.new_token_ids, out.new_logprobs,
                           out.finished, out.finish_reason, out.num_prompt_tokens,
                           out.num_cached_tokens, error, code)
@@ -300,6 +315,9 @@ class DecodeService(Service):
         if self.next_seq.pop(rid, None) is not None:
             # NOTE: an aborted request is not written back: free its (held) blocks now.
             await self.engine_loop.call(lambda e: self._abort(e, rid))
+
+    def _free_held(self, request_id: str):
+        return self.engine_loop.call(lambda e: e.release(request_id))
 
     def _abort(self, engine: LLMEngine, request_id: str) -> None:
         if engine.abort(request_id):

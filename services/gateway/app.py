@@ -89,20 +89,22 @@ class GatewayApp:
         return await self._generate(request, parse_chat)
 
     async def _generate(self, request: web.Request, parse) -> web.StreamResponse:
+        if self.service.draining:
+            raise errors.service_unavailable("the gateway is shutting down; retry on another",
+                                             retry_after_s=1)
         body = decode_body(await request.read(), self.service.limits)
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         req = parse(body, self.service.tokenizer, self.service.limits,
                     self.service.served_model, _internal_id(request_id),
                     self.service.model_aliases)
         relay = Relay(req, self.service.tokenizer, self.service.backend)
-        self.service.inflight.inc()
+        self.service.begin()
         try:
             if req.stream:
                 return await self._stream(request, req, relay)
             return await self._complete(req, relay)
         finally:
-            self.service.inflight.dec()
-            self.service.observe(relay)
+            self.service.end(relay)
 
     async def _complete(self, req: GenerateRequest, relay: Relay) -> web.Response:
         text, entries, finish = "", [], "length"
@@ -125,17 +127,31 @@ class GatewayApp:
         await response.prepare(request)
         self.service.count_request(200)
         try:
+            await self._write_stream(response, req, relay, first, pieces)
+        except ConnectionResetError:   # the client left; its request is aborted below
+            log.info("request %s: the client went away mid-stream", req.request_id)
+        finally:
+            await pieces.aclose()
+        return response
+
+    async def _write_stream(self, response: web.StreamResponse, req: GenerateRequest,
+                            relay: Relay, first, pieces) -> None:
+        """Chunks, then usage and [DONE]; once the status line is out, any error travels
+        in the stream as an error event (never a second HTTP response inside it)."""
+        try:
             await response.write(sse_event(self._chunk(req, first, True)))
             async for piece in pieces:
                 await response.write(sse_event(self._chunk(req, piece, False)))
             if req.include_usage:
                 await response.write(sse_event(usage_chunk(req, relay.usage())))
-        except ApiError as e:  # the status line is gone: the error travels in the stream
+        except ApiError as e:
             await response.write(sse_error(e))
-        finally:
-            await pieces.aclose()
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception:   # a bug: still a clear end of the stream
+            log.exception("request %s failed mid-stream", req.request_id)
+            await response.write(sse_error(errors.internal_error()))
         await response.write(SSE_DONE)
-        return response
 
     @staticmethod
     def _chunk(req: GenerateRequest, piece, first: bool) -> dict:

@@ -1,19 +1,24 @@
-"""The gateway's side of NATS: place a request, dispatch it, relay its tokens in order.
+"""The gateway's side of NATS: place a request, dispatch it, relay its tokens in order, and
+place it again when a worker is lost.
 
-Each attempt has its own internal request id, so a retry never sees a stale token of
-an earlier attempt. A retryable failure (no worker answered, KV refused) before any
-token reached the client is retried; anything else becomes an ApiError.
+Each attempt has its own internal request id, so no stale token of an earlier attempt can
+mix in. An attempt that fails in a way another worker can fix (no worker answered, KV
+refused, a worker died or was restarted, a worker handed the request back while stopping,
+the NATS connection was re-established) raises `WorkerLost`; `Progress` decides whether
+the request is retried (nothing arrived yet) or migrated (prompt + tokens so far are
+prefilled again elsewhere and the same stream goes on), or has used up its attempts.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from services.gateway.errors import from_status, service_unavailable
 from services.gateway.liveness import Liveness
+from services.gateway.progress import Progress, WorkerLost
 from services.gateway.protocol import GenerateRequest
 from shared import codec, subjects
 from shared.bus import Bus, ServiceUnavailable
@@ -22,6 +27,7 @@ from shared.hashing import block_hashes
 from shared.messages import Abort, Ack, Placement, PlacementRequest, PrefillRequest, TokenEvent
 
 log = logging.getLogger("kvstack.gateway")
+PLACEMENT_RETRY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -29,50 +35,71 @@ class BackendTimeouts:
     control: float = 5.0          # one request/reply on the bus
     first_token: float = 300.0    # placement to first token (queueing included)
     next_token: float = 60.0      # silence between two tokens of a running request
-    max_attempts: int = 3
+    max_attempts: int = 3         # placements before the first token arrived
+    migration_limit: int = 3      # placements after tokens arrived (--migration-limit)
+    placement_wait: float = 10.0  # waiting for a conductor or a live worker to place on
 
 
-class _Retry(Exception):
-    def __init__(self, reason: str, exclude: tuple[str, ...] = ()) -> None:
-        super().__init__(reason)
-        self.exclude = exclude
+@dataclass
+class _Attempt:
+    """One placement of a request: its id, its workers and what it may be lost to."""
+    request_id: str
+    placement: Placement
+    watched: tuple[tuple[str, str], ...]
+    epoch: int
 
 
 class Backend:
     def __init__(self, bus: Bus, timeouts: BackendTimeouts, block_size: int = 16,
-                 namespace: str = "", liveness: Liveness | None = None) -> None:
+                 namespace: str = "", liveness: Liveness | None = None,
+                 on_lost: Callable[[str, bool], None] | None = None) -> None:
         self.bus = bus
         self.timeouts = timeouts
         self.block_size = block_size
         self.namespace = namespace
         self.liveness = liveness or Liveness()
+        self.on_lost = on_lost        # (why, migrated) of each re-placement, for metrics
+        self.epoch = 0                # NATS (re)connections: events may be lost in between
+        self.closing = False          # shutting down: end what is in flight
 
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        """Token events of `req` in order; the last one has finished=True."""
-        exclude: tuple[str, ...] = ()
-        reason = ""
-        for attempt in range(self.timeouts.max_attempts):
+    def reconnected(self) -> None:
+        self.epoch += 1
+        self.liveness.reconnected()
+
+    def progress(self, req: GenerateRequest) -> Progress:
+        return Progress(req, self.timeouts.max_attempts, self.timeouts.migration_limit)
+
+    async def generate(self, progress: Progress) -> AsyncIterator[TokenEvent]:
+        """Token events of the request in order, across attempts; the last one has
+        finished=True."""
+        while True:
             try:
-                async for event in self._attempt(req, f"{req.request_id}-{attempt}", exclude):
-                    yield event
+                async for event in self._attempt(progress):
+                    yield progress.record(event)
                 return
-            except _Retry as retry:
-                reason, exclude = str(retry), exclude + retry.exclude
-                log.info("request %s: attempt %d failed (%s); retrying", req.request_id,
-                         attempt + 1, reason)
-        raise service_unavailable(f"request failed after {self.timeouts.max_attempts} "
-                                  f"attempts: {reason}", retry_after_s=1)
+            except WorkerLost as lost:
+                progress.lost(lost)      # raises once the request is out of attempts
+                self._count(lost, progress)
 
-    async def _attempt(self, req: GenerateRequest, internal_id: str,
-                       exclude: tuple[str, ...]) -> AsyncIterator[TokenEvent]:
+    def _count(self, lost: WorkerLost, progress: Progress) -> None:
+        moved = "migrating" if progress.token_ids else "retrying"
+        log.info("request %s: %s (%s) after %d tokens", progress.req.request_id, moved, lost,
+                 len(progress.token_ids))
+        if self.on_lost is not None:
+            self.on_lost(lost.why, bool(progress.token_ids))
+
+    async def _attempt(self, progress: Progress) -> AsyncIterator[TokenEvent]:
+        request_id, epoch = progress.next_attempt(), self.epoch
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        sub = await self.bus.nc.subscribe(subjects.tokens(internal_id), cb=_enqueuer(events))
+        sub = await self.bus.nc.subscribe(subjects.tokens(request_id), cb=_enqueuer(events))
         finished = False
         try:
-            placement = await self._place(req, internal_id, exclude)
-            await self._submit(req, internal_id, placement)
-            async for event in self._ordered(events, (placement.prefill_id, placement.decode_id)):
-                self._check(event, delivered=event.seq > 0)
+            placement = await self._place(progress, request_id)
+            workers = (placement.prefill_id, placement.decode_id)
+            attempt = _Attempt(request_id, placement, self.liveness.watch(workers), epoch)
+            await self._submit(progress, attempt)
+            async for event in self._ordered(events, attempt):
+                _check(event, attempt)
                 finished = event.finished
                 yield event
                 if finished:
@@ -80,8 +107,8 @@ class Backend:
         finally:
             await sub.unsubscribe()
             if not finished:
-                asyncio.ensure_future(self.bus.publish(subjects.abort(),
-                                                       Abort(internal_id, "gateway gave up")))
+                self.bus.tasks.spawn(self.bus.publish(subjects.abort(), Abort(
+                    request_id, "gateway gave up")), f"aborting {request_id}")
 
     def first_block_hash(self, req: GenerateRequest) -> int:
         """The hash naming the prompt's first full block (0: shorter than a block)."""
@@ -89,24 +116,48 @@ class Backend:
         hashes = block_hashes(first, self.block_size, self.namespace)
         return hashes[0] if hashes else 0
 
-    async def _place(self, req: GenerateRequest, internal_id: str,
-                     exclude: tuple[str, ...]) -> Placement:
-        hashes = tuple(block_hashes(req.prompt_token_ids, self.block_size, self.namespace))
-        message = PlacementRequest(internal_id, req.num_prompt_tokens, req.params.max_tokens,
-                                   time.time() + self.timeouts.first_token, hashes, exclude,
-                                   req.slo_ttft, req.slo_tbt)
+    # -- placement and dispatch -------------------------------------------------------------
+
+    async def _place(self, progress: Progress, request_id: str) -> Placement:
+        """Ask the conductor; while none answers or no worker is live, ask again for up to
+        `placement_wait` (a conductor or worker restart takes seconds); overload is final."""
+        deadline = time.monotonic() + self.timeouts.placement_wait
+        while True:
+            placement, reason = await self._ask_conductor(progress, request_id)
+            if placement is not None and placement.accepted:
+                return placement
+            if placement is not None and is_overload(placement.reason):
+                raise service_unavailable(f"request rejected: {placement.reason}",
+                                          retry_after_s=placement.retry_after or 1)
+            if self.closing or time.monotonic() + PLACEMENT_RETRY_S > deadline:
+                raise service_unavailable(reason, retry_after_s=1)
+            await asyncio.sleep(PLACEMENT_RETRY_S)
+
+    async def _ask_conductor(self, progress: Progress,
+                             request_id: str) -> tuple[Placement | None, str]:
+        prompt = progress.prompt_token_ids
+        hashes = tuple(block_hashes(prompt, self.block_size, self.namespace))
+        req = progress.req
+        message = PlacementRequest(request_id, len(prompt), progress.params.max_tokens,
+                                   time.time() + self.timeouts.first_token, hashes,
+                                   self._avoided(progress), req.slo_ttft, req.slo_tbt)
         try:
             placement = await self.bus.request(subjects.place(), message, self.timeouts.control,
                                                expected=Placement)
         except ServiceUnavailable:
-            raise service_unavailable("the conductor is not available", retry_after_s=1)
-        if not placement.accepted:
-            raise service_unavailable(f"request rejected: {placement.reason}",
-                                      retry_after_s=placement.retry_after or 1)
-        return placement
+            return None, "the conductor is not available"
+        return placement, f"request rejected: {placement.reason}"
 
-    async def _submit(self, req: GenerateRequest, internal_id: str, placement: Placement) -> None:
-        message = PrefillRequest(internal_id, req.prompt_token_ids, req.params,
+    def _avoided(self, progress: Progress) -> tuple[str, ...]:
+        """Workers not to place on: lost ones still run by the same process (a restarted
+        one is welcome again), and ones that went quiet (the conductor sees it later)."""
+        lost = {w for w, instance in progress.lost_workers
+                if self.liveness.instance(w) in (instance, None)}
+        return tuple(sorted(lost.union(self.liveness.quiet())))
+
+    async def _submit(self, progress: Progress, attempt: _Attempt) -> None:
+        placement = attempt.placement
+        message = PrefillRequest(attempt.request_id, progress.prompt_token_ids, progress.params,
                                  placement.decode_id, time.time() + self.timeouts.first_token,
                                  placement.prefix_peer, placement.prefix_peer_blocks,
                                  placement.load_prefix, placement.stage_tbt_slo)
@@ -114,14 +165,16 @@ class Backend:
             ack = await self.bus.request(subjects.prefill_submit(placement.prefill_id), message,
                                          self.timeouts.control, expected=Ack)
         except ServiceUnavailable as e:
-            raise _Retry(str(e), (placement.prefill_id,))
+            raise WorkerLost(str(e), attempt.watched[:1])
         if not ack.ok:
             if ack.code == 503:
-                raise _Retry(ack.error, (placement.prefill_id,))
+                raise WorkerLost(ack.error, attempt.watched[:1], "refused")
             raise from_status(ack.code, ack.error)
 
+    # -- token events -------------------------------------------------------------------------
+
     async def _ordered(self, events: asyncio.Queue,
-                       workers: tuple[str, ...]) -> AsyncIterator[TokenEvent]:
+                       attempt: _Attempt) -> AsyncIterator[TokenEvent]:
         """Events by `seq` (prefill and decode publish separately), with timeouts."""
         pending: dict[int, TokenEvent] = {}
         expected = 0
@@ -129,34 +182,51 @@ class Backend:
             while expected in pending:
                 yield pending.pop(expected)
                 expected += 1
+                if expected == 1:   # the prefill worker's part is done; only decode matters
+                    attempt.watched = attempt.watched[1:]
+            if pending and attempt.epoch != self.epoch:   # a gap after a reconnection
+                raise WorkerLost("token events were lost while NATS reconnected",
+                                 why="reconnect")
             timeout = self.timeouts.first_token if expected == 0 else self.timeouts.next_token
-            event = await self._next(events, timeout, workers, delivered=expected > 0)
+            event = await self._next(events, timeout, attempt)
             pending[event.seq] = event
 
-    async def _next(self, events: asyncio.Queue, timeout: float, workers: tuple[str, ...],
-                    delivered: bool) -> TokenEvent:
-        """The next event; checks once a second that the request's workers still beat."""
+    async def _next(self, events: asyncio.Queue, timeout: float,
+                    attempt: _Attempt) -> TokenEvent:
+        """The next event; checks once a second that the attempt's workers still beat."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 return await asyncio.wait_for(events.get(), min(1.0, deadline - time.monotonic()))
             except TimeoutError:
-                dead = self.liveness.dead(workers)
-                if dead is not None:
-                    reason = f"worker {dead} stopped responding"
-                    if not delivered:
-                        raise _Retry(reason, (dead,)) from None
-                    raise service_unavailable(reason, retry_after_s=1) from None
-        raise service_unavailable(f"no token for {timeout:.0f}s; a worker may have stopped",
-                                  retry_after_s=1)
+                self._check_attempt(attempt)
+        if timeout == self.timeouts.first_token:
+            raise service_unavailable(f"no first token within {timeout:.0f}s", retry_after_s=1)
+        raise WorkerLost(f"no token from {attempt.placement.decode_id} for {timeout:.0f}s",
+                         attempt.watched[-1:], "timeout")
 
-    @staticmethod
-    def _check(event: TokenEvent, delivered: bool) -> None:
-        if not event.error:
+    def _check_attempt(self, attempt: _Attempt) -> None:
+        if self.closing:
+            raise service_unavailable("the gateway is shutting down", retry_after_s=1)
+        if attempt.epoch != self.epoch:
+            raise WorkerLost("the gateway's NATS connection was re-established; token events "
+                             "may have been lost", why="reconnect")
+        if not self.bus.connected:   # cut off: silence says nothing about the workers
             return
-        if event.code == 503 and not delivered and not is_overload(event.error):
-            raise _Retry(event.error)
-        raise from_status(event.code, event.error)
+        lost = self.liveness.lost(attempt.watched)
+        if lost is not None:
+            raise WorkerLost(lost[1], tuple(w for w in attempt.watched if w[0] == lost[0]))
+
+
+def _check(event: TokenEvent, attempt: _Attempt) -> None:
+    """A worker's error event: retryable ones (503, not overload) are a lost worker; one
+    from decode (seq > 0: it handed the request back, or its engine failed) is avoided in
+    the next placement."""
+    if not event.error:
+        return
+    if event.code == 503 and not is_overload(event.error):
+        raise WorkerLost(event.error, attempt.watched[-1:] if event.seq > 0 else (), "refused")
+    raise from_status(event.code, event.error)
 
 
 def _enqueuer(events: asyncio.Queue):

@@ -1,26 +1,70 @@
-"""Which workers are alive, from their heartbeats: a request whose worker died fails now,
-not after a token timeout."""
+"""Which workers are alive, from their heartbeats: a request whose worker died is placed
+again now, not after a token timeout.
+
+A worker is lost to a request when it stopped beating, when it said goodbye (the last
+beat of a clean stop), or when its beats come from another process under the same id (it
+was restarted: whatever the old one held is gone).
+"""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from shared.messages import Heartbeat
 
 MISSED_BEATS = 3
+# Placements avoid a worker silent for this many intervals already: the conductor only
+# gives up on it after MISSED_BEATS, and a request sent there meanwhile would be lost.
+QUIET_BEATS = 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    at: float          # monotonic
+    interval: float
+    instance: str
+    stopped: bool
 
 
 class Liveness:
     def __init__(self) -> None:
-        self._last: dict[str, tuple[float, float]] = {}   # worker id -> (seen at, interval)
+        self._last: dict[str, _Seen] = {}
+        self._heard_since = 0.0   # after a reconnection nobody could be heard before it
 
     def observe(self, hb: Heartbeat) -> None:
-        self._last[hb.worker_id] = (time.monotonic(), hb.interval)
+        self._last[hb.worker_id] = _Seen(time.monotonic(), hb.interval, hb.instance, hb.stopped)
 
-    def dead(self, worker_ids: tuple[str, ...]) -> str | None:
-        """The first of `worker_ids` that stopped beating (unknown workers count as alive)."""
+    def reconnected(self) -> None:
+        """Silence while this gateway was cut off says nothing about the workers."""
+        self._heard_since = time.monotonic()
+
+    def watch(self, worker_ids: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+        """(worker id, its process now) for each worker: what `lost` compares with."""
+        return tuple((w, self._last[w].instance if w in self._last else "") for w in worker_ids)
+
+    def instance(self, worker_id: str) -> str | None:
+        """The process behind `worker_id` now (None: never heard of)."""
+        seen = self._last.get(worker_id)
+        return None if seen is None else seen.instance
+
+    def quiet(self) -> tuple[str, ...]:
+        """Workers to avoid in a placement: silent for a while, or stopped."""
         now = time.monotonic()
-        for worker_id in worker_ids:
+        return tuple(w for w, seen in self._last.items() if seen.stopped or
+                     now - max(seen.at, self._heard_since) > QUIET_BEATS * seen.interval)
+
+    def lost(self, watched: tuple[tuple[str, str], ...]) -> tuple[str, str] | None:
+        """(worker id, why) of the first watched worker that is gone, or None; unknown
+        workers count as alive."""
+        now = time.monotonic()
+        for worker_id, instance in watched:
             seen = self._last.get(worker_id)
-            if seen is not None and now - seen[0] > MISSED_BEATS * seen[1]:
-                return worker_id
+            if seen is None:
+                continue
+            if seen.stopped:
+                return worker_id, f"worker {worker_id} stopped"
+            if instance and seen.instance != instance:
+                return worker_id, f"worker {worker_id} restarted"
+            if now - max(seen.at, self._heard_since) > MISSED_BEATS * seen.interval:
+                return worker_id, f"worker {worker_id} stopped responding"
         return None

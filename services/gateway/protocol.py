@@ -20,9 +20,13 @@ from shared.model.tokenizer import Tokenizer
 
 Endpoint = Literal["completions", "chat"]
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_STOP_STRING_CHARS = 1000     # each; held back while streaming, matched at every token
+MAX_STOP_TOKEN_IDS = 64
+MAX_TEMPERATURE = 2.0            # OpenAI's documented range is [0, 2]
 SEED_RANGE = range(-2**63, 2**64)  # what torch.Generator.manual_seed accepts
 # SamplingParams' messages start with the field at fault; these are request fields too.
-SAMPLING_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "stop", "logprobs"})
+SAMPLING_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
+                             "logprobs"})
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,7 @@ def parse_completion(body: Any, tokenizer: Tokenizer | None, limits: GatewayLimi
     prompt_ids = _completion_prompt(body.get("prompt"), tokenizer, limits)
     _check_prompt_length(len(prompt_ids), limits, "prompt")
     max_tokens = _max_tokens(_read(body, "max_tokens", INT), "max_tokens",
-                             limits.default_max_tokens, len(prompt_ids), limits)
+                             limits.default_max_tokens, (len(prompt_ids), "prompt"), limits)
     logprobs = _read(body, "logprobs", INT)
     params = _sampling_params(body, tokenizer, limits, max_tokens, logprobs, "logprobs")
     return _request(body, request_id, "completions", model, prompt_ids, params)
@@ -131,7 +135,7 @@ def parse_chat(body: Any, tokenizer: Tokenizer | None, limits: GatewayLimits,
     _check_prompt_length(len(prompt_ids), limits, "messages")
     requested, param = _chat_max_tokens(body)
     # Without a limit a chat reply may fill the context (vLLM does the same).
-    max_tokens = _max_tokens(requested, param, None, len(prompt_ids), limits)
+    max_tokens = _max_tokens(requested, param, None, (len(prompt_ids), "messages"), limits)
     params = _sampling_params(body, tokenizer, limits, max_tokens, _chat_logprobs(body),
                               "top_logprobs")
     return _request(body, request_id, "chat", model, prompt_ids, params)
@@ -275,15 +279,24 @@ def _chat_max_tokens(body: dict) -> tuple[int | None, str]:
     return _read(body, "max_tokens", INT), "max_tokens"
 
 
-def _max_tokens(requested: int | None, param: str, default: int | None, num_prompt_tokens: int,
-                limits: GatewayLimits) -> int:
-    """The output budget: the request's (or the default), clamped to the context left."""
-    if requested is not None and not 1 <= requested <= limits.max_tokens_limit:
+def _max_tokens(requested: int | None, param: str, default: int | None,
+                prompt: tuple[int, str], limits: GatewayLimits) -> int:
+    """The output budget. A requested one must fit beside the prompt (`prompt`: its length
+    and its field) in the context, as in vLLM; the default is cut to what fits."""
+    num_prompt_tokens, prompt_param = prompt
+    room = limits.max_model_len - num_prompt_tokens
+    if requested is None:
+        return min(room, limits.max_tokens_limit if default is None else default)
+    if not 1 <= requested <= limits.max_tokens_limit:
         raise invalid_request(f"{param} must be between 1 and {limits.max_tokens_limit}, got "
                               f"{requested}.", param=param)
-    room = limits.max_model_len - num_prompt_tokens
-    wanted = requested if requested is not None else default
-    return min(room, limits.max_tokens_limit if wanted is None else wanted)
+    if requested > room:
+        raise invalid_request(
+            f"This model's maximum context length is {limits.max_model_len} tokens; you "
+            f"requested {num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the "
+            f"{prompt_param}, {requested} in the completion). Reduce the {prompt_param} or "
+            f"{param}.", param=param, code="context_length_exceeded")
+    return requested
 
 
 def _chat_logprobs(body: dict) -> int | None:
@@ -297,14 +310,13 @@ def _chat_logprobs(body: dict) -> int | None:
 def _sampling_params(body: dict, tokenizer: Tokenizer | None, limits: GatewayLimits,
                      max_tokens: int, logprobs: int | None, logprobs_param: str) \
         -> SamplingParams:
-    stop = _stop_strings(body, tokenizer)
-    stop_ids = _read(body, "stop_token_ids", INT_LIST) or []
     settings = dict(
-        max_tokens=max_tokens, stop=stop, logprobs=logprobs,
-        stop_token_ids=_checked_ids(stop_ids, tokenizer, limits, "stop_token_ids"),
-        temperature=_read(body, "temperature", NUMBER),
+        max_tokens=max_tokens, stop=_stop_strings(body, tokenizer), logprobs=logprobs,
+        stop_token_ids=_stop_token_ids(body, tokenizer, limits),
+        temperature=_temperature(body),
         top_p=_read(body, "top_p", NUMBER),
         top_k=_read(body, "top_k", INT),
+        min_p=_read(body, "min_p", NUMBER),
         seed=_seed(body),
         ignore_eos=_read(body, "ignore_eos", BOOL),
         skip_special_tokens=_read(body, "skip_special_tokens", BOOL))
@@ -328,7 +340,29 @@ def _stop_strings(body: dict, tokenizer: Tokenizer | None) -> tuple[str, ...]:
     if stop and tokenizer is None:
         raise invalid_request("Stop strings need a tokenizer, and this model has none.",
                               param="stop")
+    longest = max(map(len, stop), default=0)
+    if longest > MAX_STOP_STRING_CHARS:
+        raise invalid_request(f"stop strings may have at most {MAX_STOP_STRING_CHARS} "
+                              f"characters each, got {longest}.", param="stop")
     return stop
+
+
+def _stop_token_ids(body: dict, tokenizer: Tokenizer | None,
+                    limits: GatewayLimits) -> tuple[int, ...]:
+    ids = _read(body, "stop_token_ids", INT_LIST) or []
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise invalid_request(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got "
+                              f"{len(ids)}.", param="stop_token_ids")
+    return _checked_ids(ids, tokenizer, limits, "stop_token_ids")
+
+
+def _temperature(body: dict) -> float | None:
+    temperature = _read(body, "temperature", NUMBER)
+    if temperature is not None and not 0 <= temperature <= MAX_TEMPERATURE:
+        raise invalid_request(f"temperature must be between 0 and {MAX_TEMPERATURE:g} "
+                              f"(OpenAI's documented range), got {temperature}.",
+                              param="temperature")
+    return temperature
 
 
 def _seed(body: dict) -> int | None:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from services.gateway.backend import Backend
+from services.gateway.progress import Progress
 from services.gateway.protocol import GenerateRequest
 from services.gateway.responses import format_logprobs, usage
 from services.gateway.text import TextStream
@@ -31,10 +32,16 @@ class Relay:
     token_times: list[float] = field(default_factory=list)
     num_cached_tokens: int = 0
     stream: TextStream | None = None
+    progress: Progress | None = None
+
+    @property
+    def migrations(self) -> int:
+        return self.progress.migrations if self.progress else 0
 
     async def pieces(self) -> AsyncIterator[Piece]:
         self.stream = TextStream(self.tokenizer, self.req.prompt_token_ids, self.req.params)
-        events = self.backend.generate(self.req)
+        self.progress = self.backend.progress(self.req)
+        events = self.backend.generate(self.progress)
         try:
             async for event in events:
                 self._clock(len(event.token_ids))
@@ -49,7 +56,8 @@ class Relay:
             await events.aclose()   # an unfinished request is aborted on the workers
 
     def usage(self) -> dict:
-        return usage(self.req.num_prompt_tokens, self.stream.num_tokens, self.num_cached_tokens)
+        return usage(self.req.num_prompt_tokens, self.stream.num_tokens, self.num_cached_tokens,
+                     self.migrations)
 
     def _piece(self, token_ids, logprobs, finished: bool,
                finish_reason: str | None) -> Piece | None:

@@ -21,10 +21,13 @@ MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 OWNED_BY = "kvstack"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+          migrations: int = 0) -> dict:
+    """OpenAI's usage; kvstack adds `migrations` when a lost worker's request moved on."""
+    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    return {**body, "migrations": migrations} if migrations else body
 
 
 def models_response(served_model: str, created: int, max_model_len: int) -> dict:

@@ -66,6 +66,14 @@ class GatewayService(Service):
         m = self.metrics
         self.requests = m.counter("requests", "HTTP requests by status", ("status",))
         self.inflight = m.gauge("inflight_requests", "requests being served")
+        self.num_inflight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.migrations = m.counter(
+            "migrations", "requests placed again after tokens arrived (a worker was lost)",
+            ("reason",))
+        self.retries = m.counter(
+            "retries", "requests placed again before their first token", ("reason",))
         self.ttft = m.histogram("time_to_first_token_seconds", "time to first token",
                                 TTFT_BUCKETS)
         self.itl = m.histogram("inter_token_latency_seconds", "time between tokens", ITL_BUCKETS)
@@ -75,8 +83,36 @@ class GatewayService(Service):
     async def start(self, bus: Bus) -> None:
         self.liveness = Liveness()
         self.backend = Backend(bus, self.config.timeouts, self.config.block_size, self.namespace,
-                               self.liveness)
+                               self.liveness, self._on_lost)
         await bus.subscribe(subjects.all_heartbeats(), self._on_heartbeat, expected=Heartbeat)
+        bus.on_reconnect.append(self._on_reconnect)
+
+    async def _on_reconnect(self) -> None:
+        self.backend.reconnected()
+
+    def _on_lost(self, why: str, migrated: bool) -> None:
+        (self.migrations if migrated else self.retries).labels(why).inc()
+
+    async def drain(self) -> None:
+        """New requests get 503 (app.py); the ones in flight finish."""
+        await self.idle.wait()
+
+    async def abandon(self) -> None:
+        """Past the drain timeout: end what is left with a clear error event."""
+        self.backend.closing = True
+        await self.idle.wait()
+
+    def begin(self) -> None:
+        self.num_inflight += 1
+        self.inflight.inc()
+        self.idle.clear()
+
+    def end(self, relay: Relay) -> None:
+        self.num_inflight -= 1
+        self.inflight.dec()
+        if self.num_inflight == 0:
+            self.idle.set()
+        self.observe(relay)
 
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
         self.liveness.observe(hb)
@@ -98,7 +134,8 @@ class GatewayService(Service):
         for earlier, later in zip(times, times[1:]):
             self.itl.observe(later - earlier)
         self.e2e.observe(times[-1] - relay.started)
-        asyncio.ensure_future(self.bus.publish(subjects.request_done(), self._done(relay)))
+        self.tasks.spawn(self.bus.publish(subjects.request_done(), self._done(relay)),
+                         "publishing a finished request")
 
     def _done(self, relay: Relay) -> RequestDone:
         """What the conductor learns output lengths and decode times from."""

@@ -106,6 +106,13 @@ class DramTier:
         if pins == 0:
             self._lru[block.block_hash] = None
 
+    def committed_oldest_first(self) -> list[DramBlock]:
+        """Committed blocks, least recently used first (the ones in use now last)."""
+        idle = [self.blocks[block_hash] for block_hash in self._lru]
+        busy = [b for b in self.blocks.values()
+                if b.state is BlockState.COMMITTED and b.block_hash not in self._lru]
+        return idle + busy
+
     def pin(self, block: DramBlock) -> None:
         block.pins += 1
         self._lru.pop(block.block_hash, None)

@@ -45,6 +45,11 @@ class PutInbox:
         self.num_committed = 0
         self.num_abandoned = 0
 
+    def __len__(self) -> int:
+        """Puts still open (bytes on their way)."""
+        with self._lock:
+            return len(self._puts)
+
     def open(self, transfer_id: str, refs: list[BlockRef | None], ttl: float) -> None:
         with self._lock:
             self._puts[transfer_id] = _Put(refs, time.time() + ttl, [set() for _ in refs])

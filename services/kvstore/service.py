@@ -66,10 +66,19 @@ class KvstoreService(Service):
         await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
                         expected=StatsRequest)
         await bus.subscribe(subjects.kv_resync(), self._resync, expected=KVResync)
-        self.background = asyncio.ensure_future(self._housekeeping())
+        self.tasks.every(EVENT_INTERVAL, self._housekeeping, "housekeeping")
+
+    async def drain(self) -> None:
+        """Let puts in flight land, then keep what DRAM holds on the SSD tier (if any), so
+        the next start of this instance serves it."""
+        while len(self.inbox):
+            await asyncio.sleep(0.05)
+        written = await asyncio.to_thread(self.store.flush)
+        if written:
+            log.info("%s: wrote %d blocks to the SSD tier for the next start", self.worker_id,
+                     written)
 
     async def stop(self) -> None:
-        self.background.cancel()
         self.receiver.stop()
         self.sender.close()
 
@@ -120,11 +129,9 @@ class KvstoreService(Service):
         return PutSlots(msg.request_id, True, slots, self.data_addr)
 
     async def _housekeeping(self) -> None:
-        while True:
-            await asyncio.sleep(EVENT_INTERVAL)
-            self.inbox.expire(time.time())
-            stored, removed = self.store.take_events()
-            await publish_kv_events(self.bus, self.worker_id, self.name, stored, removed)
+        self.inbox.expire(time.time())
+        stored, removed = self.store.take_events()
+        await publish_kv_events(self.bus, self.worker_id, self.name, stored, removed)
 
     async def _resync(self, _: KVResync) -> None:
         """A (re)started conductor asks: all this instance stores, as one snapshot."""

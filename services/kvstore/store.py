@@ -91,6 +91,26 @@ class BlockStore:
                 **asdict(self._tiers.counters),
             }
 
+    def flush(self) -> int:
+        """Write every committed DRAM block the SSD tier lacks, oldest first, so that a
+        clean stop keeps them for the next start (as far as the SSD budget goes); they stay
+        in DRAM too. Returns how many were written. Does disk I/O: off the event loop."""
+        with self._cond:
+            tiers = self._tiers
+            if tiers.disk is None:
+                return 0
+            blocks = [b for b in tiers.dram.committed_oldest_first()
+                      if not tiers.on_disk(b.block_hash)]
+            for block in blocks:
+                tiers.dram.pin(block)
+            writes = tiers.plan_demotions(blocks)
+        written = tiers.write_files(writes)
+        with self._cond:
+            tiers.index_files(writes, written)
+            for block in blocks:
+                tiers.dram.unpin(block)
+        return len(written)
+
     # ---- the write path: reserve -> commit | abandon ----
 
     def reserve(self, block_hash: int, layout: BlockLayout) -> BlockRef | None:

@@ -123,9 +123,8 @@ class Tiers:
                 written[block.block_hash] = header
         return written
 
-    def finish_demotions(self, victims: list[DramBlock], writes: list[PendingWrite],
-                         written: dict[int, BlockHeader]) -> None:
-        """Index the files written, then drop the victims no reader pinned meanwhile."""
+    def index_files(self, writes: list[PendingWrite], written: dict[int, BlockHeader]) -> None:
+        """Index the files written; give back the room of those that failed."""
         for write in writes:
             header = written.get(write.block.block_hash)
             if header is None:
@@ -133,6 +132,11 @@ class Tiers:
                 self.counters.disk_write_errors += 1
             else:
                 self.disk.add(header, write.claimed)
+
+    def finish_demotions(self, victims: list[DramBlock], writes: list[PendingWrite],
+                         written: dict[int, BlockHeader]) -> None:
+        """Index the files written, then drop the victims no reader pinned meanwhile."""
+        self.index_files(writes, written)
         for victim in victims:
             if victim.pins > 0:
                 self.dram.spare(victim)  # NOTE: a reader pinned it meanwhile; it stays

@@ -7,7 +7,6 @@ used or named) and the attempt fails as retryable.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ from shared.engine.runner import SeqChunk
 from shared.kv_inbox import Expected, KVInbox
 from shared.kvstore_client import KvstorePool
 from shared.messages import PrefillRequest
+from shared.tasks import Tasks
 
 log = logging.getLogger("kvstack.prefill")
 
@@ -35,11 +35,12 @@ class PrefixLoad:
 
 class PrefixLoader:
     def __init__(self, engine_loop: EngineLoop, pool: KvstorePool, inbox: KVInbox,
-                 layer_timeout: float = 10.0) -> None:
+                 layer_timeout: float = 10.0, tasks: Tasks | None = None) -> None:
         self.engine_loop = engine_loop
         self.pool = pool
         self.inbox = inbox
         self.layer_timeout = layer_timeout
+        self.tasks = tasks or Tasks("prefix loader")
         self.loads: dict[str, PrefixLoad] = {}      # fetches in flight, or failed (until forget)
         self.blocks_loaded = {"kvstore": 0, "peer": 0}
 
@@ -66,7 +67,7 @@ class PrefixLoader:
         if not started:
             return num_local * block_size
         self.loads[req.request_id] = load
-        asyncio.ensure_future(self._settle(load))
+        self.tasks.spawn(self._settle(load), f"settling the prefix load of {req.request_id}")
         return upto * block_size
 
     async def _source(self, req: PrefillRequest, hashes: list[int], local: int

@@ -24,7 +24,7 @@ from shared.transfer.factory import make_sender
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
 from services.prefill.prefix import PrefixLoader
-from services.prefill.sharing import CacheSharing
+from services.prefill.sharing import EVENT_INTERVAL, CacheSharing
 from services.prefill.streaming import Target, layer_spans
 
 log = logging.getLogger("kvstack.prefill")
@@ -57,8 +57,9 @@ class PrefillService(Service):
         self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs, step=self._step)
         self.pool = KvstorePool(bus, self.sender, self.engine.runner.storage, self.inbox,
                                 self.data_addr, self.config.request_timeout)
-        self.loader = PrefixLoader(self.engine_loop, self.pool, self.inbox)
+        self.loader = PrefixLoader(self.engine_loop, self.pool, self.inbox, tasks=self.tasks)
         self.sharing = CacheSharing(self.worker_id, bus, self.engine_loop, self.sender)
+        self.engine_loop.on_broken = lambda reason: self.fail(f"engine broken: {reason}")
         self.engine_loop.start()
         await bus.serve(subjects.prefill_submit(self.worker_id), self._submit,
                         expected=PrefillRequest)
@@ -69,7 +70,7 @@ class PrefillService(Service):
         await bus.subscribe(subjects.abort(), self._on_abort, expected=Abort)
         await bus.subscribe(subjects.all_heartbeats(), self._on_heartbeat, expected=Heartbeat)
         await bus.subscribe(subjects.kv_resync(), self.sharing.resync, expected=KVResync)
-        self.events = asyncio.ensure_future(self.sharing.publish_events())
+        self.tasks.every(EVENT_INTERVAL, self.sharing.publish_events, "publishing KV events")
 
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
         self.pool.observe(hb)
@@ -80,11 +81,17 @@ class PrefillService(Service):
                                 self.http_addr, self.data_addr, self.draining)
 
     async def drain(self) -> None:
+        """Prefill what was accepted to its first token (new submits get a retryable 503)."""
         while self.requests:
             await asyncio.sleep(0.05)
 
+    async def abandon(self) -> None:
+        """Past the drain timeout: end what is left with a retryable error (the gateway
+        places it again elsewhere)."""
+        for req in list(self.requests.values()):
+            await self._fail(req, f"prefill worker {self.worker_id} is stopping", 503)
+
     async def stop(self) -> None:
-        self.events.cancel()
         self.engine_loop.stop()
         self.receiver.stop()
         self.sender.close()
@@ -100,8 +107,20 @@ class PrefillService(Service):
         except KvstackError as e:
             return Ack(req.request_id, False, str(e), 400)
         self.requests[req.request_id] = req
-        asyncio.ensure_future(self._run(req))
+        self.tasks.spawn(self._run(req), f"request {req.request_id}",
+                         on_error=lambda e: self._crashed(req, e))
         return Ack(req.request_id, True)
+
+    async def _crashed(self, req: PrefillRequest, error: BaseException) -> None:
+        """A bug ended the request's task: end the request too, and free what it held."""
+        rid = req.request_id
+        self.targets.pop(rid, None)
+        self.loader.forget(rid)
+        await self.engine_loop.call(lambda e: e.abort(rid) and None)
+        await self.engine_loop.call(lambda e: e.release(rid))
+        if rid in self.requests:
+            await self._fail(req, f"internal error: {type(error).__name__}: {error}", 500)
+        await self._tell_decode(req.decode_id, KVCommit(rid, False, reason="prefill failed"))
 
     async def _run(self, req: PrefillRequest) -> None:
         self.started[req.request_id] = time.monotonic()
@@ -171,7 +190,11 @@ class PrefillService(Service):
             results.append(result)
             if len(results) == len(targets):
                 ok, num_frames, error = _all_sent(results)
-                asyncio.ensure_future(self._commit(out, targets[0], ok, num_frames, error))
+                req = self.requests.get(targets[0].request_id)
+                self.tasks.spawn(self._commit(out, targets[0], ok, num_frames, error),
+                                 f"committing {targets[0].request_id}",
+                                 on_error=None if req is None else
+                                 lambda e: self._crashed(req, e))
         self._trace(targets[0].request_id, "computed; ending the KV stream")
         for target in targets:
             self._stream(target).finish(target.peer, target.request_id, on_done)
@@ -187,7 +210,8 @@ class PrefillService(Service):
         self.loader.forget(rid)
         ok = out is not None and out.finish_reason not in ("abort", "error") and sent
         if ok:   # in the background: the first token does not wait for the write-back
-            asyncio.ensure_future(self._write_back(rid, target))
+            self.tasks.spawn(self._write_back(rid, target), f"writing {rid} back to the pool",
+                             on_error=lambda _: self.engine_loop.call(lambda e: e.release(rid)))
         else:
             await self.engine_loop.call(lambda e: e.release(rid))
         req = self.requests.get(rid)
@@ -196,7 +220,8 @@ class PrefillService(Service):
         if out.finish_reason in ("abort", "error") or not sent:
             cancel = KVCommit(rid, False, reason=error or "failed")
             await self._tell_decode(target.decode_id, cancel)
-            return await self._fail(req, f"prefill failed: {error or out.stop_reason}", 503)
+            code = 500 if out.error_kind == "request" else 503   # 503: retried elsewhere
+            return await self._fail(req, f"prefill failed: {error or out.stop_reason}", code)
         token = out.new_token_ids[0]
         logprob = out.new_logprobs[0] if out.new_logprobs else None
         self.prompt_tokens.inc(out.num_prompt_tokens - out.num_cached_tokens)

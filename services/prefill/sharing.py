@@ -42,12 +42,11 @@ class CacheSharing:
         return Ack(msg.request_id, True)
 
     async def publish_events(self) -> None:
-        while True:
-            await asyncio.sleep(EVENT_INTERVAL)
-            events = await self.engine_loop.call(lambda e: e.kv.pool.take_events())
-            if events:
-                await publish_kv_events(self.bus, self.worker_id, "prefill", events.stored,
-                                        events.removed)
+        """What the cache stored and removed since the last round (every EVENT_INTERVAL)."""
+        events = await self.engine_loop.call(lambda e: e.kv.pool.take_events())
+        if events:
+            await publish_kv_events(self.bus, self.worker_id, "prefill", events.stored,
+                                    events.removed)
 
     async def resync(self, _: KVResync) -> None:
         """A (re)started conductor asks: all this worker caches, as one snapshot."""

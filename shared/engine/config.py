@@ -43,6 +43,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     enable_prefix_cache: bool = True
     enable_chunked_prefill: bool = True
+    long_prefill_tokens: int | None = None  # a prompt's chunk while others prefill too
+                                            # (SchedulerConfig); None: the default, 0: off
     num_threads: int | None = None         # torch threads for this process
     detokenize: bool = True                # False: token ids only (the gateway makes text)
     local_kv: bool = True                  # False: KV lives elsewhere (attention offload);
@@ -58,6 +60,9 @@ class EngineConfig:
         for name in positives:
             if getattr(self, name) < 1:
                 raise KvstackError(f"{name} must be positive, got {getattr(self, name)}")
+        if (self.long_prefill_tokens or 0) < 0:
+            raise KvstackError(f"long_prefill_tokens must not be negative, got "
+                               f"{self.long_prefill_tokens}")
 
     @property
     def resolved_dtype(self) -> str:

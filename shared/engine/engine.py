@@ -7,7 +7,6 @@ from a worker thread so their event loops stay free.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +15,11 @@ import torch
 import xxhash
 
 from shared.engine.config import EngineConfig
+from shared.engine.isolation import LayerHook, execute_isolated
 from shared.engine.mock_runner import mock_runner
-from shared.engine.output import Completion, RequestOutput
-from shared.engine.sampler import TokenLogprob
+from shared.engine.output import ENGINE_ERROR, REQUEST_ERROR, Completion, RequestOutput
+from shared.engine.sampler import (SAMPLING_FAILED, TokenLogprob, sampling_failure,
+                                   seeded_generator)
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from shared.engine.sequence import Sequence
@@ -36,15 +37,11 @@ from shared.model.tokenizer import Tokenizer, has_tokenizer
 from shared.engine.runner import ModelRunner, SeqChunk
 
 
-LayerHook = Callable[[int, "list[SeqChunk]"], None]
-
-
 @dataclass
 class _Extras:
-    """Per-request state beside the Sequence: text, stops and randomness."""
+    """Per-request state beside the Sequence: text and stops."""
     detokenizer: IncrementalDetokenizer | None
     stops: StopStringMatcher
-    generator: torch.Generator | None
 
 
 class LLMEngine:
@@ -66,8 +63,8 @@ class LLMEngine:
         mc = self.model_config
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(SchedulerConfig(
-            config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill),
-            self.kv)
+            config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill,
+            config.long_prefill_tokens), self.kv)
         limit = config.max_model_len or mc.max_position_embeddings
         self.max_model_len = min(limit, mc.max_position_embeddings, num_blocks * config.block_size)
         self.eos_token_ids = set(mc.eos_token_ids)
@@ -76,7 +73,7 @@ class LLMEngine:
         self._extras: dict[str, _Extras] = {}
         self._hold_kv: set[str] = set()
         self._held: dict[str, Sequence] = {}    # finished, blocks kept until `release`
-        self._generator = torch.Generator().manual_seed(config.seed)
+        self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
         self._ids = itertools.count()
 
     def _torch_runner(self, config: EngineConfig) -> tuple[ModelRunner, ModelConfig, int]:
@@ -139,10 +136,11 @@ class LLMEngine:
 
     def invalidate(self, request_id: str, reason: str) -> None:
         """Its KV cannot be trusted (a load failed mid-step): the step ends it with an
-        error, samples nothing and names none of its blocks. Engine thread only."""
+        error (worth retrying elsewhere), samples nothing and names none of its blocks.
+        Engine thread only."""
         seq = self.scheduler.find(request_id)
         if seq is not None:
-            seq.invalid_reason = reason
+            seq.invalidate(reason, ENGINE_ERROR)
 
     def install(self, request_id: str, prompt_token_ids: Seq[int], first_token: int,
                 params: SamplingParams, num_cached_tokens: int = 0,
@@ -188,10 +186,12 @@ class LLMEngine:
         self.scheduler.kv = self.kv
 
     def fail_all(self, message: str) -> list[RequestOutput]:
-        """End every request with finish_reason "error" (after a failed step)."""
+        """End every request with finish_reason "error" (after a failed step): the engine's
+        failure, not theirs."""
         seqs = [*self.scheduler.running, *self.scheduler.waiting]
         outputs = []
         for seq in seqs:
+            seq.error_kind = ENGINE_ERROR
             self.scheduler.finish(seq, "error", message)
             self._extras.pop(seq.request_id, None)
             self._hold_kv.discard(seq.request_id)
@@ -222,14 +222,19 @@ class LLMEngine:
     def step(self, layer_hook: LayerHook | None = None,
              layer_gate: LayerHook | None = None) -> list[RequestOutput]:
         """One forward pass. `layer_hook(layer, chunks)` runs as each layer's KV is written;
-        `layer_gate(layer, chunks)` before each layer computes (wait for loaded KV there)."""
+        `layer_gate(layer, chunks)` before each layer computes (wait for loaded KV there).
+
+        A request whose chunk fails alone, or whose next token cannot be sampled, ends
+        with an error; the others go on. Raises only when the engine itself failed."""
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
         chunks = [self._chunk(s) for s in out.scheduled]
-        bind = lambda hook: None if hook is None else (lambda layer: hook(layer, chunks))
-        logits = self.runner.execute(chunks, on_layer_done=bind(layer_hook),
-                                     before_layer=bind(layer_gate))
+        logits = execute_isolated(self.runner, chunks, layer_hook, layer_gate)
+        for s, row in zip(out.scheduled, logits):
+            if isinstance(row, Exception):
+                s.seq.invalidate(f"engine step failed for this request: {type(row).__name__}: "
+                                 f"{row}", REQUEST_ERROR)
         failed = [s.seq for s in out.scheduled if s.seq.invalid_reason]
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
@@ -237,12 +242,14 @@ class LLMEngine:
                 self.kv.name_full_blocks(s.seq.request_id, s.seq.block_hashes,
                                          s.seq.num_computed_tokens)
         ready = [(s.seq, row) for s, row in zip(out.scheduled, logits)
-                 if row.shape[0] and not s.seq.invalid_reason]
-        return [*map(self._fail, failed), *(self._sample(ready) if ready else [])]
+                 if not s.seq.invalid_reason and row.shape[0]]
+        failures = [self._fail(seq, seq.invalid_reason, seq.error_kind) for seq in failed]
+        return [*failures, *(self._sample(ready) if ready else [])]
 
-    def _fail(self, seq: Sequence) -> RequestOutput:
+    def _fail(self, seq: Sequence, message: str, kind: str) -> RequestOutput:
         held = seq.request_id in self._hold_kv
-        self.scheduler.finish(seq, "error", seq.invalid_reason, free_kv=not held)
+        seq.error_kind = kind
+        self.scheduler.finish(seq, "error", message, free_kv=not held)
         self._extras.pop(seq.request_id, None)
         return self._output(seq, (), "", None)
 
@@ -267,10 +274,20 @@ class LLMEngine:
     def _sample(self, ready: list[tuple[Sequence, torch.Tensor]]) -> list[RequestOutput]:
         rows = torch.cat([row for _, row in ready])
         seqs = [seq for seq, _ in ready]
-        extras = [self._extras[seq.request_id] for seq in seqs]
         token_ids, token_logprobs = self.runner.sample(rows, [s.params for s in seqs],
-                                                       [e.generator for e in extras])
-        return [self._append(seq, t, lp) for seq, t, lp in zip(seqs, token_ids, token_logprobs)]
+                                                       [self._generator_for(s) for s in seqs])
+        return [self._fail(seq, sampling_failure(seq.params), REQUEST_ERROR)
+                if t == SAMPLING_FAILED else self._append(seq, t, lp)
+                for seq, t, lp in zip(seqs, token_ids, token_logprobs)]
+
+    def _generator_for(self, seq: Sequence) -> torch.Generator | None:
+        """A seeded request's randomness depends on the token's position alone (so a
+        recomputed or migrated request draws the same); others share the engine's."""
+        if seq.params.greedy:
+            return None
+        if seq.params.seed is None:
+            return self._generator
+        return seeded_generator(seq.params.seed, seq.num_tokens, self.config.device)
 
     def _append(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq.append(token_id)
@@ -294,7 +311,8 @@ class LLMEngine:
                 logprobs: tuple[TokenLogprob, ...] | None) -> RequestOutput:
         return RequestOutput(
             seq.request_id, token_ids, text, logprobs, seq.is_finished, seq.finish_reason,
-            seq.stop_reason, seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens)
+            seq.stop_reason, seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens,
+            seq.error_kind)
 
     def stop_reason(self, params: SamplingParams, token_id: int) -> tuple[str, int] | None:
         """("stop", token) when `token_id` ends a request with these params (not length)."""
@@ -314,10 +332,7 @@ class LLMEngine:
         if self.tokenizer is not None and self.config.detokenize:
             detokenizer = IncrementalDetokenizer(
                 self.tokenizer, seq.token_ids, params.skip_special_tokens)
-        generator = self._generator
-        if params.seed is not None:
-            generator = torch.Generator().manual_seed(params.seed)
-        return _Extras(detokenizer, StopStringMatcher(params.stop), generator)
+        return _Extras(detokenizer, StopStringMatcher(params.stop))
 
 
 def kv_namespace(model_dir: Path, dtype: str) -> str:

@@ -3,6 +3,10 @@
 The event loop sends work with `call(fn)` (run between steps, on the engine thread, its
 result delivered as an awaitable); the thread steps the engine whenever it has work and
 hands each step's outputs to `on_outputs` back on the event loop.
+
+A step that raises ends every request on the engine (a failure of one request alone ends
+only that one, inside `LLMEngine.step`). After BROKEN_AFTER such steps in a row the loop
+is `broken`, and `on_broken` tells the service, which should stop taking work.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from shared.engine.engine import LLMEngine
 from shared.engine.output import RequestOutput
 
 log = logging.getLogger("kvstack.engine")
+
+BROKEN_AFTER = 3   # engine-wide step failures in a row
 
 
 class EngineLoop:
@@ -36,6 +42,13 @@ class EngineLoop:
         self.step_seconds = 0.0
         self.mean_step_seconds = 0.0    # moving average: the TBT this worker gives now
         self.on_step: Callable[[float], None] | None = None   # e.g. a histogram's observe
+        self.num_failed_steps = 0       # engine-wide step failures since the last good step
+        # Called on the event loop, once each time the loop becomes broken, with the reason.
+        self.on_broken: Callable[[str], None] | None = None
+
+    @property
+    def broken(self) -> bool:
+        return self.num_failed_steps >= BROKEN_AFTER
 
     def start(self) -> None:
         self._running = True
@@ -61,11 +74,7 @@ class EngineLoop:
                 self._wake.clear()
                 continue
             started = time.perf_counter()
-            try:
-                outputs = self._step(self.engine)
-            except Exception as e:  # fail the step's requests loudly instead of retrying forever
-                log.exception("engine step failed")
-                outputs = self.engine.fail_all(f"engine step failed: {type(e).__name__}: {e}")
+            outputs = self._run_step()
             self.num_steps += 1
             self.step_seconds = time.perf_counter() - started
             self.mean_step_seconds += 0.2 * (self.step_seconds - self.mean_step_seconds)
@@ -74,6 +83,23 @@ class EngineLoop:
             log.debug("step %d: %.1f ms", self.num_steps, self.step_seconds * 1000)
             if outputs:
                 self.loop.call_soon_threadsafe(self.on_outputs, outputs)
+
+    def _run_step(self) -> list[RequestOutput]:
+        try:
+            outputs = self._step(self.engine)
+        except Exception as e:  # fail the step's requests loudly instead of retrying forever
+            log.exception("engine step failed")
+            message = f"engine step failed: {type(e).__name__}: {e}"
+            self._count_failure(message)
+            return self.engine.fail_all(message)
+        self.num_failed_steps = 0
+        return outputs
+
+    def _count_failure(self, message: str) -> None:
+        self.num_failed_steps += 1
+        if self.num_failed_steps == BROKEN_AFTER and self.on_broken is not None:
+            reason = f"{BROKEN_AFTER} engine steps failed in a row; the last: {message}"
+            self.loop.call_soon_threadsafe(self.on_broken, reason)
 
     def _run_calls(self) -> None:
         while True:

@@ -5,6 +5,10 @@ from dataclasses import dataclass
 
 from shared.engine.sampler import TokenLogprob
 
+# Why a request ended with finish_reason "error" (RequestOutput.error_kind):
+REQUEST_ERROR = "request"   # its own fault (its sampling, its chunk): a retry fails again
+ENGINE_ERROR = "engine"     # the engine or a transfer failed: retry it elsewhere
+
 
 @dataclass(frozen=True, slots=True)
 class RequestOutput:
@@ -14,11 +18,12 @@ class RequestOutput:
     new_text: str
     new_logprobs: tuple[TokenLogprob, ...] | None
     finished: bool
-    finish_reason: str | None        # "stop", "length" or "abort"
-    stop_reason: str | int | None    # the stop string or token id that ended it
+    finish_reason: str | None        # "stop", "length", "abort" or "error"
+    stop_reason: str | int | None    # the stop string or token id that ended it; the error
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
+    error_kind: str = ""             # with "error": REQUEST_ERROR or ENGINE_ERROR
 
 
 @dataclass

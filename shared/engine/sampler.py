@@ -1,12 +1,20 @@
-"""Next-token choice from logits: greedy, temperature, top-k, top-p, seeds, logprobs."""
+"""Next-token choice from logits: greedy, temperature, min-p, top-k, top-p, seeds, logprobs.
+
+A row that cannot be sampled (its logits or probabilities are not finite, or no token is
+left with any probability) gets SAMPLING_FAILED instead of a token: the engine ends that
+request alone, and every other row of the batch is sampled as usual.
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import xxhash
 
 from shared.engine.sampling_params import SamplingParams
+
+SAMPLING_FAILED = -1   # in place of a token id: this row's distribution is unusable
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,22 +30,57 @@ class TokenLogprob:
 
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None]) -> list[int]:
-    """logits [B, vocab] float32 -> one token id per row."""
+    """logits [B, vocab] float32 -> one token id per row, or SAMPLING_FAILED."""
+    finite = torch.isfinite(logits).all(dim=-1).tolist()
     greedy = logits.argmax(dim=-1).tolist()
-    return [greedy[i] if p.greedy else _sample_row(logits[i], p, generators[i])
+    return [SAMPLING_FAILED if not finite[i] else
+            greedy[i] if p.greedy else _sample_row(logits[i], p, generators[i])
             for i, p in enumerate(params)]
+
+
+def sampling_failure(params: SamplingParams) -> str:
+    """Why a request got SAMPLING_FAILED: what its client sees."""
+    return (f"sampling failed: the next-token distribution is not finite or empty "
+            f"(temperature={params.temperature}, top_p={params.top_p}, top_k={params.top_k}, "
+            f"min_p={params.min_p})")
+
+
+def seeded_generator(seed: int, position: int, device: str = "cpu") -> torch.Generator:
+    """The randomness of a seeded request's token at `position` (tokens before it in the
+    whole sequence). A pure function of the two, unlike one generator that advances with
+    each draw: a request recomputed elsewhere from prompt + tokens so far, or decoded on
+    another worker than the one that sampled its first token, draws the same numbers."""
+    # NOTE: 63 bits, a non-negative int64: a seed every torch generator, on any device, takes.
+    mixed = xxhash.xxh3_64_intdigest(f"{seed}:{position}".encode()) >> 1
+    return torch.Generator(device=device).manual_seed(mixed)
 
 
 def _sample_row(logits: torch.Tensor, params: SamplingParams,
                 generator: torch.Generator | None) -> int:
+    probs = _distribution(logits, params)
+    if not (torch.isfinite(probs).all() and probs.sum() > 0):
+        return SAMPLING_FAILED
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Next-token probabilities after temperature, min-p, top-k and top-p (vLLM v1's
+    order: min-p is an argmax-invariant processor run right after temperature)."""
     scaled = logits / params.temperature
+    if params.min_p > 0:
+        scaled = _min_p(scaled, params.min_p)
     if params.top_k > 0:
         kth = torch.topk(scaled, min(params.top_k, scaled.numel())).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     if params.top_p < 1:
         probs = _top_p(probs, params.top_p)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return probs
+
+
+def _min_p(scaled: torch.Tensor, min_p: float) -> torch.Tensor:
+    probs = torch.softmax(scaled, dim=-1)
+    return scaled.masked_fill(probs < min_p * probs.max(), float("-inf"))
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -50,7 +93,8 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def logprobs(logits: torch.Tensor, token_ids: Sequence[int],
              num_top: Sequence[int | None]) -> list[TokenLogprob | None]:
-    wanted = [i for i, n in enumerate(num_top) if n is not None]
+    wanted = [i for i, n in enumerate(num_top)
+              if n is not None and token_ids[i] != SAMPLING_FAILED]
     result: list[TokenLogprob | None] = [None] * len(token_ids)
     if not wanted:
         return result

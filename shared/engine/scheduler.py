@@ -13,6 +13,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048   # token budget of one step (prefill chunks + decodes)
     max_num_seqs: int = 64
     enable_chunked_prefill: bool = True
+    # The most prompt tokens one request computes in a step while other requests prefill
+    # too (vLLM's long_prefill_token_threshold), so a long prompt shares each step with
+    # the new ones instead of holding the whole budget. None: max(block size, a quarter
+    # of the budget); 0: no limit (one prompt may take the budget while others wait).
+    long_prefill_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +39,11 @@ class SchedulerOutput:
 class Scheduler:
     """Running sequences go first (decodes and unfinished prefill chunks), then new ones.
 
+    Fair prefill (`long_prefill_tokens` > 0): decodes go before prefill chunks, and while
+    more than one request is in its prefill (running or waiting), each computes at most
+    `long_prefill_tokens` prompt tokens per step, so a short prompt arriving behind a long
+    one joins the next step whole. A prompt prefilling alone takes the whole budget.
+
     When a running sequence cannot get a block, the most recently admitted one is
     preempted: its blocks are freed and it waits at the front, to be recomputed
     (its prefix blocks stay in the prefix cache, so recomputing is often cheap).
@@ -42,6 +52,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
         self.config = config
         self.kv = kv
+        self.prefill_chunk_cap = prefill_chunk_cap(config, kv.block_size)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -54,10 +65,22 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if self.prefill_chunk_cap:   # decodes first (stable: each kind keeps its order)
+            self.running.sort(key=_is_prefilling)
+        limit = self._chunk_limit()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens, limit)
         if not out.preempted:
-            self._admit_waiting(out, budget)
+            self._admit_waiting(out, budget, limit)
         return out
+
+    def _chunk_limit(self) -> int:
+        """The most tokens one sequence computes this step: the cap when several prefill."""
+        budget = self.config.max_num_batched_tokens
+        if not self.prefill_chunk_cap:
+            return budget
+        admissible = len(self.waiting) if len(self.running) < self.config.max_num_seqs else 0
+        prefilling = admissible + sum(map(_is_prefilling, self.running))
+        return self.prefill_chunk_cap if prefilling > 1 else budget
 
     def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None,
                free_kv: bool = True) -> None:
@@ -81,11 +104,11 @@ class Scheduler:
                 return seq
         return None
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int, limit: int) -> int:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget, limit)
             if not self._make_room(seq, seq.num_computed_tokens + num_new, out):
                 break
             out.scheduled.append(ScheduledSeq(seq, num_new))
@@ -115,11 +138,11 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, limit: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             cached, num_cached = self._prefix(seq)
-            num_new = min(seq.num_tokens - num_cached, budget)
+            num_new = min(seq.num_tokens - num_cached, budget, limit)
             if num_new < seq.num_tokens - num_cached and not self.config.enable_chunked_prefill:
                 return
             if not self.kv.allocate_slots(seq.request_id, num_cached + num_new, cached):
@@ -144,3 +167,17 @@ class Scheduler:
             seq.num_cached_tokens = num_cached
         seq.status = SeqStatus.RUNNING
         self.running.append(seq)
+
+
+def _is_prefilling(seq: Sequence) -> bool:
+    """More than the one token of a decode step left to compute."""
+    return seq.num_tokens - seq.num_computed_tokens > 1
+
+
+def prefill_chunk_cap(config: SchedulerConfig, block_size: int) -> int:
+    """`long_prefill_tokens` with its default filled in; 0 when prompts are not chunked."""
+    if not config.enable_chunked_prefill:
+        return 0
+    if config.long_prefill_tokens is None:
+        return max(block_size, config.max_num_batched_tokens // 4)
+    return config.long_prefill_tokens

@@ -25,6 +25,7 @@ class Sequence:
         self.num_cached_tokens = 0      # prompt tokens served by the prefix cache
         self.num_external_tokens = 0    # prompt tokens whose KV is placed in its blocks for it
         self.invalid_reason = ""        # set when its KV cannot be trusted: no token, no reuse
+        self.error_kind = ""            # how it failed, when it did (output.py's kinds)
         self.block_size = block_size
         self.root_hash = root_hash(namespace)
         self.block_hashes = block_hashes(self.token_ids, block_size, namespace)
@@ -53,6 +54,10 @@ class Sequence:
         if self.num_tokens % self.block_size == 0:
             parent = self.block_hashes[-1] if self.block_hashes else self.root_hash
             self.block_hashes.append(chain_hash(parent, self.token_ids[-self.block_size:]))
+
+    def invalidate(self, reason: str, error_kind: str) -> None:
+        """It ends with an error at the end of this step: no token, none of its KV named."""
+        self.invalid_reason, self.error_kind = reason, error_kind
 
     def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
         self.status = SeqStatus.FINISHED

@@ -106,15 +106,20 @@ def test_client_disconnect_frees_the_request_on_the_decode_worker(stack) -> None
     assert stats.num_requests_done == busy.num_requests_done   # aborted, not run to the end
 
 
+# No worker or conductor will come: answer after a short wait, not the default 15 s.
+QUICK = ("--dtype", "float32", "--placement-wait", "1")
+
+
 def test_no_workers_gives_503_with_retry_after(tmp_path) -> None:
-    with running_stack(tmp_path, num_prefill=0, num_decode=0) as bare:
+    with running_stack(tmp_path, num_prefill=0, num_decode=0, gateway_args=QUICK) as bare:
         code, headers, body = call(bare.api_url, "POST", "/v1/completions", completion())
         assert code == 503 and int(headers["Retry-After"]) >= 1
         assert "no prefill worker" in body["error"]["message"]
 
 
 def test_no_conductor_gives_503(tmp_path) -> None:
-    with running_stack(tmp_path, num_prefill=0, num_decode=0, with_conductor=False) as bare:
+    with running_stack(tmp_path, num_prefill=0, num_decode=0, with_conductor=False,
+                       gateway_args=QUICK) as bare:
         error = assert_error(call(bare.api_url, "POST", "/v1/completions", completion()), 503,
                              "conductor")
         assert error["type"] == "service_unavailable_error"

@@ -51,12 +51,16 @@ def test_every_transfer_damaged_fails_with_a_clear_error(tmp_path) -> None:
     assert stats.free_blocks == stats.total_blocks   # nothing leaked
 
 
-def test_a_decode_worker_dying_mid_stream_ends_the_stream_with_an_error_event(tmp_path):
+def test_a_stream_whose_decode_worker_dies_with_no_other_left_ends_with_an_error_event(
+        tmp_path):
+    """Migration needs somewhere to go: with the only decode worker dead (and nothing
+    restarting it) the stream ends with a clear error event after --placement-wait."""
     import http.client
     import json
     import signal
     import time
-    with running_stack(tmp_path) as stack:
+    gateway_args = ("--dtype", "float32", "--placement-wait", "2")
+    with running_stack(tmp_path, gateway_args=gateway_args) as stack:
         host, port = stack.api_url.removeprefix("http://").split(":")
         conn = http.client.HTTPConnection(host, int(port), timeout=60)
         body = {"model": "SmolLM2-135M-Instruct", "prompt": "Once upon a time", "stream": True,
@@ -72,5 +76,6 @@ def test_a_decode_worker_dying_mid_stream_ends_the_stream_with_an_error_event(tm
         assert time.monotonic() - started < 15
         assert events[-1] == b"data: [DONE]"
         error = json.loads(events[-2].removeprefix(b"data: "))["error"]
-        assert "decode-0 stopped responding" in error["message"]
+        assert "no decode worker available" in error["message"]
+        assert error["type"] == "service_unavailable_error"
         stack.processes.remove(decode)

@@ -27,7 +27,7 @@ class Echo(Service):
 
     def __init__(self, config: ServiceConfig) -> None:
         super().__init__(config)
-        self.drained = False
+        self.drained = self.abandoned = False
         self.calls = self.metrics.counter("calls", "echo calls")
 
     async def start(self, bus: Bus) -> None:
@@ -39,6 +39,9 @@ class Echo(Service):
 
     async def drain(self) -> None:
         self.drained = True
+
+    async def abandon(self) -> None:
+        self.abandoned = True
 
 
 def get(url: str) -> tuple[int, str]:
@@ -73,10 +76,30 @@ async def test_a_service_lives_beats_answers_and_drains(nats_url) -> None:
 
     service.stopped.set()
     await asyncio.wait_for(task, 10)
-    assert service.drained
+    assert service.drained and not service.abandoned
     with pytest.raises(ServiceUnavailable):
         await client.request("kvstack.test.echo", Ack("r2", True), 1, expected=Ack)
     await client.drain()
+    # The stop is announced: draining first, then a last beat that deregisters it.
+    assert [(hb.draining, hb.stopped) for hb in beats[-2:]] == [(True, False), (True, True)]
+    assert {hb.instance for hb in beats} == {service.instance}
+
+
+class Stuck(Echo):
+    """Its drain never ends: past the drain timeout what it holds is handed off."""
+
+    async def drain(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_drain_past_its_timeout_hands_off_what_is_left(nats_url) -> None:
+    service = Stuck(ServiceConfig(nats_url=nats_url, worker_id="stuck-1", drain_timeout=0.3))
+    ready = asyncio.Event()
+    task = asyncio.ensure_future(serve(service, ready))
+    await asyncio.wait_for(ready.wait(), 10)
+    service.stopped.set()
+    await asyncio.wait_for(task, 10)
+    assert service.abandoned
 
 
 async def _append(beats: list, hb) -> None:

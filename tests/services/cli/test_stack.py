@@ -1,10 +1,15 @@
 """The launcher's commands: a mock stack gives every worker and the gateway the same
-engine flags, and the conductor the cost model the workers take their time from."""
+engine flags, and the conductor the cost model the workers take their time from; every
+child drains as long as the stack says, they stop in order, and logs rotate per run."""
 from __future__ import annotations
+
+from pathlib import Path
 
 from services.cli.main import build_parser
 from services.cli.serve import engine_options
 from services.cli.stack import Stack, StackConfig
+from services.cli.stack_logs import rotate
+from services.cli.stack_process import Process, stop_tiers
 from shared.engine.mock import MockSpec
 
 SPEC = MockSpec("llama2-70b", "h20", 1 / 512)
@@ -27,3 +32,30 @@ def test_a_torch_stack_passes_no_engine_flags() -> None:
     stack = commands()
     assert not any("--engine" in args or "--cost-model" in args for args in stack.values())
     assert engine_options(build_parser().parse_args(stack["decode-0"]))["mock"] is None
+
+
+def test_every_child_gets_the_drain_timeout_and_parses_it() -> None:
+    stack = commands(num_kvstore=1, num_attention=1, drain_timeout=7.5)
+    for name, args in stack.items():
+        assert build_parser().parse_args(args).drain_timeout == 7.5, name
+
+
+def test_the_gateway_stops_first_then_workers_then_attention_then_the_rest() -> None:
+    stack = Stack(StackConfig(num_prefill=2, num_decode=1, num_kvstore=1, num_attention=1))
+    processes = [Process(name, args, popen=None, log_path=Path(name))
+                 for name, args in stack.commands()]
+    tiers = [[p.name for p in tier] for tier in stop_tiers(processes)]
+    assert tiers == [["gateway-0"], ["prefill-0", "prefill-1", "decode-0"], ["attention-0-0"],
+                     ["conductor-0", "kvstore-0"]]
+
+
+def test_a_new_run_keeps_the_previous_log_as_dot_one(tmp_path) -> None:
+    log = tmp_path / "decode-0.log"
+    rotate(log)                                   # no previous run: nothing happens
+    assert not list(tmp_path.iterdir())
+    log.write_text("run 1\n")
+    rotate(log)
+    log.write_text("run 2\n")
+    rotate(log)
+    assert not log.exists() and (tmp_path / "decode-0.log.1").read_text() == "run 2\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decode-0.log.1"]

@@ -1,7 +1,13 @@
-"""`kvstack up` refuses what the mock engine cannot run before starting anything."""
+"""`kvstack up` refuses what the mock engine cannot run before starting anything, and a
+second Ctrl-C while it drains forces the stop."""
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 from services.cli.main import main
+from services.cli.up import shut_down
 
 
 def test_attention_offload_with_the_mock_engine_is_refused(capsys) -> None:
@@ -12,3 +18,49 @@ def test_attention_offload_with_the_mock_engine_is_refused(capsys) -> None:
 def test_an_unknown_mock_model_is_refused_with_the_known_ones(capsys) -> None:
     assert main(["up", "--engine", "mock", "--mock-model", "llama4"]) == 2
     assert "known: llama3-70b, llama2-70b" in capsys.readouterr().err
+
+
+class DrainingStack:
+    """Stands in for a Stack whose drain the user cuts short with a second Ctrl-C."""
+    killed = False
+
+    def stop(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while not self.killed and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_ctrl_c_while_draining_kills_every_service(capsys) -> None:
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stack = DrainingStack()
+    try:
+        shut_down(stack)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert stack.killed
+    assert capsys.readouterr().err.splitlines() == [
+        "kvstack: draining (Ctrl-C again to force) ...",
+        "kvstack: forcing the stop: killed every service", "kvstack: stopped"]
+
+
+def test_an_attention_group_that_cannot_split_the_kv_heads_is_refused_at_once(capsys) -> None:
+    assert main(["up", "--attention-workers", "2"]) == 2   # SmolLM2 has 3 KV heads
+    assert "cannot split 3 KV heads evenly" in capsys.readouterr().err
+
+
+def test_up_passes_the_reliability_and_fairness_flags_to_its_services() -> None:
+    from services.cli.main import build_parser
+    from services.cli.stack import Stack
+    from services.cli.up import stack_config
+    args = build_parser().parse_args(["up", "--migration-limit", "5", "--placement-wait", "3",
+                                      "--long-prefill-tokens", "256"])
+    commands = dict(Stack(stack_config(args)).commands())
+    gateway = build_parser().parse_args(commands["gateway-0"])
+    prefill = build_parser().parse_args(commands["prefill-0"])
+    assert (gateway.migration_limit, gateway.placement_wait) == (5, 3.0)
+    assert prefill.long_prefill_tokens == 256

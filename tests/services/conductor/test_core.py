@@ -1,6 +1,8 @@
 """The conductor end to end without I/O: placements, replication and counters."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from shared.messages import KVEvent
@@ -102,3 +104,22 @@ def test_heartbeats_of_other_services_are_ignored() -> None:
     core = conductor()
     core.observe(beat("g0", "gateway"))
     assert set(core.state.heartbeats) == {"p0", "d0"}
+
+
+def test_a_worker_that_stops_cleanly_is_forgotten_at_once() -> None:
+    core = conductor(prefill=("p0", "p1"), decode=("d0",))
+    core.apply(KVEvent("p1", "prefill", stored=(11, 12)))
+    core.observe(replace(beat("p1", "prefill", 0.5, draining=True), stopped=True))
+    assert [hb.worker_id for hb in core.state.live("prefill", 0.6)] == ["p0"]
+    assert "p1" not in core.state.heartbeats and len(core.index) == 0
+
+
+def test_a_restarted_worker_keeps_its_place_but_not_its_old_cache() -> None:
+    core = conductor(prefill=(), decode=("d0",))
+    core.observe(replace(beat("p0", "prefill", 0.0), instance="first"))
+    core.apply(KVEvent("p0", "prefill", stored=(11, 12)))
+    core.observe(replace(beat("p0", "prefill", 0.5), instance="first"))
+    assert len(core.index) == 2
+    core.observe(replace(beat("p0", "prefill", 5.0), instance="second"))
+    assert len(core.index) == 0
+    assert [hb.worker_id for hb in core.state.live("prefill", 5.1)] == ["p0"]

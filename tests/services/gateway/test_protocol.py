@@ -104,9 +104,31 @@ def test_aliases_and_unknown_fields(tokenizer) -> None:
     assert completion(body, tokenizer, aliases={"smollm2"}).model == MODEL
 
 
-def test_max_tokens_is_clamped_to_the_context_left(tokenizer) -> None:
-    req = completion({"prompt": list(range(10, 50)), "max_tokens": 60}, tokenizer)
-    assert req.params.max_tokens == 64 - 40
+def test_max_tokens_past_the_context_names_both_numbers(tokenizer) -> None:
+    # As vLLM: a requested max_tokens is not cut to fit, it is refused.
+    with pytest.raises(ApiError) as info:
+        completion({"prompt": list(range(10, 50)), "max_tokens": 30}, tokenizer)
+    error = assert_api_error(info, 400, "max_tokens")
+    assert error["code"] == "context_length_exceeded"
+    assert "maximum context length is 64 tokens" in error["message"]
+    assert "requested 70 tokens (40 in the prompt, 30 in the completion)" in error["message"]
+    assert completion({"prompt": list(range(10, 50)), "max_tokens": 24},
+                      tokenizer).params.max_tokens == 24
+
+
+def test_a_missing_max_tokens_defaults_to_what_fits(tokenizer) -> None:
+    assert completion({"prompt": list(range(10, 20))}, tokenizer).params.max_tokens == 16
+    assert completion({"prompt": list(range(10, 60))}, tokenizer).params.max_tokens == 64 - 50
+
+
+def test_chat_max_tokens_past_the_context_blames_the_field_used(tokenizer) -> None:
+    limits = GatewayLimits(max_model_len=2048)
+    prompt = chat({"messages": user("Hi")}, tokenizer, limits).num_prompt_tokens
+    body = {"messages": user("Hi"), "max_completion_tokens": 2048 - prompt + 1}
+    with pytest.raises(ApiError) as info:
+        chat(body, tokenizer, limits)
+    error = assert_api_error(info, 400, "max_completion_tokens")
+    assert f"({prompt} in the messages, {2049 - prompt} in the completion)" in error["message"]
 
 
 def test_chat_without_max_tokens_may_fill_the_context(tokenizer) -> None:
@@ -140,10 +162,26 @@ def test_chat_logprobs(tokenizer, fields, expected) -> None:
 
 def test_sampling_extensions(tokenizer) -> None:
     body = {"prompt": "Hi", "top_k": -1, "stop": "END", "stop_token_ids": [2],
-            "skip_special_tokens": False, "seed": 2**63}
+            "skip_special_tokens": False, "seed": 2**63, "min_p": 0.05}
     p = completion(body, tokenizer).params
     assert (p.top_k, p.stop, p.stop_token_ids, p.skip_special_tokens) == (-1, ("END",), (2,),
                                                                          False)
+    assert p.min_p == 0.05
+
+
+def test_sampling_ranges_accept_their_bounds(tokenizer) -> None:
+    body = {"prompt": "Hi", "temperature": 2, "top_p": 1, "top_k": 1, "min_p": 1,
+            "stop": ["x" * 1000] * 4, "stop_token_ids": [2] * 64}
+    p = completion(body, tokenizer).params
+    assert (p.temperature, p.top_p, p.top_k, p.min_p) == (2, 1, 1, 1)
+    assert completion({"prompt": "Hi", "temperature": 1e-320}, tokenizer).params.greedy
+
+
+def test_temperature_names_openais_range(tokenizer) -> None:
+    with pytest.raises(ApiError) as info:
+        completion({"prompt": "Hi", "temperature": 3}, tokenizer)
+    message = assert_api_error(info, 400, "temperature")["message"]
+    assert "between 0 and 2" in message and "OpenAI" in message and "3" in message
 
 
 def test_slo_fields_travel_with_the_request(tokenizer) -> None:
@@ -197,14 +235,23 @@ BAD_COMPLETIONS = [
     ({"prompt": "Hi", "max_tokens": 1.5}, 400, "max_tokens"),
     ({"prompt": "Hi", "temperature": "hot"}, 400, "temperature"),
     ({"prompt": "Hi", "temperature": -1}, 400, "temperature"),
+    ({"prompt": "Hi", "temperature": 2.01}, 400, "temperature"),
     ({"prompt": "Hi", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "Hi", "top_p": 1.5}, 400, "top_p"),
     ({"prompt": "Hi", "top_k": -2}, 400, "top_k"),
     ({"prompt": "Hi", "top_k": True}, 400, "top_k"),
+    ({"prompt": "Hi", "top_k": 2.5}, 400, "top_k"),
+    ({"prompt": "Hi", "min_p": -0.1}, 400, "min_p"),
+    ({"prompt": "Hi", "min_p": 1.01}, 400, "min_p"),
+    ({"prompt": "Hi", "min_p": "low"}, 400, "min_p"),
+    ({"prompt": list(range(10, 50)), "max_tokens": 25}, 400, "max_tokens"),
     ({"prompt": "Hi", "seed": "x"}, 400, "seed"),
     ({"prompt": "Hi", "seed": 2**64}, 400, "seed"),
     ({"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"prompt": "Hi", "stop": [1]}, 400, "stop"),
     ({"prompt": "Hi", "stop": ""}, 400, "stop"),
+    ({"prompt": "Hi", "stop": ["ok", "x" * 1001]}, 400, "stop"),
+    ({"prompt": "Hi", "stop_token_ids": [2] * 65}, 400, "stop_token_ids"),
     ({"prompt": "Hi", "stop_token_ids": [1, 10**6]}, 400, "stop_token_ids"),
     ({"prompt": "Hi", "stop_token_ids": "2"}, 400, "stop_token_ids"),
     ({"prompt": "Hi", "ignore_eos": "yes"}, 400, "ignore_eos"),

@@ -241,3 +241,21 @@ def test_a_snapshot_lists_both_tiers_once_and_supersedes_pending_events(tmp_path
         put(store, block_hash)             # two demoted to SSD, two in DRAM
     assert sorted(store.snapshot()) == [1, 2, 3, 4]
     assert store.take_events() == ([], [])
+
+
+def test_a_flush_keeps_what_dram_holds_for_the_next_start(tmp_path):
+    store = two_tier(tmp_path, dram_blocks=3, disk_blocks=4)
+    for block_hash in (1, 2, 3):
+        put(store, block_hash)
+    assert block_files(tmp_path) == []               # nothing was evicted: DRAM only
+    assert store.flush() == 3
+    assert store.flush() == 0                        # already there
+    assert store.stats()["dram_blocks"] == 3         # still served from DRAM
+    again = two_tier(tmp_path, dram_blocks=3, disk_blocks=4)
+    assert [read(again, h) for h in (1, 2, 3)] == [content(h) for h in (1, 2, 3)]
+
+
+def test_a_flush_without_an_ssd_tier_writes_nothing():
+    store = BlockStore(2 * BLOCK)
+    put(store, 1)
+    assert store.flush() == 0

@@ -1,6 +1,8 @@
 """The engine end to end on a small random Llama, checked against transformers' generate."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -100,3 +102,21 @@ def test_seeded_sampling_repeats_and_logprobs_are_returned(tiny_llama_dir) -> No
     assert a.token_ids == b.token_ids
     assert [lp.token_id for lp in a.logprobs] == a.token_ids
     assert all(len(lp.top) == 3 and lp.logprob <= 0 for lp in a.logprobs)
+
+
+def test_a_seeded_request_recomputed_from_its_tokens_continues_the_same(tiny_llama_dir) -> None:
+    # What the gateway does when a worker dies: prompt + tokens so far as a new prompt.
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=11, ignore_eos=True)
+    prompt = prompts()[1]
+    whole = engine(tiny_llama_dir).generate([prompt], params)[0].token_ids
+    for k in (1, 5, 11):
+        rest = dataclasses.replace(params, max_tokens=12 - k)
+        again = engine(tiny_llama_dir).generate([prompt + whole[:k]], rest)[0].token_ids
+        assert whole[:k] + again == whole
+
+
+def test_a_seeded_request_draws_the_same_beside_other_requests(tiny_llama_dir) -> None:
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=3, ignore_eos=True)
+    alone = engine(tiny_llama_dir).generate([prompts()[1]], params)[0]
+    batched = engine(tiny_llama_dir).generate(prompts(), params)[1]
+    assert batched.token_ids == alone.token_ids

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from shared.engine.sampler import logprobs, sample
+from shared.engine.sampler import (SAMPLING_FAILED, logprobs, sample, sampling_failure,
+                                   seeded_generator)
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest
 
@@ -19,11 +20,51 @@ def test_greedy_takes_the_argmax_per_row() -> None:
     assert sample(LOGITS, [SamplingParams(temperature=0)] * 2, [None, None]) == [1, 2]
 
 
+def test_temperatures_below_vllms_epsilon_are_greedy() -> None:
+    for temperature in (1e-320, 1e-6):
+        params = SamplingParams(temperature=temperature)
+        assert params.greedy and sample(LOGITS, [params] * 2, [None, None]) == [1, 2]
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
 def test_top_k_and_top_p_restrict_the_candidates() -> None:
     assert draws(SamplingParams(temperature=1.0, top_k=2)) == {1, 2}
     # probabilities of [1, 3, 2, .5] are about [.09, .64, .24, .05]: .64 < .8 <= .88
     assert draws(SamplingParams(temperature=1.0, top_p=0.8)) == {1, 2}
     assert len(draws(SamplingParams(temperature=1.0))) == 4
+
+
+def test_min_p_drops_tokens_far_below_the_likeliest() -> None:
+    # probabilities about [.09, .64, .24, .05]: min_p .3 keeps those above .19
+    assert draws(SamplingParams(temperature=1.0, min_p=0.3)) == {1, 2}
+    assert draws(SamplingParams(temperature=1.0, min_p=0.5)) == {1}
+    # after temperature: at 3 the probabilities flatten and all four pass .3 x the top
+    assert len(draws(SamplingParams(temperature=3.0, min_p=0.3))) == 4
+
+
+def test_an_unusable_row_fails_alone_and_the_others_are_sampled() -> None:
+    nan = torch.tensor([[float("nan"), 1.0, 0.0, 0.0]])
+    huge = torch.tensor([[1e36, 0.0, 0.0, 0.0]])   # / temperature 1e-4 overflows to inf
+    logits = torch.cat([nan, LOGITS[1:], huge, LOGITS[1:]])
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0),
+              SamplingParams(temperature=1e-4, top_p=0.9), SamplingParams(temperature=0.5)]
+    gens = [torch.Generator().manual_seed(0) for _ in params]
+    assert sample(logits, params, gens) == [SAMPLING_FAILED, 2, SAMPLING_FAILED, 2]
+    assert logprobs(logits, [SAMPLING_FAILED, 2], [1, 1])[0] is None
+    assert sampling_failure(params[2]).startswith(
+        "sampling failed: the next-token distribution is not finite")
+    assert "temperature=0.0001, top_p=0.9" in sampling_failure(params[2])
+
+
+def seeded_draw(seed: int, position: int) -> int:
+    params = SamplingParams(temperature=1.5)
+    return sample(LOGITS[:1], [params], [seeded_generator(seed, position)])[0]
+
+
+def test_a_seeded_draw_depends_on_seed_and_position_only() -> None:
+    assert all(seeded_draw(7, 40) == seeded_draw(7, 40) for _ in range(5))
+    assert len({seeded_draw(7, position) for position in range(20)}) > 1
+    assert len({seeded_draw(seed, 40) for seed in range(20)}) > 1
 
 
 def test_same_seed_same_tokens() -> None:
@@ -43,7 +84,7 @@ def test_logprobs_of_chosen_and_top_tokens() -> None:
 
 @pytest.mark.parametrize("bad", [
     dict(max_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_k=-2),
-    dict(stop=("",)), dict(logprobs=99)])
+    dict(min_p=-0.1), dict(min_p=1.5), dict(stop=("",)), dict(logprobs=99)])
 def test_bad_parameters_are_refused_clearly(bad) -> None:
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequest, match=f"^{next(iter(bad))}"):
         SamplingParams(**bad)

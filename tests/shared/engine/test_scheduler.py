@@ -6,9 +6,11 @@ from shared.kvcache import KVCacheManager
 BS = 4
 
 
-def make(num_blocks: int = 64, budget: int = 64, max_seqs: int = 8, chunked: bool = True):
+def make(num_blocks: int = 64, budget: int = 64, max_seqs: int = 8, chunked: bool = True,
+         long_prefill_tokens: int | None = None):
     kv = KVCacheManager(num_blocks, BS)
-    return Scheduler(SchedulerConfig(budget, max_seqs, chunked), kv), kv
+    config = SchedulerConfig(budget, max_seqs, chunked, long_prefill_tokens)
+    return Scheduler(config, kv), kv
 
 
 def seq(rid: str, n: int, first: int = 0) -> Sequence:
@@ -116,3 +118,57 @@ def test_max_num_seqs_limits_the_running_set() -> None:
     for i in range(3):
         sched.add(seq(f"r{i}", 3, first=10 * i))
     assert set(plan(sched.schedule())) == {"r0", "r1"}
+
+
+# -- fair prefill ----------------------------------------------------------------------------
+
+def test_the_chunk_cap_defaults_to_a_quarter_of_the_budget_and_at_least_a_block() -> None:
+    assert make(budget=64)[0].prefill_chunk_cap == 16
+    assert make(budget=8)[0].prefill_chunk_cap == BS
+    assert make(long_prefill_tokens=0)[0].prefill_chunk_cap == 0
+    assert make(chunked=False)[0].prefill_chunk_cap == 0   # a prompt runs whole or not at all
+
+
+def test_a_long_prompt_alone_takes_the_whole_budget() -> None:
+    sched, _ = make(num_blocks=128)
+    sched.add(seq("long", 200))
+    chunks = []
+    while sched.waiting or sched.running[0].num_output_tokens == 0:
+        out = sched.schedule()
+        chunks.append(plan(out)["long"])
+        advance(sched, out)
+    assert chunks == [64, 64, 64, 8]
+
+
+def test_a_short_prompt_behind_a_long_one_runs_whole_in_the_next_step() -> None:
+    sched, _ = make(num_blocks=128)
+    sched.add(seq("long", 200))
+    advance(sched, sched.schedule())
+    sched.add(seq("short", 10, first=500))
+    out = sched.schedule()
+    assert plan(out) == {"long": 16, "short": 10}   # the long one gets the cap, no more
+    advance(sched, out)
+    # The short one decodes first; the long one prefills alone again, with what is left.
+    assert list(plan(sched.schedule()).items()) == [("short", 1), ("long", 63)]
+
+
+def test_prompts_prefilling_together_each_get_the_cap() -> None:
+    sched, _ = make(num_blocks=128)
+    sched.add(seq("a", 100))
+    sched.add(seq("b", 100, first=200))
+    sched.add(seq("c", 8, first=400))
+    assert plan(sched.schedule()) == {"a": 16, "b": 16, "c": 8}
+
+
+def test_without_fairness_a_long_prompt_holds_the_budget_as_before() -> None:
+    sched, _ = make(num_blocks=128, long_prefill_tokens=0)
+    sched.add(seq("long", 200))
+    advance(sched, sched.schedule())
+    sched.add(seq("short", 10, first=500))
+    steps = []
+    while sched.waiting:
+        out = sched.schedule()
+        steps.append(plan(out))
+        advance(sched, out)
+    # The short one waits until the long prompt's last chunk leaves room in a step.
+    assert steps == [{"long": 64}, {"long": 64}, {"long": 8, "short": 10}]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -46,6 +47,10 @@ def test_qkv_out_and_counters(served):
         assert out.shape == (2, 4, 8) and arrived > 0
         assert link.counters["qkv_bytes"] == (2 * 4 + 2 * 2 * 2) * 8 * 4
         assert link.counters["out_bytes"] == 2 * 4 * 8 * 4
+        # NOTE: the server counts after its send returns, which may be after we read it.
+        deadline = time.monotonic() + 5
+        while server.bytes_sent != link.counters["out_bytes"] and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert server.bytes_sent == link.counters["out_bytes"]
     finally:
         link.close()

@@ -1,0 +1,28 @@
+"""The metrics of `kvstack up` itself: restarts per child and children up, on GET /metrics."""
+from __future__ import annotations
+
+from prometheus_client import start_http_server
+
+from shared.metrics import Metrics
+
+
+class UpMetrics:
+    def __init__(self) -> None:
+        self.metrics = Metrics("up")
+        self.restarts = self.metrics.counter(
+            "restarts", "children restarted after they exited", ("service",))
+        self.children_up = self.metrics.gauge("children_up", "children running now")
+        self.url = ""
+        self._server = None
+
+    def serve(self, host: str, port: int) -> str:
+        """Serve /metrics on host:port (0: a free port); returns the URL."""
+        self._server, _ = start_http_server(port, host, self.metrics.registry)
+        self.url = f"http://{host}:{self._server.server_port}/metrics"
+        return self.url
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

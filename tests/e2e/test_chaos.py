@@ -1,0 +1,181 @@
+"""Chaos under load, the short variant of `loadgen chaos`: a request whose worker dies or
+stops goes on elsewhere (the same stream, the same text), and the stack survives NATS,
+conductor and kvstore restarts without a manual restart.
+
+One supervised stack (2 prefill, 2 decode workers, a kvstore; real processes, the real
+model); each test kills or stops something under load and checks every answer token for
+token against the reference engine.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import openai
+import pytest
+
+from loadgen.chaos.load import Case
+from loadgen.chaos.runner import ChaosConfig, run_chaos
+from services.cli.restarts import RestartPolicy
+from shared.engine.sampling_params import SamplingParams
+from tests.e2e.conftest import running_stack, worker_stats
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, smollm2_dir):
+    with running_stack(tmp_path_factory.mktemp("chaos"), num_prefill=2, num_decode=2,
+                       num_kvstore=1, restart=RestartPolicy(first_backoff=0.5),
+                       drain_timeout=2.0) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(stack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0,
+                         timeout=180)
+
+
+def prompt_ids(reference, topic: str) -> list[int]:
+    return reference.tokenizer.encode_chat([{"role": "user", "content": f"Tell me about {topic}."}])
+
+
+def wanted(reference, prompts: list[list[int]], max_tokens: int) -> list[str]:
+    """The reference engine's answers, computed as one batch."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return [c.text for c in reference.generate(prompts, params)]
+
+
+class Stream:
+    """One streaming greedy completion read in a thread; `chunks` grows as text arrives."""
+
+    def __init__(self, client: openai.OpenAI, prompt: list[int], max_tokens: int) -> None:
+        self.chunks: list[str] = []
+        self.usage = None
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._read, args=(client, prompt, max_tokens))
+        self.thread.start()
+
+    def _read(self, client, prompt, max_tokens) -> None:
+        try:
+            for chunk in client.completions.create(
+                    model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+                    stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
+                if chunk.choices:
+                    self.chunks.append(chunk.choices[0].text)
+                if chunk.usage:
+                    self.usage = chunk.usage
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            self.error = e
+
+    def wait_for(self, num_chunks: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.chunks) < num_chunks and self.thread.is_alive():
+            assert time.monotonic() < deadline, "the stream did not start"
+            time.sleep(0.05)
+
+    def result(self) -> str:
+        self.thread.join(180)
+        assert self.error is None, self.error
+        return "".join(self.chunks)
+
+    @property
+    def migrations(self) -> int:
+        return (self.usage.model_extra or {}).get("migrations", 0)
+
+
+def busiest(stack, service: str, names: list[str]) -> str:
+    stats = {name: worker_stats(stack, service, name) for name in names}
+    return max(names, key=lambda n: stats[n].num_running + stats[n].num_waiting)
+
+
+def signal_child(stack, name: str, sig: int) -> None:
+    os.killpg(stack.process(name).popen.pid, sig)
+
+
+def wait_restarted(stack, name: str, count: int, timeout: float = 120) -> None:
+    """Until the supervisor restarted `name` `count` times and the new one answers."""
+    deadline = time.monotonic() + timeout
+    service = name.rsplit("-", 1)[0]
+    while time.monotonic() < deadline:
+        if stack.restarts(name) >= count:
+            try:
+                worker_stats(stack, service, name)
+                return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+        time.sleep(0.5)
+    raise AssertionError(f"{name} was not restarted")
+
+
+def test_a_decode_worker_killed_mid_stream_the_stream_goes_on_elsewhere(stack, client,
+                                                                        reference) -> None:
+    prompt = prompt_ids(reference, "the sea")
+    [want] = wanted(reference, [prompt], 64)
+    stream = Stream(client, prompt, 64)
+    stream.wait_for(6)
+    victim = busiest(stack, "decode", ["decode-0", "decode-1"])
+    signal_child(stack, victim, signal.SIGKILL)
+    assert stream.result() == want                  # nothing lost, nothing repeated
+    assert stream.migrations == 1
+    wait_restarted(stack, victim, 1)
+
+
+def test_a_prefill_worker_killed_before_its_first_token_the_request_is_retried(
+        stack, client, reference) -> None:
+    prompt = prompt_ids(reference, " ".join(["the history of bread"] * 150))   # ~1k tokens
+    [want] = wanted(reference, [prompt], 16)
+    stream = Stream(client, prompt, 16)
+    deadline = time.monotonic() + 60
+    while (victim := _prefilling(stack)) is None:
+        assert time.monotonic() < deadline and not stream.chunks, "prefill was not seen"
+        time.sleep(0.02)
+    signal_child(stack, victim, signal.SIGKILL)
+    assert stream.result() == want
+    assert stream.migrations == 0                   # nothing had reached the client: a retry
+    wait_restarted(stack, victim, 1)
+
+
+def _prefilling(stack) -> str | None:
+    for name in ("prefill-0", "prefill-1"):
+        stats = worker_stats(stack, "prefill", name)
+        if stats.num_running or stats.num_waiting:
+            return name
+    return None
+
+
+def test_a_decode_worker_stopped_under_load_loses_no_request(stack, client, reference) -> None:
+    """Scale-down: SIGTERM one decode worker while it decodes; what it cannot finish within
+    its drain timeout is handed back and goes on elsewhere."""
+    prompts = [prompt_ids(reference, t) for t in ("a cat", "winter", "bread")]
+    wants = wanted(reference, prompts, 80)
+    streams = [Stream(client, p, 80) for p in prompts]
+    for stream in streams:
+        stream.wait_for(4)
+    victim = busiest(stack, "decode", ["decode-0", "decode-1"])
+    process = stack.process(victim).popen
+    signal_child(stack, victim, signal.SIGTERM)
+    assert [s.result() for s in streams] == wants
+    assert process.wait(30) == 0                    # a clean exit after its drain
+    assert sum(s.migrations for s in streams) >= 1  # a 2 s drain cannot finish 80 tokens
+
+
+
+def test_nats_conductor_and_kvstore_restarts_lose_nothing(stack, reference) -> None:
+    """A steady load while nats-server restarts and the conductor and the kvstore are
+    killed: every request completes or ends with a clear error, none is lost or hung, the
+    stack serves afterwards and KV blocks in use return to where they were."""
+    prompts = [prompt_ids(reference, t) for t in ("rain", "a river", "stars", "coffee")]
+    cases = [Case(tuple(p), w) for p, w in zip(prompts, wanted(reference, prompts, 16))]
+    config = ChaosConfig(faults=("nats", "conductor", "kvstore"), concurrency=3, max_tokens=16,
+                         settle_seconds=2.0, phase_seconds=8.0, request_timeout=120.0)
+    report = run_chaos(stack, cases, config)
+    rows = {r.fault: r for r in report.rows}
+    assert all(r.lost == 0 and r.hung == 0 for r in report.rows), report.rows
+    assert not report.leaked and not report.silent, (report.kv_before, report.kv_after)
+    assert all(rows[f].back_s is not None for f in config.faults), report.rows
+    assert rows["after"].sent and rows["after"].completed == rows["after"].sent
+    assert sum(r.completed for r in report.rows) >= 0.8 * sum(r.sent for r in report.rows)

@@ -1,0 +1,55 @@
+"""The engine thread: a failed step ends its requests; three in a row mark the loop broken."""
+from __future__ import annotations
+
+import asyncio
+
+from shared.engine.loop import BROKEN_AFTER, EngineLoop
+
+
+class ScriptedEngine:
+    """Steps that fail (False) or succeed (True) in the scripted order, then no work."""
+
+    def __init__(self, script: list[bool]) -> None:
+        self.script = list(script)
+        self.failed_all: list[str] = []
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.script)
+
+    def step(self) -> list:
+        if not self.script.pop(0):
+            raise RuntimeError("kernel fault")
+        return []
+
+    def fail_all(self, message: str) -> list:
+        self.failed_all.append(message)
+        return []
+
+
+def run_script(script: list[bool]) -> tuple[EngineLoop, list[str], ScriptedEngine]:
+    async def main() -> tuple[EngineLoop, list[str], ScriptedEngine]:
+        engine, reasons = ScriptedEngine(script), []
+        loop = EngineLoop(engine, asyncio.get_running_loop(), lambda outputs: None,
+                          step=lambda e: e.step())
+        loop.on_broken = reasons.append
+        loop.start()
+        while engine.has_unfinished:
+            await asyncio.sleep(0.01)
+        loop.stop()                 # joins the thread: the last step is done
+        await asyncio.sleep(0.01)   # its callbacks run
+        return loop, reasons, engine
+    return asyncio.run(main())
+
+
+def test_three_failed_steps_in_a_row_break_the_loop_once() -> None:
+    loop, reasons, engine = run_script([False, False, True, False, False, False, False])
+    assert loop.broken and loop.num_failed_steps == 4
+    assert len(engine.failed_all) == 6
+    assert reasons == [f"{BROKEN_AFTER} engine steps failed in a row; the last: engine step "
+                       f"failed: RuntimeError: kernel fault"]
+
+
+def test_a_good_step_resets_the_count() -> None:
+    loop, reasons, _ = run_script([False, False, True])
+    assert not loop.broken and loop.num_failed_steps == 0 and reasons == []
