@@ -315,6 +315,7 @@ class AttentionAttached:
     link_addr: str = ""           # the attention link (q, k, v out; attention output back)
     data_addr: str = ""           # where prefill workers send KV of this shard's heads
     error: str = ""
+    instance: str = ""            # the attached process (a restart under the id drops the KV)
 
 
 @message("kv_expect")

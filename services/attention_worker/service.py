@@ -102,7 +102,8 @@ class AttentionWorkerService(Service):
         self.slot.shard, self.decode_id = shard, msg.decode_id
         log.info("shard %d/%d of %s: KV heads %s, %d blocks", msg.shard, msg.group_size,
                  msg.decode_id, shard.kv_heads, shard.storage.num_blocks)
-        return AttentionAttached(True, shard.storage.num_blocks, self.link_addr, self.data_addr)
+        return AttentionAttached(True, shard.storage.num_blocks, self.link_addr, self.data_addr,
+                                 instance=self.instance)
 
     async def _expect(self, msg: KVExpect) -> Ack:
         shard = self.slot.shard

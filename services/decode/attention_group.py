@@ -13,8 +13,8 @@ import torch
 from shared import subjects
 from shared.bus import Bus, ServiceUnavailable
 from shared.errors import KvstackError
-from shared.messages import (Ack, AttentionAttach, AttentionAttached, KVExpect, KVSettle,
-                             KVShard, StatsRequest)
+from shared.messages import (Ack, AttentionAttach, AttentionAttached, Heartbeat, KVExpect,
+                             KVSettle, KVShard, StatsRequest)
 from shared.model.config import ModelConfig
 from shared.transfer.attention.client import AttentionLink, AttentionLost
 from services.attention_worker.shard import kv_head_range
@@ -36,6 +36,7 @@ class AttentionGroup:
         self.auth_token, self.timeout = auth_token, timeout
         self.links: list[AttentionLink] = []
         self.shards: tuple[KVShard, ...] = ()
+        self.instances: dict[str, str] = {}   # worker id -> the process attached
         self.sent_at: dict[tuple[int, int], float] = {}
         self.blocked_seconds = self.roundtrip_seconds = 0.0
 
@@ -49,7 +50,21 @@ class AttentionGroup:
                                          for i, w in enumerate(ids)))
         await asyncio.get_running_loop().run_in_executor(None, lambda: self.connect(
             ids, [r.link_addr for r in replies], [r.data_addr for r in replies]))
+        self.instances = {w: r.instance for w, r in zip(ids, replies)}
         return min(r.num_blocks for r in replies)
+
+    def lost_member(self, hb: Heartbeat) -> str:
+        """Why this beat means a shard's KV is gone (it stopped, or another process now
+        runs under its id and is not attached), or "" when it does not."""
+        worker_id = hb.worker_id
+        if worker_id not in self.worker_ids:
+            return ""
+        if hb.stopped:
+            return f"attention worker {worker_id} stopped"
+        attached = self.instances.get(worker_id, "")
+        if attached and hb.instance and hb.instance != attached:
+            return f"attention worker {worker_id} restarted"
+        return ""
 
     def connect(self, worker_ids: Sequence[str], link_addrs: Sequence[str],
                 data_addrs: Sequence[str]) -> None:

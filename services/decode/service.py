@@ -75,6 +75,7 @@ class DecodeService(Service):
         token = self.config.data_token or None
         self.sender = TcpKVSender(auth_token=token)
         self.group = None
+        self.reattaching = False
         if self.config.attention_workers:
             await self._start_offloaded(bus, token)
         else:
@@ -127,11 +128,27 @@ class DecodeService(Service):
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
         if self.pool is not None:
             self.pool.observe(hb)
+        lost = self.group.lost_member(hb) if self.group is not None else ""
+        if lost and not self.reattaching:
+            await self._reattach(lost)
+
+    async def _reattach(self, reason: str) -> None:
+        """A shard's KV is gone while no step noticed (e.g. this worker was idle): attach
+        the group again and recompute what runs. The conductor places nothing here
+        meanwhile (the beats say draining)."""
+        self.reattaching = True
+        try:
+            outputs = await self.engine_loop.call(lambda e: self._recover(e, reason))
+        finally:
+            self.reattaching = False
+        if outputs:
+            self._on_outputs(outputs)
 
     def heartbeat(self) -> Heartbeat:
         self.kv_usage.set(self.engine.kv.usage)
         return worker_heartbeat(self.name, self.worker_id, self.config, self.engine,
-                                self.http_addr, self.data_addr, self.draining)
+                                self.http_addr, self.data_addr,
+                                self.draining or self.reattaching)
 
     async def drain(self) -> None:
         """Decode what was adopted to the end (new reservations are refused meanwhile)."""
@@ -175,6 +192,8 @@ class DecodeService(Service):
         if problem:
             await self.engine_loop.call(lambda e: e.release(msg.request_id))
             self.refused.labels("attention").inc()
+            if not self.reattaching:   # a shard died or restarted: form the group anew
+                self.tasks.spawn(self._reattach(problem), "re-forming the attention group")
             return KVReservation(msg.request_id, False, reason=problem, code=503)
         shards = self.group.shards if self.group is not None else ()
         return KVReservation(msg.request_id, True, tuple(block_ids), self.data_addr,
@@ -183,6 +202,8 @@ class DecodeService(Service):
     def _refusal(self, msg: KVReserve) -> tuple[str, str, int] | None:
         if self.draining:
             return "draining", "decode worker is draining", 503
+        if self.reattaching:
+            return "attention", "decode worker is re-forming its attention group", 503
         if msg.block_size != self.config.block_size or msg.namespace != self.engine.namespace:
             return "layout", "prefill and decode workers run a different model or KV layout", 500
         try:
@@ -277,10 +298,14 @@ class DecodeService(Service):
         while True:
             live = await self.group.live_workers()
             size = usable_group_size(self.engine.model_config.num_kv_heads, len(live))
+            problem = "no attention worker of the group answers"
             if size:
-                return await self.group.attach(live[:size])
+                try:
+                    return await self.group.attach(live[:size])
+                except KvstackError as e:   # e.g. one is draining away: try without it
+                    problem = str(e)
             if time.monotonic() > deadline:
-                raise KvstackError("no attention worker of the group answers")
+                raise KvstackError(problem)
             await asyncio.sleep(0.5)
 
     def _on_outputs(self, outputs: list[RequestOutput]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from services.kvstore.store import BlockStore
 
 log = logging.getLogger("kvstack.kvstore")
 PUT_TTL = 30.0
+PUT_DRAIN_WAIT = 5.0
 EVENT_INTERVAL = 0.2
 
 
@@ -69,10 +71,13 @@ class KvstoreService(Service):
         self.tasks.every(EVENT_INTERVAL, self._housekeeping, "housekeeping")
 
     async def drain(self) -> None:
-        """Let puts in flight land, then keep what DRAM holds on the SSD tier (if any), so
-        the next start of this instance serves it."""
-        while len(self.inbox):
+        """Let puts in flight land (a few seconds: one whose sender died would wait for its
+        TTL), then keep what DRAM holds on the SSD tier (if any), so the next start of this
+        instance serves it."""
+        deadline = time.monotonic() + PUT_DRAIN_WAIT
+        while len(self.inbox) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        self.inbox.expire(math.inf)    # what has not landed by now is dropped, never half-kept
         written = await asyncio.to_thread(self.store.flush)
         if written:
             log.info("%s: wrote %d blocks to the SSD tier for the next start", self.worker_id,

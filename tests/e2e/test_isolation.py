@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from shared.engine.sampling_params import SamplingParams
-from tests.e2e.conftest import running_stack
+from tests.e2e.conftest import API_KEY
 
 MODEL = "SmolLM2-135M-Instruct"
 MAX_TOKENS = 12
@@ -21,10 +21,10 @@ SEEDED = dict(temperature=1.0, seed=7)
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory, smollm2_dir):
-    with running_stack(tmp_path_factory.mktemp("isolation-logs")) as stack:
-        yield openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0,
-                            timeout=120)
+def client(stack) -> openai.OpenAI:
+    """The session's stack (tests/e2e/conftest.py), shared with test_serving.py."""
+    return openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key=API_KEY, max_retries=0,
+                         timeout=120)
 
 
 def ask(client: openai.OpenAI, prompt: str, **params) -> str:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
+import time
 
 import pytest
 
+from services.cli.restarts import RestartPolicy
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.messages import AttentionStats
@@ -26,7 +29,8 @@ def attention_stats(stack, worker_id: str) -> AttentionStats:
 
 @pytest.mark.parametrize("group_size", [1, 3])
 def test_offloaded_outputs_equal_local_decode(tmp_path, reference, group_size):
-    with running_stack(tmp_path, num_attention=group_size, **OFFLOAD) as stack:
+    supervised = dict(restart=RestartPolicy(first_backoff=0.2)) if group_size == 1 else {}
+    with running_stack(tmp_path, num_attention=group_size, **OFFLOAD, **supervised) as stack:
         assert_chats_equal_reference(stack, reference, PROMPTS, max_tokens=24)
         heads = []
         for i in range(group_size):
@@ -38,6 +42,28 @@ def test_offloaded_outputs_equal_local_decode(tmp_path, reference, group_size):
             heads.append(stats.kv_heads)
         assert heads == [(i * 3 // group_size, (i + 1) * 3 // group_size)
                          for i in range(group_size)]
+        if supervised:
+            _restart_while_idle(stack, reference)
+
+
+def _restart_while_idle(stack, reference) -> None:
+    """An attention worker restarted while its decode worker is idle comes back empty and
+    unattached: its decode worker sees the new process beat and attaches it again."""
+    os.killpg(stack.process("attention-0-0").popen.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while attention_stats_or_none(stack, "attention-0-0") is None or \
+            attention_stats(stack, "attention-0-0").decode_id != "decode-0":
+        assert time.monotonic() < deadline, "the restarted attention worker was not attached"
+        time.sleep(0.3)
+    assert stack.restarts("attention-0-0") == 1
+    assert_chats_equal_reference(stack, reference, PROMPTS[:2], max_tokens=24)
+
+
+def attention_stats_or_none(stack, worker_id: str) -> AttentionStats | None:
+    try:
+        return attention_stats(stack, worker_id)
+    except Exception:  # noqa: BLE001 - not up yet
+        return None
 
 
 def test_a_group_that_does_not_divide_the_kv_heads_is_refused_clearly(tmp_path):
