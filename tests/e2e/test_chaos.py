@@ -23,13 +23,15 @@ from shared.engine.sampling_params import SamplingParams
 from tests.e2e.conftest import running_stack, worker_stats
 
 MODEL = "SmolLM2-135M-Instruct"
+# Long enough for a killed decode worker to be restarted when no other is left.
+GATEWAY_ARGS = ("--dtype", "float32", "--placement-wait", "60")
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, smollm2_dir):
     with running_stack(tmp_path_factory.mktemp("chaos"), num_prefill=2, num_decode=2,
                        num_kvstore=1, restart=RestartPolicy(first_backoff=0.5),
-                       drain_timeout=2.0) as s:
+                       drain_timeout=2.0, gateway_args=GATEWAY_ARGS) as s:
         yield s
 
 
@@ -43,27 +45,32 @@ def prompt_ids(reference, topic: str) -> list[int]:
     return reference.tokenizer.encode_chat([{"role": "user", "content": f"Tell me about {topic}."}])
 
 
-def wanted(reference, prompts: list[list[int]], max_tokens: int) -> list[str]:
-    """The reference engine's answers, computed as one batch."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+def wanted(reference, prompts: list[list[int]], max_tokens: int, **params) -> list[str]:
+    """The reference engine's answers (greedy unless `params` say otherwise), as one batch."""
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                            **{"temperature": 0, **params})
     return [c.text for c in reference.generate(prompts, params)]
 
 
 class Stream:
-    """One streaming greedy completion read in a thread; `chunks` grows as text arrives."""
+    """One streaming completion (greedy unless `params` say otherwise) read in a thread;
+    `chunks` grows as text arrives."""
 
-    def __init__(self, client: openai.OpenAI, prompt: list[int], max_tokens: int) -> None:
+    def __init__(self, client: openai.OpenAI, prompt: list[int], max_tokens: int,
+                 **params) -> None:
         self.chunks: list[str] = []
         self.usage = None
         self.error: Exception | None = None
-        self.thread = threading.Thread(target=self._read, args=(client, prompt, max_tokens))
+        self.thread = threading.Thread(target=self._read,
+                                       args=(client, prompt, max_tokens, params))
         self.thread.start()
 
-    def _read(self, client, prompt, max_tokens) -> None:
+    def _read(self, client, prompt, max_tokens, params) -> None:
         try:
             for chunk in client.completions.create(
-                    model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
-                    stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
+                    model=MODEL, prompt=prompt, max_tokens=max_tokens, stream=True,
+                    **{"temperature": 0, **params}, stream_options={"include_usage": True},
+                    extra_body={"ignore_eos": True}):
                 if chunk.choices:
                     self.chunks.append(chunk.choices[0].text)
                 if chunk.usage:
@@ -122,6 +129,26 @@ def test_a_decode_worker_killed_mid_stream_the_stream_goes_on_elsewhere(stack, c
     assert stream.result() == want                  # nothing lost, nothing repeated
     assert stream.migrations == 1
     wait_restarted(stack, victim, 1)
+
+
+def test_with_every_decode_worker_killed_a_seeded_stream_waits_and_stays_reproducible(
+        stack, client, reference) -> None:
+    """No decode worker left: the migration waits for a restarted one (--placement-wait),
+    and a seeded stream goes on exactly as an uninterrupted run (draws depend on the seed
+    and the token's position, not on the worker)."""
+    seeded = dict(temperature=1.0, seed=5)
+    prompt = prompt_ids(reference, "a forest")
+    [want] = wanted(reference, [prompt], 48, **seeded)
+    stream = Stream(client, prompt, 48, **seeded)
+    stream.wait_for(6)
+    decodes = ["decode-0", "decode-1"]
+    before = {name: stack.restarts(name) for name in decodes}
+    for name in decodes:
+        signal_child(stack, name, signal.SIGKILL)
+    assert stream.result() == want
+    assert stream.migrations >= 1
+    for name in decodes:
+        wait_restarted(stack, name, before[name] + 1)
 
 
 def test_a_prefill_worker_killed_before_its_first_token_the_request_is_retried(
