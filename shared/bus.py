@@ -3,16 +3,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from shared import codec
+from shared import codec, subjects
+from shared.auth.credentials import NatsAuth
 from shared.errors import KvstackError
 from shared.messages import Ack
 from shared.tasks import Tasks
@@ -37,21 +38,24 @@ class Bus:
         self.on_reconnect: list[Callable[[], Awaitable[None]]] = []
 
     @classmethod
-    async def connect(cls, url: str, name: str, connect_timeout: float = 5.0) -> Bus:
+    async def connect(cls, url: str, name: str, auth: NatsAuth = NatsAuth(),
+                      connect_timeout: float = 5.0) -> Bus:
+        """Connect with `auth`'s credentials; refuse a bus that lets anyone in unless
+        `auth.insecure` (an open bus hands every prompt to whoever connects)."""
+        auth.check(name)
         bus: Bus | None = None
 
         async def reconnected() -> None:
             log.info("%s: NATS reconnected", name)
             for callback in bus.on_reconnect if bus is not None else ():
                 bus.tasks.spawn(callback(), "re-announcing after a reconnection")
-        try:
-            nc = await nats.connect(
-                url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5, allow_reconnect=True, error_cb=_log_error,
-                disconnected_cb=_log_event(f"{name}: NATS disconnected"),
-                reconnected_cb=reconnected)
-        except Exception as e:
-            raise KvstackError(f"cannot reach NATS at {url}: {type(e).__name__} {e}") from None
+        nc = await _open(url, name, auth, connect_timeout, reconnected)
+        if not auth.insecure and not nc._server_info.get("auth_required"):
+            await nc.close()
+            raise KvstackError(
+                f"the NATS server at {url} accepts clients without credentials: anyone who "
+                "reaches it can read prompts and pose as a worker. Start it with the config "
+                "that `kvstack up` or `kvstack auth init` writes, or pass --insecure")
         bus = cls(nc, name)
         return bus
 
@@ -74,11 +78,16 @@ class Bus:
         return codec.decode(reply.data, expected)
 
     async def subscribe(self, subject: str, handler: Handler, queue: str = "",
-                        expected: type | tuple[type, ...] | None = None):
-        """Run `handler` on each decodable message, each in its own task."""
+                        expected: type | tuple[type, ...] | None = None,
+                        sender: Callable[[Any], str] | None = None):
+        """Run `handler` on each decodable message, each in its own task.
+
+        With `sender`, a message whose `sender(message)` is not the worker id its subject
+        ends with is dropped: a worker may speak only for itself (permissions let it
+        publish only under its own id)."""
         async def on_msg(msg: Msg) -> None:
             decoded = self._decode(msg, expected)
-            if decoded is not None:
+            if decoded is not None and self._speaks_for_itself(msg, decoded, sender):
                 self._spawn(handler(decoded))
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 
@@ -128,8 +137,56 @@ class Bus:
             log.warning("%s: dropped a bad message on %s: %s", self.name, msg.subject, e)
             return None
 
+    def _speaks_for_itself(self, msg: Msg, decoded: Any, sender) -> bool:
+        if sender is None or sender(decoded) == subjects.sender_of(msg.subject):
+            return True
+        log.warning("%s: dropped a message on %s that speaks for %r", self.name, msg.subject,
+                    sender(decoded))
+        return False
+
     def _spawn(self, coro: Awaitable[None]) -> None:
         self.tasks.spawn(coro, "a message handler")
+
+
+async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float,
+                reconnected) -> Client:
+    """A connected client. NATS refusing the credentials ends the attempt at once (nats-py
+    would retry them forever); an unreachable server is reported as before."""
+    nc, refused = Client(), asyncio.get_running_loop().create_future()
+
+    async def on_error(e: Exception) -> None:
+        if _refusal(e) and not refused.done():
+            refused.set_result(e)
+        await _log_error(e)
+    connecting = asyncio.ensure_future(nc.connect(
+        url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5, allow_reconnect=True, error_cb=on_error,
+        disconnected_cb=_log_event(f"{name}: NATS disconnected"),
+        reconnected_cb=reconnected, **auth.connect_options()))
+    await asyncio.wait({connecting, refused}, return_when=asyncio.FIRST_COMPLETED)
+    if not connecting.done():
+        connecting.cancel()
+        await nc.close()
+        user = auth.creds.user if auth.creds is not None else "an anonymous client"
+        raise KvstackError(f"NATS at {url} refused {user}: {_refusal(refused.result())}")
+    try:
+        connecting.result()
+    except Exception as e:
+        raise KvstackError(f"cannot reach NATS at {url}: {type(e).__name__} {e}") from None
+    return nc
+
+
+def _refusal(e: Exception) -> str:
+    """Why a first connection can never succeed as configured ("" if it may)."""
+    if "authorization violation" in str(e).lower():
+        return ("authorization violation (wrong or rotated credentials, or none where the "
+                "server requires them)")
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return (f"its TLS certificate is not trusted ({e.verify_message}); pass the "
+                "deployment's CA with --nats-tls-ca")
+    if "tls" in str(e).lower() and "required" in str(e).lower():
+        return f"{e}; pass the deployment's CA with --nats-tls-ca"
+    return ""
 
 
 async def _log_error(e: Exception) -> None:

@@ -26,7 +26,7 @@ async def publish_kv_events(bus: Bus, source: str, service: str, stored: Sequenc
                             removed: Sequence[int] = (), snapshot: bool = False) -> None:
     """Publish what `kv_events` makes of these changes, in order."""
     for event in kv_events(source, service, stored, removed, snapshot):
-        await bus.publish(subjects.kv_events(), event)
+        await bus.publish(subjects.kv_events(source), event)
 
 
 def _chunks(hashes: Sequence[int]) -> list[tuple[int, ...]]:

@@ -37,18 +37,21 @@ class NatsServer:
     """nats-server bound to 127.0.0.1 on a free port, with JetStream; stop() ends it.
 
     Without a `workdir` it works in a temporary directory of its own, removed by stop().
-    Its log is `log_path` (default: in the workdir), appended to across restarts.
+    Its log is `log_path` (default: in the workdir), appended to across restarts. `config`
+    is a nats-server config file (users, permissions, TLS: shared/auth); without one the
+    server accepts anonymous clients, which kvstack services refuse unless --insecure.
     """
 
     name = "nats-server"
 
     def __init__(self, workdir: Path | None = None, jetstream: bool = True,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, config: Path | None = None) -> None:
         self.owns_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kvstack-nats-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path or self.workdir / "nats-server.log"
         self.jetstream = jetstream
+        self.config = config
         self.port = -1            # -1: a free one; fixed after the first start
         self.process: subprocess.Popen | None = None
         try:
@@ -74,6 +77,11 @@ class NatsServer:
                     raise
                 time.sleep(START_RETRY_DELAY)
 
+    def reload(self) -> None:
+        """Read the config file again (new users); clients stay connected."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGHUP)
+
     def stop(self) -> None:
         """End the server and remove the directory it made."""
         self._end(signal.SIGTERM)
@@ -88,6 +96,8 @@ class NatsServer:
     def _start(self) -> str:
         args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port),
                 "--ports_file_dir", str(self.workdir)]
+        if self.config is not None:
+            args += ["-c", str(self.config)]
         if self.jetstream:
             args += ["-js", "-sd", str(self.workdir / "jetstream")]
         with open(self.log_path, "ab") as log:

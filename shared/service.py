@@ -28,6 +28,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shared import codec, subjects
+from shared.auth.credentials import NatsAuth
 from shared.bus import Bus
 from shared.errors import KvstackError
 from shared.messages import Heartbeat, KVResync
@@ -46,6 +47,7 @@ class ServiceConfig:
     http_port: int = 0               # 0: any free port
     heartbeat_interval: float = 1.0
     drain_timeout: float = 30.0
+    nats_auth: NatsAuth = NatsAuth()  # credentials; none (refused) unless insecure
 
 
 class Service:
@@ -53,7 +55,10 @@ class Service:
 
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
-        self.worker_id = config.worker_id or f"{self.name}-{socket.gethostname()}-{os.getpid()}"
+        self.worker_id = config.worker_id or _default_worker_id(self.name)
+        if not subjects.WORKER_ID.fullmatch(self.worker_id):
+            raise KvstackError(f"worker id {self.worker_id!r}: use letters, digits, '-' and "
+                               "'_' only (it is a NATS subject token)")
         self.metrics = Metrics(self.name.replace("-", "_"))
         self.instance = uuid.uuid4().hex[:12]
         self.tasks = Tasks(self.worker_id)
@@ -99,7 +104,7 @@ class Service:
 async def serve(service: Service, ready: asyncio.Event | None = None) -> None:
     """Run `service` until `service.stopped` is set (by a signal or by the caller)."""
     cfg = service.config
-    service.bus = await Bus.connect(cfg.nats_url, service.worker_id)
+    service.bus = await Bus.connect(cfg.nats_url, service.worker_id, cfg.nats_auth)
     runner = await _start_http(service)
     await service.start(service.bus)
     discovery = await _register(service)
@@ -171,7 +176,12 @@ async def _start_http(service: Service) -> web.AppRunner:
                           middlewares=service.middlewares())
     app.add_routes([web.get("/health", _health(service)), web.get("/metrics", _metrics(service)),
                     *service.routes()])
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # NOTE: a service facing the public (the gateway) hardens its edge: timeouts, header
+    # limits, CORS; see services/gateway/edge.py.
+    if hasattr(service, "http_runner"):
+        runner = service.http_runner(app)
+    else:
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, service.config.host, service.config.http_port)
     try:
@@ -217,9 +227,14 @@ async def _register(service: Service):
 async def _beat(service: Service) -> None:
     beat = replace(service.heartbeat(), instance=service.instance, stopped=service.leaving)
     try:
-        await service.bus.publish(subjects.heartbeat(service.name), beat)
+        await service.bus.publish(subjects.heartbeat(service.name, service.worker_id), beat)
     except Exception as e:  # a NATS hiccup must not end the heartbeats
         log.warning("%s: heartbeat failed: %s", service.worker_id, e)
+
+
+def _default_worker_id(service: str) -> str:
+    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())
+    return f"{service}-{host[:64]}-{os.getpid()}"
 
 
 async def _bounded(coro, timeout: float, what: str) -> bool:

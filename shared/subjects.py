@@ -1,14 +1,26 @@
 """Every NATS subject kvstack uses, in one place.
 
 Control messages only: KV bytes never travel over NATS (see shared/transfer).
+A subject that carries a worker's word about itself (heartbeats, KV events) ends with the
+worker's id: NATS permissions let only that worker publish there (shared/auth/roles.py),
+and `sender_of` lets a subscriber check that the message speaks for the same id.
 """
 from __future__ import annotations
 
+import re
+
 PREFIX = "kvstack"
+# A worker id is one subject token: no dots, spaces or wildcards.
+WORKER_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
-def heartbeat(service: str) -> str:
-    return f"{PREFIX}.heartbeat.{service}"
+def heartbeat(service: str, worker_id: str) -> str:
+    return f"{PREFIX}.heartbeat.{service}.{worker_id}"
+
+
+def sender_of(subject: str) -> str:
+    """The worker id a heartbeat or KV event subject names (its last token)."""
+    return subject.rsplit(".", 1)[-1]
 
 
 def all_heartbeats() -> str:
@@ -58,9 +70,13 @@ def prefill_get(worker_id: str) -> str:
     return f"{PREFIX}.prefill.{worker_id}.get"
 
 
-def kv_events() -> str:
-    """Broadcast: blocks stored in or removed from some cache (prefill, decode or kvstore)."""
-    return f"{PREFIX}.kv_events"
+def kv_events(source: str) -> str:
+    """Blocks stored in or removed from one cache (prefill, decode or kvstore)."""
+    return f"{PREFIX}.kv_events.{source}"
+
+
+def all_kv_events() -> str:
+    return f"{PREFIX}.kv_events.*"
 
 
 def kv_resync() -> str:

@@ -65,3 +65,33 @@ def make_hf_model(path: Path, arch: str = "llama", seed: int = 0, **overrides) -
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     return make_hf_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+class SecureNats:
+    """A real nats-server with a deployment's generated users and permissions."""
+
+    def __init__(self, directory: Path) -> None:
+        from shared.auth.deployment import Identity, ensure_secrets
+        from shared.nats_server import NatsServer
+        self.secrets = ensure_secrets(directory / "secrets", [Identity("gateway", "gateway-0")])
+        self.server = NatsServer(directory / "nats", config=self.secrets.server_config)
+        self.url = self.server.url
+
+    def auth(self, role: str = "admin", worker: str = "*"):
+        """Credentials of one identity (made, and the server reloaded, if new)."""
+        import time
+
+        from shared.auth.deployment import Identity, ensure_secrets
+        identity = Identity(role, worker)
+        if not self.secrets.creds_path(identity).is_file():
+            ensure_secrets(self.secrets.dir, [identity])
+            self.server.reload()
+            time.sleep(0.3)   # nats-server reloads its config asynchronously
+        return self.secrets.auth(identity)
+
+
+@pytest.fixture(scope="session")
+def secure_nats(tmp_path_factory) -> SecureNats:
+    nats = SecureNats(tmp_path_factory.mktemp("secure-nats"))
+    yield nats
+    nats.server.stop()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from services.cli.stack import Stack
 from shared import subjects
-from shared.bus import Bus, ServiceUnavailable
+from shared.bus import ServiceUnavailable
 from shared.errors import KvstackError
 from shared.messages import StatsRequest
 
@@ -60,15 +60,15 @@ def wait_back(stack: Stack, fault: Fault, restarts_before: int, timeout: float) 
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         restarted = not fault.child or stack.restarts(fault.child) > restarts_before
-        if restarted and asyncio.run(_answers(stack.nats_url, fault)):
+        if restarted and asyncio.run(_answers(stack, fault)):
             return time.monotonic() - started
         time.sleep(0.25)
     return None
 
 
-async def _answers(nats_url: str, fault: Fault) -> bool:
+async def _answers(stack: Stack, fault: Fault) -> bool:
     try:
-        bus = await Bus.connect(nats_url, "chaos-probe", connect_timeout=2.0)
+        bus = await stack.bus("chaos-probe", connect_timeout=2.0)
     except KvstackError:
         return False
     subject = (subjects.conductor_stats() if fault.service in ("conductor", "")

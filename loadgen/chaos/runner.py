@@ -18,7 +18,6 @@ from loadgen.chaos.faults import FAULTS, Fault, choose, inject, wait_back
 from loadgen.chaos.load import Case, Outcome, SteadyLoad
 from services.cli.stack import Stack
 from shared import subjects
-from shared.bus import Bus
 from shared.messages import AttentionStats, StatsRequest, WorkerStats
 
 KV_SERVICES = ("prefill", "decode", "attention-worker")
@@ -147,11 +146,11 @@ def settle_kv(stack: Stack, before: dict[str, int], timeout: float) -> dict[str,
 def kv_in_use(stack: Stack) -> dict[str, int]:
     """KV blocks each prefill, decode and attention worker holds (cached ones are free)."""
     workers = [(p.service, p.name) for p in stack.processes if p.service in KV_SERVICES]
-    return asyncio.run(_kv_in_use(stack.nats_url, workers))
+    return asyncio.run(_kv_in_use(stack, workers))
 
 
-async def _kv_in_use(nats_url: str, workers: list[tuple[str, str]]) -> dict[str, int]:
-    bus = await Bus.connect(nats_url, "chaos-kv")
+async def _kv_in_use(stack: Stack, workers: list[tuple[str, str]]) -> dict[str, int]:
+    bus = await stack.bus("chaos-kv")
     try:
         stats = await asyncio.gather(*(bus.request(subjects.worker_stats(service, name),
                                                    StatsRequest(), 5.0)

@@ -103,7 +103,7 @@ def measure_tier(work: Path, tier: str, num_blocks: int) -> dict:
     stack.start()
     try:
         stack.wait_ready()
-        put_s, get_s = asyncio.run(_round_trip(stack.nats_url, num_blocks))
+        put_s, get_s = asyncio.run(_round_trip(stack, num_blocks))
     finally:
         stack.stop()
     nbytes = num_blocks * block_bytes
@@ -111,8 +111,8 @@ def measure_tier(work: Path, tier: str, num_blocks: int) -> dict:
             "put_gb_s": round(nbytes / put_s / 1e9, 3), "get_gb_s": round(nbytes / get_s / 1e9, 3)}
 
 
-async def _round_trip(nats_url: str, num_blocks: int) -> tuple[float, float]:
-    bus = await Bus.connect(nats_url, "bench-kvstore")
+async def _round_trip(stack: Stack, num_blocks: int) -> tuple[float, float]:
+    bus = await stack.bus("bench-kvstore")
     client = PoolClient(bus, num_blocks)
     await client.join(bus, 1)
     hashes = [(i * 0x9E3779B97F4A7C15 + 12345) % (1 << 64) for i in range(num_blocks)]

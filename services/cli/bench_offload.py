@@ -16,7 +16,6 @@ from pathlib import Path
 import orjson
 import torch
 
-from shared.bus import Bus
 from shared.costmodel import offload as lamina
 from shared.engine.config import DTYPE_CHOICES, EngineConfig
 from shared.engine.engine import LLMEngine
@@ -128,7 +127,7 @@ def offloaded(stack: Stack, config: EngineConfig, size: int,
     ids = [f"attention-{i}" for i in range(size)]
 
     async def attach() -> tuple[AttentionGroup, int]:
-        bus = await Bus.connect(stack.nats_url, "bench-offload")
+        bus = await stack.bus("bench-offload")
         group = AttentionGroup(bus, "bench-offload", ids, model, config.resolved_dtype,
                                config.block_size, None, 30.0)
         try:

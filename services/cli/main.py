@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.cli import bench, generate, profile, serve, up
+from services.cli import auth, bench, fuzz, generate, profile, serve, up
 from shared import cli
 
-COMMANDS = (up, generate, serve, profile, bench)
+COMMANDS = (up, generate, serve, profile, bench, fuzz, auth)
 
 
 def build_parser() -> argparse.ArgumentParser:

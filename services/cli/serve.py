@@ -7,6 +7,8 @@ import logging
 import os
 
 from services.gateway.backend import BackendTimeouts
+from shared.auth.credentials import load_auth
+from shared.auth.deployment import read_data_token
 from shared.costmodel import HARDWARE, MODELS
 from shared.engine.config import DTYPE_CHOICES
 from shared.engine.mock import ENGINES, MOCK_MAX_MODEL_LEN, MockSpec
@@ -27,6 +29,25 @@ def add_common(p: argparse.ArgumentParser, http_port: int = 0) -> None:
     p.add_argument("--http-port", type=int, default=http_port, help="0: any free port")
     p.add_argument("--heartbeat-interval", type=float, default=1.0)
     p.add_argument("--drain-timeout", type=float, default=30.0)
+    add_security(p)
+
+
+def add_security(p: argparse.ArgumentParser) -> None:
+    """Credentials of the control bus and the data plane (docs/security.md)."""
+    env = os.environ.get
+    p.add_argument("--nats-creds", default=env("KVSTACK_NATS_CREDS", ""),
+                   help="this service's NATS credentials file (env KVSTACK_NATS_CREDS; made by "
+                        "`kvstack up` or `kvstack auth init`)")
+    p.add_argument("--nats-tls-ca", default=env("KVSTACK_NATS_TLS_CA", ""),
+                   help="verify the NATS server's TLS certificate against this CA (PEM; env "
+                        "KVSTACK_NATS_TLS_CA)")
+    p.add_argument("--data-token-file", default=env("KVSTACK_DATA_TOKEN_FILE", ""),
+                   help="the data plane's shared secret, from a file (env "
+                        "KVSTACK_DATA_TOKEN_FILE; or the secret itself in KVSTACK_DATA_TOKEN)")
+    p.add_argument("--insecure", action="store_true",
+                   default=env("KVSTACK_INSECURE", "") not in ("", "0"),
+                   help="run without credentials: on a NATS server that lets anyone in, with "
+                        "an unauthenticated data plane (env KVSTACK_INSECURE=1)")
 
 
 def add_worker(p: argparse.ArgumentParser) -> None:
@@ -104,7 +125,19 @@ def offload_config(args: argparse.Namespace) -> dict:
 def common_config(args: argparse.Namespace) -> dict:
     return dict(nats_url=args.nats, worker_id=args.worker_id, host=args.host,
                 http_port=args.http_port, heartbeat_interval=args.heartbeat_interval,
-                drain_timeout=args.drain_timeout)
+                drain_timeout=args.drain_timeout,
+                nats_auth=load_auth(args.nats_creds, args.nats_tls_ca, args.insecure))
+
+
+def data_token(args: argparse.Namespace) -> str:
+    """The data plane's secret: required, unless --insecure."""
+    token = os.environ.get("KVSTACK_DATA_TOKEN", "")
+    if not token and args.data_token_file:
+        token = read_data_token(args.data_token_file)
+    if not token and not args.insecure:
+        raise KvstackError("the data plane needs a shared secret: KVSTACK_DATA_TOKEN, or "
+                           "--data-token-file (`kvstack auth init` makes one), or --insecure")
+    return token
 
 
 def worker_config(args: argparse.Namespace) -> WorkerConfig:
@@ -116,7 +149,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         enable_prefix_cache=not args.no_prefix_cache,
         data_host=args.data_host, data_port=args.data_port,
         advertise_data_addr=args.advertise_data_addr, transport=args.transport,
-        data_token=os.environ.get("KVSTACK_DATA_TOKEN", ""), **engine_options(args))
+        data_token=data_token(args), **engine_options(args))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -160,6 +193,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     gateway.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                          help="the workers' dtype (names KV blocks)")
     gateway.add_argument("--block-size", type=int, default=16, help="the workers' block size")
+    gateway.add_argument("--read-timeout", type=float, default=30.0,
+                         help="seconds a client has to send a request's headers, and then "
+                              "its body; a stalled one is cut off")
+    gateway.add_argument("--max-concurrent-per-key", type=int, default=0,
+                         help="generation requests in flight per API key; more get 429 "
+                              "(0: no limit)")
+    gateway.add_argument("--cors-origins", default="",
+                         help="comma-separated browser origins allowed to call the API "
+                              "(* for any; default: CORS off)")
     add_reliability(gateway)
     add_engine(gateway)
     gateway.set_defaults(run=run_gateway)
@@ -256,7 +298,7 @@ def run_attention_worker(args: argparse.Namespace) -> int:
         **common_config(args), kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
         num_threads=args.threads, data_host=args.data_host, data_port=args.data_port,
         link_port=args.link_port, advertise_host=args.advertise_host,
-        data_token=os.environ.get("KVSTACK_DATA_TOKEN", ""))
+        data_token=data_token(args))
     return run(AttentionWorkerService(config))
 
 
@@ -271,19 +313,24 @@ def run_kvstore(args: argparse.Namespace) -> int:
         disk_dir=args.disk_dir, disk_bytes=int(args.disk_gib * (1 << 30)),
         compress=args.compress, data_host=args.data_host, data_port=args.data_port,
         advertise_data_addr=args.advertise_data_addr,
-        data_token=os.environ.get("KVSTACK_DATA_TOKEN", ""))
+        data_token=data_token(args))
     return run(KvstoreService(config))
 
 
 def run_gateway(args: argparse.Namespace) -> int:
+    from services.gateway.cors import parse_origins
+    from services.gateway.edge import EdgeConfig
     from services.gateway.service import GatewayConfig, GatewayService
     engine = engine_options(args)
+    edge = EdgeConfig(read_timeout=args.read_timeout,
+                      max_concurrent_per_key=args.max_concurrent_per_key,
+                      cors_origins=parse_origins(args.cors_origins))
     config = GatewayConfig(**common_config(args), model=args.model,
                            served_model_name=args.served_model_name, api_key=args.api_key,
                            max_tokens_limit=args.max_tokens_limit, dtype=args.dtype,
                            block_size=args.block_size, mock=engine["mock"],
                            max_model_len=engine["max_model_len"] or 0,
-                           timeouts=backend_timeouts(args))
+                           timeouts=backend_timeouts(args), edge=edge)
     return run(GatewayService(config))
 
 

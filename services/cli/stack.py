@@ -32,12 +32,15 @@ from pathlib import Path
 
 from services.cli import stack_process
 from services.cli.restarts import RestartPolicy
+from services.cli.stack_auth import StackAuth
 from services.cli.stack_logs import rotate, tail
 from services.cli.stack_process import Process, stop_tiers
 from services.cli.supervisor import Child, Supervisor
 from services.cli.up_metrics import UpMetrics
 from shared import codec, subjects
 from shared.engine.mock import MockSpec
+from shared.auth.deployment import Identity
+from shared.bus import Bus
 from shared.errors import KvstackError
 from shared.messages import Heartbeat
 from shared.nats_server import NatsServer
@@ -71,6 +74,9 @@ class StackConfig:
     drain_timeout: float = 30.0        # every child's --drain-timeout
     restart: RestartPolicy | None = None   # None: no supervisor, an exited child is an error
     metrics_port: int | None = None    # the stack's own /metrics (0: a free port; None: off)
+    secrets_dir: Path | None = None    # credentials, kept across runs (None: temporary)
+    insecure: bool = False             # no NATS users, no data-plane secret
+    nats_tls: bool = False             # TLS on NATS, with the deployment's own CA
 
 
 @dataclass
@@ -81,6 +87,7 @@ class Stack:
     processes: list[Process] = field(default_factory=list)
     metrics: UpMetrics = field(default_factory=UpMetrics)
     supervisor: Supervisor | None = None
+    auth: StackAuth | None = None
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _logs_begun: set[str] = field(default_factory=set, repr=False)
 
@@ -93,10 +100,13 @@ class Stack:
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
         if cfg.metrics_port is not None:
             self._serve_metrics()
+        identities = [Identity(args[0], name) for name, args in self.commands()]
+        self.auth = StackAuth.prepare(cfg.secrets_dir, identities, cfg.insecure, cfg.nats_tls)
         if cfg.nats_url:
             self.nats_url = cfg.nats_url
         else:
-            self.nats = NatsServer(log_path=self._log_path(NatsServer.name))
+            self.nats = NatsServer(log_path=self._log_path(NatsServer.name),
+                                   config=self.auth.server_config)
             self.nats_url = self.nats.url
         for name, args in self.commands():
             self.spawn(name, args)
@@ -140,9 +150,16 @@ class Stack:
         return [(name, [*args, *drain]) for name, args in commands]
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
-        """Run `kvstack <args>`; the NATS URL comes from KVSTACK_NATS unless args give one."""
+        """Run `kvstack <args>`; the NATS URL comes from KVSTACK_NATS unless args give one,
+        its credentials (worker id `name`, role `args[0]`) from KVSTACK_NATS_CREDS."""
+        if self.auth is None:   # spawned without start(): against a server of the caller's
+            cfg = self.config
+            self.auth = StackAuth.prepare(cfg.secrets_dir, [], cfg.insecure, cfg.nats_tls)
+        secrets, new = self.auth.child_env(Identity(args[0], name))
+        if new and self.nats is not None:
+            self.nats.reload()
         env = {**os.environ, "KVSTACK_NATS": self.nats_url, "PYTHONUNBUFFERED": "1",
-               **(env or {})}
+               **secrets, **(env or {})}
         with self._lock:
             process = Process.launch(name, args, env, self._log_path(name))
             self.processes.append(process)
@@ -155,6 +172,10 @@ class Stack:
     def restarts(self, name: str) -> int:
         """How often the supervisor restarted `name` (nats-server included)."""
         return self.supervisor.restarts[name] if self.supervisor is not None else 0
+
+    async def bus(self, name: str, connect_timeout: float = 5.0) -> Bus:
+        """A control-bus client with the admin's credentials (for checks and tools)."""
+        return await Bus.connect(self.nats_url, name, self.auth.admin(), connect_timeout)
 
     def restart_nats(self) -> None:
         """Stop the local nats-server and start it again on the same port and store."""
@@ -175,7 +196,8 @@ class Stack:
     async def _await_heartbeats(self, expected: Counter, deadline: float) -> None:
         import nats
         seen: dict[str, str] = {}   # worker id -> service
-        nc = await nats.connect(self.nats_url, error_cb=_quiet, max_reconnect_attempts=-1)
+        nc = await nats.connect(self.nats_url, error_cb=_quiet, max_reconnect_attempts=-1,
+                                **self.auth.admin().connect_options())
 
         async def on_beat(msg) -> None:
             beat = codec.decode(msg.data, Heartbeat)
@@ -244,6 +266,8 @@ class Stack:
             stack_process.terminate(tier, self.config.drain_timeout + STOP_GRACE)
         if self.nats is not None:
             self.nats.stop()
+        if self.auth is not None:
+            self.auth.close()
         self.metrics.close()
         if self.supervisor is not None:   # after every child it may have started ended
             self.supervisor.close()

@@ -56,6 +56,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_engine(p)
     add_reliability(p)
     p.add_argument("--api-key", default="", help="require this bearer key at the gateway")
+    p.add_argument("--secrets-dir", default=".kvstack/secrets",
+                   help="NATS credentials (one user per service, each allowed only its own "
+                        "subjects), nats-server's config and the data plane's secret; made on "
+                        "first start, reused after (docs/security.md)")
+    p.add_argument("--nats-tls", action="store_true",
+                   help="TLS on NATS with a CA of this deployment's own (in --secrets-dir)")
+    p.add_argument("--insecure", action="store_true",
+                   help="no credentials: NATS lets anyone on this host in, the data plane "
+                        "takes any peer (for experiments only)")
     p.add_argument("--log-dir", default=".kvstack/logs",
                    help="one log per service; the previous run's is kept as NAME.log.1")
     p.add_argument("--metrics-port", type=int, default=0,
@@ -121,7 +130,8 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         host=args.host, port=args.port, worker_args=worker_args, gateway_args=gateway_args,
         conductor_args=conductor_args, log_dir=Path(args.log_dir),
         drain_timeout=args.drain_timeout, restart=RestartPolicy(),
-        metrics_port=args.metrics_port)
+        metrics_port=args.metrics_port, secrets_dir=Path(args.secrets_dir),
+        insecure=args.insecure, nats_tls=args.nats_tls)
 
 
 def run_until_stopped(stack: Stack, args: argparse.Namespace) -> None:

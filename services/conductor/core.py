@@ -23,6 +23,35 @@ class Counters:
     unplaceable: int = 0            # no worker could take it
     replications: int = 0           # placements that pull a remote prefix into the worker
     replicated_blocks: int = 0
+    impostor_beats: int = 0         # beats under a live worker's id from another process
+
+
+HOLD_BEATS = 1.5   # a worker beating within this many intervals holds its id
+
+
+def _beating(holder: Heartbeat, now: float) -> bool:
+    """Whether the process that holds a worker id still beats (a restart after a crash
+    comes later than this; a second process claiming a live id is refused)."""
+    return not holder.stopped and now - holder.time < HOLD_BEATS * holder.interval
+
+
+@dataclass
+class WaitingEvents:
+    """KV events of sources not registered yet, bounded: a snapshot replaces what waited
+    before it; past the bounds the oldest go (the next resync repairs the index)."""
+    max_sources: int = 64
+    max_events: int = 64
+    by_source: dict[str, list[KVEvent]] = field(default_factory=dict)
+
+    def keep(self, event: KVEvent) -> None:
+        events = [] if event.snapshot else self.by_source.pop(event.source, [])
+        self.by_source.pop(event.source, None)
+        self.by_source[event.source] = [*events, event][-self.max_events:]
+        while len(self.by_source) > self.max_sources:
+            del self.by_source[next(iter(self.by_source))]
+
+    def take(self, source: str) -> list[KVEvent]:
+        return self.by_source.pop(source, [])
 
 
 @dataclass
@@ -34,26 +63,41 @@ class Conductor:
     ledger: Ledger = field(default_factory=Ledger)
     outputs: OutputLengths = field(init=False)
     counters: Counters = field(default_factory=Counters)
+    unregistered: WaitingEvents = field(default_factory=lambda: WaitingEvents())
 
     def __post_init__(self) -> None:
         self.outputs = OutputLengths(self.config.decode_time)
         self.policy = POLICIES[self.config.policy]
 
     def observe(self, hb: Heartbeat) -> None:
+        """`hb` as heard: its `time` is when it arrived (shared/heartbeats.py)."""
         if hb.service not in ("prefill", "decode", "kvstore"):
             return
         old = self.state.heartbeats.get(hb.worker_id)
+        if old is not None and old.instance != hb.instance and _beating(old, hb.time):
+            self.counters.impostor_beats += 1   # the id is taken by a process that lives
+            return
         if hb.stopped or (old is not None and old.instance != hb.instance):
             self.forget(hb.worker_id)   # it left, or restarted with empty caches
         if not hb.stopped:
             self.state.observe(hb)
+            self._apply_waiting(hb.worker_id)
 
     def apply(self, event: KVEvent) -> None:
+        """KV events count only from registered workers (a beat came first); those that
+        arrive just before their source's first beat wait for it."""
         if event.service not in ("prefill", "kvstore"):
+            return
+        if event.source not in self.state.heartbeats:
+            self.unregistered.keep(event)
             return
         if event.snapshot:     # everything the source holds: what we knew of it is stale
             self.index.forget(event.source)
         self.index.apply(event)
+
+    def _apply_waiting(self, worker_id: str) -> None:
+        for event in self.unregistered.take(worker_id):
+            self.apply(event)
 
     def finished(self, done: RequestDone) -> None:
         self.outputs.observe(done)

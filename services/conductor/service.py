@@ -11,6 +11,7 @@ from services.conductor.core import Conductor
 from shared import subjects
 from shared.bus import Bus
 from shared.costmodel import CostModel
+from shared.heartbeats import subscribe_heartbeats
 from shared.messages import (
     ConductorStats,
     Heartbeat,
@@ -48,8 +49,9 @@ class ConductorService(Service):
         self.indexed_blocks = self.metrics.gauge("indexed_blocks", "blocks in the prefix index")
 
     async def start(self, bus: Bus) -> None:
-        await bus.subscribe(subjects.all_heartbeats(), self._on_heartbeat, expected=Heartbeat)
-        await bus.subscribe(subjects.kv_events(), self._on_kv_event, expected=KVEvent)
+        await subscribe_heartbeats(bus, self._on_heartbeat)
+        await bus.subscribe(subjects.all_kv_events(), self._on_kv_event, expected=KVEvent,
+                            sender=lambda event: event.source)
         await bus.subscribe(subjects.request_done(), self._on_done, expected=RequestDone)
         await bus.serve(subjects.place(), self._place, queue="conductor",
                         expected=PlacementRequest)

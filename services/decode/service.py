@@ -13,6 +13,7 @@ from shared.engine.engine import LLMEngine
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
 from shared.errors import OVERLOADED, KvstackError
+from shared.heartbeats import subscribe_heartbeats
 from shared.kv_inbox import KVInbox
 from shared.model.config import ModelConfig
 from shared.model.registry import resolve_model
@@ -89,7 +90,7 @@ class DecodeService(Service):
         await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
                         expected=StatsRequest)
         await bus.subscribe(subjects.abort(), self._on_abort, expected=Abort)
-        await bus.subscribe(subjects.all_heartbeats(), self._on_heartbeat, expected=Heartbeat)
+        await subscribe_heartbeats(bus, self._on_heartbeat)
 
     async def _start_local(self, bus: Bus, loop: asyncio.AbstractEventLoop,
                            token: str | None) -> None:

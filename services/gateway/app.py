@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import itertools
 import logging
 import os
@@ -11,7 +12,11 @@ import uuid
 from aiohttp import web
 
 from services.gateway import errors
+from services.gateway.body import read_body
+from services.gateway.concurrency import PerKeyLimit
+from services.gateway.cors import Cors
 from services.gateway.errors import ApiError, error_body
+from services.gateway.openapi import OPENAPI
 from services.gateway.protocol import GenerateRequest, decode_body, parse_chat, parse_completion
 from services.gateway.relay import Relay
 from services.gateway.responses import (
@@ -33,14 +38,23 @@ class GatewayApp:
     def __init__(self, service) -> None:
         self.service = service
         self.created = int(time.time())
+        edge = service.config.edge
+        self.per_key = PerKeyLimit(edge.max_concurrent_per_key)
+        self.cors = Cors(edge.cors_origins) if edge.cors_origins else None
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/v1/completions", self.completions),
                 web.post("/v1/chat/completions", self.chat),
-                web.get("/v1/models", self.models)]
+                web.get("/v1/models", self.models),
+                web.get("/openapi.json", self.openapi)]
 
     def middlewares(self) -> list:
-        return [self.errors_middleware, self.auth_middleware]
+        cors = [self.cors.preflight_middleware] if self.cors else []
+        return [*cors, self.errors_middleware, self.auth_middleware]
+
+    def on_response_prepare(self) -> list:
+        """Signal handlers run right before any response's headers go out."""
+        return [self.cors.on_response_prepare] if self.cors else []
 
     # -- middlewares ------------------------------------------------------------------
 
@@ -49,14 +63,16 @@ class GatewayApp:
         try:
             return await handler(request)
         except ApiError as e:
+            if e.close_connection:
+                return await self._error_and_close(request, e)
             return self._error_response(e)
         except web.HTTPRequestEntityTooLarge:
             return self._error_response(errors.body_too_large(self.service.limits.max_body_bytes))
         except web.HTTPNotFound:
             return self._error_response(errors.route_not_found(request.method, request.path))
-        except web.HTTPMethodNotAllowed:
-            return self._error_response(ApiError(
-                405, "invalid_request_error", f"{request.method} is not allowed on {request.path}"))
+        except web.HTTPMethodNotAllowed as e:
+            return self._error_response(errors.method_not_allowed(
+                request.method, request.path, e.allowed_methods))
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception:  # a bug: the client still gets an OpenAI error object
@@ -67,7 +83,7 @@ class GatewayApp:
     async def auth_middleware(self, request: web.Request, handler) -> web.StreamResponse:
         key = self.service.config.api_key
         if key and request.path.startswith("/v1/"):
-            if request.headers.get("Authorization", "") != f"Bearer {key}":
+            if not _same(request.headers.get("Authorization", ""), f"Bearer {key}"):
                 raise errors.authentication_failed()
         return await handler(request)
 
@@ -75,7 +91,20 @@ class GatewayApp:
         self.service.count_request(e.status)
         return web.json_response(error_body(e), status=e.status, headers=e.headers)
 
+    async def _error_and_close(self, request: web.Request, e: ApiError) -> web.Response:
+        """The error, then the connection closes at once: aiohttp would otherwise linger
+        to read the rest of a body that is stalled or does not decode."""
+        response = self._error_response(e)
+        response.force_close()
+        await response.prepare(request)
+        await response.write_eof()
+        request.protocol.force_close()
+        return response
+
     # -- routes -------------------------------------------------------------------------
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(OPENAPI)
 
     async def models(self, request: web.Request) -> web.Response:
         body = models_response(self.service.served_model, self.created,
@@ -92,7 +121,12 @@ class GatewayApp:
         if self.service.draining:
             raise errors.service_unavailable("the gateway is shutting down; retry on another",
                                              retry_after_s=1)
-        body = decode_body(await request.read(), self.service.limits)
+        with self.per_key.hold(request.headers.get("Authorization", "")):
+            return await self._read_and_generate(request, parse)
+
+    async def _read_and_generate(self, request: web.Request, parse) -> web.StreamResponse:
+        raw = await read_body(request, self.service.config.edge.read_timeout)
+        body = decode_body(raw, self.service.limits)
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         req = parse(body, self.service.tokenizer, self.service.limits,
                     self.service.served_model, _internal_id(request_id),
@@ -157,6 +191,11 @@ class GatewayApp:
     def _chunk(req: GenerateRequest, piece, first: bool) -> dict:
         return stream_chunk(req, piece.text, first=first, logprobs=piece.logprobs,
                             finish_reason=piece.finish_reason)
+
+
+def _same(given: str, expected: str) -> bool:
+    """Constant-time, so that response times do not reveal how much of a key was right."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode())
 
 
 def _internal_id(client_id: str) -> str:

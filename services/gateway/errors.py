@@ -14,7 +14,8 @@ class ApiError(Exception):
     # NOTE: not a frozen dataclass: the interpreter and contextlib assign __traceback__ and
     # __notes__ on exceptions, which a frozen __setattr__ would refuse.
     def __init__(self, status: int, type: str, message: str, *, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None,
+                 close_connection: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.type = type
@@ -22,6 +23,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = dict(headers or {})
+        self.close_connection = close_connection   # the rest of the body is not worth reading
 
     def __repr__(self) -> str:
         return f"ApiError({self.status}, {self.type!r}, {self.message!r}, param={self.param!r})"
@@ -55,6 +57,49 @@ def body_too_large(limit_bytes: int) -> ApiError:
     return ApiError(413, "invalid_request_error",
                     f"The request body is larger than the limit of {limit_bytes} bytes.",
                     code="request_too_large")
+
+
+def method_not_allowed(method: str, path: str, allowed: set[str]) -> ApiError:
+    return ApiError(405, "invalid_request_error", f"{method} is not allowed on {path}.",
+                    code="method_not_allowed", headers={"Allow": ", ".join(sorted(allowed))})
+
+
+def read_timeout(seconds: float) -> ApiError:
+    """The body stopped arriving (a stalled or slowloris client)."""
+    return ApiError(408, "invalid_request_error",
+                    f"The request body did not arrive within {seconds:g} seconds.",
+                    code="request_timeout", close_connection=True)
+
+
+def unsupported_encoding(supported: tuple[str, ...], encoding: str = "") -> ApiError:
+    which = f"Content-Encoding {encoding!r}" if encoding else "This Content-Encoding"
+    return ApiError(415, "invalid_request_error",
+                    f"{which} is not supported; use one of {', '.join(supported)}.",
+                    code="unsupported_content_encoding")
+
+
+def undecodable_body(why: str) -> ApiError:
+    return ApiError(400, "invalid_request_error",
+                    f"The request body could not be read: {why}", code="invalid_body",
+                    close_connection=True)
+
+
+def headers_too_large(why: str) -> ApiError:
+    return ApiError(431, "invalid_request_error", f"The request headers are too large: {why}",
+                    code="request_header_fields_too_large")
+
+
+def bad_http(why: str) -> ApiError:
+    """A request aiohttp could not parse as HTTP (answered before any route runs)."""
+    return ApiError(400, "invalid_request_error", f"Malformed HTTP request: {why}",
+                    code="bad_request")
+
+
+def too_many_concurrent(limit: int) -> ApiError:
+    return ApiError(429, "rate_limit_error",
+                    f"This API key already has {limit} requests in flight, the most allowed "
+                    f"at once; retry when one has finished.", code="rate_limit_exceeded",
+                    headers={"Retry-After": "1"})
 
 
 def service_unavailable(message: str, retry_after_s: float | None = None) -> ApiError:

@@ -23,6 +23,7 @@ MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_STOP_STRING_CHARS = 1000     # each; held back while streaming, matched at every token
 MAX_STOP_TOKEN_IDS = 64
 MAX_TEMPERATURE = 2.0            # OpenAI's documented range is [0, 2]
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's, less "function"
 SEED_RANGE = range(-2**63, 2**64)  # what torch.Generator.manual_seed accepts
 # SamplingParams' messages start with the field at fault; these are request fields too.
 SAMPLING_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
@@ -226,6 +227,9 @@ def _chat_message(message: Any, index: int) -> dict:
     if not isinstance(message, dict) or not STRING.accepts(message.get("role")):
         raise invalid_request("Each message must be an object with a string role.",
                               param=f"messages[{index}].role")
+    if message["role"] not in CHAT_ROLES:
+        raise invalid_request(f"Unknown role {message['role']!r}; the roles are "
+                              f"{', '.join(CHAT_ROLES)}.", param=f"messages[{index}].role")
     return {"role": message["role"], "content": _chat_content(message.get("content"), index)}
 
 
@@ -286,7 +290,7 @@ def _max_tokens(requested: int | None, param: str, default: int | None,
     num_prompt_tokens, prompt_param = prompt
     room = limits.max_model_len - num_prompt_tokens
     if requested is None:
-        return min(room, limits.max_tokens_limit if default is None else default)
+        return min(room, limits.max_tokens_limit, default or limits.max_tokens_limit)
     if not 1 <= requested <= limits.max_tokens_limit:
         raise invalid_request(f"{param} must be between 1 and {limits.max_tokens_limit}, got "
                               f"{requested}.", param=param)

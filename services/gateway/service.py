@@ -8,6 +8,7 @@ from aiohttp import web
 
 from services.gateway.app import GatewayApp
 from services.gateway.backend import Backend, BackendTimeouts
+from services.gateway.edge import EdgeConfig, edge_runner
 from services.gateway.liveness import Liveness
 from services.gateway.protocol import GatewayLimits
 from services.gateway.relay import Relay
@@ -16,6 +17,7 @@ from shared.bus import Bus
 from shared.engine.config import resolve_dtype
 from shared.engine.engine import kv_namespace
 from shared.engine.mock import MockSpec
+from shared.heartbeats import subscribe_heartbeats
 from shared.messages import Heartbeat, RequestDone
 from shared.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from shared.model.config import ModelConfig
@@ -37,6 +39,7 @@ class GatewayConfig(ServiceConfig):
     mock: MockSpec | None = None          # the workers' mock model (names their KV blocks)
     max_model_len: int = 0                # 0: the model's (the mock model's) context size
     timeouts: BackendTimeouts = BackendTimeouts()
+    edge: EdgeConfig = EdgeConfig()       # HTTP timeouts, header limits, per-key limit, CORS
 
 
 class GatewayService(Service):
@@ -84,7 +87,7 @@ class GatewayService(Service):
         self.liveness = Liveness()
         self.backend = Backend(bus, self.config.timeouts, self.config.block_size, self.namespace,
                                self.liveness, self._on_lost)
-        await bus.subscribe(subjects.all_heartbeats(), self._on_heartbeat, expected=Heartbeat)
+        await subscribe_heartbeats(bus, self._on_heartbeat)
         bus.on_reconnect.append(self._on_reconnect)
 
     async def _on_reconnect(self) -> None:
@@ -122,6 +125,12 @@ class GatewayService(Service):
 
     def middlewares(self) -> list:
         return self.app.middlewares()
+
+    def http_runner(self, app: web.Application) -> web.AppRunner:
+        """The runner `shared.service` serves `app` with: the hardened edge (edge.py),
+        and CORS headers on every response when origins are configured."""
+        app.on_response_prepare.extend(self.app.on_response_prepare())
+        return edge_runner(app, self.config.edge)
 
     def count_request(self, status: int) -> None:
         self.requests.labels(str(status)).inc()

@@ -15,6 +15,7 @@ from shared.engine.output import RequestOutput
 from shared.engine.runner import SeqChunk
 from shared.errors import KvstackError
 from shared.hashing import block_hashes
+from shared.heartbeats import subscribe_heartbeats
 from shared.kv_inbox import KVInbox
 from shared.kvstore_client import KvstorePool, write_back
 from shared.messages import (Abort, Ack, BlockGet, Heartbeat, KVCommit, KVReservation,
@@ -68,7 +69,7 @@ class PrefillService(Service):
         await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
                         expected=StatsRequest)
         await bus.subscribe(subjects.abort(), self._on_abort, expected=Abort)
-        await bus.subscribe(subjects.all_heartbeats(), self._on_heartbeat, expected=Heartbeat)
+        await subscribe_heartbeats(bus, self._on_heartbeat)
         await bus.subscribe(subjects.kv_resync(), self.sharing.resync, expected=KVResync)
         self.tasks.every(EVENT_INTERVAL, self.sharing.publish_events, "publishing KV events")
 

@@ -87,6 +87,7 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_probs, order = probs.sort(descending=True)
     # Keep the smallest head whose mass reaches top_p (the first token always stays).
     outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+    outside[0] = False   # also when top_p is below float32's range (it reads as 0 there)
     sorted_probs = sorted_probs.masked_fill(outside, 0.0)
     return torch.zeros_like(probs).scatter_(0, order, sorted_probs)
 

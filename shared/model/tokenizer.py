@@ -2,7 +2,8 @@
 
 Built on the `tokenizers` library and jinja2 alone (never `transformers`, which is slow to
 import); chat templates render the way transformers renders them, so prompts match the model's
-training format token for token.
+training format token for token. Control-token text inside messages stays plain text
+(`spelled_tokens`), so only the template's own markup yields control tokens.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from shared.errors import InvalidRequest, ModelNotFound, UnsupportedModel
+from shared.model.spelled_tokens import SpelledTokens
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -65,7 +67,11 @@ class Tokenizer:
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         # NOTE: the template writes any BOS itself; adding it again would double it.
         prompt = self.apply_chat_template(messages, add_generation_prompt)
-        return self.encode(prompt, add_special_tokens=False)
+        marked = self._spelled_tokens.mark(messages)
+        if marked == messages:  # no message spells a control token: all of them are markup
+            return self.encode(prompt, add_special_tokens=False)
+        marked_prompt = self.apply_chat_template(marked, add_generation_prompt)
+        return self._spelled_tokens.encode(prompt, marked_prompt)
 
     @property
     def vocab_size(self) -> int:
@@ -95,6 +101,10 @@ class Tokenizer:
     def _token_id(self, name: str) -> int | None:
         text = self.special_tokens.get(name)
         return None if text is None else self._backend.token_to_id(text)
+
+    @cached_property
+    def _spelled_tokens(self) -> SpelledTokens:
+        return SpelledTokens(self._backend)
 
     @cached_property
     def _compiled_template(self) -> jinja2.Template:

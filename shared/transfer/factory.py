@@ -8,6 +8,7 @@ import torch
 
 from shared.errors import KvstackError
 from shared.transfer.base import KVReceiver, KVSender, KVSink
+from shared.transfer.common.limits import ConnectionLimits
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 
 TRANSPORTS = ("tcp", "mooncake")
@@ -20,13 +21,15 @@ def make_sender(kind: str, auth_token: str | None, protocol: str = "tcp") -> KVS
 
 
 def make_receiver(kind: str, sink: KVSink, host: str, port: int, auth_token: str | None,
-                  memory: Sequence[torch.Tensor] = (), protocol: str = "tcp") -> KVReceiver:
+                  memory: Sequence[torch.Tensor] = (), protocol: str = "tcp",
+                  limits: ConnectionLimits = ConnectionLimits()) -> KVReceiver:
     """`memory`: what the sink hands out destinations in (registered up front by engines
-    that write one-sidedly into registered memory)."""
+    that write one-sidedly into registered memory); `limits`: connections at once and how
+    long each may keep the receiver waiting."""
     if kind == "mooncake":
         return _mooncake().MooncakeKVReceiver(sink, host, port, auth_token, protocol=protocol,
-                                              memory=memory)
-    return TcpKVReceiver(sink, host, port, auth_token)
+                                              memory=memory, limits=limits)
+    return TcpKVReceiver(sink, host, port, auth_token, limits=limits)
 
 
 def _mooncake():

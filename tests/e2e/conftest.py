@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from shared import subjects
-from shared.bus import Bus
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
@@ -59,7 +58,7 @@ def reference(smollm2_dir) -> LLMEngine:
 
 def worker_stats(stack: Stack, service: str, worker_id: str, expected: type = WorkerStats):
     async def ask():
-        bus = await Bus.connect(stack.nats_url, "test-stats")
+        bus = await stack.bus("test-stats")
         try:
             return await bus.request(subjects.worker_stats(service, worker_id), StatsRequest(),
                                      5.0, expected=expected)

@@ -1,8 +1,9 @@
 """compose.yaml is valid, and the stack it describes is the stack that serves requests.
 
 No Docker engine runs here, so each kvstack service's own `command` from the file is
-started as a local process against a local nats-server, with only what a container
-would differ in replaced: host names and ports.
+started as a local process against a local nats-server run with the file's own arguments
+and the secrets `kvstack auth init` makes, with only what a container would differ in
+replaced: host names, ports and where the secrets are mounted.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import jsonschema
 import openai
 import yaml
 
+from services.cli.main import main as kvstack
 from services.cli.stack import Stack, StackConfig
 from shared.nats_server import NatsServer
 from tests.e2e.conftest import free_port
@@ -55,24 +57,47 @@ def local_command(name: str, service: dict, tmp_path) -> tuple[list[str], int]:
     return args, http_port
 
 
-def environment(service: dict) -> dict[str, str]:
-    """Compose's ${VAR:-default} resolved to its default; NATS is the local server."""
-    env = {k: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(v))
+def test_compose_has_no_default_secret_and_says_how_to_make_them() -> None:
+    text = (ROOT / "compose.yaml").read_text()
+    assert "change-me" not in text and not re.search(r"TOKEN[^\n]*:-", text)
+    spec = compose()
+    for name in KVSTACK_SERVICES:
+        service = spec["services"][name]
+        assert service["environment"]["KVSTACK_NATS_CREDS"] == f"/run/secrets/{name}.creds"
+        assert f"{name}.creds" in service["secrets"]
+    for secret in spec["secrets"].values():   # ${VAR:?message}: compose stops with it
+        assert re.match(r"\$\{KVSTACK_SECRETS:\?[^}]*kvstack auth init[^}]*\}/", secret["file"])
+    assert spec["services"]["nats"]["command"][-2:] == ["-c", "/run/secrets/nats-auth.conf"]
+
+
+def environment(service: dict, secrets: Path) -> dict[str, str]:
+    """The service's environment with secrets where `kvstack auth init` wrote them; NATS
+    is the local server."""
+    env = {k: str(v).replace("/run/secrets", str(secrets))
            for k, v in service.get("environment", {}).items()}
     return {k: v for k, v in env.items() if k != "KVSTACK_NATS"}
 
 
+def nats_server(spec: dict, tmp_path: Path, secrets: Path) -> NatsServer:
+    """nats-server with the config compose gives it (its other flags are the defaults')."""
+    command = spec["services"]["nats"]["command"]
+    config = command[command.index("-c") + 1].replace("/run/secrets", str(secrets))
+    return NatsServer(tmp_path / "nats", config=Path(config))
+
+
 def test_the_stack_compose_describes_serves_a_chat_request(tmp_path, smollm2_dir) -> None:
-    services = compose()["services"]
-    nats = NatsServer(tmp_path / "nats")
-    stack = Stack(StackConfig(nats_url=nats.url, log_dir=tmp_path, ready_timeout=240))
+    spec, secrets = compose(), tmp_path / "secrets"
+    assert kvstack(["auth", "init", "--dir", str(secrets)]) == 0
+    nats = nats_server(spec, tmp_path, secrets)
+    config = dict(nats_url=nats.url, log_dir=tmp_path, secrets_dir=secrets)
+    stack = Stack(StackConfig(**config, ready_timeout=240))
     stack.nats_url = nats.url
     try:
         for name in KVSTACK_SERVICES:
-            args, http_port = local_command(name, services[name], tmp_path)
-            stack.spawn(name, args, environment(services[name]))
+            args, http_port = local_command(name, spec["services"][name], tmp_path)
+            stack.spawn(name, args, environment(spec["services"][name], secrets))
             if name == "gateway":
-                stack.config = StackConfig(nats_url=nats.url, port=http_port, log_dir=tmp_path)
+                stack.config = StackConfig(**config, port=http_port)
         stack.wait_ready()
         client = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0)
         result = client.chat.completions.create(

@@ -8,7 +8,6 @@ import openai
 import pytest
 
 from shared import subjects
-from shared.bus import Bus
 from shared.messages import ConductorStats, StatsRequest
 from tests.e2e.conftest import running_stack, worker_stats
 
@@ -31,7 +30,7 @@ def ask(stack, prompt: str, **extra) -> openai.types.Completion:
 
 def conductor_stats(stack) -> ConductorStats:
     async def go() -> ConductorStats:
-        bus = await Bus.connect(stack.nats_url, "test-conductor-stats")
+        bus = await stack.bus("test-conductor-stats")
         try:
             return await bus.request(subjects.conductor_stats(), StatsRequest(), 5.0,
                                      expected=ConductorStats)

@@ -12,7 +12,6 @@ import openai
 import pytest
 
 from shared import codec, subjects
-from shared.bus import Bus
 from shared.engine.mock import MockSpec
 from shared.messages import ConductorStats, Heartbeat, StatsRequest, StoreStats
 from tests.e2e.conftest import running_stack, worker_stats
@@ -47,7 +46,7 @@ def http_addrs(stack, service: str, count: int) -> list[str]:
     """The HTTP (metrics) addresses of `count` workers of a service, from their heartbeats."""
     async def listen() -> list[str]:
         seen: dict[str, str] = {}
-        bus = await Bus.connect(stack.nats_url, "test-heartbeats")
+        bus = await stack.bus("test-heartbeats")
 
         async def on_beat(msg) -> None:
             beat = codec.decode(msg.data, Heartbeat)
@@ -76,7 +75,7 @@ def kv_bytes_sent(stack) -> int:
 
 def indexed_blocks(stack) -> int:
     async def ask() -> int:
-        bus = await Bus.connect(stack.nats_url, "test-index")
+        bus = await stack.bus("test-index")
         try:
             stats = await bus.request(subjects.conductor_stats(), StatsRequest(), 5.0,
                                       expected=ConductorStats)

@@ -11,15 +11,17 @@ import pytest
 from shared import codec, subjects
 from shared.bus import Bus, ServiceUnavailable
 from shared.messages import Ack, Heartbeat
-from shared.nats_server import NatsServer
 from shared.service import Service, ServiceConfig, serve
 
 
 @pytest.fixture(scope="module")
-def nats_url(tmp_path_factory):
-    server = NatsServer(tmp_path_factory.mktemp("nats"))
-    yield server.url
-    server.stop()
+def nats_url(secure_nats):
+    return secure_nats.url
+
+
+@pytest.fixture(scope="module")
+def admin(secure_nats):
+    return secure_nats.auth()
 
 
 class Echo(Service):
@@ -52,11 +54,12 @@ def get(url: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-async def test_a_service_lives_beats_answers_and_drains(nats_url) -> None:
-    service = Echo(ServiceConfig(nats_url=nats_url, worker_id="echo-1", heartbeat_interval=0.1))
-    client = await Bus.connect(nats_url, "test")
+async def test_a_service_lives_beats_answers_and_drains(nats_url, admin) -> None:
+    service = Echo(ServiceConfig(nats_url=nats_url, worker_id="echo-1", heartbeat_interval=0.1,
+                                 nats_auth=admin))
+    client = await Bus.connect(nats_url, "test", admin)
     beats: list[Heartbeat] = []
-    await client.subscribe(subjects.heartbeat("echo"), lambda hb: _append(beats, hb))
+    await client.subscribe(subjects.heartbeat("echo", "echo-1"), lambda hb: _append(beats, hb))
     ready = asyncio.Event()
     task = asyncio.ensure_future(serve(service, ready))
     await asyncio.wait_for(ready.wait(), 10)
@@ -92,8 +95,9 @@ class Stuck(Echo):
         await asyncio.Event().wait()
 
 
-async def test_a_drain_past_its_timeout_hands_off_what_is_left(nats_url) -> None:
-    service = Stuck(ServiceConfig(nats_url=nats_url, worker_id="stuck-1", drain_timeout=0.3))
+async def test_a_drain_past_its_timeout_hands_off_what_is_left(nats_url, admin) -> None:
+    service = Stuck(ServiceConfig(nats_url=nats_url, worker_id="stuck-1", drain_timeout=0.3,
+                                  nats_auth=admin))
     ready = asyncio.Event()
     task = asyncio.ensure_future(serve(service, ready))
     await asyncio.wait_for(ready.wait(), 10)

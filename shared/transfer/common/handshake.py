@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 
 from shared.transfer.common.frames import ProtocolError
-from shared.transfer.common.sockets import recv_exact
+from shared.transfer.common.sockets import deadline_of, recv_exact
 
 HELLO = struct.Struct("<IBB32s")  # magic, version, auth required, nonce
 PROOF_BYTES = 32
@@ -44,7 +44,10 @@ def proof_of(token: str, nonce: bytes) -> bytes:
 
 def answer_hello(sock: socket.socket, token: str | None, greeting: Greeting) -> None:
     """Sender side of the handshake; raises AuthenticationError when refused."""
-    magic, version, auth_required, nonce = HELLO.unpack(recv_exact(sock, HELLO.size))
+    hello = recv_exact(sock, HELLO.size, eof_ok=True)
+    if hello is None:  # e.g. the receiver is at its connection cap
+        raise ConnectionError("the receiver closed the connection before its HELLO")
+    magic, version, auth_required, nonce = HELLO.unpack(hello)
     if (magic, version) != (greeting.magic, greeting.version):
         raise ProtocolError(f"not a {greeting.name} receiver")
     if auth_required:
@@ -58,11 +61,13 @@ def answer_hello(sock: socket.socket, token: str | None, greeting: Greeting) -> 
 def challenge(sock: socket.socket, token: str | None, greeting: Greeting,
               welcome: bytes = b"") -> None:
     """Receiver side of the handshake; raises AuthenticationError on a wrong proof.
-    `welcome` follows the verdict, so only an accepted sender learns it."""
+    `welcome` follows the verdict, so only an accepted sender learns it. The socket's
+    timeout bounds the whole handshake, not each read (TimeoutError once it has passed)."""
+    deadline = deadline_of(sock)
     nonce = os.urandom(32)
     sock.sendall(HELLO.pack(greeting.magic, greeting.version, token is not None, nonce))
     if token is not None:
-        proof = recv_exact(sock, PROOF_BYTES)
+        proof = recv_exact(sock, PROOF_BYTES, deadline=deadline)
         if not hmac.compare_digest(proof, proof_of(token, nonce)):
             sock.sendall(REFUSED)
             raise AuthenticationError("authentication failed")

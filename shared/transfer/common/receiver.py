@@ -10,10 +10,13 @@ from collections.abc import Callable
 from shared.transfer.base import BlockSpan, KVReceiver, KVSink
 from shared.transfer.common.counters import Counters
 from shared.transfer.common.frames import ProtocolError, as_bytes
-from shared.transfer.common.handshake import HANDSHAKE_TIMEOUT_S
+from shared.transfer.common.limits import ConnectionLimits, ThrottledWarning
 from shared.transfer.common.sockets import shut_down, tune
 
 log = logging.getLogger(__name__)
+# NOTE: the default keeps idle connections open, as the attention link's client never
+# reconnects; KV receivers, whose senders do, default to ConnectionLimits() and its idle timeout.
+NO_IDLE_TIMEOUT = ConnectionLimits(idle_timeout_s=None)
 
 
 def writable(dest: object, nbytes: int) -> tuple[memoryview, memoryview] | None:
@@ -38,38 +41,67 @@ def call_sink(callback: Callable, *args: object) -> object:
 
 
 class Connection:
-    """One accepted sender: serves its messages until the peer closes or misbehaves.
+    """One accepted sender: serves its messages until the peer closes, misbehaves or keeps
+    the receiver waiting longer than its `ConnectionLimits` allow.
 
     `frame` is the frame in progress (None between frames); it has `request_id`, `layer`,
     `spans` and `error`. A transport does the handshake (`_handshake`), reads a message
     header (`_read_header`, None at a clean close) and handles the message (`_handle`).
+    A dropped connection reports its open requests lost; a frame it had begun is never
+    reported, so the sink never takes half-written bytes for a whole frame.
     """
 
     def __init__(self, sock: socket.socket, receiver: ListeningReceiver) -> None:
         self.sock = sock
         self.receiver = receiver
         self.sink = receiver.sink
+        self.limits = receiver.limits
+        self.peer = peer_name(sock)
         self.open_requests: dict[str, None] = {}  # insertion-ordered set
         self.frame = None
+        self.waiting_for = "handshake"  # what a timeout interrupts: handshake, idle or message
 
     def run(self) -> None:
         error = "connection closed"
         try:
             tune(self.sock, self.receiver.socket_buffer_bytes)
-            self.sock.settimeout(HANDSHAKE_TIMEOUT_S)
+            self.sock.settimeout(self.limits.handshake_timeout_s)
             self._handshake()
-            self.sock.settimeout(None)
-            while (header := self._read_header()) is not None:
+            while self._message_begins() and (header := self._read_header()) is not None:
                 self._handle(header)
             if self.frame is not None:
                 raise ConnectionError("connection closed mid-frame")
+        except TimeoutError:
+            error = self._timeout_error()
+            self.receiver.dropped(self.peer, error, quietly=self.waiting_for == "idle")
         except (OSError, ProtocolError) as e:
             error = str(e) or type(e).__name__
+            self.receiver.dropped(self.peer, error)
         finally:
             self.sock.close()
             self._closed()
             if self.open_requests:
                 call_sink(self.sink.on_lost, list(self.open_requests), error)
+
+    def _message_begins(self) -> bool:
+        """Wait for the next message's first byte (False at a clean close): up to the idle
+        timeout between frames, the read timeout while a frame's parts are still due. The
+        rest of the message then has the read timeout for each read."""
+        self.waiting_for = "idle" if self.frame is None else "message"
+        self.sock.settimeout(self.limits.idle_timeout_s if self.frame is None
+                             else self.limits.read_timeout_s)
+        begun = self.sock.recv(1, socket.MSG_PEEK) != b""
+        self.waiting_for = "message"
+        self.sock.settimeout(self.limits.read_timeout_s)
+        return begun
+
+    def _timeout_error(self) -> str:
+        limits = self.limits
+        if self.waiting_for == "handshake":
+            return f"no handshake within {limits.handshake_timeout_s:g} s"
+        if self.waiting_for == "idle":
+            return f"idle for {limits.idle_timeout_s:g} s"
+        return f"no bytes for {limits.read_timeout_s:g} s mid-message"
 
     # --- what a transport provides ---------------------------------------------------------
 
@@ -108,20 +140,34 @@ class Connection:
         call_sink(self.sink.on_end, request_id, num_frames)
 
 
+def peer_name(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:  # already reset by the peer
+        return "an unknown peer"
+    return f"{host}:{port}"
+
+
 class ListeningReceiver(KVReceiver):
-    """Listens for senders and serves each on its own thread with a `connection_class`."""
+    """Listens for senders and serves each on its own thread with a `connection_class`,
+    up to `limits.max_connections` at once."""
 
     connection_class: type[Connection]
     socket_buffer_bytes: int | None = None  # per accepted socket; None keeps the system's
 
-    def __init__(self, sink: KVSink, host: str, port: int, auth_token: str | None) -> None:
+    def __init__(self, sink: KVSink, host: str, port: int, auth_token: str | None,
+                 limits: ConnectionLimits = NO_IDLE_TIMEOUT) -> None:
         self.sink = sink
         self.host, self.port = host, port
         self.auth_token = auth_token
+        self.limits = limits
         self.counters = Counters("bytes", "frames", "rejected")
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._sockets: set[socket.socket] = set()
+        self._accepted = 0
+        self._over_cap = ThrottledWarning(log)
+        self._dropped = ThrottledWarning(log)
         self._lock = threading.Lock()
         self._stopping = False
 
@@ -142,6 +188,14 @@ class ListeningReceiver(KVReceiver):
         if self._listener is not None:
             self._listener.close()
 
+    def dropped(self, peer: str, error: str, quietly: bool = False) -> None:
+        """A connection ended on `error` (from its thread): worth a warning unless it idled
+        out (`quietly`) or the receiver is stopping."""
+        if quietly:
+            log.info("closed the connection of %s: %s", peer, error)
+        elif not self._stopping:
+            self._dropped("dropped the connection of %s: %s", peer, error)
+
     @property
     def bytes_received(self) -> int:
         return self.counters["bytes"]
@@ -154,6 +208,21 @@ class ListeningReceiver(KVReceiver):
     def frames_rejected(self) -> int:
         return self.counters["rejected"]
 
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._sockets)
+
+    @property
+    def connections_accepted(self) -> int:
+        """Connections served so far (those refused at the cap not counted)."""
+        return self._accepted
+
+    @property
+    def connections_refused(self) -> int:
+        """Connections closed at accept because `limits.max_connections` were open."""
+        return self._over_cap.total
+
     def _listen(self) -> socket.socket:
         return socket.create_server((self.host, self.port), backlog=64)
 
@@ -163,12 +232,24 @@ class ListeningReceiver(KVReceiver):
                 sock, _ = self._listener.accept()
             except OSError:
                 return  # stop() shut the listener down
-            with self._lock:
-                if self._stopping:
-                    sock.close()
-                    return
+            if self._admit(sock):
+                self._spawn(lambda s=sock: self._serve(s), "kv-recv")
+
+    def _admit(self, sock: socket.socket) -> bool:
+        """Track `sock` for a thread of its own; close it at once when stopping or at the cap
+        (the connections already open carry on)."""
+        with self._lock:
+            stopping = self._stopping
+            admitted = not stopping and len(self._sockets) < self.limits.max_connections
+            if admitted:
                 self._sockets.add(sock)
-            self._spawn(lambda s=sock: self._serve(s), "kv-recv")
+                self._accepted += 1
+        if not admitted and not stopping:
+            self._over_cap("refused a connection from %s: %d already open (max_connections)",
+                           peer_name(sock), self.limits.max_connections)
+        if not admitted:
+            sock.close()
+        return admitted
 
     def _serve(self, sock: socket.socket) -> None:
         try:

@@ -6,6 +6,7 @@ import logging
 import queue
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,13 +26,18 @@ class End:
 
 
 STOP = object()  # the last item a channel's thread takes
+# NOTE: below receivers' idle timeout (ConnectionLimits.idle_timeout_s, 300 s), so that the
+# sender retires an idle connection itself rather than write into one the receiver is closing.
+MAX_IDLE_S = 240.0
 
 
 class PeerChannel:
     """One peer's FIFO of frames and end markers, served by one thread over one connection.
 
     A request that was mid-stream when its connection broke stays failed: its remaining
-    frames are dropped and its END reports the error. Requests that start later reconnect.
+    frames are dropped and its END reports the error. Requests that start later reconnect,
+    as they do when the receiver closed the connection while it was idle, or when it has
+    been idle for `max_idle_s` (so that a receiver's idle timeout never fails a request).
     A transport says how a frame goes (`_send_frame`), what its END looks like
     (`_encode_end`), what a fresh connection needs (`_handshake`) and how bytes leave
     (`_transmit`).
@@ -42,6 +48,7 @@ class PeerChannel:
         self.sender = sender
         self.items: queue.SimpleQueue = queue.SimpleQueue()
         self.sock: socket.socket | None = None
+        self.last_write = 0.0  # time.monotonic() of the last write on `sock`
         self.frames: dict[str, int] = {}  # request id -> frames sent, until its END
         self.errors: dict[str, str] = {}  # request id -> why it failed, until its END
         self.thread = threading.Thread(target=self._run, name=f"kv-send {peer}", daemon=True)
@@ -104,7 +111,7 @@ class PeerChannel:
     def _connect(self, request_id: str) -> bool:
         """Whether a connection is up for the request, opening one if need be; when none
         is, the request has its error."""
-        if self.sock is not None and request_id not in self.frames and peer_closed(self.sock):
+        if self.sock is not None and request_id not in self.frames and self._stale():
             self._disconnect(f"{self.peer} closed the connection")  # e.g. it restarted
         if self.sock is not None:
             return True
@@ -113,6 +120,7 @@ class PeerChannel:
             self.sock = socket.create_connection(split_peer(self.peer),
                                                  self.sender.connect_timeout_s)
             self._handshake()
+            self.last_write = time.monotonic()
         except AuthenticationError as e:
             self.errors[request_id] = str(e)
         except (OSError, ProtocolError) as e:
@@ -121,12 +129,19 @@ class PeerChannel:
             self._close_socket()
         return self.sock is not None
 
+    def _stale(self) -> bool:
+        """Whether the connection should not take a new request: the receiver has closed it
+        (idle, restarted), or it has idled long enough that the receiver may be closing it."""
+        idle_s = time.monotonic() - self.last_write
+        return (not self.frames and idle_s > self.sender.max_idle_s) or peer_closed(self.sock)
+
     def _write(self, request_id: str, data: object) -> bool:
         try:
             self._transmit(data)
         except OSError as e:
             self._fail(request_id, f"send to {self.peer} failed: {e}")
             return False
+        self.last_write = time.monotonic()
         return True
 
     def _fail(self, request_id: str, error: str) -> None:
@@ -151,10 +166,11 @@ class ChannelSender(KVSender):
     channel_class: type[PeerChannel]
 
     def __init__(self, auth_token: str | None, connect_timeout_s: float,
-                 part_bytes: int) -> None:
+                 part_bytes: int, max_idle_s: float = MAX_IDLE_S) -> None:
         self.auth_token = auth_token
         self.connect_timeout_s = connect_timeout_s
         self.part_bytes = part_bytes
+        self.max_idle_s = max_idle_s
         self.counters = Counters("bytes", "frames")
         self.closed = False
         self._channels: dict[str, PeerChannel] = {}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 
 def tune(sock: socket.socket, buffer_bytes: int | None) -> None:
@@ -11,11 +12,16 @@ def tune(sock: socket.socket, buffer_bytes: int | None) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
 
 
-def recv_exact(sock: socket.socket, nbytes: int, eof_ok: bool = False) -> bytes | None:
-    """`nbytes` bytes, or None when the peer closed cleanly before the first (if `eof_ok`)."""
+def recv_exact(sock: socket.socket, nbytes: int, eof_ok: bool = False,
+               deadline: float | None = None) -> bytes | None:
+    """`nbytes` bytes, or None when the peer closed cleanly before the first (if `eof_ok`).
+    With a `deadline` (time.monotonic()), TimeoutError once it passes, however the bytes
+    trickle in; without one, the socket's timeout bounds each read."""
     buf = bytearray(nbytes)
     view, got = memoryview(buf), 0
     while got < nbytes:
+        if deadline is not None:
+            sock.settimeout(seconds_left(deadline))
         n = sock.recv_into(view[got:])
         if n == 0:
             if got == 0 and eof_ok:
@@ -23,6 +29,19 @@ def recv_exact(sock: socket.socket, nbytes: int, eof_ok: bool = False) -> bytes 
             raise ConnectionError("connection closed mid-frame")
         got += n
     return bytes(buf)
+
+
+def seconds_left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
+
+
+def deadline_of(sock: socket.socket) -> float | None:
+    """The socket's timeout from now on as a deadline (None for a blocking socket)."""
+    timeout = sock.gettimeout()
+    return None if timeout is None else time.monotonic() + timeout
 
 
 def peer_closed(sock: socket.socket) -> bool:

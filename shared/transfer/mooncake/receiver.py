@@ -11,6 +11,7 @@ import torch
 
 from shared.transfer.base import BlockSpan, KVSink
 from shared.transfer.common.frames import ProtocolError, checksum
+from shared.transfer.common.limits import ConnectionLimits
 from shared.transfer.common.receiver import Connection, ListeningReceiver
 from shared.transfer.mooncake.control import (
     KIND_ASK,
@@ -159,8 +160,8 @@ class MooncakeKVReceiver(ListeningReceiver):
                  auth_token: str | None = None, protocol: str = "tcp", device_name: str = "",
                  advertise_host: str | None = None,
                  memory: Sequence[torch.Tensor | memoryview] = (),
-                 settle_s: float = 0.5) -> None:
-        super().__init__(sink, host, port, auth_token)
+                 settle_s: float = 0.5, limits: ConnectionLimits = ConnectionLimits()) -> None:
+        super().__init__(sink, host, port, auth_token, limits)
         self.protocol, self.device_name = protocol, device_name
         self.advertise_host = advertise_host
         self.memory = views_of(memory)

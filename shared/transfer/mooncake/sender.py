@@ -10,7 +10,7 @@ import torch
 
 from shared.transfer.base import SpanBytes
 from shared.transfer.common.frames import Frame, ProtocolError
-from shared.transfer.common.sender import ChannelSender, PeerChannel
+from shared.transfer.common.sender import MAX_IDLE_S, ChannelSender, PeerChannel
 from shared.transfer.common.sockets import tune
 from shared.transfer.mooncake.control import (
     KIND_PLACES,
@@ -125,8 +125,8 @@ class MooncakeKVSender(ChannelSender):
     def __init__(self, auth_token: str | None = None, connect_timeout_s: float = 5.0,
                  protocol: str = "tcp", device_name: str = "", local_hostname: str | None = None,
                  memory: Sequence[torch.Tensor | memoryview] = (),
-                 part_bytes: int = PART_BYTES) -> None:
-        super().__init__(auth_token, connect_timeout_s, part_bytes)
+                 part_bytes: int = PART_BYTES, max_idle_s: float = MAX_IDLE_S) -> None:
+        super().__init__(auth_token, connect_timeout_s, part_bytes, max_idle_s)
         self.protocol, self.device_name = protocol, device_name
         self.local_hostname = local_hostname
         self.memory = views_of(memory)

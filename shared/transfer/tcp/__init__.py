@@ -16,7 +16,9 @@ hash bytes that are still in cache (hashing whole frames apart from the copy cos
 fifth of loopback throughput in `kvstack bench transfer`).
 
 One thread and one connection per peer on the sending side keep a request's frames and END
-in order; one thread per accepted connection on the receiving side (both from `common`).
+in order; one thread per accepted connection on the receiving side, up to a cap, each with a
+handshake deadline, a read timeout inside a frame and an idle timeout between frames (both
+from `common`; see `ConnectionLimits`).
 
 Modules: `wire` (frame format, encoding, decoding), `sockets` (scatter/gather I/O), `sender`,
 `receiver`.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from shared.transfer.common.frames import ProtocolError
 from shared.transfer.common.handshake import HELLO, AuthenticationError
+from shared.transfer.common.limits import ConnectionLimits
 from shared.transfer.common.sockets import tune
 from shared.transfer.tcp.receiver import TcpKVReceiver
 from shared.transfer.tcp.sender import TcpKVSender
@@ -44,5 +47,5 @@ from shared.transfer.tcp.wire import (
 __all__ = [
     "HEADER", "HELLO", "IOV_MAX", "KIND_END", "KIND_KV", "KIND_KV_MORE", "MAGIC", "MAX_SPANS",
     "PART_BYTES", "SOCKET_BUFFER_BYTES", "SPAN", "VERSION", "AuthenticationError",
-    "ProtocolError", "TcpKVReceiver", "TcpKVSender", "send_all", "tune",
+    "ConnectionLimits", "ProtocolError", "TcpKVReceiver", "TcpKVSender", "send_all", "tune",
 ]

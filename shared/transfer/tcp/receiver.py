@@ -1,15 +1,17 @@
-"""The receiving side: a listener, and one thread per accepted connection that reads
-frames straight into the memory the sink names."""
+"""The receiving side: a listener, and one thread per accepted connection (up to a cap) that
+reads frames straight into the memory the sink names."""
 from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import xxhash
 
 from shared.transfer.base import BlockSpan, KVSink
 from shared.transfer.common.frames import ProtocolError
 from shared.transfer.common.handshake import challenge
+from shared.transfer.common.limits import ConnectionLimits
 from shared.transfer.common.receiver import Connection, ListeningReceiver
 from shared.transfer.common.sockets import recv_exact
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, Landing, recv_hashed
@@ -62,7 +64,12 @@ class _Connection(Connection):
     def __init__(self, sock: socket.socket, receiver: TcpKVReceiver) -> None:
         super().__init__(sock, receiver)
         self.frame: _Partial | None = None
-        self.scratch = memoryview(bytearray(DISCARD_CHUNK))
+
+    @cached_property
+    def scratch(self) -> memoryview:
+        """Allocated on first use, so that a peer who never gets past the handshake costs
+        no megabyte."""
+        return memoryview(bytearray(DISCARD_CHUNK))
 
     def _handshake(self) -> None:
         challenge(self.sock, self.receiver.auth_token, GREETING)
@@ -121,14 +128,15 @@ class _Connection(Connection):
 
 
 class TcpKVReceiver(ListeningReceiver):
-    """Listens for senders and writes their KV frames where `sink` says."""
+    """Listens for senders and writes their KV frames where `sink` says, within `limits`."""
 
     connection_class = _Connection
 
     def __init__(self, sink: KVSink, host: str = "0.0.0.0", port: int = 0,
                  auth_token: str | None = None,
-                 socket_buffer_bytes: int | None = SOCKET_BUFFER_BYTES) -> None:
-        super().__init__(sink, host, port, auth_token)
+                 socket_buffer_bytes: int | None = SOCKET_BUFFER_BYTES,
+                 limits: ConnectionLimits = ConnectionLimits()) -> None:
+        super().__init__(sink, host, port, auth_token, limits)
         self.socket_buffer_bytes = socket_buffer_bytes
 
     def _listen(self) -> socket.socket:

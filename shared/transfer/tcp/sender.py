@@ -6,7 +6,7 @@ import socket
 
 from shared.transfer.common.frames import Frame
 from shared.transfer.common.handshake import answer_hello
-from shared.transfer.common.sender import ChannelSender, PeerChannel
+from shared.transfer.common.sender import MAX_IDLE_S, ChannelSender, PeerChannel
 from shared.transfer.common.sockets import tune
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, send_all
 from shared.transfer.tcp.wire import GREETING, PART_BYTES, encode_end, encode_kv
@@ -44,8 +44,8 @@ class TcpKVSender(ChannelSender):
 
     def __init__(self, auth_token: str | None = None, connect_timeout_s: float = 5.0,
                  socket_buffer_bytes: int | None = SOCKET_BUFFER_BYTES,
-                 part_bytes: int = PART_BYTES) -> None:
-        super().__init__(auth_token, connect_timeout_s, part_bytes)
+                 part_bytes: int = PART_BYTES, max_idle_s: float = MAX_IDLE_S) -> None:
+        super().__init__(auth_token, connect_timeout_s, part_bytes, max_idle_s)
         self.socket_buffer_bytes = socket_buffer_bytes
 
     def prepare(self, sock: socket.socket) -> None:

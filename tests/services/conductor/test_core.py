@@ -53,6 +53,7 @@ def test_cache_aware_never_replicates() -> None:
 
 def test_a_prefix_from_the_kvstore_names_no_peer_but_is_a_replication() -> None:
     core = conductor(prefill=("p0",))
+    core.observe(beat("s0", "kvstore"))
     core.apply(KVEvent("s0", "kvstore", stored=PROMPT[:8]))
     placement = core.place(request(1600, hashes=PROMPT), 0.1)
     assert (placement.prefix_peer, placement.prefix_peer_blocks, placement.load_prefix) == \
@@ -123,3 +124,39 @@ def test_a_restarted_worker_keeps_its_place_but_not_its_old_cache() -> None:
     core.observe(replace(beat("p0", "prefill", 5.0), instance="second"))
     assert len(core.index) == 0
     assert [hb.worker_id for hb in core.state.live("prefill", 5.1)] == ["p0"]
+
+
+def test_a_second_process_cannot_take_the_id_of_a_worker_that_beats() -> None:
+    core = conductor(prefill=(), decode=("d0",))
+    core.observe(replace(beat("p0", "prefill", 0.0), instance="real"))
+    core.apply(KVEvent("p0", "prefill", stored=(11, 12)))
+    core.observe(replace(beat("p0", "prefill", 0.5), instance="impostor"))
+    core.observe(replace(beat("p0", "prefill", 0.6), instance="impostor", stopped=True))
+    assert core.state.heartbeats["p0"].instance == "real" and len(core.index) == 2
+    assert core.counters.impostor_beats == 2
+    # once the holder went quiet (a crash), a new process may take the id
+    core.observe(replace(beat("p0", "prefill", 2.0), instance="restarted"))
+    assert core.state.heartbeats["p0"].instance == "restarted" and len(core.index) == 0
+
+
+def test_kv_events_count_only_from_registered_workers() -> None:
+    core = conductor(prefill=("p0",), decode=("d0",))
+    core.apply(KVEvent("stranger", "prefill", stored=(21, 22)))
+    assert len(core.index) == 0
+    # an event that arrives just before its source's first beat is applied on that beat
+    core.observe(beat("stranger", "prefill", 0.1))
+    assert len(core.index) == 2
+    core.apply(KVEvent("ghost", "kvstore", stored=tuple(range(100, 200))))
+    core.place(request(1600, hashes=tuple(range(100, 200))), 0.2)
+    assert core.counters.replications == 0      # never placed on blocks nobody vouched for
+
+
+def test_waiting_events_are_bounded() -> None:
+    core = conductor(prefill=("p0",), decode=("d0",))
+    for i in range(500):
+        core.apply(KVEvent(f"s{i}", "prefill", stored=(i,)))
+    for i in range(500):
+        core.apply(KVEvent("s499", "prefill", stored=(1000 + i,)))
+    waiting = core.unregistered.by_source
+    assert len(waiting) <= core.unregistered.max_sources
+    assert len(waiting["s499"]) == core.unregistered.max_events

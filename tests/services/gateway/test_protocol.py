@@ -119,6 +119,8 @@ def test_max_tokens_past_the_context_names_both_numbers(tokenizer) -> None:
 def test_a_missing_max_tokens_defaults_to_what_fits(tokenizer) -> None:
     assert completion({"prompt": list(range(10, 20))}, tokenizer).params.max_tokens == 16
     assert completion({"prompt": list(range(10, 60))}, tokenizer).params.max_tokens == 64 - 50
+    capped = GatewayLimits(max_model_len=64, max_tokens_limit=8)   # --max-tokens-limit 8
+    assert completion({"prompt": [10]}, tokenizer, capped).params.max_tokens == 8
 
 
 def test_chat_max_tokens_past_the_context_blames_the_field_used(tokenizer) -> None:
@@ -281,6 +283,9 @@ BAD_CHATS = [
     ({"messages": []}, 400, "messages"),
     ({"messages": "Hi"}, 400, "messages"),
     ({"messages": ["Hi"]}, 400, "messages[0].role"),
+    ({"messages": [{"role": "wizard", "content": "Hi"}]}, 400, "messages[0].role"),
+    ({"messages": [*user("Hi"), {"role": "function", "content": "{}"}]}, 400,
+     "messages[1].role"),
     ({"messages": [{"content": "Hi"}]}, 400, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
     ({"messages": [{"role": "user", "content": None}]}, 400, "messages[0].content"),

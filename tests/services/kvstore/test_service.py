@@ -47,7 +47,7 @@ class Client:
 
 
 async def connect(stack: Stack) -> tuple[Bus, list[Client]]:
-    bus = await Bus.connect(stack.nats_url, "test-client")
+    bus = await stack.bus("test-client")
     clients = [Client(bus, seed) for seed in (1, 2)]
     for client in clients:
         await bus.subscribe(subjects.all_heartbeats(), _observer(client.pool), expected=Heartbeat)

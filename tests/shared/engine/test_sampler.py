@@ -32,6 +32,8 @@ def test_top_k_and_top_p_restrict_the_candidates() -> None:
     # probabilities of [1, 3, 2, .5] are about [.09, .64, .24, .05]: .64 < .8 <= .88
     assert draws(SamplingParams(temperature=1.0, top_p=0.8)) == {1, 2}
     assert len(draws(SamplingParams(temperature=1.0))) == 4
+    # below float32's range top_p reads as 0 there: still the likeliest token, never none
+    assert draws(SamplingParams(temperature=1.0, top_p=5e-324)) == {1}
 
 
 def test_min_p_drops_tokens_far_below_the_likeliest() -> None:

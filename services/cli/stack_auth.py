@@ -1,0 +1,50 @@
+"""The credentials of a stack on this machine: one NATS user per service (permissions
+narrowed to its own worker id), the admin's for the stack's own checks, the data plane's
+secret; all made on first start (shared/auth/deployment.py) and kept in `secrets_dir`.
+Without a `secrets_dir` they live in a temporary directory, removed at stop."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.auth.credentials import NatsAuth
+from shared.auth.deployment import ADMIN, Identity, Secrets, ensure_secrets
+
+
+@dataclass
+class StackAuth:
+    secrets: Secrets | None       # None: --insecure, nothing is checked
+    owns_dir: bool = False
+    tls: bool = False
+
+    @classmethod
+    def prepare(cls, secrets_dir: Path | None, identities: list[Identity], insecure: bool,
+                tls: bool) -> StackAuth:
+        if insecure:
+            return cls(None)
+        owns = secrets_dir is None
+        directory = Path(tempfile.mkdtemp(prefix="kvstack-secrets-")) if owns else secrets_dir
+        return cls(ensure_secrets(directory, identities, tls), owns, tls)
+
+    @property
+    def server_config(self) -> Path | None:
+        return self.secrets.server_config if self.secrets is not None else None
+
+    def admin(self) -> NatsAuth:
+        return self.secrets.auth(Identity(ADMIN)) if self.secrets else NatsAuth(insecure=True)
+
+    def child_env(self, identity: Identity) -> tuple[dict[str, str], bool]:
+        """The environment of one service, and whether its credentials are new (then
+        nats-server must reload its config before they work)."""
+        if self.secrets is None:
+            return {"KVSTACK_INSECURE": "1"}, False
+        new = not self.secrets.creds_path(identity).is_file()
+        if new:
+            ensure_secrets(self.secrets.dir, [identity], self.tls)
+        return self.secrets.child_env(identity), new
+
+    def close(self) -> None:
+        if self.owns_dir and self.secrets is not None:
+            shutil.rmtree(self.secrets.dir, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""Credentials of the control bus (NATS users and permissions) and of the data plane."""
