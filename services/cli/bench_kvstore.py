@@ -57,14 +57,14 @@ def progress(message: str) -> None:
 class PoolClient:
     """A worker's side of the pool without a model: a KV tensor and the data plane."""
 
-    def __init__(self, bus: Bus, num_blocks: int, seed: int = 0) -> None:
+    def __init__(self, bus: Bus, num_blocks: int, token: str | None, seed: int = 0) -> None:
         self.storage = KVStorage(LAYOUT["num_layers"], num_blocks, LAYOUT["block_size"],
                                  LAYOUT["num_kv_heads"], LAYOUT["head_dim"], torch.bfloat16)
         self.storage.kv.copy_(torch.randn(self.storage.kv.shape,
                                           generator=torch.Generator().manual_seed(seed)))
         self.inbox = KVInbox(self.storage, asyncio.get_running_loop())
-        self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0)
-        self.sender = TcpKVSender()
+        self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0, auth_token=token)
+        self.sender = TcpKVSender(auth_token=token)
         self.pool = KvstorePool(bus, self.sender, self.storage, self.inbox, self.receiver.start())
 
     async def join(self, bus: Bus, num_stores: int) -> None:
@@ -113,7 +113,7 @@ def measure_tier(work: Path, tier: str, num_blocks: int) -> dict:
 
 async def _round_trip(stack: Stack, num_blocks: int) -> tuple[float, float]:
     bus = await stack.bus("bench-kvstore")
-    client = PoolClient(bus, num_blocks)
+    client = PoolClient(bus, num_blocks, stack.data_token)
     await client.join(bus, 1)
     hashes = [(i * 0x9E3779B97F4A7C15 + 12345) % (1 << 64) for i in range(num_blocks)]
     ids = list(range(num_blocks))

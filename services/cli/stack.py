@@ -39,7 +39,7 @@ from services.cli.supervisor import Child, Supervisor
 from services.cli.up_metrics import UpMetrics
 from shared import codec, subjects
 from shared.engine.mock import MockSpec
-from shared.auth.deployment import Identity
+from shared.auth.deployment import Identity, read_data_token
 from shared.bus import Bus
 from shared.errors import KvstackError
 from shared.messages import Heartbeat
@@ -172,6 +172,14 @@ class Stack:
     def restarts(self, name: str) -> int:
         """How often the supervisor restarted `name` (nats-server included)."""
         return self.supervisor.restarts[name] if self.supervisor is not None else 0
+
+    @property
+    def data_token(self) -> str | None:
+        """The data plane's secret, for a stand-in worker in tests and benches (None:
+        insecure)."""
+        if self.auth is None or self.auth.secrets is None:
+            return None
+        return read_data_token(self.auth.secrets.data_token_path)
 
     async def bus(self, name: str, connect_timeout: float = 5.0) -> Bus:
         """A control-bus client with the admin's credentials (for checks and tools)."""

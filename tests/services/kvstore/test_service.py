@@ -32,13 +32,13 @@ def start_stores(tmp_path, num: int, args: tuple[str, ...] = ()) -> Stack:
 class Client:
     """A stand-in worker: a small KV tensor, the data plane and the pool client."""
 
-    def __init__(self, bus: Bus, seed: int) -> None:
+    def __init__(self, bus: Bus, seed: int, token: str | None) -> None:
         self.storage = KVStorage(4, NUM_BLOCKS, 16, 2, 8, torch.bfloat16)
         torch.manual_seed(seed)
         self.storage.kv.copy_(torch.randn(self.storage.kv.shape))
         self.inbox = KVInbox(self.storage, asyncio.get_running_loop())
-        self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0)
-        self.sender = TcpKVSender()
+        self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0, auth_token=token)
+        self.sender = TcpKVSender(auth_token=token)
         self.pool = KvstorePool(bus, self.sender, self.storage, self.inbox, self.receiver.start())
 
     def close(self) -> None:
@@ -48,7 +48,7 @@ class Client:
 
 async def connect(stack: Stack) -> tuple[Bus, list[Client]]:
     bus = await stack.bus("test-client")
-    clients = [Client(bus, seed) for seed in (1, 2)]
+    clients = [Client(bus, seed, stack.data_token) for seed in (1, 2)]
     for client in clients:
         await bus.subscribe(subjects.all_heartbeats(), _observer(client.pool), expected=Heartbeat)
     stores = sum(p.service == "kvstore" for p in stack.processes)
