@@ -44,9 +44,9 @@ class WaitingEvents:
     by_source: dict[str, list[KVEvent]] = field(default_factory=dict)
 
     def keep(self, event: KVEvent) -> None:
-        events = [] if event.snapshot else self.by_source.pop(event.source, [])
-        self.by_source.pop(event.source, None)
-        self.by_source[event.source] = [*events, event][-self.max_events:]
+        earlier = self.by_source.pop(event.source, [])   # re-inserted last: the newest
+        events = [event] if event.snapshot else [*earlier, event]
+        self.by_source[event.source] = events[-self.max_events:]
         while len(self.by_source) > self.max_sources:
             del self.by_source[next(iter(self.by_source))]
 

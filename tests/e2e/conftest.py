@@ -14,7 +14,7 @@ from shared import subjects
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
-from shared.messages import StatsRequest, WorkerStats
+from shared.messages import ConductorStats, StatsRequest, WorkerStats
 from services.cli.stack import Stack, StackConfig
 
 API_KEY = "test-key"
@@ -65,6 +65,15 @@ def worker_stats(stack: Stack, service: str, worker_id: str, expected: type = Wo
         finally:
             await bus.drain()
     return asyncio.run(ask())
+
+
+async def ask_conductor(stack: Stack) -> ConductorStats:
+    bus = await stack.bus("test-conductor-stats")
+    try:
+        return await bus.request(subjects.conductor_stats(), StatsRequest(), 5.0,
+                                 expected=ConductorStats)
+    finally:
+        await bus.drain()
 
 
 def assert_chats_equal_reference(stack: Stack, reference: LLMEngine, prompts: list[str],

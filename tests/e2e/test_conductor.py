@@ -7,9 +7,8 @@ import time
 import openai
 import pytest
 
-from shared import subjects
-from shared.messages import ConductorStats, StatsRequest
-from tests.e2e.conftest import running_stack, worker_stats
+from shared.messages import ConductorStats
+from tests.e2e.conftest import ask_conductor, running_stack, worker_stats
 
 MANUAL = ("Step one of the maintenance manual: close the intake valve, wait for the gauge to "
           "settle, then log the pressure in the notebook by the door. ") * 16
@@ -29,14 +28,7 @@ def ask(stack, prompt: str, **extra) -> openai.types.Completion:
 
 
 def conductor_stats(stack) -> ConductorStats:
-    async def go() -> ConductorStats:
-        bus = await stack.bus("test-conductor-stats")
-        try:
-            return await bus.request(subjects.conductor_stats(), StatsRequest(), 5.0,
-                                     expected=ConductorStats)
-        finally:
-            await bus.drain()
-    return asyncio.run(go())
+    return asyncio.run(ask_conductor(stack))
 
 
 def requests_done(stack) -> dict[str, int]:

@@ -17,8 +17,9 @@ from shared.auth.credentials import NatsAuth
 from shared.auth.deployment import Identity, ensure_secrets
 from shared.bus import Bus
 from shared.errors import KvstackError
-from shared.messages import ConductorStats, Heartbeat, KVEvent, StatsRequest
+from shared.messages import Heartbeat, KVEvent
 from shared.nats_server import NatsServer
+from tests.e2e.conftest import ask_conductor
 
 
 def auth_of(stack: Stack, role: str, worker: str) -> NatsAuth:
@@ -44,15 +45,6 @@ async def violations(url: str, auth: NatsAuth, act) -> list[str]:
 
 def beat(worker_id: str, service: str = "prefill", **fields) -> bytes:
     return codec.encode(replace(Heartbeat(service, worker_id, time.time(), 1.0), **fields))
-
-
-async def conductor_stats(stack: Stack) -> ConductorStats:
-    bus = await stack.bus("test-security")
-    try:
-        return await bus.request(subjects.conductor_stats(), StatsRequest(), 5.0,
-                                 expected=ConductorStats)
-    finally:
-        await bus.drain()
 
 
 async def test_an_anonymous_client_is_refused(stack) -> None:
@@ -97,7 +89,7 @@ async def test_a_message_that_names_another_worker_than_its_subject_is_dropped(s
                          codec.encode(KVEvent("prefill-evil", "prefill", stored=(1, 2))))
     assert await violations(stack.nats_url, admin, act) == []
     await asyncio.sleep(0.5)
-    stats = await conductor_stats(stack)
+    stats = await ask_conductor(stack)
     assert "prefill-evil" not in stats.live_prefill and "prefill-0" in stats.live_prefill
 
 
@@ -109,9 +101,9 @@ async def test_a_beat_dated_in_the_future_keeps_no_dead_worker_alive(stack) -> N
                          beat("prefill-ghost", time=time.time() + 3600, instance="ghost"))
     assert await violations(stack.nats_url, stack.auth.admin(), act) == []
     await asyncio.sleep(0.5)
-    assert "prefill-ghost" in (await conductor_stats(stack)).live_prefill
+    assert "prefill-ghost" in (await ask_conductor(stack)).live_prefill
     await asyncio.sleep(3.5)
-    assert "prefill-ghost" not in (await conductor_stats(stack)).live_prefill
+    assert "prefill-ghost" not in (await ask_conductor(stack)).live_prefill
 
 
 def kvstack(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
