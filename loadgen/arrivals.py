@@ -5,6 +5,7 @@ burstiness 1 is a Poisson process, below 1 burstier, above 1 more even. The cumu
 times are then rescaled so the last request arrives at exactly N/rate, which keeps the
 offered load the same whatever the seed (the raw sum misses it by a few percent).
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,9 @@ import numpy as np
 from shared.errors import KvstackError
 
 
-def arrival_times(num_requests: int, request_rate: float, burstiness: float = 1.0,
-                  seed: int = 0) -> list[float]:
+def arrival_times(
+    num_requests: int, request_rate: float, burstiness: float = 1.0, seed: int = 0
+) -> list[float]:
     """An infinite rate sends everything at t=0."""
     if not request_rate > 0:
         raise KvstackError(f"--request-rate must be positive (or inf), got {request_rate}")
@@ -24,8 +26,7 @@ def arrival_times(num_requests: int, request_rate: float, burstiness: float = 1.
     if math.isinf(request_rate) or num_requests == 0:
         return [0.0] * num_requests
     rng = np.random.default_rng(seed)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness),
-                     size=num_requests)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=num_requests)
     times = np.cumsum(gaps)
     times *= (num_requests / request_rate) / times[-1]
     return times.tolist()

@@ -6,6 +6,7 @@ Each command is a module with `add_parser(sub)`, which adds its subparser and se
 `run=<its function>` as a default, and that function, `run(args) -> int` (the exit code).
 A new command is one import and one entry in COMMANDS.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,12 @@ COMMANDS = (run_command, report, sim, sweep, chaos)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return cli.build_parser("loadgen", "Load generator for OpenAI-compatible endpoints, with "
-                            "vLLM's metric names and formulas (docs/loadgen.md).", COMMANDS)
+    return cli.build_parser(
+        "loadgen",
+        "Load generator for OpenAI-compatible endpoints, with "
+        "vLLM's metric names and formulas (docs/loadgen.md).",
+        COMMANDS,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ Measured as `vllm bench serve` measures:
 - a request failed when the status is not 200, the stream carried an error event, or no
   token came.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -24,15 +25,16 @@ from loadgen.datasets import Prompt
 from loadgen.records import RequestRecord
 
 _EVENT_END = re.compile(r"\r?\n\r?\n")
-_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY   # token-id prompts are int32 arrays
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # token-id prompts are int32 arrays
 
 
 @dataclass(frozen=True)
 class Target:
     """Where and how requests go."""
-    base_url: str                   # e.g. http://127.0.0.1:8000 (no /v1)
+
+    base_url: str  # e.g. http://127.0.0.1:8000 (no /v1)
     model: str
-    endpoint: str = "completions"   # or "chat"
+    endpoint: str = "completions"  # or "chat"
     api_key: str | None = None
     ignore_eos: bool = True
 
@@ -51,13 +53,18 @@ class Target:
 
     def body(self, prompt, max_tokens: int, stream: bool = True) -> dict:
         """`prompt`: token ids (a list or an int array) or text."""
-        body = {"model": self.model, "temperature": 0.0, "stream": stream,
-                "ignore_eos": self.ignore_eos}
+        body = {
+            "model": self.model,
+            "temperature": 0.0,
+            "stream": stream,
+            "ignore_eos": self.ignore_eos,
+        }
         if stream:
             body["stream_options"] = {"include_usage": True}
         if self.endpoint == "chat":
-            body.update(messages=[{"role": "user", "content": prompt}],
-                        max_completion_tokens=max_tokens)
+            body.update(
+                messages=[{"role": "user", "content": prompt}], max_completion_tokens=max_tokens
+            )
         else:
             body.update(prompt=prompt, max_tokens=max_tokens)
         return body
@@ -79,14 +86,14 @@ class SSEDecoder:
 
 def event_data(event: str) -> str | None:
     """The event's data lines joined by newlines (the SSE rule), None if it has none."""
-    lines = [line[5:].removeprefix(" ") for line in event.splitlines()
-             if line.startswith("data:")]
+    lines = [line[5:].removeprefix(" ") for line in event.splitlines() if line.startswith("data:")]
     return "\n".join(lines) if lines else None
 
 
 @dataclass
 class StreamClock:
     """What one stream has shown so far; times are `time.perf_counter()` readings."""
+
     sent: float
     first: float | None = None
     last: float | None = None
@@ -124,20 +131,26 @@ class StreamClock:
         self.last = now
         self.num_token_events += 1
 
-    def record(self, prompt: Prompt, start_time: float, queue_time: float, status: int,
-               ended: float) -> RequestRecord:
+    def record(
+        self, prompt: Prompt, start_time: float, queue_time: float, status: int, ended: float
+    ) -> RequestRecord:
         """`start_time` is from the run's start; `ended` when the stream stopped."""
         usage = self.usage or {}
         details = usage.get("prompt_tokens_details") or {}
         error = self.error or ("" if self.first is not None else "no token in the response")
         return RequestRecord(
-            index=prompt.index, start_time=start_time,
+            index=prompt.index,
+            start_time=start_time,
             input_len=usage.get("prompt_tokens") or prompt.input_len,
             output_len=usage.get("completion_tokens") or self.num_token_events,
             ttft=None if self.first is None else self.first - self.sent,
-            itl=tuple(self.itl), latency=(self.last or ended) - self.sent, status=status,
-            error=error, queue_time=queue_time,
-            cached_tokens=details.get("cached_tokens") or 0)
+            itl=tuple(self.itl),
+            latency=(self.last or ended) - self.sent,
+            status=status,
+            error=error,
+            queue_time=queue_time,
+            cached_tokens=details.get("cached_tokens") or 0,
+        )
 
 
 def carries_text(choices) -> bool:
@@ -166,15 +179,21 @@ async def response_error(response: aiohttp.ClientResponse) -> str:
     return f"HTTP {response.status}: {message}"
 
 
-async def send(session: aiohttp.ClientSession, target: Target, prompt: Prompt,
-               run_start: float, queue_time: float = 0.0) -> RequestRecord:
+async def send(
+    session: aiohttp.ClientSession,
+    target: Target,
+    prompt: Prompt,
+    run_start: float,
+    queue_time: float = 0.0,
+) -> RequestRecord:
     """One streamed request; never raises for the server's or the network's failures."""
-    data = encode(target, prompt)   # before the clock starts
+    data = encode(target, prompt)  # before the clock starts
     clock = StreamClock(time.perf_counter())
     status = 0
     try:
-        async with session.post(target.url, data=data,
-                                headers=target.headers(prompt.index)) as response:
+        async with session.post(
+            target.url, data=data, headers=target.headers(prompt.index)
+        ) as response:
             status = response.status
             if status != 200:
                 clock.error = await response_error(response)

@@ -1,6 +1,7 @@
 """The console summary of a run: `vllm bench serve`'s "Serving Benchmark Result" block, with
 each latency's formula under its heading, plus kvstack's lines (rejections, cache hits,
 SLO attainment) and the first distinct errors."""
+
 from __future__ import annotations
 
 import re
@@ -10,8 +11,12 @@ MAX_ERRORS_SHOWN = 3
 # (key in the result, vLLM's word, heading, formula)
 LATENCIES = (
     ("ttft", "TTFT", "Time to First Token", "first token event - send"),
-    ("tpot", "TPOT", "Time per Output Token (excl. 1st token)",
-     "(E2EL - TTFT) / (output tokens - 1)"),
+    (
+        "tpot",
+        "TPOT",
+        "Time per Output Token (excl. 1st token)",
+        "(E2EL - TTFT) / (output tokens - 1)",
+    ),
     ("itl", "ITL", "Inter-token Latency", "gap between successive token events"),
     ("e2el", "E2EL", "End-to-end Latency", "last token event - send"),
     ("client_queue_time", "queue time", "Client Queue Time", "wait for a --max-concurrency slot"),

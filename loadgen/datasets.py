@@ -13,6 +13,7 @@ and byte tokens of the common tokenizers (SmolLM2's specials are 0-16, Llama-2's
 3-258), and the default vocab size of 32000 fits Llama-2, Mistral, SmolLM2 (49152), Qwen
 and Llama-3 alike.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,35 +29,134 @@ FIRST_SAFE_TOKEN_ID = 1000
 DEFAULT_VOCAB_SIZE = 32000
 # One token each in the common BPE vocabularies (with the leading space the join adds), so a
 # chat prompt of N words is about N tokens before the chat template.
-WORDS = tuple("""
-the of and to in is was for on are with as by at from his an were this all have not but they
-her which one you had their there been has more when who will would time can said each new
-some about them only year other into two may after first many most over these then also made
-its could people work such back water long day part where used right state world house point
-place city school small number great life system group home music light story paper power
-money space order table market field model court price
-""".split())  # noqa: SIM905
+WORDS = (
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "are",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "an",
+    "were",
+    "this",
+    "all",
+    "have",
+    "not",
+    "but",
+    "they",
+    "her",
+    "which",
+    "one",
+    "you",
+    "had",
+    "their",
+    "there",
+    "been",
+    "has",
+    "more",
+    "when",
+    "who",
+    "will",
+    "would",
+    "time",
+    "can",
+    "said",
+    "each",
+    "new",
+    "some",
+    "about",
+    "them",
+    "only",
+    "year",
+    "other",
+    "into",
+    "two",
+    "may",
+    "after",
+    "first",
+    "many",
+    "most",
+    "over",
+    "these",
+    "then",
+    "also",
+    "made",
+    "its",
+    "could",
+    "people",
+    "work",
+    "such",
+    "back",
+    "water",
+    "long",
+    "day",
+    "part",
+    "where",
+    "used",
+    "right",
+    "state",
+    "world",
+    "house",
+    "point",
+    "place",
+    "city",
+    "school",
+    "small",
+    "number",
+    "great",
+    "life",
+    "system",
+    "group",
+    "home",
+    "music",
+    "light",
+    "story",
+    "paper",
+    "power",
+    "money",
+    "space",
+    "order",
+    "table",
+    "market",
+    "field",
+    "model",
+    "court",
+    "price",
+)
 
 
 @dataclass(frozen=True)
 class Prompt:
     index: int
-    prompt: np.ndarray | str   # token ids, int32 (completions), or text (chat)
-    input_len: int             # tokens we meant to send (the server's count may differ)
-    output_len: int            # max_tokens
-    arrival: float | None = None   # seconds after the start (traces); None: the schedule's
+    prompt: np.ndarray | str  # token ids, int32 (completions), or text (chat)
+    input_len: int  # tokens we meant to send (the server's count may differ)
+    output_len: int  # max_tokens
+    arrival: float | None = None  # seconds after the start (traces); None: the schedule's
 
 
 @dataclass(frozen=True)
 class TokenSpace:
     """Where prompt token ids come from; `as_text`: send words instead (chat)."""
+
     vocab_size: int = DEFAULT_VOCAB_SIZE
     as_text: bool = False
 
     def __post_init__(self) -> None:
         if self.vocab_size <= FIRST_SAFE_TOKEN_ID:
-            raise KvstackError(f"--vocab-size must be above {FIRST_SAFE_TOKEN_ID} (ids below "
-                               f"it are left out as special tokens), got {self.vocab_size}")
+            raise KvstackError(
+                f"--vocab-size must be above {FIRST_SAFE_TOKEN_ID} (ids below "
+                f"it are left out as special tokens), got {self.vocab_size}"
+            )
 
     def draw(self, rng: np.random.Generator, length: int) -> np.ndarray:
         return rng.integers(FIRST_SAFE_TOKEN_ID, self.vocab_size, size=length, dtype=np.int32)
@@ -70,6 +170,7 @@ class TokenSpace:
 
 # -- random --------------------------------------------------------------------------------------
 
+
 def spread(rng: np.random.Generator, length: int, range_ratio: float, count: int) -> list[int]:
     """`count` lengths uniform in [length*(1-r), length*(1+r)], at least 1 (vLLM's rule)."""
     low = max(1, math.floor(length * (1 - range_ratio)))
@@ -77,36 +178,62 @@ def spread(rng: np.random.Generator, length: int, range_ratio: float, count: int
     return rng.integers(low, high + 1, size=count).tolist()
 
 
-def random_prompts(num_prompts: int, input_len: int, output_len: int, range_ratio: float,
-                   space: TokenSpace, seed: int) -> list[Prompt]:
+def random_prompts(
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    space: TokenSpace,
+    seed: int,
+) -> list[Prompt]:
     _check_positive(num_prompts=num_prompts, input_len=input_len, output_len=output_len)
     if not 0 <= range_ratio < 1:
         raise KvstackError(f"--range-ratio must be in [0, 1), got {range_ratio}")
     rng = np.random.default_rng(seed)
     inputs = spread(rng, input_len, range_ratio, num_prompts)
     outputs = spread(rng, output_len, range_ratio, num_prompts)
-    return [Prompt(i, space.render(space.draw(rng, n_in)), n_in, n_out)
-            for i, (n_in, n_out) in enumerate(zip(inputs, outputs))]
+    return [
+        Prompt(i, space.render(space.draw(rng, n_in)), n_in, n_out)
+        for i, (n_in, n_out) in enumerate(zip(inputs, outputs))
+    ]
 
 
 # -- shared prefix -------------------------------------------------------------------------------
 
-def shared_prefix_prompts(num_groups: int, prompts_per_group: int, prefix_len: int,
-                          suffix_len: int, output_len: int, space: TokenSpace,
-                          seed: int) -> list[Prompt]:
+
+def shared_prefix_prompts(
+    num_groups: int,
+    prompts_per_group: int,
+    prefix_len: int,
+    suffix_len: int,
+    output_len: int,
+    space: TokenSpace,
+    seed: int,
+) -> list[Prompt]:
     """Prompts in a seeded shuffled order, so groups interleave as users' requests do."""
-    _check_positive(num_groups=num_groups, prompts_per_group=prompts_per_group,
-                    prefix_len=prefix_len, suffix_len=suffix_len, output_len=output_len)
+    _check_positive(
+        num_groups=num_groups,
+        prompts_per_group=prompts_per_group,
+        prefix_len=prefix_len,
+        suffix_len=suffix_len,
+        output_len=output_len,
+    )
     rng = np.random.default_rng(seed)
     prefixes = [space.draw(rng, prefix_len) for _ in range(num_groups)]
-    ids = [np.concatenate([prefix, space.draw(rng, suffix_len)])
-           for prefix in prefixes for _ in range(prompts_per_group)]
+    ids = [
+        np.concatenate([prefix, space.draw(rng, suffix_len)])
+        for prefix in prefixes
+        for _ in range(prompts_per_group)
+    ]
     order = rng.permutation(len(ids)).tolist()
-    return [Prompt(i, space.render(ids[j]), prefix_len + suffix_len, output_len)
-            for i, j in enumerate(order)]
+    return [
+        Prompt(i, space.render(ids[j]), prefix_len + suffix_len, output_len)
+        for i, j in enumerate(order)
+    ]
 
 
 # -- Mooncake traces -----------------------------------------------------------------------------
+
 
 def scaled_block_size(length_scale: float) -> int:
     return max(1, round(TRACE_BLOCK_SIZE * length_scale))
@@ -142,20 +269,23 @@ class BlockTokens:
         return np.concatenate([self.block(hash_id) for hash_id in hash_ids])[:length]
 
 
-def trace_prompts(rows: Sequence[TraceRow], length_scale: float, space: TokenSpace,
-                  seed: int) -> list[Prompt]:
+def trace_prompts(
+    rows: Sequence[TraceRow], length_scale: float, space: TokenSpace, seed: int
+) -> list[Prompt]:
     if space.as_text:
-        raise KvstackError("mooncake-trace prompts are token ids and need --endpoint "
-                           "completions (chat takes text only)")
+        raise KvstackError(
+            "mooncake-trace prompts are token ids and need --endpoint "
+            "completions (chat takes text only)"
+        )
     if not 0 < length_scale <= 1:
         raise KvstackError(f"--length-scale must be in (0, 1], got {length_scale}")
     blocks = BlockTokens(space, scaled_block_size(length_scale), seed)
-    return [_trace_prompt(index, row, length_scale, blocks, seed)
-            for index, row in enumerate(rows)]
+    return [_trace_prompt(index, row, length_scale, blocks, seed) for index, row in enumerate(rows)]
 
 
-def _trace_prompt(index: int, row: TraceRow, length_scale: float, blocks: BlockTokens,
-                  seed: int) -> Prompt:
+def _trace_prompt(
+    index: int, row: TraceRow, length_scale: float, blocks: BlockTokens, seed: int
+) -> Prompt:
     length = scaled_input_len(row, length_scale)
     if row.hash_ids:
         ids = blocks.prompt(row.hash_ids, length)

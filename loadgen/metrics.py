@@ -8,6 +8,7 @@
 - SLO attainment: those good requests / all requests sent (rejected and failed count as
   missing the SLO; the Mooncake papers' "effective request capacity").
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,10 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
     for item in items:
         key, _, value = item.partition(":")
         if key not in GOODPUT_KEYS or not _is_positive(value):
-            raise KvstackError(f"bad --goodput item {item!r}: expected KEY:MS with KEY one of "
-                               f"{', '.join(GOODPUT_KEYS)} and MS a positive number")
+            raise KvstackError(
+                f"bad --goodput item {item!r}: expected KEY:MS with KEY one of "
+                f"{', '.join(GOODPUT_KEYS)} and MS a positive number"
+            )
         slos[key] = float(value) / 1000.0
     return slos
 
@@ -50,9 +53,12 @@ def is_good(record: RequestRecord, slos: dict[str, float]) -> bool:
     return all(values[key] <= limit for key, limit in slos.items())
 
 
-def summarize(records: Sequence[RequestRecord], duration: float,
-              slos: dict[str, float] | None = None,
-              percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict:
+def summarize(
+    records: Sequence[RequestRecord],
+    duration: float,
+    slos: dict[str, float] | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> dict:
     """The run's numbers under vLLM's JSON keys, plus kvstack's (rejections, attainment)."""
     done = [r for r in records if r.success]
     duration = max(duration, 1e-9)
@@ -60,8 +66,11 @@ def summarize(records: Sequence[RequestRecord], duration: float,
     input_tokens = sum(r.input_len for r in done)
     good = sum(is_good(r, slos) for r in records) if slos else None
     summary = {
-        "duration": duration, "num_prompts": len(records), "completed": len(done),
-        "failed": len(records) - len(done), "total_input_tokens": input_tokens,
+        "duration": duration,
+        "num_prompts": len(records),
+        "completed": len(done),
+        "failed": len(records) - len(done),
+        "total_input_tokens": input_tokens,
         "total_output_tokens": output_tokens,
         "request_throughput": len(done) / duration,
         "request_goodput": None if good is None else good / duration,
@@ -92,8 +101,11 @@ def metric_values(done: Sequence[RequestRecord]) -> dict[str, list[float]]:
 def describe(name: str, values: Sequence[float], percentiles: Sequence[float]) -> dict:
     """mean/median/std/pNN of one metric in milliseconds, named as vLLM names them."""
     ms = np.asarray(values, dtype=float) * 1000.0 if len(values) else np.zeros(1)
-    out = {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)),
-           f"std_{name}_ms": float(ms.std())}
+    out = {
+        f"mean_{name}_ms": float(ms.mean()),
+        f"median_{name}_ms": float(np.median(ms)),
+        f"std_{name}_ms": float(ms.std()),
+    }
     for p in percentiles:
         out[f"p{_percentile_label(p)}_{name}_ms"] = float(np.percentile(ms, p))
     return out
@@ -111,8 +123,10 @@ def peak_tokens_per_second(done: Sequence[RequestRecord]) -> float:
 
 def max_concurrency(done: Sequence[RequestRecord]) -> int:
     """Peak number of requests in flight at once (sweep over start/end events)."""
-    events = sorted([(r.start_time, 1) for r in done] +
-                    [(r.start_time + r.latency, -1) for r in done], key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(r.start_time, 1) for r in done] + [(r.start_time + r.latency, -1) for r in done],
+        key=lambda e: (e[0], e[1]),
+    )
     peak = level = 0
     for _, step in events:
         level += step

@@ -1,6 +1,7 @@
 """PNG plots of one run (`plot_run`) or several side by side (`plot_compare`), drawn from
 the per-request records of the result document. Uses matplotlib's Figure directly (the Agg
 canvas), never pyplot, so no global backend or figure state is touched."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -13,8 +14,12 @@ from loadgen.output import records_of
 from loadgen.records import RequestRecord
 
 # (metric, axis label) in the order of the 2x2 CDF panels
-CDF_METRICS = (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL (ms)"),
-               ("e2el", "E2EL (ms)"))
+CDF_METRICS = (
+    ("ttft", "TTFT (ms)"),
+    ("tpot", "TPOT (ms)"),
+    ("itl", "ITL (ms)"),
+    ("e2el", "E2EL (ms)"),
+)
 MIN_BUCKET_S = 0.1
 NUM_BUCKETS = 60
 
@@ -22,8 +27,12 @@ NUM_BUCKETS = 60
 def latencies_ms(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
     """Each CDF metric's values in ms, as `metrics.metric_values` defines them."""
     done = [r for r in records if r.success]
-    values = {"ttft": [r.ttft for r in done], "tpot": [r.tpot for r in done if r.output_len > 1],
-              "itl": [gap for r in done for gap in r.itl], "e2el": [r.latency for r in done]}
+    values = {
+        "ttft": [r.ttft for r in done],
+        "tpot": [r.tpot for r in done if r.output_len > 1],
+        "itl": [gap for r in done for gap in r.itl],
+        "e2el": [r.latency for r in done],
+    }
     return {name: np.sort(np.asarray(v, dtype=float)) * 1000.0 for name, v in values.items()}
 
 
@@ -39,21 +48,27 @@ def throughput_series(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.
 
 def plot_run(result: dict, out_dir: Path, prefix: str = "") -> list[Path]:
     """`{prefix}latency-cdf.png`, `{prefix}throughput.png`, `{prefix}ttft-over-time.png`."""
-    return plot_compare([(result.get("label") or "run", result)], out_dir, prefix,
-                        with_ttft_timeline=True)
+    return plot_compare(
+        [(result.get("label") or "run", result)], out_dir, prefix, with_ttft_timeline=True
+    )
 
 
-def plot_compare(runs: Sequence[tuple[str, dict]], out_dir: Path, prefix: str = "",
-                 with_ttft_timeline: bool = False) -> list[Path]:
+def plot_compare(
+    runs: Sequence[tuple[str, dict]],
+    out_dir: Path,
+    prefix: str = "",
+    with_ttft_timeline: bool = False,
+) -> list[Path]:
     """One figure per kind with a line per run: latency CDFs, throughput over time."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     labelled = [(label, records_of(result)) for label, result in runs]
-    paths = [_save(cdf_figure(labelled), out_dir / f"{prefix}latency-cdf.png"),
-             _save(throughput_figure(labelled), out_dir / f"{prefix}throughput.png")]
+    paths = [
+        _save(cdf_figure(labelled), out_dir / f"{prefix}latency-cdf.png"),
+        _save(throughput_figure(labelled), out_dir / f"{prefix}throughput.png"),
+    ]
     if with_ttft_timeline:
-        paths.append(_save(ttft_timeline_figure(labelled),
-                           out_dir / f"{prefix}ttft-over-time.png"))
+        paths.append(_save(ttft_timeline_figure(labelled), out_dir / f"{prefix}ttft-over-time.png"))
     return paths
 
 
@@ -64,10 +79,18 @@ def cdf_figure(runs: Sequence[tuple[str, Sequence[RequestRecord]]]) -> Figure:
         for run_label, records in runs:
             values = latencies_ms(records)[name]
             if values.size:
-                ax.step(values, np.arange(1, values.size + 1) / values.size, where="post",
-                        label=run_label)
-        ax.set(xlabel=label, ylabel="fraction of requests" if name != "itl" else
-               "fraction of gaps", ylim=(0, 1.02), title=f"{name.upper()} CDF")
+                ax.step(
+                    values,
+                    np.arange(1, values.size + 1) / values.size,
+                    where="post",
+                    label=run_label,
+                )
+        ax.set(
+            xlabel=label,
+            ylabel="fraction of requests" if name != "itl" else "fraction of gaps",
+            ylim=(0, 1.02),
+            title=f"{name.upper()} CDF",
+        )
         ax.grid(alpha=0.3)
         _legend_or_empty(ax)
     return fig
@@ -80,8 +103,11 @@ def throughput_figure(runs: Sequence[tuple[str, Sequence[RequestRecord]]]) -> Fi
         edges, rates = throughput_series(records)
         if rates.size:
             ax.stairs(rates, edges, label=run_label)
-    ax.set(xlabel="time since start (s)", ylabel="output tokens/s",
-           title="Output token throughput over time")
+    ax.set(
+        xlabel="time since start (s)",
+        ylabel="output tokens/s",
+        title="Output token throughput over time",
+    )
     ax.grid(alpha=0.3)
     _legend_or_empty(ax)
     return fig
@@ -92,8 +118,9 @@ def ttft_timeline_figure(runs: Sequence[tuple[str, Sequence[RequestRecord]]]) ->
     ax = fig.subplots()
     for run_label, records in runs:
         done = [r for r in records if r.success]
-        ax.scatter([r.start_time for r in done], [r.ttft * 1000 for r in done], s=10,
-                   label=run_label)
+        ax.scatter(
+            [r.start_time for r in done], [r.ttft * 1000 for r in done], s=10, label=run_label
+        )
         failed = [r.start_time for r in records if not r.success]
         if failed:
             ax.scatter(failed, [0] * len(failed), marker="x", color="red", label="failed")

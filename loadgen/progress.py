@@ -2,6 +2,7 @@
 
 On a terminal the line is redrawn in place at most every `interval` seconds; elsewhere (CI
 logs, pipes) a new line is printed at most every `log_interval` seconds."""
+
 from __future__ import annotations
 
 import sys
@@ -12,8 +13,13 @@ BAR_WIDTH = 24
 
 
 class Progress:
-    def __init__(self, total: int, stream: TextIO | None = None, interval: float = 0.1,
-                 log_interval: float = 5.0) -> None:
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO | None = None,
+        interval: float = 0.1,
+        log_interval: float = 5.0,
+    ) -> None:
         self.total = total
         self.stream = stream if stream is not None else sys.stderr
         self.live = self.stream.isatty()
@@ -40,8 +46,10 @@ class Progress:
         filled = BAR_WIDTH * self.done // max(self.total, 1)
         bar = "#" * filled + "." * (BAR_WIDTH - filled)
         rate = self.done / elapsed if elapsed > 0 else 0.0
-        return (f"[{bar}] {self.done}/{self.total} done, {self.failed} failed, "
-                f"{elapsed:.1f}s, {rate:.2f} req/s")
+        return (
+            f"[{bar}] {self.done}/{self.total} done, {self.failed} failed, "
+            f"{elapsed:.1f}s, {rate:.2f} req/s"
+        )
 
     def _draw(self, now: float, note: str = "") -> None:
         self._drawn_at = now

@@ -1,6 +1,7 @@
 """`loadgen report A.json B.json ...`: runs side by side, one column per run and one row
 per metric (as text or as a Markdown table), and overlaid plots of their latency CDFs and
 throughput. Reads any result document that `loadgen run` or `loadgen sim` wrote."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,10 +14,14 @@ from loadgen.output import load_result
 
 # (key in the result, row name)
 TOTALS = (
-    ("completed", "Successful requests"), ("failed", "Failed requests"),
-    ("rejected", "Rejected requests (429/503)"), ("request_rate", "Request rate (req/s)"),
-    ("max_concurrency", "Max concurrency"), ("duration", "Duration (s)"),
-    ("total_input_tokens", "Input tokens"), ("cached_tokens", "Cached input tokens"),
+    ("completed", "Successful requests"),
+    ("failed", "Failed requests"),
+    ("rejected", "Rejected requests (429/503)"),
+    ("request_rate", "Request rate (req/s)"),
+    ("max_concurrency", "Max concurrency"),
+    ("duration", "Duration (s)"),
+    ("total_input_tokens", "Input tokens"),
+    ("cached_tokens", "Cached input tokens"),
     ("total_output_tokens", "Output tokens"),
     ("request_throughput", "Request throughput (req/s)"),
     ("request_goodput", "Request goodput (req/s)"),
@@ -29,8 +34,7 @@ TOTALS = (
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="compare result JSON files side by side",
-                       description=__doc__)
+    p = sub.add_parser("report", help="compare result JSON files side by side", description=__doc__)
     p.add_argument("results", nargs="+", metavar="RESULT.json")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
     p.add_argument("--plot-dir", help="write overlaid plots (compare-*.png) here")
@@ -45,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     print(markdown_table(labels, rows) if args.markdown else text_table(labels, rows))
     if args.plot_dir:
         from loadgen.plots import plot_compare  # matplotlib loads only when plotting
+
         for plot in plot_compare(list(zip(labels, results)), Path(args.plot_dir), "compare-"):
             print(f"plot: {plot}")
     return 0
@@ -56,8 +61,7 @@ def column_labels(results: Sequence[dict], paths: Sequence[Path]) -> list[str]:
     counts = Counter(labels)
     labels = [path.stem if counts[label] > 1 else label for label, path in zip(labels, paths)]
     counts = Counter(labels)
-    return [f"{label} ({i + 1})" if counts[label] > 1 else label
-            for i, label in enumerate(labels)]
+    return [f"{label} ({i + 1})" if counts[label] > 1 else label for i, label in enumerate(labels)]
 
 
 def table_rows(results: Sequence[dict]) -> list[tuple[str, list]]:
@@ -71,8 +75,10 @@ def latency_keys(results: Sequence[dict]) -> list[tuple[str, str]]:
     keys = []
     for key, word, _, _ in LATENCIES:
         labels = sorted({p for r in results for p in percentile_labels(r, key)}, key=float)
-        keys += [(f"mean_{key}_ms", f"Mean {word} (ms)"),
-                 (f"median_{key}_ms", f"Median {word} (ms)")]
+        keys += [
+            (f"mean_{key}_ms", f"Mean {word} (ms)"),
+            (f"median_{key}_ms", f"Median {word} (ms)"),
+        ]
         keys += [(f"p{label}_{key}_ms", f"P{label} {word} (ms)") for label in labels]
     return keys
 
@@ -86,14 +92,15 @@ def cell(value) -> str:
 def text_table(labels: Sequence[str], rows: Sequence[tuple[str, list]]) -> str:
     cells = [["metric", *labels]] + [[name, *map(cell, values)] for name, values in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        for row in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
 def markdown_table(labels: Sequence[str], rows: Sequence[tuple[str, list]]) -> str:
-    lines = ["| metric | " + " | ".join(labels) + " |",
-             "| --- |" + " ---: |" * len(labels)]
+    lines = ["| metric | " + " | ".join(labels) + " |", "| --- |" + " ---: |" * len(labels)]
     lines += ["| " + " | ".join([name, *map(cell, values)]) + " |" for name, values in rows]
     return "\n".join(lines)

@@ -5,6 +5,7 @@ Ctrl-C (SIGINT) stops the run: nothing more is sent, requests in flight are canc
 partial measurements are dropped: a cut stream says nothing about the server), and the
 records of the finished ones are returned as usual.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,16 +28,17 @@ SESSION_TIMEOUT = aiohttp.ClientTimeout(total=6 * 3600)
 
 @dataclass(frozen=True)
 class RunOutcome:
-    records: list[RequestRecord]   # the finished requests, in dataset order
-    duration: float                # first send to the last finish (or the interruption)
+    records: list[RequestRecord]  # the finished requests, in dataset order
+    duration: float  # first send to the last finish (or the interruption)
     interrupted: bool = False
-    num_cancelled: int = 0         # in flight when interrupted
-    num_unsent: int = 0            # never sent because of the interruption
+    num_cancelled: int = 0  # in flight when interrupted
+    num_unsent: int = 0  # never sent because of the interruption
 
 
 class Runner:
-    def __init__(self, target: Target, max_concurrency: int | None = None,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self, target: Target, max_concurrency: int | None = None, progress: Progress | None = None
+    ) -> None:
         self.target = target
         self.max_concurrency = max_concurrency
         self.slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
@@ -58,11 +60,13 @@ class Runner:
                 duration = time.perf_counter() - self.start
                 cancelled = await self._cancel_in_flight()
         records = sorted(self.records, key=lambda r: r.index)
-        return RunOutcome(records, duration, self.stop.is_set(), cancelled,
-                          len(prompts) - self.num_sent)
+        return RunOutcome(
+            records, duration, self.stop.is_set(), cancelled, len(prompts) - self.num_sent
+        )
 
-    async def _dispatch(self, session: aiohttp.ClientSession, prompts: Sequence[Prompt],
-                        arrivals: Sequence[float]) -> None:
+    async def _dispatch(
+        self, session: aiohttp.ClientSession, prompts: Sequence[Prompt], arrivals: Sequence[float]
+    ) -> None:
         for prompt, arrival in zip(prompts, arrivals):
             delay = self.start + arrival - time.perf_counter()
             if self.stop.is_set() or (delay > 0 and await self._stopped_within(delay)):
@@ -82,8 +86,9 @@ class Runner:
     async def _one(self, session: aiohttp.ClientSession, prompt: Prompt) -> None:
         queued = time.perf_counter()
         async with self.slots or contextlib.nullcontext():
-            record = await send(session, self.target, prompt, self.start,
-                                time.perf_counter() - queued)
+            record = await send(
+                session, self.target, prompt, self.start, time.perf_counter() - queued
+            )
         self.records.append(record)
         if self.progress is not None:
             self.progress.update(record.success)

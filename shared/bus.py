@@ -1,4 +1,5 @@
 """The control bus: typed messages over NATS (nats-py), with errors a caller can act on."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,9 @@ class Bus:
         self.on_reconnect: list[Callable[[], Awaitable[None]]] = []
 
     @classmethod
-    async def connect(cls, url: str, name: str, auth: NatsAuth = NatsAuth(),
-                      connect_timeout: float = 5.0) -> Bus:
+    async def connect(
+        cls, url: str, name: str, auth: NatsAuth = NatsAuth(), connect_timeout: float = 5.0
+    ) -> Bus:
         """Connect with `auth`'s credentials; refuse a bus that lets anyone in unless
         `auth.insecure` (an open bus hands every prompt to whoever connects)."""
         auth.check(name)
@@ -49,13 +51,15 @@ class Bus:
             log.info("%s: NATS reconnected", name)
             for callback in bus.on_reconnect if bus is not None else ():
                 bus.tasks.spawn(callback(), "re-announcing after a reconnection")
+
         nc = await _open(url, name, auth, connect_timeout, reconnected)
         if not auth.insecure and not nc._server_info.get("auth_required"):
             await nc.close()
             raise KvstackError(
                 f"the NATS server at {url} accepts clients without credentials: anyone who "
                 "reaches it can read prompts and pose as a worker. Start it with the config "
-                "that `kvstack up` or `kvstack auth init` writes, or pass --insecure")
+                "that `kvstack up` or `kvstack auth init` writes, or pass --insecure"
+            )
         bus = cls(nc, name)
         return bus
 
@@ -66,41 +70,60 @@ class Bus:
     async def publish(self, subject: str, msg: Any) -> None:
         await self.nc.publish(subject, codec.encode(msg))
 
-    async def request(self, subject: str, msg: Any, timeout: float,
-                      expected: type | tuple[type, ...] | None = None) -> Any:
+    async def request(
+        self,
+        subject: str,
+        msg: Any,
+        timeout: float,
+        expected: type | tuple[type, ...] | None = None,
+    ) -> Any:
         """Send and wait for the reply; ServiceUnavailable if nobody answers in time."""
         try:
             reply = await self.nc.request(subject, codec.encode(msg), timeout=timeout)
         except NoRespondersError:
             raise ServiceUnavailable(f"no responder on {subject}") from None
-        except (NatsTimeout, asyncio.TimeoutError):
+        except (TimeoutError, NatsTimeout):
             raise ServiceUnavailable(f"no reply on {subject} within {timeout:.1f}s") from None
         return codec.decode(reply.data, expected)
 
-    async def subscribe(self, subject: str, handler: Handler, queue: str = "",
-                        expected: type | tuple[type, ...] | None = None,
-                        sender: Callable[[Any], str] | None = None):
+    async def subscribe(
+        self,
+        subject: str,
+        handler: Handler,
+        queue: str = "",
+        expected: type | tuple[type, ...] | None = None,
+        sender: Callable[[Any], str] | None = None,
+    ):
         """Run `handler` on each decodable message, each in its own task.
 
         With `sender`, a message whose `sender(message)` is not the worker id its subject
         ends with is dropped: a worker may speak only for itself (permissions let it
         publish only under its own id)."""
+
         async def on_msg(msg: Msg) -> None:
             decoded = self._decode(msg, expected)
             if decoded is not None and self._speaks_for_itself(msg, decoded, sender):
                 self._spawn(handler(decoded))
+
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 
-    async def serve(self, subject: str, responder: Responder, queue: str = "",
-                    expected: type | tuple[type, ...] | None = None):
+    async def serve(
+        self,
+        subject: str,
+        responder: Responder,
+        queue: str = "",
+        expected: type | tuple[type, ...] | None = None,
+    ):
         """Answer requests: the responder's return value is the reply.
 
         A request that does not decode is answered with an Ack(ok=False, code=400), and a
         responder that raises with code 500: the caller never waits for a reply that
         will not come.
         """
+
         async def on_msg(msg: Msg) -> None:
             self._spawn(self._respond(msg, responder, expected))
+
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 
     async def drain(self, timeout: float = 5.0) -> None:
@@ -112,7 +135,7 @@ class Bus:
             return await self.nc.close()
         try:
             await asyncio.wait_for(self.nc.drain(), timeout)
-        except (asyncio.TimeoutError, Exception):
+        except (TimeoutError, Exception):
             await self.nc.close()
 
     async def _respond(self, msg: Msg, responder: Responder, expected) -> None:
@@ -140,16 +163,19 @@ class Bus:
     def _speaks_for_itself(self, msg: Msg, decoded: Any, sender) -> bool:
         if sender is None or sender(decoded) == subjects.sender_of(msg.subject):
             return True
-        log.warning("%s: dropped a message on %s that speaks for %r", self.name, msg.subject,
-                    sender(decoded))
+        log.warning(
+            "%s: dropped a message on %s that speaks for %r",
+            self.name,
+            msg.subject,
+            sender(decoded),
+        )
         return False
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         self.tasks.spawn(coro, "a message handler")
 
 
-async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float,
-                reconnected) -> Client:
+async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float, reconnected) -> Client:
     """A connected client. NATS refusing the credentials ends the attempt at once (nats-py
     would retry them forever); an unreachable server is reported as before."""
     nc, refused = Client(), asyncio.get_running_loop().create_future()
@@ -158,11 +184,21 @@ async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float,
         if _refusal(e) and not refused.done():
             refused.set_result(e)
         await _log_error(e)
-    connecting = asyncio.ensure_future(nc.connect(
-        url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5, allow_reconnect=True, error_cb=on_error,
-        disconnected_cb=_log_event(f"{name}: NATS disconnected"),
-        reconnected_cb=reconnected, **auth.connect_options()))
+
+    connecting = asyncio.ensure_future(
+        nc.connect(
+            url,
+            name=name,
+            connect_timeout=connect_timeout,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            allow_reconnect=True,
+            error_cb=on_error,
+            disconnected_cb=_log_event(f"{name}: NATS disconnected"),
+            reconnected_cb=reconnected,
+            **auth.connect_options(),
+        )
+    )
     await asyncio.wait({connecting, refused}, return_when=asyncio.FIRST_COMPLETED)
     if not connecting.done():
         connecting.cancel()
@@ -179,11 +215,15 @@ async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float,
 def _refusal(e: Exception) -> str:
     """Why a first connection can never succeed as configured ("" if it may)."""
     if "authorization violation" in str(e).lower():
-        return ("authorization violation (wrong or rotated credentials, or none where the "
-                "server requires them)")
+        return (
+            "authorization violation (wrong or rotated credentials, or none where the "
+            "server requires them)"
+        )
     if isinstance(e, ssl.SSLCertVerificationError):
-        return (f"its TLS certificate is not trusted ({e.verify_message}); pass the "
-                "deployment's CA with --nats-tls-ca")
+        return (
+            f"its TLS certificate is not trusted ({e.verify_message}); pass the "
+            "deployment's CA with --nats-tls-ca"
+        )
     if "tls" in str(e).lower() and "required" in str(e).lower():
         return f"{e}; pass the deployment's CA with --nats-tls-ca"
     return ""
@@ -196,4 +236,5 @@ async def _log_error(e: Exception) -> None:
 def _log_event(text: str):
     async def callback() -> None:
         log.info(text)
+
     return callback

@@ -1,5 +1,6 @@
 """Child processes that run in a session of their own, die with their parent, and are
 signalled as a whole process group (`kvstack up`'s services and its nats-server)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -13,7 +14,7 @@ PR_SET_PDEATHSIG = 1
 def _load_prctl():
     try:
         return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except OSError:      # not Linux: no parent-death signal
+    except OSError:  # not Linux: no parent-death signal
         return None
 
 
@@ -32,11 +33,18 @@ def die_with_parent() -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start_in_own_session(argv: list[str], log, env: dict[str, str] | None = None
-                         ) -> subprocess.Popen:
+def start_in_own_session(
+    argv: list[str], log, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """Start `argv` with stdout and stderr into `log`, out of reach of the terminal's Ctrl-C."""
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True, preexec_fn=die_with_parent)
+    return subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
 
 
 def signal_group(popen: subprocess.Popen, sig: int) -> None:
@@ -44,4 +52,4 @@ def signal_group(popen: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(popen.pid, sig)
     except (ProcessLookupError, PermissionError):
-        pass    # the group is gone already
+        pass  # the group is gone already

@@ -1,5 +1,6 @@
 """What the `kvstack` and `loadgen` command lines share: subcommand modules that each add
 their parser (`add_parser(sub)`, setting `run=<function>`), and one way to run them."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,8 +11,9 @@ from types import ModuleType
 from shared.errors import KvstackError
 
 
-def build_parser(prog: str, description: str, commands: Sequence[ModuleType]
-                 ) -> argparse.ArgumentParser:
+def build_parser(
+    prog: str, description: str, commands: Sequence[ModuleType]
+) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in commands:
@@ -27,5 +29,5 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     except KvstackError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:   # outside a command's own Ctrl-C handling
+    except KeyboardInterrupt:  # outside a command's own Ctrl-C handling
         return 130

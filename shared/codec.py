@@ -4,6 +4,7 @@ A message is `{"kind": <registered name>, "body": {...}}`. Decoding rebuilds the
 dataclass (nested dataclasses, tuples, optionals) and reports anything malformed as
 a `MessageError` with one clear line, never a half-built object.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,11 +26,13 @@ class MessageError(KvstackError):
 
 def message(kind: str):
     """Class decorator registering a dataclass under a wire name."""
+
     def register(cls: type) -> type:
         assert kind not in _KINDS, f"message kind {kind!r} registered twice"
         _KINDS[kind] = cls
         cls.KIND = kind
         return cls
+
     return register
 
 
@@ -70,7 +73,7 @@ def build(cls: type, data: Any, path: str = "") -> Any:
         values[name] = _convert(hint, data[name], f"{where}.{name}")
     try:
         return cls(**values)
-    except (KvstackError, ValueError) as e:   # the dataclass's own validation
+    except (KvstackError, ValueError) as e:  # the dataclass's own validation
         raise MessageError(f"{where}: {e}") from None
 
 
@@ -78,8 +81,11 @@ def build(cls: type, data: Any, path: str = "") -> Any:
 def _fields(cls: type) -> dict[str, tuple[Any, bool]]:
     hints = typing.get_type_hints(cls)
     missing = dataclasses.MISSING
-    return {f.name: (hints[f.name], f.default is missing and f.default_factory is missing)
-            for f in dataclasses.fields(cls) if f.init}
+    return {
+        f.name: (hints[f.name], f.default is missing and f.default_factory is missing)
+        for f in dataclasses.fields(cls)
+        if f.init
+    }
 
 
 def _convert(hint: Any, value: Any, path: str) -> Any:

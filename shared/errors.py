@@ -1,4 +1,5 @@
 """Errors that reach a user: each carries a one-line message meant to be shown as is."""
+
 from __future__ import annotations
 
 

@@ -4,6 +4,7 @@ Each member owns many points on a 64-bit ring; a block belongs to the first poin
 or after its hash. Adding or removing a member moves only the blocks of the arcs it
 gains or loses (about 1/n of them), and every worker with the same member list agrees.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -17,8 +18,11 @@ POINTS_PER_MEMBER = 128
 class HashRing:
     def __init__(self, members: Iterable[str] = (), points: int = POINTS_PER_MEMBER) -> None:
         self.members = tuple(sorted(set(members)))
-        ring = sorted((xxhash.xxh3_64_intdigest(f"{member}#{i}".encode()), member)
-                      for member in self.members for i in range(points))
+        ring = sorted(
+            (xxhash.xxh3_64_intdigest(f"{member}#{i}".encode()), member)
+            for member in self.members
+            for i in range(points)
+        )
         self._points = [point for point, _ in ring]
         self._owners = [member for _, member in ring]
 

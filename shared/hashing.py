@@ -6,6 +6,7 @@ therefore names the whole prefix up to the end of its block. The chain starts fr
 root derived from a namespace (model and KV layout), so blocks of different models
 never share a name.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -26,8 +27,11 @@ def chain_hash(parent: int, block_token_ids: Sequence[int]) -> int:
 
 
 def block_hashes(
-    token_ids: Sequence[int], block_size: int, namespace: str = ROOT_NAMESPACE,
-    start: int = 0, parent: int | None = None,
+    token_ids: Sequence[int],
+    block_size: int,
+    namespace: str = ROOT_NAMESPACE,
+    start: int = 0,
+    parent: int | None = None,
 ) -> list[int]:
     """Hashes of the full blocks of `token_ids`, from block index `start` on.
 
@@ -37,6 +41,6 @@ def block_hashes(
     h = root_hash(namespace) if parent is None else parent
     hashes = []
     for begin in range(start * block_size, len(token_ids) - block_size + 1, block_size):
-        h = chain_hash(h, token_ids[begin:begin + block_size])
+        h = chain_hash(h, token_ids[begin : begin + block_size])
         hashes.append(h)
     return hashes

@@ -7,6 +7,7 @@ layer (a prefill's engine thread, so it computes layer l while l + 1 still arriv
 threading event; waiting for the end of a transfer (on the event loop) is an asyncio one.
 One lock guards the table.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,17 +26,17 @@ class Expected:
     block_ids: frozenset[int]
     num_layers: int
     expires: float
-    payload: Any = None                 # what the owner wants back (e.g. the KVReserve)
+    payload: Any = None  # what the owner wants back (e.g. the KVReserve)
     frames_ok: int = 0
     frames_bad: int = 0
-    end_frames: int | None = None       # frames the sender says it sent, once its END arrived
+    end_frames: int | None = None  # frames the sender says it sent, once its END arrived
     error: str = ""
-    writing: bool = False               # a frame is landing in these blocks right now
-    cancelled: bool = False             # no more bytes may land; blocks go back once idle
+    writing: bool = False  # a frame is landing in these blocks right now
+    cancelled: bool = False  # no more bytes may land; blocks go back once idle
     layers_done: set[int] = field(default_factory=set)
     layer_ready: list[threading.Event] = field(default_factory=list)
-    settled: asyncio.Event = field(default_factory=asyncio.Event)   # END or lost
-    idle: asyncio.Event = field(default_factory=asyncio.Event)      # safe to reuse blocks
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # END or lost
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # safe to reuse blocks
 
     def verdict(self, expected_frames: int | None = None) -> str:
         """Empty when every frame arrived intact; else why the KV must not be used."""
@@ -45,8 +46,10 @@ class Expected:
             return f"{self.frames_bad} KV frame(s) failed their checksum or size check"
         want = self.end_frames if expected_frames is None else expected_frames
         if self.end_frames is None or self.end_frames != want or self.frames_ok != want:
-            return (f"expected {want} KV frames, received {self.frames_ok} "
-                    f"(sender reported {self.end_frames})")
+            return (
+                f"expected {want} KV frames, received {self.frames_ok} "
+                f"(sender reported {self.end_frames})"
+            )
         return ""
 
 
@@ -60,10 +63,22 @@ class KVInbox:
     def __len__(self) -> int:
         return sum(1 for e in self._table.values() if not e.cancelled)
 
-    def expect(self, transfer_id: str, block_ids: list[int], num_layers: int, ttl: float,
-               payload: Any = None) -> Expected:
-        expected = Expected(transfer_id, frozenset(block_ids), num_layers, time.time() + ttl,
-                            payload, layer_ready=[threading.Event() for _ in range(num_layers)])
+    def expect(
+        self,
+        transfer_id: str,
+        block_ids: list[int],
+        num_layers: int,
+        ttl: float,
+        payload: Any = None,
+    ) -> Expected:
+        expected = Expected(
+            transfer_id,
+            frozenset(block_ids),
+            num_layers,
+            time.time() + ttl,
+            payload,
+            layer_ready=[threading.Event() for _ in range(num_layers)],
+        )
         with self._lock:
             self._table[transfer_id] = expected
         return expected
@@ -101,11 +116,12 @@ class KVInbox:
 
     # -- KVSink (receiver threads) ---------------------------------------------------------
 
-    def destination(self, request_id: str, layer: int, span: BlockSpan,
-                    nbytes: int) -> tuple[memoryview, memoryview] | None:
+    def destination(
+        self, request_id: str, layer: int, span: BlockSpan, nbytes: int
+    ) -> tuple[memoryview, memoryview] | None:
         covered = span.block_ids(self.storage.block_size)
         if len(covered) > 1 and span.offset:
-            return None   # a run of blocks starts at a block's first slot
+            return None  # a run of blocks starts at a block's first slot
         with self._lock:
             expected = self._table.get(request_id)
             if expected is None or expected.cancelled:
@@ -115,8 +131,9 @@ class KVInbox:
             expected.writing = True
         return self.storage.span_bytes(layer, span.block_id, span.offset, span.num_tokens)
 
-    def on_frame(self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool,
-                 error: str) -> None:
+    def on_frame(
+        self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str
+    ) -> None:
         with self._lock:
             expected = self._table.get(request_id)
             if expected is None:

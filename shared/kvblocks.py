@@ -5,6 +5,7 @@ for each layer, the K half then the V half, each `half_bytes` long (the contiguo
 [block_size, kv_heads, head_dim] slab of KVStorage). The data plane moves one layer of
 many blocks per frame, so a block can land (and be used) layer by layer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +16,8 @@ from shared.kvcache.storage import KVStorage
 @dataclass(frozen=True, slots=True)
 class BlockLayout:
     num_layers: int
-    block_size: int      # tokens per block
-    half_bytes: int      # bytes of K (and of V) of one layer of one block
+    block_size: int  # tokens per block
+    half_bytes: int  # bytes of K (and of V) of one layer of one block
 
     def __post_init__(self) -> None:
         if min(self.num_layers, self.block_size, self.half_bytes) < 1:

@@ -3,6 +3,7 @@
 Membership comes from kvstore heartbeats; a block's owner is its place on the hash ring
 of live instances. A kvstore that does not answer is a cache miss, never an error.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,7 @@ from shared.hash_ring import HashRing
 from shared.kv_inbox import Expected, KVInbox
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
-from shared.messages import (Ack, BlockGet, BlockLookup, BlockPresence, BlockPut, Heartbeat,
-                             PutSlots)
+from shared.messages import Ack, BlockGet, BlockLookup, BlockPresence, BlockPut, Heartbeat, PutSlots
 from shared.transfer.base import BlockSpan, KVSender, coalesce
 
 log = logging.getLogger("kvstack.kvstore_client")
@@ -36,11 +36,18 @@ class _Member:
 
 
 class KvstorePool:
-    def __init__(self, bus: Bus, sender: KVSender, storage: KVStorage, inbox: KVInbox,
-                 data_addr: str, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        sender: KVSender,
+        storage: KVStorage,
+        inbox: KVInbox,
+        data_addr: str,
+        timeout: float = 10.0,
+    ) -> None:
         self.bus, self.sender, self.storage, self.inbox = bus, sender, storage, inbox
         self.layout = BlockLayout.of(storage)
-        self.data_addr = data_addr                 # where my blocks arrive
+        self.data_addr = data_addr  # where my blocks arrive
         self.timeout = timeout
         self._members: dict[str, _Member] = {}
         self._ring = HashRing()
@@ -73,36 +80,55 @@ class KvstorePool:
 
     async def _lookup(self, worker_id: str, block_hashes: list[int]) -> tuple[bool, ...]:
         try:
-            reply = await self.bus.request(subjects.kvstore_op(worker_id, "lookup"),
-                                           BlockLookup(tuple(block_hashes)), LOOKUP_TIMEOUT,
-                                           expected=BlockPresence)
+            reply = await self.bus.request(
+                subjects.kvstore_op(worker_id, "lookup"),
+                BlockLookup(tuple(block_hashes)),
+                LOOKUP_TIMEOUT,
+                expected=BlockPresence,
+            )
             return reply.present
         except (ServiceUnavailable, MessageError):
             return (False,) * len(block_hashes)
 
     # -- get: blocks into my storage, layer by layer -----------------------------------
 
-    async def get(self, transfer_id: str, block_hashes: Sequence[int],
-                  dest_block_ids: Sequence[int]) -> list[Expected] | None:
+    async def get(
+        self, transfer_id: str, block_hashes: Sequence[int], dest_block_ids: Sequence[int]
+    ) -> list[Expected] | None:
         """Start fetching from each owner; the expectations gate each layer. None: a miss."""
         groups = self.ring().group(block_hashes)
         dest = dict(zip(block_hashes, dest_block_ids))
         subject = lambda worker: subjects.kvstore_op(worker, "get")
-        started = await asyncio.gather(*(
-            self.fetch(subject(worker), f"{transfer_id}:{i}", hashes, [dest[h] for h in hashes])
-            for i, (worker, hashes) in enumerate(groups.items())))
+        started = await asyncio.gather(
+            *(
+                self.fetch(subject(worker), f"{transfer_id}:{i}", hashes, [dest[h] for h in hashes])
+                for i, (worker, hashes) in enumerate(groups.items())
+            )
+        )
         if None in started or sum(map(len, groups.values())) != len(block_hashes):
             await asyncio.gather(*(self.cancel(e) for e in started if e is not None))
             return None
         return started
 
-    async def fetch(self, subject: str, transfer_id: str, block_hashes: Sequence[int],
-                    dest_block_ids: Sequence[int]) -> Expected | None:
+    async def fetch(
+        self,
+        subject: str,
+        transfer_id: str,
+        block_hashes: Sequence[int],
+        dest_block_ids: Sequence[int],
+    ) -> Expected | None:
         """Ask one source (a kvstore or a peer prefill worker) to send blocks here."""
-        expected = self.inbox.expect(transfer_id, list(dest_block_ids), self.layout.num_layers,
-                                     self.timeout)
-        message = BlockGet(transfer_id, tuple(block_hashes), tuple(dest_block_ids), self.layout,
-                           self.data_addr, time.time() + self.timeout)
+        expected = self.inbox.expect(
+            transfer_id, list(dest_block_ids), self.layout.num_layers, self.timeout
+        )
+        message = BlockGet(
+            transfer_id,
+            tuple(block_hashes),
+            tuple(dest_block_ids),
+            self.layout,
+            self.data_addr,
+            time.time() + self.timeout,
+        )
         try:
             ack = await self.bus.request(subject, message, self.timeout, expected=Ack)
         except (ServiceUnavailable, MessageError) as e:
@@ -117,47 +143,77 @@ class KvstorePool:
         if self.inbox.retire(expected.transfer_id) is not None:
             try:
                 await asyncio.wait_for(expected.idle.wait(), self.timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.error("fetch %s: a frame never finished landing", expected.transfer_id)
 
     # -- put: my blocks out to their owners ----------------------------------------------
 
-    async def put(self, transfer_id: str, block_hashes: Sequence[int],
-                  src_block_ids: Sequence[int], on_sent: Callable[[], None]) -> int:
+    async def put(
+        self,
+        transfer_id: str,
+        block_hashes: Sequence[int],
+        src_block_ids: Sequence[int],
+        on_sent: Callable[[], None],
+    ) -> int:
         """Offer blocks to their owners and send those they lack; `on_sent` runs (from a
         sender thread) once every byte is out, so the caller may then free the blocks.
         Returns how many blocks are being sent."""
         groups = self.ring().group(block_hashes)
         src = dict(zip(block_hashes, src_block_ids))
-        plans = await asyncio.gather(*(self._slots(w, f"{transfer_id}:{i}", hs)
-                                       for i, (w, hs) in enumerate(groups.items())))
-        sends = [(reply, [(h, src[h], slot) for h, slot in zip(hs, reply.slots) if slot >= 0])
-                 for hs, reply in zip(groups.values(), plans) if reply is not None]
+        plans = await asyncio.gather(
+            *(self._slots(w, f"{transfer_id}:{i}", hs) for i, (w, hs) in enumerate(groups.items()))
+        )
+        sends = [
+            (reply, [(h, src[h], slot) for h, slot in zip(hs, reply.slots) if slot >= 0])
+            for hs, reply in zip(groups.values(), plans)
+            if reply is not None
+        ]
         sends = [(reply, blocks) for reply, blocks in sends if blocks]
         done = _Countdown(len(sends), on_sent)
         for reply, blocks in sends:
             self._send_blocks(reply.data_addr, reply.request_id, blocks, done.tick)
         return sum(len(blocks) for _, blocks in sends)
 
-    async def _slots(self, worker_id: str, transfer_id: str,
-                     block_hashes: list[int]) -> PutSlots | None:
-        message = BlockPut(transfer_id, tuple(block_hashes), self.layout,
-                           time.time() + self.timeout)
+    async def _slots(
+        self, worker_id: str, transfer_id: str, block_hashes: list[int]
+    ) -> PutSlots | None:
+        message = BlockPut(
+            transfer_id, tuple(block_hashes), self.layout, time.time() + self.timeout
+        )
         try:
-            reply = await self.bus.request(subjects.kvstore_op(worker_id, "put"), message,
-                                           self.timeout, expected=PutSlots)
+            reply = await self.bus.request(
+                subjects.kvstore_op(worker_id, "put"), message, self.timeout, expected=PutSlots
+            )
         except (ServiceUnavailable, MessageError):
             return None
         return reply if reply.ok and len(reply.slots) == len(block_hashes) else None
 
-    def _send_blocks(self, peer: str, transfer_id: str, blocks: list[tuple[int, int, int]],
-                     on_done: Callable[[], None]) -> None:
-        send_blocks(self.sender, self.storage, peer, transfer_id,
-                    [(slot, src, h) for h, src, slot in blocks], lambda *_: on_done())
+    def _send_blocks(
+        self,
+        peer: str,
+        transfer_id: str,
+        blocks: list[tuple[int, int, int]],
+        on_done: Callable[[], None],
+    ) -> None:
+        send_blocks(
+            self.sender,
+            self.storage,
+            peer,
+            transfer_id,
+            [(slot, src, h) for h, src, slot in blocks],
+            lambda *_: on_done(),
+        )
 
 
-def send_blocks(sender: KVSender, storage: KVStorage, peer: str, transfer_id: str,
-                blocks: Sequence[tuple[int, int, int]], on_done, runs: bool = True) -> None:
+def send_blocks(
+    sender: KVSender,
+    storage: KVStorage,
+    peer: str,
+    transfer_id: str,
+    blocks: Sequence[tuple[int, int, int]],
+    on_done,
+    runs: bool = True,
+) -> None:
     """Whole blocks of `storage`, layer by layer: blocks are (dest id, source id, hash).
 
     With `runs`, consecutive blocks on both sides travel as one span (a worker's KVInbox
@@ -167,8 +223,13 @@ def send_blocks(sender: KVSender, storage: KVStorage, peer: str, transfer_id: st
     pieces = coalesce(pieces, block_size) if runs else pieces
     hashes = {dest: block_hash for dest, _, block_hash in blocks}
     for layer in range(storage.kv.shape[0]):
-        spans = [(BlockSpan(dest, 0, n, hashes[dest] if n == block_size else 0),
-                  *storage.span_bytes(layer, src, 0, n)) for dest, src, _, n in pieces]
+        spans = [
+            (
+                BlockSpan(dest, 0, n, hashes[dest] if n == block_size else 0),
+                *storage.span_bytes(layer, src, 0, n),
+            )
+            for dest, src, _, n in pieces
+        ]
         sender.send(peer, transfer_id, layer, spans)
     sender.finish(peer, transfer_id, on_done)
 
@@ -197,7 +258,8 @@ async def write_back(pool: KvstorePool, engine_loop, request_id: str, transfer_i
     blocks = await engine_loop.call(lambda e: e.held_blocks(request_id))
     loop = asyncio.get_running_loop()
     release = lambda: loop.call_soon_threadsafe(
-        lambda: engine_loop.call(lambda e: e.release(request_id)))
+        lambda: engine_loop.call(lambda e: e.release(request_id))
+    )
     if not blocks or not pool.ring():
         return release()
     ids, hashes = zip(*blocks)

@@ -3,6 +3,7 @@
 Each carries the request id where it concerns a request, and a deadline (unix
 seconds) where waiting matters. Encoded with `shared.codec` (orjson).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,23 +18,24 @@ from shared.kvblocks import BlockLayout
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     """A service's liveness and load, published every `interval` seconds."""
+
     service: str
     worker_id: str
     time: float
     interval: float
     http_addr: str = ""
-    data_addr: str = ""           # where peers send KV bytes (host:port)
+    data_addr: str = ""  # where peers send KV bytes (host:port)
     model: str = ""
     block_size: int = 0
     num_running: int = 0
     num_waiting: int = 0
-    queued_tokens: int = 0        # prompt tokens admitted but not yet computed
-    context_tokens: int = 0       # KV tokens of the running requests (decode's step cost)
+    queued_tokens: int = 0  # prompt tokens admitted but not yet computed
+    context_tokens: int = 0  # KV tokens of the running requests (decode's step cost)
     free_blocks: int = 0
     total_blocks: int = 0
-    draining: bool = False        # finishing what it holds: place nothing new here
-    instance: str = ""            # one process's life: a restart under the same id changes it
-    stopped: bool = False         # the last beat of a clean stop: forget this worker now
+    draining: bool = False  # finishing what it holds: place nothing new here
+    instance: str = ""  # one process's life: a restart under the same id changes it
+    stopped: bool = False  # the last beat of a clean stop: forget this worker now
 
 
 @message("placement_request")
@@ -44,8 +46,8 @@ class PlacementRequest:
     max_tokens: int
     deadline: float
     block_hashes: tuple[int, ...] = ()
-    exclude: tuple[str, ...] = ()   # workers that already failed this request
-    slo_ttft: float = 0.0           # seconds; 0: the conductor's default
+    exclude: tuple[str, ...] = ()  # workers that already failed this request
+    slo_ttft: float = 0.0  # seconds; 0: the conductor's default
     slo_tbt: float = 0.0
 
 
@@ -58,10 +60,10 @@ class Placement:
     decode_id: str = ""
     reason: str = ""
     retry_after: float = 0.0
-    prefix_peer: str = ""         # a prefill worker holding more of the prefix than the pool
+    prefix_peer: str = ""  # a prefill worker holding more of the prefix than the pool
     prefix_peer_blocks: int = 0
-    load_prefix: bool = True      # False: recompute what is not cached locally (cheaper)
-    stage_tbt_slo: float = 0.0    # > 0: decode re-checks its own TBT on arrival (baseline)
+    load_prefix: bool = True  # False: recompute what is not cached locally (cheaper)
+    stage_tbt_slo: float = 0.0  # > 0: decode re-checks its own TBT on arrival (baseline)
     predicted_ttft: float = 0.0
     predicted_tbt: float = 0.0
 
@@ -84,6 +86,7 @@ class PrefillRequest:
 @dataclass(frozen=True, slots=True)
 class Ack:
     """Reply to a request that only needs yes or no; `code` is an HTTP-like status."""
+
     request_id: str
     ok: bool
     error: str = ""
@@ -94,19 +97,21 @@ class Ack:
 @dataclass(frozen=True, slots=True)
 class KVReserve:
     """Prefill asks a decode worker to hold blocks for a request's KV before sending it."""
+
     request_id: str
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     block_size: int
-    namespace: str                # model and dtype; KV of another layout is refused
+    namespace: str  # model and dtype; KV of another layout is refused
     deadline: float
     prefill_id: str = ""
-    stage_tbt_slo: float = 0.0    # > 0: refuse at commit if this worker's TBT is over it
+    stage_tbt_slo: float = 0.0  # > 0: refuse at commit if this worker's TBT is over it
 
 
 @dataclass(frozen=True, slots=True)
 class KVShard:
     """Where KV heads [kv_head_start, kv_head_end) of a request go (an attention worker)."""
+
     data_addr: str
     kv_head_start: int
     kv_head_end: int
@@ -118,6 +123,7 @@ class KVReservation:
     """Blocks held for a request's KV. With `shards` (a decode worker that offloads
     attention) the KV goes, split by KV heads, to each shard's address instead of
     `data_addr`, into the same `block_ids` on every shard."""
+
     request_id: str
     ok: bool
     block_ids: tuple[int, ...] = ()
@@ -131,6 +137,7 @@ class KVReservation:
 @dataclass(frozen=True, slots=True)
 class KVCommit:
     """The prefill side is done: all frames sent (or failed), and the first token."""
+
     request_id: str
     ok: bool
     num_frames: int = 0
@@ -144,6 +151,7 @@ class KVCommit:
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
     """New tokens of one request; `seq` orders events from different workers."""
+
     request_id: str
     seq: int
     token_ids: tuple[int, ...] = ()
@@ -177,13 +185,13 @@ class WorkerStats:
     num_waiting: int
     free_blocks: int
     total_blocks: int
-    num_reserved: int = 0         # requests holding blocks whose KV is in flight
+    num_reserved: int = 0  # requests holding blocks whose KV is in flight
     num_requests_done: int = 0
-    num_transfers_refused: int = 0   # KV that arrived damaged or incomplete, never used
-    blocks_from_kvstore: int = 0     # prefix blocks loaded from the kvstore pool
-    blocks_from_peers: int = 0       # prefix blocks loaded from peer prefill workers
-    blocks_served: int = 0           # blocks of this worker's cache sent to peers
-    num_rejected_after_prefill: int = 0   # decode refused at commit (wasted prefill)
+    num_transfers_refused: int = 0  # KV that arrived damaged or incomplete, never used
+    blocks_from_kvstore: int = 0  # prefix blocks loaded from the kvstore pool
+    blocks_from_peers: int = 0  # prefix blocks loaded from peer prefill workers
+    blocks_served: int = 0  # blocks of this worker's cache sent to peers
+    num_rejected_after_prefill: int = 0  # decode refused at commit (wasted prefill)
 
 
 @message("block_lookup")
@@ -206,6 +214,7 @@ class BlockGet:
     All or nothing: if any block is missing the reply says so and nothing is sent.
     `request_id` names the transfer on the data plane.
     """
+
     request_id: str
     block_hashes: tuple[int, ...]
     dest_block_ids: tuple[int, ...]
@@ -218,6 +227,7 @@ class BlockGet:
 @dataclass(frozen=True, slots=True)
 class BlockPut:
     """I will send these blocks: give me a slot for each one you do not have yet."""
+
     request_id: str
     block_hashes: tuple[int, ...]
     layout: BlockLayout
@@ -229,7 +239,7 @@ class BlockPut:
 class PutSlots:
     request_id: str
     ok: bool
-    slots: tuple[int, ...] = ()   # one per block: where to send it, or -1: skip it
+    slots: tuple[int, ...] = ()  # one per block: where to send it, or -1: skip it
     data_addr: str = ""
     reason: str = ""
 
@@ -238,17 +248,19 @@ class PutSlots:
 @dataclass(frozen=True, slots=True)
 class KVEvent:
     """Blocks that became available in, or left, one worker's cache."""
-    source: str                   # worker id
-    service: str                  # "prefill", "decode" or "kvstore"
+
+    source: str  # worker id
+    service: str  # "prefill", "decode" or "kvstore"
     stored: tuple[int, ...] = ()
     removed: tuple[int, ...] = ()
-    snapshot: bool = False        # `stored` is everything the source holds (a resync answer)
+    snapshot: bool = False  # `stored` is everything the source holds (a resync answer)
 
 
 @message("kv_resync")
 @dataclass(frozen=True, slots=True)
 class KVResync:
     """A conductor that (re)started asks every cache to publish a snapshot KVEvent."""
+
     requester: str
 
 
@@ -256,12 +268,13 @@ class KVResync:
 @dataclass(frozen=True, slots=True)
 class RequestDone:
     """What a finished request turned out to need (the gateway reports; predictions learn)."""
+
     request_id: str
     first_block_hash: int
     num_prompt_tokens: int
     num_output_tokens: int
     ttft: float
-    tbt: float                    # mean seconds between tokens after the first
+    tbt: float  # mean seconds between tokens after the first
 
 
 @message("conductor_stats")
@@ -273,7 +286,7 @@ class ConductorStats:
     num_indexed_blocks: int
     num_accepted: int
     num_rejected: int
-    num_replications: int         # placements that pull a remote prefix into the chosen worker
+    num_replications: int  # placements that pull a remote prefix into the chosen worker
     live_prefill: tuple[str, ...] = ()
     live_decode: tuple[str, ...] = ()
 
@@ -296,6 +309,7 @@ class AttentionAttach:
     """A decode worker makes an attention worker shard `shard` of its group of
     `group_size`: it then holds KV heads [shard, shard + 1) * num_kv_heads / group_size
     of every offloaded request (its pool is rebuilt: earlier KV is dropped)."""
+
     decode_id: str
     group_size: int
     shard: int
@@ -312,16 +326,17 @@ class AttentionAttach:
 class AttentionAttached:
     ok: bool
     num_blocks: int = 0
-    link_addr: str = ""           # the attention link (q, k, v out; attention output back)
-    data_addr: str = ""           # where prefill workers send KV of this shard's heads
+    link_addr: str = ""  # the attention link (q, k, v out; attention output back)
+    data_addr: str = ""  # where prefill workers send KV of this shard's heads
     error: str = ""
-    instance: str = ""            # the attached process (a restart under the id drops the KV)
+    instance: str = ""  # the attached process (a restart under the id drops the KV)
 
 
 @message("kv_expect")
 @dataclass(frozen=True, slots=True)
 class KVExpect:
     """Hold `block_ids` for a request's KV that a prefill worker is about to send."""
+
     request_id: str
     block_ids: tuple[int, ...]
     num_layers: int
@@ -333,6 +348,7 @@ class KVExpect:
 class KVSettle:
     """ok: check that all `num_frames` frames landed intact and keep the KV; not ok: drop
     the expectation (and whatever landed)."""
+
     request_id: str
     ok: bool
     num_frames: int = 0
@@ -343,7 +359,7 @@ class KVSettle:
 class AttentionStats:
     worker_id: str
     decode_id: str
-    num_requests: int             # requests whose KV this worker holds
+    num_requests: int  # requests whose KV this worker holds
     used_blocks: int
     total_blocks: int
     kv_heads: tuple[int, int] = (0, 0)

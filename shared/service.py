@@ -11,6 +11,7 @@ behave the same:
    `abandon()` hands off or ends what is left (each request with a clear error).
 3. A last heartbeat with `stopped` deregisters it; then `stop()`, then the bus closes.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,9 +43,9 @@ VERSION = "0.1.0"
 @dataclass(frozen=True)
 class ServiceConfig:
     nats_url: str = "nats://127.0.0.1:4222"
-    worker_id: str = ""              # default: <service>-<host>-<pid>
-    host: str = "127.0.0.1"          # HTTP (health, metrics; the API for the gateway)
-    http_port: int = 0               # 0: any free port
+    worker_id: str = ""  # default: <service>-<host>-<pid>
+    host: str = "127.0.0.1"  # HTTP (health, metrics; the API for the gateway)
+    http_port: int = 0  # 0: any free port
     heartbeat_interval: float = 1.0
     drain_timeout: float = 30.0
     nats_auth: NatsAuth = NatsAuth()  # credentials; none (refused) unless insecure
@@ -57,15 +58,17 @@ class Service:
         self.config = config
         self.worker_id = config.worker_id or _default_worker_id(self.name)
         if not subjects.WORKER_ID.fullmatch(self.worker_id):
-            raise KvstackError(f"worker id {self.worker_id!r}: use letters, digits, '-' and "
-                               "'_' only (it is a NATS subject token)")
+            raise KvstackError(
+                f"worker id {self.worker_id!r}: use letters, digits, '-' and "
+                "'_' only (it is a NATS subject token)"
+            )
         self.metrics = Metrics(self.name.replace("-", "_"))
         self.instance = uuid.uuid4().hex[:12]
         self.tasks = Tasks(self.worker_id)
         self.bus: Bus | None = None
         self.http_addr = ""
         self.draining = False
-        self.leaving = False             # the last beat is out: peers forget this worker
+        self.leaving = False  # the last beat is out: peers forget this worker
         self.exit_code = 0
         self.stopped = asyncio.Event()
 
@@ -79,8 +82,14 @@ class Service:
         return []
 
     def heartbeat(self) -> Heartbeat:
-        return Heartbeat(self.name, self.worker_id, time.time(), self.config.heartbeat_interval,
-                         http_addr=self.http_addr, draining=self.draining)
+        return Heartbeat(
+            self.name,
+            self.worker_id,
+            time.time(),
+            self.config.heartbeat_interval,
+            http_addr=self.http_addr,
+            draining=self.draining,
+        )
 
     def healthy(self) -> bool:
         return self.bus is not None and self.bus.connected and not self.draining
@@ -110,8 +119,7 @@ async def serve(service: Service, ready: asyncio.Event | None = None) -> None:
     discovery = await _register(service)
     beats = service.tasks.every(cfg.heartbeat_interval, lambda: _beat(service), "heartbeats")
     # NOTE: a (re)started conductor asks for resync; a beat now spares it a blind interval.
-    await service.bus.subscribe(subjects.kv_resync(), lambda _: _beat(service),
-                                expected=KVResync)
+    await service.bus.subscribe(subjects.kv_resync(), lambda _: _beat(service), expected=KVResync)
     service.bus.on_reconnect.append(lambda: _beat(service))
     await _beat(service)
     log.info("%s ready: http://%s", service.worker_id, service.http_addr)
@@ -132,10 +140,11 @@ async def serve(service: Service, ready: asyncio.Event | None = None) -> None:
 async def _drain(service: Service) -> None:
     """Refuse new work, finish (or hand off) what is held, then deregister."""
     service.draining = True
-    await _beat(service)      # the conductor stops placing here now, not a beat later
+    await _beat(service)  # the conductor stops placing here now, not a beat later
     log.info("%s draining (up to %.0fs)", service.worker_id, service.config.drain_timeout)
-    done = await _bounded(service.drain(), service.config.drain_timeout,
-                          f"{service.worker_id}: drain")
+    done = await _bounded(
+        service.drain(), service.config.drain_timeout, f"{service.worker_id}: drain"
+    )
     if not done:
         await _bounded(service.abandon(), 10, f"{service.worker_id}: hand-off")
     service.leaving = True
@@ -144,8 +153,11 @@ async def _drain(service: Service) -> None:
 
 def run(service: Service) -> int:
     """Entry point of `kvstack <service>`: runs until SIGTERM or SIGINT."""
-    logging.basicConfig(level=os.environ.get("KVSTACK_LOG_LEVEL", "INFO").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=os.environ.get("KVSTACK_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -172,10 +184,17 @@ def _on_signal(service: Service) -> None:
 
 
 async def _start_http(service: Service) -> web.AppRunner:
-    app = web.Application(client_max_size=getattr(service, "max_body_bytes", 1 << 22),
-                          middlewares=service.middlewares())
-    app.add_routes([web.get("/health", _health(service)), web.get("/metrics", _metrics(service)),
-                    *service.routes()])
+    app = web.Application(
+        client_max_size=getattr(service, "max_body_bytes", 1 << 22),
+        middlewares=service.middlewares(),
+    )
+    app.add_routes(
+        [
+            web.get("/health", _health(service)),
+            web.get("/metrics", _metrics(service)),
+            *service.routes(),
+        ]
+    )
     # NOTE: a service facing the public (the gateway) hardens its edge: timeouts, header
     # limits, CORS; see services/gateway/edge.py.
     if hasattr(service, "http_runner"):
@@ -188,8 +207,9 @@ async def _start_http(service: Service) -> web.AppRunner:
         await site.start()
     except OSError as e:
         await runner.cleanup()
-        raise KvstackError(f"cannot listen on {service.config.host}:"
-                           f"{service.config.http_port}: {e.strerror}") from None
+        raise KvstackError(
+            f"cannot listen on {service.config.host}:{service.config.http_port}: {e.strerror}"
+        ) from None
     port = site._server.sockets[0].getsockname()[1]
     service.http_addr = f"{service.config.host}:{port}"
     return runner
@@ -200,6 +220,7 @@ def _health(service: Service):
         ok = service.healthy()
         body = {"status": "ok" if ok else "unavailable", "worker_id": service.worker_id}
         return web.json_response(body, status=200 if ok else 503)
+
     return handler
 
 
@@ -207,20 +228,26 @@ def _metrics(service: Service):
     async def handler(request: web.Request) -> web.Response:
         body = generate_latest(service.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
     return handler
 
 
 async def _register(service: Service):
     """nats.micro discovery: `nats micro ls` (or $SRV.PING) lists every kvstack process."""
     micro = await nats.micro.add_service(
-        service.bus.nc, name=f"kvstack-{service.name}", version=VERSION,
+        service.bus.nc,
+        name=f"kvstack-{service.name}",
+        version=VERSION,
         description=f"kvstack {service.name}",
-        metadata={"worker_id": service.worker_id, "http": service.http_addr})
+        metadata={"worker_id": service.worker_id, "http": service.http_addr},
+    )
 
     async def status(request) -> None:
         await request.respond(codec.encode(service.heartbeat()))
-    await micro.add_endpoint(name="status", subject=f"kvstack.{service.name}.{service.worker_id}"
-                             ".status", handler=status)
+
+    await micro.add_endpoint(
+        name="status", subject=f"kvstack.{service.name}.{service.worker_id}.status", handler=status
+    )
     return micro
 
 

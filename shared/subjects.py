@@ -5,6 +5,7 @@ A subject that carries a worker's word about itself (heartbeats, KV events) ends
 worker's id: NATS permissions let only that worker publish there (shared/auth/roles.py),
 and `sender_of` lets a subscriber check that the message speaks for the same id.
 """
+
 from __future__ import annotations
 
 import re

@@ -6,6 +6,7 @@ starts goes through `Tasks.spawn`: its exception is logged at once and handed to
 `on_error`, which ends the request with an error. Periodic work goes through
 `Tasks.every`: one failed round is logged and the next round runs anyway.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,6 +37,7 @@ class Tasks:
 
     def every(self, seconds: float, round_: Callable[[], Awaitable], what: str) -> asyncio.Task:
         """Run `round_()` every `seconds` until cancelled; a failed round is logged."""
+
         async def forever() -> None:
             while True:
                 await asyncio.sleep(seconds)
@@ -44,8 +46,8 @@ class Tasks:
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    log.exception("%s: %s failed; trying again in %.1fs", self.owner, what,
-                                  seconds)
+                    log.exception("%s: %s failed; trying again in %.1fs", self.owner, what, seconds)
+
         return self.spawn(forever(), what)
 
     async def wait(self, timeout: float) -> None:
@@ -62,8 +64,9 @@ class Tasks:
         if task.cancelled() or task.exception() is None:
             return
         error = task.exception()
-        log.error("%s: %s failed: %s: %s", self.owner, what, type(error).__name__, error,
-                  exc_info=error)
+        log.error(
+            "%s: %s failed: %s: %s", self.owner, what, type(error).__name__, error, exc_info=error
+        )
         if on_error is None:
             return
         try:

@@ -1,4 +1,5 @@
 """What prefill and decode workers share: their config and their heartbeat."""
+
 from __future__ import annotations
 
 import time
@@ -20,54 +21,89 @@ class WorkerConfig(ServiceConfig):
     kv_cache_bytes: int = 1 << 30
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
-    long_prefill_tokens: int | None = None   # a prompt's chunk while others prefill (None:
-                                             # the scheduler's default, 0: no limit)
+    long_prefill_tokens: int | None = None  # a prompt's chunk while others prefill (None:
+    # the scheduler's default, 0: no limit)
     num_threads: int | None = None
     enable_prefix_cache: bool = True
-    data_host: str = "127.0.0.1"       # where this worker receives KV bytes
+    data_host: str = "127.0.0.1"  # where this worker receives KV bytes
     data_port: int = 0
-    advertise_data_addr: str = ""      # what peers should dial, if not the bound address
-    data_token: str = ""               # shared secret of the data plane (KVSTACK_DATA_TOKEN)
-    transport: str = "tcp"             # prefill -> decode KV stream: "tcp" or "mooncake"
-    request_timeout: float = 10.0      # one control round trip (reserve, commit)
-    attention_workers: tuple[str, ...] = ()   # decode: offload attention to this group
-    micro_batches: int = 2             # decode, offloaded: staggered micro-batches per step
+    advertise_data_addr: str = ""  # what peers should dial, if not the bound address
+    data_token: str = ""  # shared secret of the data plane (KVSTACK_DATA_TOKEN)
+    transport: str = "tcp"  # prefill -> decode KV stream: "tcp" or "mooncake"
+    request_timeout: float = 10.0  # one control round trip (reserve, commit)
+    attention_workers: tuple[str, ...] = ()  # decode: offload attention to this group
+    micro_batches: int = 2  # decode, offloaded: staggered micro-batches per step
     attention_recovery_timeout: float = 30.0  # decode: wait this long for a group to re-form
-    mock: MockSpec | None = None       # the mock engine: no model (model names the tokenizer)
-    max_model_len: int | None = None   # default: the model's own limit
+    mock: MockSpec | None = None  # the mock engine: no model (model names the tokenizer)
+    max_model_len: int | None = None  # default: the model's own limit
 
     def __post_init__(self) -> None:
         if self.mock is not None and self.attention_workers:
-            raise KvstackError("attention offload (--attention-workers) does not run with the "
-                               "mock engine; use --engine torch")
+            raise KvstackError(
+                "attention offload (--attention-workers) does not run with the "
+                "mock engine; use --engine torch"
+            )
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
-            model=self.model, dtype=self.dtype, block_size=self.block_size,
-            kv_cache_bytes=self.kv_cache_bytes, max_num_batched_tokens=self.max_num_batched_tokens,
-            max_num_seqs=self.max_num_seqs, long_prefill_tokens=self.long_prefill_tokens,
-            num_threads=self.num_threads, detokenize=False,
-            enable_prefix_cache=self.enable_prefix_cache, mock=self.mock,
-            max_model_len=self.max_model_len)
+            model=self.model,
+            dtype=self.dtype,
+            block_size=self.block_size,
+            kv_cache_bytes=self.kv_cache_bytes,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            long_prefill_tokens=self.long_prefill_tokens,
+            num_threads=self.num_threads,
+            detokenize=False,
+            enable_prefix_cache=self.enable_prefix_cache,
+            mock=self.mock,
+            max_model_len=self.max_model_len,
+        )
 
 
-def worker_heartbeat(service: str, worker_id: str, config: WorkerConfig, engine: LLMEngine,
-                     http_addr: str, data_addr: str, draining: bool) -> Heartbeat:
+def worker_heartbeat(
+    service: str,
+    worker_id: str,
+    config: WorkerConfig,
+    engine: LLMEngine,
+    http_addr: str,
+    data_addr: str,
+    draining: bool,
+) -> Heartbeat:
     """Load as the engine sees it (read without locks: a slightly stale view is fine)."""
     scheduler = engine.scheduler
     queued = sum(s.num_tokens - s.num_computed_tokens for s in list(scheduler.waiting))
     context = sum(s.num_tokens for s in list(scheduler.running))
     return Heartbeat(
-        service, worker_id, time.time(), config.heartbeat_interval, http_addr=http_addr,
-        data_addr=data_addr, model=config.model, block_size=config.block_size,
-        num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
-        queued_tokens=queued, context_tokens=context, free_blocks=engine.kv.num_free_blocks,
-        total_blocks=engine.kv.pool.num_blocks, draining=draining)
+        service,
+        worker_id,
+        time.time(),
+        config.heartbeat_interval,
+        http_addr=http_addr,
+        data_addr=data_addr,
+        model=config.model,
+        block_size=config.block_size,
+        num_running=len(scheduler.running),
+        num_waiting=len(scheduler.waiting),
+        queued_tokens=queued,
+        context_tokens=context,
+        free_blocks=engine.kv.num_free_blocks,
+        total_blocks=engine.kv.pool.num_blocks,
+        draining=draining,
+    )
 
 
-def worker_stats(worker_id: str, engine: LLMEngine, num_reserved: int, num_done: int,
-                 num_refused: int = 0) -> WorkerStats:
+def worker_stats(
+    worker_id: str, engine: LLMEngine, num_reserved: int, num_done: int, num_refused: int = 0
+) -> WorkerStats:
     scheduler = engine.scheduler
-    return WorkerStats(worker_id, len(scheduler.running), len(scheduler.waiting),
-                       engine.kv.num_free_blocks, engine.kv.pool.num_blocks, num_reserved,
-                       num_done, num_refused)
+    return WorkerStats(
+        worker_id,
+        len(scheduler.running),
+        len(scheduler.waiting),
+        engine.kv.num_free_blocks,
+        engine.kv.pool.num_blocks,
+        num_reserved,
+        num_done,
+        num_refused,
+    )

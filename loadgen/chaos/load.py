@@ -2,6 +2,7 @@
 from a few clients, each checked against the reference text and tagged with the fault
 phase it ended in. A request ends completed (its text compared), with a clear error (an
 HTTP status or an error event in the stream), or hung (no end within the timeout)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,18 +18,18 @@ from loadgen.client import SSEDecoder, error_message, response_error
 
 @dataclass(frozen=True)
 class Case:
-    prompt: tuple[int, ...]       # token ids
-    want: str                     # the reference engine's text for it
+    prompt: tuple[int, ...]  # token ids
+    want: str  # the reference engine's text for it
 
 
 @dataclass(frozen=True)
 class Outcome:
-    phase: str                    # the phase it ended in
+    phase: str  # the phase it ended in
     case: int
-    started: float                # time.monotonic()
+    started: float  # time.monotonic()
     ended: float
     text: str = ""
-    error: str = ""               # "": no error
+    error: str = ""  # "": no error
     migrations: int = 0
     hung: bool = False
 
@@ -58,18 +59,29 @@ class _Stream:
 
 
 class SteadyLoad:
-    def __init__(self, base_url: str, model: str, cases: list[Case], max_tokens: int,
-                 concurrency: int, timeout: float, api_key: str = "") -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        cases: list[Case],
+        max_tokens: int,
+        concurrency: int,
+        timeout: float,
+        api_key: str = "",
+    ) -> None:
         self.url = f"{base_url}/v1/completions"
         self.model, self.cases, self.max_tokens = model, cases, max_tokens
         self.concurrency, self.timeout = concurrency, timeout
-        self.headers = {"Content-Type": "application/json",
-                        **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-        self.phase = "warmup"         # set by the caller as faults come and go
+        self.headers = {
+            "Content-Type": "application/json",
+            **({"Authorization": f"Bearer {api_key}"} if api_key else {}),
+        }
+        self.phase = "warmup"  # set by the caller as faults come and go
         self.outcomes: list[Outcome] = []
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()),
-                                        name="steady-load", daemon=True)
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._run()), name="steady-load", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -102,13 +114,26 @@ class SteadyLoad:
             stream.error = f"{type(e).__name__}: {e}"
         if not stream.error and not stream.done:
             stream.error = "the stream ended without [DONE]"
-        return Outcome(self.phase, case, started, time.monotonic(), stream.text, stream.error,
-                       stream.migrations)
+        return Outcome(
+            self.phase,
+            case,
+            started,
+            time.monotonic(),
+            stream.text,
+            stream.error,
+            stream.migrations,
+        )
 
     async def _send(self, session: aiohttp.ClientSession, case: Case, stream: _Stream) -> None:
-        body = {"model": self.model, "prompt": list(case.prompt), "max_tokens": self.max_tokens,
-                "temperature": 0, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": self.model,
+            "prompt": list(case.prompt),
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         async with session.post(self.url, data=orjson.dumps(body), headers=self.headers) as r:
             if r.status != 200:
                 stream.error = await response_error(r)

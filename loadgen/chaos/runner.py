@@ -7,6 +7,7 @@ repeated; must be 0), hung (no end within the timeout; must be 0); and when the 
 the faulted part back and answered a new request again. After the load, the KV blocks in
 use on every worker must come back to where they were before it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,9 +29,9 @@ class ChaosConfig:
     faults: tuple[str, ...] = FAULTS
     concurrency: int = 4
     max_tokens: int = 48
-    settle_seconds: float = 5.0       # load alone before the first fault and after the last
-    phase_seconds: float = 30.0       # from one fault to the next
-    request_timeout: float = 180.0    # a request still open after this is hung
+    settle_seconds: float = 5.0  # load alone before the first fault and after the last
+    phase_seconds: float = 30.0  # from one fault to the next
+    request_timeout: float = 180.0  # a request still open after this is hung
     recover_timeout: float = 120.0
     model: str = "SmolLM2-135M-Instruct"
 
@@ -44,8 +45,8 @@ class Row:
     errored: int
     lost: int
     hung: int
-    back_s: float | None = None           # the faulted part restarted and answering
-    first_answer_s: float | None = None   # a request begun after the fault answered right
+    back_s: float | None = None  # the faulted part restarted and answering
+    first_answer_s: float | None = None  # a request begun after the fault answered right
 
 
 @dataclass
@@ -53,13 +54,16 @@ class ChaosReport:
     rows: list[Row]
     kv_before: dict[str, int]
     kv_after: dict[str, int]
-    errors: list[str] = field(default_factory=list)   # the first distinct error messages
+    errors: list[str] = field(default_factory=list)  # the first distinct error messages
 
     @property
     def leaked(self) -> dict[str, int]:
         """Workers holding more KV blocks after the load than before it."""
-        return {w: n - self.kv_before.get(w, 0) for w, n in self.kv_after.items()
-                if n > self.kv_before.get(w, 0)}
+        return {
+            w: n - self.kv_before.get(w, 0)
+            for w, n in self.kv_after.items()
+            if n > self.kv_before.get(w, 0)
+        }
 
     @property
     def silent(self) -> list[str]:
@@ -68,22 +72,40 @@ class ChaosReport:
 
     @property
     def ok(self) -> bool:
-        return (not self.leaked and not self.silent
-                and all(r.lost == 0 and r.hung == 0 for r in self.rows))
+        return (
+            not self.leaked
+            and not self.silent
+            and all(r.lost == 0 and r.hung == 0 for r in self.rows)
+        )
 
     def to_json(self) -> dict:
-        return {"rows": [asdict(r) for r in self.rows], "kv_before": self.kv_before,
-                "kv_after": self.kv_after, "leaked": self.leaked, "silent": self.silent,
-                "errors": self.errors,
-                "ok": self.ok}
+        return {
+            "rows": [asdict(r) for r in self.rows],
+            "kv_before": self.kv_before,
+            "kv_after": self.kv_after,
+            "leaked": self.leaked,
+            "silent": self.silent,
+            "errors": self.errors,
+            "ok": self.ok,
+        }
 
 
-def run_chaos(stack: Stack, cases: list[Case], config: ChaosConfig,
-              say: Callable[[str], None] = lambda _: None) -> ChaosReport:
+def run_chaos(
+    stack: Stack,
+    cases: list[Case],
+    config: ChaosConfig,
+    say: Callable[[str], None] = lambda _: None,
+) -> ChaosReport:
     faults = choose(stack, list(config.faults))
     kv_before = kv_in_use(stack)
-    load = SteadyLoad(stack.api_url, config.model, cases, config.max_tokens, config.concurrency,
-                      config.request_timeout)
+    load = SteadyLoad(
+        stack.api_url,
+        config.model,
+        cases,
+        config.max_tokens,
+        config.concurrency,
+        config.request_timeout,
+    )
     load.start()
     time.sleep(config.settle_seconds)
     marks = [_apply(stack, load, fault, config, say) for fault in faults]
@@ -92,37 +114,55 @@ def run_chaos(stack: Stack, cases: list[Case], config: ChaosConfig,
     say("stopping the load")
     load.stop()
     kv_after = settle_kv(stack, kv_before, config.recover_timeout)
-    rows = [_row(p, load.outcomes, cases, at, back) for p, at, back in
-            [("warmup", None, None), *marks, ("after", None, None)]]
+    rows = [
+        _row(p, load.outcomes, cases, at, back)
+        for p, at, back in [("warmup", None, None), *marks, ("after", None, None)]
+    ]
     return ChaosReport(rows, kv_before, kv_after, _errors(load.outcomes))
 
 
-def _apply(stack: Stack, load: SteadyLoad, fault: Fault, config: ChaosConfig,
-           say: Callable[[str], None]) -> tuple[str, float, float | None]:
+def _apply(
+    stack: Stack, load: SteadyLoad, fault: Fault, config: ChaosConfig, say: Callable[[str], None]
+) -> tuple[str, float, float | None]:
     before = stack.restarts(fault.child) if fault.child else 0
     say(f"fault: {fault.name} ({fault.child or 'restarting nats-server'})")
     load.phase, at = fault.name, time.monotonic()
     inject(stack, fault)
     back = wait_back(stack, fault, before, config.recover_timeout)
-    say(f"{fault.name}: back after {back:.1f}s" if back is not None else
-        f"{fault.name}: NOT back within {config.recover_timeout:.0f}s")
+    say(
+        f"{fault.name}: back after {back:.1f}s"
+        if back is not None
+        else f"{fault.name}: NOT back within {config.recover_timeout:.0f}s"
+    )
     time.sleep(max(0.0, at + config.phase_seconds - time.monotonic()))
     return fault.name, at, back
 
 
-def _row(phase: str, outcomes: list[Outcome], cases: list[Case], at: float | None,
-         back: float | None) -> Row:
+def _row(
+    phase: str, outcomes: list[Outcome], cases: list[Case], at: float | None, back: float | None
+) -> Row:
     mine = [o for o in outcomes if o.phase == phase]
     done = [o for o in mine if o.completed]
     right = [o for o in done if o.text == cases[o.case].want]
     first = None
     if at is not None:
-        later = [o.ended - at for o in outcomes if o.started >= at and o.completed
-                 and o.text == cases[o.case].want]
+        later = [
+            o.ended - at
+            for o in outcomes
+            if o.started >= at and o.completed and o.text == cases[o.case].want
+        ]
         first = min(later, default=None)
-    return Row(phase, len(mine), len(right), sum(o.migrations > 0 for o in mine),
-               sum(bool(o.error) for o in mine), len(done) - len(right),
-               sum(o.hung for o in mine), back, first)
+    return Row(
+        phase,
+        len(mine),
+        len(right),
+        sum(o.migrations > 0 for o in mine),
+        sum(bool(o.error) for o in mine),
+        len(done) - len(right),
+        sum(o.hung for o in mine),
+        back,
+        first,
+    )
 
 
 def _errors(outcomes: list[Outcome], limit: int = 5) -> list[str]:
@@ -152,9 +192,13 @@ def kv_in_use(stack: Stack) -> dict[str, int]:
 async def _kv_in_use(stack: Stack, workers: list[tuple[str, str]]) -> dict[str, int]:
     bus = await stack.bus("chaos-kv")
     try:
-        stats = await asyncio.gather(*(bus.request(subjects.worker_stats(service, name),
-                                                   StatsRequest(), 5.0)
-                                       for service, name in workers), return_exceptions=True)
+        stats = await asyncio.gather(
+            *(
+                bus.request(subjects.worker_stats(service, name), StatsRequest(), 5.0)
+                for service, name in workers
+            ),
+            return_exceptions=True,
+        )
     finally:
         await bus.nc.close()
     return {name: _in_use(s) for (_, name), s in zip(workers, stats)}

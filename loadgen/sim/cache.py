@@ -6,6 +6,7 @@ touches its blocks last-to-first, leaving the first block the most recently used
 LRU evicts the tails of old prompts before their heads (vLLM frees blocks in reverse order
 for the same reason) and what a cache keeps of a prompt stays a leading run.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -43,7 +44,7 @@ class BlockCache:
     def __init__(self, capacity: int, pool: BlockPool | None = None) -> None:
         self.capacity = capacity
         self.pool = pool
-        self.blocks: OrderedDict[int, None] = OrderedDict()   # least recently used first
+        self.blocks: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self.changes = NetEvents()
 
     def __len__(self) -> int:

@@ -4,9 +4,11 @@ Disaggregated: prefill nodes `prefill-NN`, each with a DRAM cache that is also i
 of the global pool, published twice as live caches publish (the prefill worker's own
 cache, and the kvstore instance `kvstore-NN` on the same node), and decode nodes
 `decode-NN`. Without the pool (`--no-pool`: a stack with no kvstore), only the prefill
-workers' caches are published, and a prefill loads only from a peer the conductor names. Colocated: nodes `node-NN`, each a prefill worker (its local cache) and a
-decode worker (`node-NN/decode`) to the conductor.
+workers' caches are published, and a prefill loads only from a peer the conductor names.
+Colocated: nodes `node-NN`, each a prefill worker (its local cache) and a decode worker
+(`node-NN/decode`) to the conductor.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -32,17 +34,24 @@ class Cluster:
         self.config = config
         self.pool = BlockPool() if config.pool and not config.colocated else None
         blocks = config.cache_blocks
-        self.prefill = {f"prefill-{i:02}": PrefillNode(f"prefill-{i:02}", cost,
-                                                       BlockCache(blocks, self.pool))
-                        for i in range(config.num_prefill)}
-        self.decode = {f"decode-{i:02}": DecodeNode(f"decode-{i:02}", cost, config.kv_tokens)
-                       for i in range(config.num_decode)}
-        self.colocated = {f"node-{i:02}": ColocatedNode(f"node-{i:02}", cost, config.kv_tokens,
-                                                        BlockCache(blocks))
-                          for i in range(config.num_colocated)}
-        self.caches = {name: node.cache for name, node in {**self.prefill,
-                                                           **self.colocated}.items()}
-        self.lazy = [*self.decode.values(), *self.colocated.values()]   # stepped by advance
+        self.prefill = {
+            f"prefill-{i:02}": PrefillNode(f"prefill-{i:02}", cost, BlockCache(blocks, self.pool))
+            for i in range(config.num_prefill)
+        }
+        self.decode = {
+            f"decode-{i:02}": DecodeNode(f"decode-{i:02}", cost, config.kv_tokens)
+            for i in range(config.num_decode)
+        }
+        self.colocated = {
+            f"node-{i:02}": ColocatedNode(
+                f"node-{i:02}", cost, config.kv_tokens, BlockCache(blocks)
+            )
+            for i in range(config.num_colocated)
+        }
+        self.caches = {
+            name: node.cache for name, node in {**self.prefill, **self.colocated}.items()
+        }
+        self.lazy = [*self.decode.values(), *self.colocated.values()]  # stepped by advance
 
     @property
     def names(self) -> list[str]:
@@ -82,4 +91,3 @@ class Cluster:
                 if self.pool is not None:
                     events += kv_events(pool_id(name), "kvstore", stored, removed)
         return events
-

@@ -4,6 +4,7 @@ the oldest waiting prompt is prefilled if its KV fits, and the running batch wai
 otherwise the batch decodes a step. Each prefill therefore stalls every running request:
 its gap between two tokens includes the whole prefill.
 """
+
 from __future__ import annotations
 
 from loadgen.sim.cache import BlockCache
@@ -22,10 +23,11 @@ from shared.messages import Heartbeat
 
 
 class ColocatedNode:
-    waiting = ()      # no request waits with its KV computed: prompts wait in `queue`
+    waiting = ()  # no request waits with its KV computed: prompts wait in `queue`
 
-    def __init__(self, worker_id: str, cost: CostModel, capacity_tokens: int,
-                 cache: BlockCache) -> None:
+    def __init__(
+        self, worker_id: str, cost: CostModel, capacity_tokens: int, cache: BlockCache
+    ) -> None:
         self.worker_id = worker_id
         self.cost = cost
         self.cache = cache
@@ -33,9 +35,9 @@ class ColocatedNode:
         self.queue = PromptQueue()
         self.prefilling: Job | None = None
         self.step_start: float | None = None
-        self.step_end: float | None = None     # None: idle
+        self.step_end: float | None = None  # None: idle
         self.last_decode_end: float | None = None
-        self.mean_gap_seconds = 0.0            # between a running request's tokens
+        self.mean_gap_seconds = 0.0  # between a running request's tokens
         self.done: list[Job] = []
 
     @property
@@ -76,8 +78,8 @@ class ColocatedNode:
         self.cache.touch(full_blocks(job))
         if job.num_output_tokens > 1:
             self.batch.join(job)
-            if self.last_decode_end is None:       # the batch starts: its first gap
-                self.last_decode_end = end         # counts from this first token
+            if self.last_decode_end is None:  # the batch starts: its first gap
+                self.last_decode_end = end  # counts from this first token
         else:
             self.batch.reserved -= job.final_tokens
             self.done.append(job)
@@ -95,13 +97,20 @@ class ColocatedNode:
     def heartbeats(self, now: float, interval: float) -> tuple[Heartbeat, Heartbeat]:
         """The node as the conductor's prefill worker and decode worker."""
         batch, cache = self.batch, self.cache
-        prefill = prefill_heartbeat(self.worker_id, now, interval,
-                                    int(self.prefilling is not None), self.queue, cache)
-        decode = Heartbeat("decode", decode_id(self.worker_id), now, interval,
-                           block_size=BLOCK_SIZE, num_running=batch.size,
-                           context_tokens=batch.context,
-                           free_blocks=max(0, batch.capacity - batch.reserved) // BLOCK_SIZE,
-                           total_blocks=batch.capacity // BLOCK_SIZE)
+        prefill = prefill_heartbeat(
+            self.worker_id, now, interval, int(self.prefilling is not None), self.queue, cache
+        )
+        decode = Heartbeat(
+            "decode",
+            decode_id(self.worker_id),
+            now,
+            interval,
+            block_size=BLOCK_SIZE,
+            num_running=batch.size,
+            context_tokens=batch.context,
+            free_blocks=max(0, batch.capacity - batch.reserved) // BLOCK_SIZE,
+            total_blocks=batch.capacity // BLOCK_SIZE,
+        )
         return prefill, decode
 
 

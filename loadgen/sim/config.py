@@ -1,5 +1,6 @@
 """What one simulation runs: the cluster's shape, its caches and KV pools, how often
 workers report, and the conductor's scheduling config."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,17 +23,17 @@ COLOCATED_POLICIES = ("random", "round-robin", "load-balance", "cache-aware")
 
 @dataclass(frozen=True)
 class SimConfig:
-    kv_tokens: int                      # KV tokens a decode (or colocated) node holds
+    kv_tokens: int  # KV tokens a decode (or colocated) node holds
     num_prefill: int = 0
     num_decode: int = 0
     num_colocated: int = 0
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
-    cache_tokens: int = DEFAULT_CACHE_TOKENS     # each node's DRAM prefix cache
-    pool: bool = True                   # the caches form the global pool (disaggregated)
+    cache_tokens: int = DEFAULT_CACHE_TOKENS  # each node's DRAM prefix cache
+    pool: bool = True  # the caches form the global pool (disaggregated)
     heartbeat_interval: float = HEARTBEAT_INTERVAL
     event_interval: float = EVENT_INTERVAL
-    sample_interval: float = 1.0        # the load time series
-    seed: int = 0                       # names requests: the `random` policy seeds by name
+    sample_interval: float = 1.0  # the load time series
+    seed: int = 0  # names requests: the `random` policy seeds by name
     # False: a prefill reuses only its own node's cache, whatever the placement names (no
     # pool, no peer): the local-cache-only baselines of Mooncake's scheduling experiment
     remote_prefix: bool = True
@@ -40,14 +41,19 @@ class SimConfig:
     def __post_init__(self) -> None:
         disaggregated = self.num_prefill or self.num_decode
         if bool(disaggregated) == bool(self.num_colocated):
-            raise KvstackError("give either --prefill N and --decode M (disaggregated) or "
-                               "--colocated K, not both")
+            raise KvstackError(
+                "give either --prefill N and --decode M (disaggregated) or --colocated K, not both"
+            )
         if disaggregated and min(self.num_prefill, self.num_decode) <= 0:
-            raise KvstackError(f"a disaggregated cluster needs at least one prefill and one "
-                               f"decode node, got {self.num_prefill} and {self.num_decode}")
+            raise KvstackError(
+                f"a disaggregated cluster needs at least one prefill and one "
+                f"decode node, got {self.num_prefill} and {self.num_decode}"
+            )
         if self.num_colocated < 0 or self.cache_tokens < 0 or self.kv_tokens <= 0:
-            raise KvstackError("node counts and --cache-tokens must not be negative and the "
-                               "KV capacity must be positive")
+            raise KvstackError(
+                "node counts and --cache-tokens must not be negative and the "
+                "KV capacity must be positive"
+            )
         for name in ("heartbeat_interval", "event_interval", "sample_interval"):
             if getattr(self, name) <= 0:
                 raise KvstackError(f"{name} must be positive, got {getattr(self, name)}")
@@ -57,12 +63,15 @@ class SimConfig:
     def _check_colocated(self) -> None:
         policy, admission = self.scheduling.policy, self.scheduling.admission
         if policy not in COLOCATED_POLICIES:
-            raise KvstackError(f"colocated nodes have no KV pool to load from, so policy "
-                               f"{policy!r} does not apply; choose from "
-                               f"{', '.join(COLOCATED_POLICIES)}")
+            raise KvstackError(
+                f"colocated nodes have no KV pool to load from, so policy "
+                f"{policy!r} does not apply; choose from "
+                f"{', '.join(COLOCATED_POLICIES)}"
+            )
         if admission != "none":
-            raise KvstackError(f"colocated nodes run without admission (vLLM-like); got "
-                               f"--admission {admission}")
+            raise KvstackError(
+                f"colocated nodes run without admission (vLLM-like); got --admission {admission}"
+            )
 
     @property
     def colocated(self) -> bool:

@@ -10,6 +10,7 @@ that finish in it, whatever the batch size.
 Nodes advance lazily: `advance(t)` runs the steps that end by t. The simulator advances
 every node to the time of each event before handling it.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -32,10 +33,10 @@ class Batch:
         self.cost = cost
         self.capacity = capacity_tokens
         self.size = 0
-        self.context = 0              # KV tokens of the running requests (the step's cost)
-        self.reserved = 0             # KV tokens they (and reserved joiners) will hold
+        self.context = 0  # KV tokens of the running requests (the step's cost)
+        self.reserved = 0  # KV tokens they (and reserved joiners) will hold
         self.step_ends: list[float] = []
-        self._finishing: list[tuple[int, int, Job]] = []   # (last step, index, job)
+        self._finishing: list[tuple[int, int, Job]] = []  # (last step, index, job)
 
     def fits(self, job: Job) -> bool:
         """Room for the job's whole KV; one larger than the pool runs alone."""
@@ -47,7 +48,7 @@ class Batch:
     def join(self, job: Job) -> None:
         """A reserved job with its first token takes part from the next step on."""
         job.join_step = len(self.step_ends)
-        last = job.join_step + job.num_output_tokens - 2    # tokens 2..n come from steps
+        last = job.join_step + job.num_output_tokens - 2  # tokens 2..n come from steps
         heapq.heappush(self._finishing, (last, job.index, job))
         self.size += 1
         self.context += job.num_prompt_tokens + 1
@@ -63,7 +64,7 @@ class Batch:
         done = []
         while self._finishing and self._finishing[0][0] == step:
             job = heapq.heappop(self._finishing)[2]
-            job.token_ends = self.step_ends[job.join_step:]
+            job.token_ends = self.step_ends[job.join_step :]
             self.size -= 1
             self.context -= job.final_tokens
             self.reserved -= job.final_tokens
@@ -79,11 +80,11 @@ class DecodeNode:
     def __init__(self, worker_id: str, cost: CostModel, capacity_tokens: int) -> None:
         self.worker_id = worker_id
         self.batch = Batch(cost, capacity_tokens)
-        self.waiting: deque[Job] = deque()     # KV arrived, no room yet
+        self.waiting: deque[Job] = deque()  # KV arrived, no room yet
         self.step_start: float | None = None
-        self.step_end: float | None = None     # None: idle
+        self.step_end: float | None = None  # None: idle
         self.mean_step_seconds = 0.0
-        self.done: list[Job] = []              # finished since the simulator last looked
+        self.done: list[Job] = []  # finished since the simulator last looked
 
     @property
     def has_unfinished(self) -> bool:
@@ -97,8 +98,9 @@ class DecodeNode:
     def advance(self, t: float) -> None:
         while self.step_end is not None and self.step_end <= t:
             end = self.step_end
-            self.mean_step_seconds += STEP_SMOOTHING * (end - self.step_start
-                                                        - self.mean_step_seconds)
+            self.mean_step_seconds += STEP_SMOOTHING * (
+                end - self.step_start - self.mean_step_seconds
+            )
             self.done += self.batch.complete_step(end)
             self._start_step(end)
 
@@ -107,8 +109,10 @@ class DecodeNode:
         services/decode/service.py makes it: "" when within the SLO (or none is set)."""
         if not stage_tbt_slo or self.tbt <= stage_tbt_slo:
             return ""
-        return f"{OVERLOADED}decode TBT {self.tbt * 1000:.3g}ms exceeds the SLO " \
-               f"{stage_tbt_slo * 1000:.3g}ms (prefill wasted)"
+        return (
+            f"{OVERLOADED}decode TBT {self.tbt * 1000:.3g}ms exceeds the SLO "
+            f"{stage_tbt_slo * 1000:.3g}ms (prefill wasted)"
+        )
 
     def arrive(self, job: Job, now: float) -> None:
         """The job's KV landed at `now` (the node was advanced to it)."""
@@ -130,8 +134,16 @@ class DecodeNode:
     def heartbeat(self, now: float, interval: float, block_size: int) -> Heartbeat:
         """What a live decode worker reports (shared/worker.py: worker_heartbeat)."""
         batch = self.batch
-        return Heartbeat("decode", self.worker_id, now, interval, block_size=block_size,
-                         num_running=batch.size, num_waiting=len(self.waiting),
-                         queued_tokens=len(self.waiting), context_tokens=batch.context,
-                         free_blocks=max(0, batch.capacity - batch.reserved) // block_size,
-                         total_blocks=batch.capacity // block_size)
+        return Heartbeat(
+            "decode",
+            self.worker_id,
+            now,
+            interval,
+            block_size=block_size,
+            num_running=batch.size,
+            num_waiting=len(self.waiting),
+            queued_tokens=len(self.waiting),
+            context_tokens=batch.context,
+            free_blocks=max(0, batch.capacity - batch.reserved) // block_size,
+            total_blocks=batch.capacity // block_size,
+        )

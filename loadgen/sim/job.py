@@ -1,5 +1,6 @@
 """One trace request on its way through the simulated cluster, and how its prefill finds
 its prompt's prefix."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,9 +12,10 @@ from shared.messages import Placement
 @dataclass(frozen=True, slots=True)
 class PrefixPlan:
     """Leading blocks a prefill finds in its node's cache, and fetches from elsewhere."""
+
     local_blocks: int = 0
     fetched_blocks: int = 0
-    source: str = ""              # "kvstore" (the pool), a peer prefill worker, or ""
+    source: str = ""  # "kvstore" (the pool), a peer prefill worker, or ""
 
     @property
     def blocks(self) -> int:
@@ -26,6 +28,7 @@ NO_PREFIX = PrefixPlan()
 @dataclass(slots=True, eq=False)
 class Job:
     """A request's state and times (virtual seconds). Mutable: the nodes fill it in."""
+
     index: int
     request_id: str
     row: TraceRow
@@ -34,16 +37,16 @@ class Job:
     prefill_id: str = ""
     decode_id: str = ""
     plan: PrefixPlan = NO_PREFIX
-    expected_seconds: float = 0.0 # its prefill as predicted when it was queued
-    prefill_start: float = 0.0    # when its node started on it (fetch, then compute)
-    fetch_seconds: float = 0.0    # loading the remote prefix
+    expected_seconds: float = 0.0  # its prefill as predicted when it was queued
+    prefill_start: float = 0.0  # when its node started on it (fetch, then compute)
+    fetch_seconds: float = 0.0  # loading the remote prefix
     compute_seconds: float = 0.0  # computing the rest of the prompt
     first_token: float | None = None
-    join_step: int = -1           # the first decode step it takes part in, on its node
-    token_ends: list[float] = field(default_factory=list)   # decode step ends: tokens 2..
+    join_step: int = -1  # the first decode step it takes part in, on its node
+    token_ends: list[float] = field(default_factory=list)  # decode step ends: tokens 2..
     status: int = 200
     error: str = ""
-    wasted: bool = False          # prefilled, then refused by the decode node (baseline)
+    wasted: bool = False  # prefilled, then refused by the decode node (baseline)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -70,4 +73,3 @@ class Job:
     @property
     def last_token(self) -> float | None:
         return self.token_ends[-1] if self.token_ends else self.first_token
-

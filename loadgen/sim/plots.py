@@ -1,6 +1,7 @@
 """The simulated cluster's load over time (Mooncake §7.3's oscillation figure): prefill
 and decode load against their SLOs, and requests turned away per interval. Drawn with
 matplotlib's Figure directly (no pyplot state), like loadgen/plots.py."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,8 +37,10 @@ def _loads(ax, series: dict[str, np.ndarray]) -> None:
 
 def _turned_away(ax, series: dict[str, np.ndarray]) -> None:
     t = series["time"]
-    for key, label in (("rejected", "rejected by admission"),
-                       ("wasted", "refused after prefill (wasted)")):
+    for key, label in (
+        ("rejected", "rejected by admission"),
+        ("wasted", "refused after prefill (wasted)"),
+    ):
         per_sample = np.diff(series[key], prepend=0.0)
         ax.step(t, per_sample, where="post", label=label)
     ax.set_xlabel("virtual time (s)")

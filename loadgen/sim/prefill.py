@@ -10,6 +10,7 @@ it computes, so the KV has landed when both the compute and the transfer of the 
 KV are done (the last layer's share of the transfer is not added). The prompt's full
 blocks, computed or fetched, then enter the node's cache.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -32,15 +33,16 @@ def usable_blocks(job: Job) -> int:
 
 def full_blocks(job: Job) -> tuple[int, ...]:
     """The prompt's full blocks: what a cache names (a partial last block is not hashed)."""
-    return job.row.hash_ids[:job.num_prompt_tokens // BLOCK_SIZE]
+    return job.row.hash_ids[: job.num_prompt_tokens // BLOCK_SIZE]
 
 
 def local_plan(job: Job, cache: BlockCache) -> PrefixPlan:
     return PrefixPlan(cache.leading(job.row.hash_ids, usable_blocks(job)))
 
 
-def plan_prefix(job: Job, cache: BlockCache, pool: BlockPool | None,
-                peers: Mapping[str, BlockCache]) -> PrefixPlan:
+def plan_prefix(
+    job: Job, cache: BlockCache, pool: BlockPool | None, peers: Mapping[str, BlockCache]
+) -> PrefixPlan:
     """Where the job's prefix comes from, as PrefixLoader.prepare decides it."""
     local = local_plan(job, cache)
     placement = job.placement
@@ -55,14 +57,16 @@ def plan_prefix(job: Job, cache: BlockCache, pool: BlockPool | None,
         return local
     peer = peers.get(source)
     if source != "kvstore" and (peer is None or not peer.holds_all(hashes[have:upto])):
-        return local           # a peer that lacks a block sends none: compute instead
+        return local  # a peer that lacks a block sends none: compute instead
     return PrefixPlan(have, upto - have, source)
 
 
 def prefill_seconds(cost: CostModel, job: Job, plan: PrefixPlan) -> tuple[float, float]:
     """(fetch, compute) seconds of the job's prefill with `plan`."""
-    return (estimate.transfer_time(cost, plan.fetched_blocks, BLOCK_SIZE),
-            estimate.prefill_time(cost, job.num_prompt_tokens, plan.blocks * BLOCK_SIZE))
+    return (
+        estimate.transfer_time(cost, plan.fetched_blocks, BLOCK_SIZE),
+        estimate.prefill_time(cost, job.num_prompt_tokens, plan.blocks * BLOCK_SIZE),
+    )
 
 
 class PromptQueue:
@@ -71,7 +75,7 @@ class PromptQueue:
     def __init__(self) -> None:
         self.jobs: deque[Job] = deque()
         self.num_tokens = 0
-        self.seconds = 0.0                 # the waiting jobs' expected prefill seconds
+        self.seconds = 0.0  # the waiting jobs' expected prefill seconds
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -98,14 +102,27 @@ class PromptQueue:
         return left + max(0.0, self.seconds)
 
 
-def prefill_heartbeat(worker_id: str, now: float, interval: float, num_running: int,
-                      queue: PromptQueue, cache: BlockCache) -> Heartbeat:
+def prefill_heartbeat(
+    worker_id: str,
+    now: float,
+    interval: float,
+    num_running: int,
+    queue: PromptQueue,
+    cache: BlockCache,
+) -> Heartbeat:
     """What a live prefill worker reports (shared/worker.py: worker_heartbeat)."""
-    return Heartbeat("prefill", worker_id, now, interval, block_size=BLOCK_SIZE,
-                     num_running=num_running, num_waiting=len(queue),
-                     queued_tokens=queue.num_tokens,
-                     free_blocks=max(0, cache.capacity - len(cache)),
-                     total_blocks=cache.capacity)
+    return Heartbeat(
+        "prefill",
+        worker_id,
+        now,
+        interval,
+        block_size=BLOCK_SIZE,
+        num_running=num_running,
+        num_waiting=len(queue),
+        queued_tokens=queue.num_tokens,
+        free_blocks=max(0, cache.capacity - len(cache)),
+        total_blocks=cache.capacity,
+    )
 
 
 class PrefillNode:
@@ -145,5 +162,6 @@ class PrefillNode:
         return self.queue.seconds_from(now, self.busy_until if self.current else None)
 
     def heartbeat(self, now: float, interval: float) -> Heartbeat:
-        return prefill_heartbeat(self.worker_id, now, interval, int(self.current is not None),
-                                 self.queue, self.cache)
+        return prefill_heartbeat(
+            self.worker_id, now, interval, int(self.current is not None), self.queue, self.cache
+        )

@@ -8,6 +8,7 @@ changes, flushed every event interval) and RequestDone of finished requests; bet
 beats it books its own placements as it does live. Before each event, every decode (and
 colocated) node is advanced to the event's time.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -44,22 +45,28 @@ class SimRun:
     jobs: list[Job]
     series: dict[str, list[float]]
     conductor: Counters
-    end: float                    # virtual seconds: the last request done
+    end: float  # virtual seconds: the last request done
     wall_seconds: float
 
 
 class Simulation:
-    def __init__(self, rows: Sequence[TraceRow], config: SimConfig, cost: CostModel,
-                 progress: Callable[[str], None] | None = None,
-                 progress_every: float = 60.0) -> None:
+    def __init__(
+        self,
+        rows: Sequence[TraceRow],
+        config: SimConfig,
+        cost: CostModel,
+        progress: Callable[[str], None] | None = None,
+        progress_every: float = 60.0,
+    ) -> None:
         self.config, self.cost = config, cost
         self.cluster = Cluster(config, cost)
         self.conductor = Conductor(config.scheduling, cost)
-        self.jobs = [Job(i, f"s{config.seed}-r{i}", row, row.timestamp)
-                     for i, row in enumerate(rows)]
+        self.jobs = [
+            Job(i, f"s{config.seed}-r{i}", row, row.timestamp) for i, row in enumerate(rows)
+        ]
         self.series = LoadSeries(config.scheduling.slo_ttft, config.scheduling.slo_tbt)
         self.counts = Counts()
-        self.open = 0                 # placed and not yet done
+        self.open = 0  # placed and not yet done
         self.now = 0.0
         self.progress, self.progress_every = progress, progress_every
         self._next_progress = progress_every
@@ -78,8 +85,13 @@ class Simulation:
         self.cluster.advance(math.inf)
         self._collect_done()
         end = max((j.last_token or j.arrival for j in self.jobs), default=0.0)
-        return SimRun(self.jobs, self.series.columns, self.conductor.counters, end,
-                      time.perf_counter() - started)
+        return SimRun(
+            self.jobs,
+            self.series.columns,
+            self.conductor.counters,
+            end,
+            time.perf_counter() - started,
+        )
 
     # -- scheduling ---------------------------------------------------------------------
 
@@ -103,8 +115,9 @@ class Simulation:
     def _finished(self) -> bool:
         return self.counts.arrived == len(self.jobs) and not self.open
 
-    def _again(self, delay: float, kind: int, handler: Callable[[Any], None],
-               arg: Any = None) -> None:
+    def _again(
+        self, delay: float, kind: int, handler: Callable[[Any], None], arg: Any = None
+    ) -> None:
         """Periodic events stop once every request is done."""
         if not self._finished:
             self._at(self.now + delay, kind, handler, arg)
@@ -133,8 +146,9 @@ class Simulation:
 
     def _arrive(self, job: Job) -> None:
         self.counts.arrived += 1
-        request = PlacementRequest(job.request_id, job.num_prompt_tokens,
-                                   job.num_output_tokens, 0.0, full_blocks(job))
+        request = PlacementRequest(
+            job.request_id, job.num_prompt_tokens, job.num_output_tokens, 0.0, full_blocks(job)
+        )
         placement = job.placement = self.conductor.place(request, self.now)
         if not placement.accepted:
             job.status, job.error = 503, placement.reason
@@ -178,7 +192,7 @@ class Simulation:
     def _kv_landed(self, job: Job) -> None:
         """The KV is on the decode node: it commits, and the first token goes out."""
         decode = self.cluster.decode[job.decode_id]
-        if job.num_output_tokens > 1:     # one-token answers end at prefill, unchecked
+        if job.num_output_tokens > 1:  # one-token answers end at prefill, unchecked
             refusal = decode.over_tbt_slo(job.placement.stage_tbt_slo)
             if refusal:
                 job.status, job.error, job.wasted = 503, refusal, True
@@ -202,14 +216,19 @@ class Simulation:
         n = job.num_output_tokens
         tbt = (job.last_token - job.first_token) / (n - 1) if n > 1 else 0.0
         first = job.row.hash_ids[0] if full_blocks(job) else 0
-        self.conductor.finished(RequestDone(job.request_id, first, job.num_prompt_tokens, n,
-                                            job.first_token - job.arrival, tbt))
+        self.conductor.finished(
+            RequestDone(
+                job.request_id, first, job.num_prompt_tokens, n, job.first_token - job.arrival, tbt
+            )
+        )
 
     def _report_progress(self) -> None:
         if self.progress is None or (self.now < self._next_progress and not self._finished):
             return
         self._next_progress = self.now + self.progress_every
         c = self.counts
-        self.progress(f"t={self.now:,.0f}s: {c.arrived}/{len(self.jobs)} arrived, "
-                      f"{c.finished} done, {self.open} in flight, {c.rejected} rejected, "
-                      f"{c.wasted} wasted prefills")
+        self.progress(
+            f"t={self.now:,.0f}s: {c.arrived}/{len(self.jobs)} arrived, "
+            f"{c.finished} done, {self.open} in flight, {c.rejected} rejected, "
+            f"{c.wasted} wasted prefills"
+        )

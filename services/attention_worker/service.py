@@ -1,6 +1,7 @@
 """The attention worker (Lamina): holds a shard (whole KV heads) of the KV of a decode
 worker's offloaded requests and computes their attention, layer by layer, for the q, k, v
 the decode worker sends over the attention link. It never loads model weights."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,16 +11,24 @@ from dataclasses import dataclass
 
 import torch
 
+from services.attention_worker.shard import AttentionShard
+from services.attention_worker.slot import ShardSlot
 from shared import subjects
 from shared.bus import Bus
 from shared.errors import KvstackError
-from shared.messages import (Ack, AttentionAttach, AttentionAttached, AttentionStats, Heartbeat,
-                             KVExpect, KVSettle, StatsRequest)
+from shared.messages import (
+    Ack,
+    AttentionAttach,
+    AttentionAttached,
+    AttentionStats,
+    Heartbeat,
+    KVExpect,
+    KVSettle,
+    StatsRequest,
+)
 from shared.service import Service, ServiceConfig
 from shared.transfer.attention.server import AttentionServer
 from shared.transfer.tcp import TcpKVReceiver
-from services.attention_worker.shard import AttentionShard
-from services.attention_worker.slot import ShardSlot
 
 log = logging.getLogger("kvstack.attention")
 
@@ -28,10 +37,10 @@ log = logging.getLogger("kvstack.attention")
 class AttentionWorkerConfig(ServiceConfig):
     kv_cache_bytes: int = 1 << 30
     num_threads: int | None = None
-    data_host: str = "127.0.0.1"       # KV from prefill workers, and the attention link
+    data_host: str = "127.0.0.1"  # KV from prefill workers, and the attention link
     data_port: int = 0
     link_port: int = 0
-    advertise_host: str = ""           # what peers should dial, if not the bound host
+    advertise_host: str = ""  # what peers should dial, if not the bound host
     data_token: str = ""
     request_timeout: float = 10.0
 
@@ -55,12 +64,15 @@ class AttentionWorkerService(Service):
         self.link = AttentionServer(self.slot, host, self.config.link_port, token)
         self.data_addr = self._advertised(self.receiver.start())
         self.link_addr = self._advertised(self.link.start())
-        for op, handler, kind in (("attach", self._attach, AttentionAttach),
-                                  ("expect", self._expect, KVExpect),
-                                  ("settle", self._settle, KVSettle)):
+        for op, handler, kind in (
+            ("attach", self._attach, AttentionAttach),
+            ("expect", self._expect, KVExpect),
+            ("settle", self._settle, KVSettle),
+        ):
             await bus.serve(subjects.attention_op(self.worker_id, op), handler, expected=kind)
-        await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
-                        expected=StatsRequest)
+        await bus.serve(
+            subjects.worker_stats(self.name, self.worker_id), self._stats, expected=StatsRequest
+        )
         self.tasks.every(1.0, self._expire, "expiring unsettled KV")
 
     def _advertised(self, bound: str) -> str:
@@ -82,28 +94,45 @@ class AttentionWorkerService(Service):
         used = shard.used_blocks if shard else 0
         total = shard.storage.num_blocks if shard else 0
         self.kv_usage.set(used / total if total else 0.0)
-        return Heartbeat(self.name, self.worker_id, time.time(), self.config.heartbeat_interval,
-                         http_addr=self.http_addr, data_addr=self.data_addr,
-                         num_running=len(shard.request_blocks) if shard else 0,
-                         free_blocks=total - used, total_blocks=total, draining=self.draining)
+        return Heartbeat(
+            self.name,
+            self.worker_id,
+            time.time(),
+            self.config.heartbeat_interval,
+            http_addr=self.http_addr,
+            data_addr=self.data_addr,
+            num_running=len(shard.request_blocks) if shard else 0,
+            free_blocks=total - used,
+            total_blocks=total,
+            draining=self.draining,
+        )
 
     async def _attach(self, msg: AttentionAttach) -> AttentionAttached:
         if self.draining:
             return AttentionAttached(False, error="attention worker is draining")
         loop = asyncio.get_running_loop()
-        try:   # NOTE: allocating the pool takes seconds on a busy machine: off the loop
-            shard = await asyncio.to_thread(AttentionShard, msg, self.config.kv_cache_bytes,
-                                            loop)
+        try:  # NOTE: allocating the pool takes seconds on a busy machine: off the loop
+            shard = await asyncio.to_thread(AttentionShard, msg, self.config.kv_cache_bytes, loop)
         except KvstackError as e:
             return AttentionAttached(False, error=str(e))
         if self.decode_id and self.decode_id != msg.decode_id:
-            log.warning("decode worker %s takes this attention worker over from %s",
-                        msg.decode_id, self.decode_id)
+            log.warning(
+                "decode worker %s takes this attention worker over from %s",
+                msg.decode_id,
+                self.decode_id,
+            )
         self.slot.shard, self.decode_id = shard, msg.decode_id
-        log.info("shard %d/%d of %s: KV heads %s, %d blocks", msg.shard, msg.group_size,
-                 msg.decode_id, shard.kv_heads, shard.storage.num_blocks)
-        return AttentionAttached(True, shard.storage.num_blocks, self.link_addr, self.data_addr,
-                                 instance=self.instance)
+        log.info(
+            "shard %d/%d of %s: KV heads %s, %d blocks",
+            msg.shard,
+            msg.group_size,
+            msg.decode_id,
+            shard.kv_heads,
+            shard.storage.num_blocks,
+        )
+        return AttentionAttached(
+            True, shard.storage.num_blocks, self.link_addr, self.data_addr, instance=self.instance
+        )
 
     async def _expect(self, msg: KVExpect) -> Ack:
         shard = self.slot.shard
@@ -158,6 +187,14 @@ class AttentionWorkerService(Service):
         if shard is None:
             return AttentionStats(self.worker_id, "", 0, 0, 0)
         return AttentionStats(
-            self.worker_id, self.decode_id, len(shard.request_blocks), shard.used_blocks,
-            shard.storage.num_blocks, shard.kv_heads, shard.num_calls,
-            self.link.bytes_received, self.link.bytes_sent, self.receiver.bytes_received)
+            self.worker_id,
+            self.decode_id,
+            len(shard.request_blocks),
+            shard.used_blocks,
+            shard.storage.num_blocks,
+            shard.kv_heads,
+            shard.num_calls,
+            self.link.bytes_received,
+            self.link.bytes_sent,
+            self.receiver.bytes_received,
+        )

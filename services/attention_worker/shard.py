@@ -6,6 +6,7 @@ every shard of its group); this shard stores its heads of those blocks, fills th
 prefill (the data plane, through `inbox`) and from each step's new k, v (the link), and
 computes attention for the chunk layout each step announces.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,7 +30,8 @@ def kv_head_range(num_kv_heads: int, group_size: int, shard: int) -> tuple[int, 
     if group_size < 1 or num_kv_heads % group_size:
         raise KvstackError(
             f"an attention group of {group_size} worker(s) cannot split {num_kv_heads} KV "
-            f"heads evenly; use a group size that divides {num_kv_heads}")
+            f"heads evenly; use a group size that divides {num_kv_heads}"
+        )
     if not 0 <= shard < group_size:
         raise KvstackError(f"shard {shard} is outside a group of {group_size}")
     per_shard = num_kv_heads // group_size
@@ -48,8 +50,9 @@ class _Step:
 
 
 class AttentionShard:
-    def __init__(self, spec: AttentionAttach, kv_cache_bytes: int,
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, spec: AttentionAttach, kv_cache_bytes: int, loop: asyncio.AbstractEventLoop
+    ) -> None:
         if spec.dtype not in DTYPES:
             raise KvstackError(f"unknown dtype {spec.dtype!r}; known: {', '.join(DTYPES)}")
         self.spec = spec
@@ -57,10 +60,17 @@ class AttentionShard:
         self.num_kv_heads = self.kv_heads[1] - self.kv_heads[0]
         self.num_heads = spec.num_heads // spec.group_size
         dtype = DTYPES[spec.dtype]
-        per_block = KVStorage.bytes_per_block(spec.num_layers, spec.block_size,
-                                              self.num_kv_heads, spec.head_dim, dtype)
-        self.storage = KVStorage(spec.num_layers, max(1, kv_cache_bytes // per_block),
-                                 spec.block_size, self.num_kv_heads, spec.head_dim, dtype)
+        per_block = KVStorage.bytes_per_block(
+            spec.num_layers, spec.block_size, self.num_kv_heads, spec.head_dim, dtype
+        )
+        self.storage = KVStorage(
+            spec.num_layers,
+            max(1, kv_cache_bytes // per_block),
+            spec.block_size,
+            self.num_kv_heads,
+            spec.head_dim,
+            dtype,
+        )
         self.backend = TorchPagedAttention(self.storage, spec.head_dim)
         self.inbox = KVInbox(self.storage, loop)
         self._steps: dict[int, _Step] = {}
@@ -85,8 +95,10 @@ class AttentionShard:
         for chunk in chunks:
             self._check_blocks(chunk.block_ids)
             if chunk.context_len > len(chunk.block_ids) * bs:
-                raise ValueError(f"request {chunk.request_id}: {chunk.context_len} tokens do "
-                                 f"not fit {len(chunk.block_ids)} blocks")
+                raise ValueError(
+                    f"request {chunk.request_id}: {chunk.context_len} tokens do "
+                    f"not fit {len(chunk.block_ids)} blocks"
+                )
         _, meta = attention_metadata(chunks, bs, "cpu")
         self._steps[micro_batch] = _Step(meta, sum(c.num_tokens for c in chunks))
         with self._lock:
@@ -96,13 +108,16 @@ class AttentionShard:
     def qkv_buffers(self, micro_batch: int) -> tuple[torch.Tensor, ...]:
         step = self._step(micro_batch)
         dtype, head_dim = self.storage.kv.dtype, self.spec.head_dim
-        return (torch.empty((step.num_tokens, self.num_heads, head_dim), dtype=dtype),
-                torch.empty((step.num_tokens, self.num_kv_heads, head_dim), dtype=dtype),
-                torch.empty((step.num_tokens, self.num_kv_heads, head_dim), dtype=dtype))
+        return (
+            torch.empty((step.num_tokens, self.num_heads, head_dim), dtype=dtype),
+            torch.empty((step.num_tokens, self.num_kv_heads, head_dim), dtype=dtype),
+            torch.empty((step.num_tokens, self.num_kv_heads, head_dim), dtype=dtype),
+        )
 
     @torch.inference_mode()
-    def attend(self, micro_batch: int, layer: int, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self, micro_batch: int, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         if not 0 <= layer < self.spec.num_layers:
             raise ValueError(f"layer {layer} is outside the model's {self.spec.num_layers}")
         self.num_calls += 1

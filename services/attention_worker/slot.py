@@ -1,9 +1,10 @@
 """The shard a decode worker attached, as the long-lived listeners see it: the data plane's
 sink (prefill KV) and the attention link's handler both outlive re-attaches."""
+
 from __future__ import annotations
 
-from shared.transfer.attention.wire import ChunkSpec
 from services.attention_worker.shard import AttentionShard
+from shared.transfer.attention.wire import ChunkSpec
 
 
 class ShardSlot:
@@ -18,8 +19,11 @@ class ShardSlot:
     # -- KVSink: KV from prefill workers ----------------------------------------------------
 
     def destination(self, request_id: str, layer: int, span, nbytes: int):
-        return None if self.shard is None else self.shard.inbox.destination(
-            request_id, layer, span, nbytes)
+        return (
+            None
+            if self.shard is None
+            else self.shard.inbox.destination(request_id, layer, span, nbytes)
+        )
 
     def on_frame(self, request_id: str, layer: int, spans, ok: bool, error: str) -> None:
         if self.shard is not None:

@@ -1,4 +1,5 @@
 """`kvstack bench engine`: prefill and decode throughput beside transformers' generate."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("engine", help="engine prefill/decode tokens/s vs transformers")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="kvstack's dtype")
-    p.add_argument("--baseline-dtypes", default=None, help="transformers dtypes, comma-separated "
-                   "(default: float32, its own default, and kvstack's dtype)")
+    p.add_argument(
+        "--baseline-dtypes",
+        default=None,
+        help="transformers dtypes, comma-separated "
+        "(default: float32, its own default, and kvstack's dtype)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prefill-lens", default="512,2048")
     p.add_argument("--batch-sizes", default="1,8,32")
@@ -35,19 +40,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    engine = LLMEngine(EngineConfig(
-        model=args.model, dtype=args.dtype, num_threads=args.threads, enable_prefix_cache=False,
-        max_num_batched_tokens=8192, max_num_seqs=256))
+    engine = LLMEngine(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            num_threads=args.threads,
+            enable_prefix_cache=False,
+            max_num_batched_tokens=8192,
+            max_num_seqs=256,
+        )
+    )
     ours = KvstackSide(engine)
     args.dtype = resolve_dtype(args.dtype)
-    baseline_dtypes = (args.baseline_dtypes or ",".join(dict.fromkeys(["float32", args.dtype]))
-                       ).split(",")
-    theirs = {} if args.no_baseline else {
-        dtype: TransformersSide(engine, dtype) for dtype in baseline_dtypes}
+    baseline_dtypes = (
+        args.baseline_dtypes or ",".join(dict.fromkeys(["float32", args.dtype]))
+    ).split(",")
+    theirs = (
+        {}
+        if args.no_baseline
+        else {dtype: TransformersSide(engine, dtype) for dtype in baseline_dtypes}
+    )
     report = measure(args, ours, theirs)
     report.update(bandwidth_report(engine, report))
-    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json
-          else format_table(report))
+    print(
+        orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
+        if args.json
+        else format_table(report)
+    )
     return 0
 
 
@@ -57,14 +76,23 @@ def measure(args: argparse.Namespace, ours, theirs) -> dict:
     rows = {"prefill": [], "decode": []}
     for n in prefill_lens:
         progress(f"prefill {n} tokens")
-        rows["prefill"].append(row("tokens", n, lambda side: side.prefill_rate(n, args.repeats),
-                                   ours, theirs))
+        rows["prefill"].append(
+            row("tokens", n, lambda side, n=n: side.prefill_rate(n, args.repeats), ours, theirs)
+        )
     for b in batch_sizes:
         progress(f"decode batch {b}")
-        rate = lambda side: side.decode_rate(b, args.prompt_len, args.decode_tokens, args.repeats)
+        rate = lambda side, b=b: side.decode_rate(
+            b, args.prompt_len, args.decode_tokens, args.repeats
+        )
         rows["decode"].append(row("batch", b, rate, ours, theirs))
-    return {"model": args.model, "dtype": args.dtype, "threads": args.threads,
-            "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens, **rows}
+    return {
+        "model": args.model,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "prompt_len": args.prompt_len,
+        "decode_tokens": args.decode_tokens,
+        **rows,
+    }
 
 
 def row(key: str, value: int, rate, ours, theirs: dict) -> dict:
@@ -72,8 +100,10 @@ def row(key: str, value: int, rate, ours, theirs: dict) -> dict:
     result = {key: value, "kvstack_tok_s": round(kvstack, 1), "transformers": {}}
     for dtype, side in theirs.items():
         baseline = rate(side)
-        result["transformers"][dtype] = {"tok_s": round(baseline, 1),
-                                         "ratio": round(kvstack / baseline, 2)}
+        result["transformers"][dtype] = {
+            "tok_s": round(baseline, 1),
+            "ratio": round(kvstack / baseline, 2),
+        }
     return result
 
 
@@ -116,8 +146,10 @@ class KvstackSide:
         params = SamplingParams(max_tokens=num_tokens, temperature=0, ignore_eos=True)
         for i, prompt in enumerate(self.prompts(batch, prompt_len)):
             self.engine.add_request(f"bench-{self.seed}-{i}", prompt, params)
-        while any(s.num_output_tokens == 0 for s in self.engine.scheduler.running) or \
-                self.engine.scheduler.waiting:
+        while (
+            any(s.num_output_tokens == 0 for s in self.engine.scheduler.running)
+            or self.engine.scheduler.waiting
+        ):
             self.engine.step()
         start = time.perf_counter()
         while self.engine.has_unfinished:
@@ -132,10 +164,13 @@ class TransformersSide:
         try:
             import transformers
         except ImportError:
-            raise KvstackError("the transformers baseline needs the dev extra "
-                               "(pip install -e '.[dev]'), or pass --no-baseline") from None
+            raise KvstackError(
+                "the transformers baseline needs the dev extra "
+                "(pip install -e '.[dev]'), or pass --no-baseline"
+            ) from None
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            engine.model_dir, dtype=DTYPES[dtype]).eval()
+            engine.model_dir, dtype=DTYPES[dtype]
+        ).eval()
         self.vocab = engine.model_config.vocab_size
         self.seed = 10_000
 
@@ -146,19 +181,27 @@ class TransformersSide:
 
     def decode_rate(self, batch: int, prompt_len: int, num_tokens: int, repeats: int) -> float:
         self._generate(batch, prompt_len, 4)
-        times = [self._generate(batch, prompt_len, num_tokens)
-                 - self._generate(batch, prompt_len, 1)
-                 for _ in range(repeats)]
+        times = [
+            self._generate(batch, prompt_len, num_tokens) - self._generate(batch, prompt_len, 1)
+            for _ in range(repeats)
+        ]
         return batch * (num_tokens - 1) / statistics.median(times)
 
     @torch.inference_mode()
     def _generate(self, batch: int, prompt_len: int, num_tokens: int) -> float:
         self.seed += 1
-        ids = torch.tensor([random_prompt(prompt_len, self.vocab, self.seed * 1000 + i)
-                            for i in range(batch)])
+        ids = torch.tensor(
+            [random_prompt(prompt_len, self.vocab, self.seed * 1000 + i) for i in range(batch)]
+        )
         start = time.perf_counter()
-        self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_tokens,
-                            min_new_tokens=num_tokens, do_sample=False, pad_token_id=0)
+        self.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=num_tokens,
+            min_new_tokens=num_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
         return time.perf_counter() - start
 
 
@@ -180,24 +223,33 @@ def bandwidth_report(engine: LLMEngine, report: dict) -> dict:
     bandwidth = copy_bandwidth()
     limit = bandwidth / weight_bytes
     batch1 = next((r["kvstack_tok_s"] for r in report["decode"] if r["batch"] == 1), None)
-    return {"weight_bytes": weight_bytes, "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2),
-            "batch1_limit_tok_s": round(limit, 1),
-            "batch1_share_of_limit": round(batch1 / limit, 3) if batch1 else None}
+    return {
+        "weight_bytes": weight_bytes,
+        "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+        "batch1_limit_tok_s": round(limit, 1),
+        "batch1_share_of_limit": round(batch1 / limit, 3) if batch1 else None,
+    }
 
 
 def format_table(report: dict) -> str:
     baselines = list(report["decode"][0]["transformers"]) if report["decode"] else []
     header = "".join(f"{'hf ' + d:>18}{'ratio':>7}" for d in baselines)
-    lines = [f"model {report['model']}  threads {report['threads']}",
-             f"{'':18}{'kvstack ' + report['dtype']:>18}{header}"]
+    lines = [
+        f"model {report['model']}  threads {report['threads']}",
+        f"{'':18}{'kvstack ' + report['dtype']:>18}{header}",
+    ]
     for name, key in (("prefill", "tokens"), ("decode", "batch")):
         for r in report[name]:
-            cells = "".join(f"{r['transformers'][d]['tok_s']:>18}{r['transformers'][d]['ratio']:>7}"
-                            for d in baselines)
+            cells = "".join(
+                f"{r['transformers'][d]['tok_s']:>18}{r['transformers'][d]['ratio']:>7}"
+                for d in baselines
+            )
             label = f"{name} {key} {r[key]}"
             lines.append(f"{label:18}{r['kvstack_tok_s']:>18}{cells}")
-    lines.append(f"batch-1 limit {report['batch1_limit_tok_s']} tok/s "
-                 f"(weights {report['weight_bytes'] / 1e6:.0f} MB, copy bandwidth "
-                 f"{report['copy_bandwidth_gb_s']} GB/s); kvstack reaches "
-                 f"{report['batch1_share_of_limit']:.0%} of it")
+    lines.append(
+        f"batch-1 limit {report['batch1_limit_tok_s']} tok/s "
+        f"(weights {report['weight_bytes'] / 1e6:.0f} MB, copy bandwidth "
+        f"{report['copy_bandwidth_gb_s']} GB/s); kvstack reaches "
+        f"{report['batch1_share_of_limit']:.0%} of it"
+    )
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """`kvstack bench kvstore`: the pool's put/get throughput per tier, and what a hit saves:
 TTFT of a 2,048-token prompt cold, with its first 1,984 tokens in the kvstore, and with
 them in the prefill worker's own cache."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,7 @@ from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 
 # SmolLM2-135M in bfloat16: 30 layers, 3 KV heads of 64, 16-token blocks (368,640 B a block)
 LAYOUT = dict(num_layers=30, block_size=16, num_kv_heads=3, head_dim=64)
-PUT_BLOCKS = 16     # blocks per put: what one 256-token request writes back
+PUT_BLOCKS = 16  # blocks per put: what one 256-token request writes back
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -43,8 +44,11 @@ def run(args: argparse.Namespace) -> int:
     report = {"throughput": [measure_tier(work, tier, args.blocks) for tier in ("dram", "ssd")]}
     if not args.skip_ttft:
         report["ttft"] = measure_ttft(work, args.trials)
-    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json
-          else format_table(report))
+    print(
+        orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
+        if args.json
+        else format_table(report)
+    )
     return 0
 
 
@@ -54,14 +58,22 @@ def progress(message: str) -> None:
 
 # -- throughput: a stand-in worker puts blocks into one kvstore and gets them back --------
 
+
 class PoolClient:
     """A worker's side of the pool without a model: a KV tensor and the data plane."""
 
     def __init__(self, bus: Bus, num_blocks: int, token: str | None, seed: int = 0) -> None:
-        self.storage = KVStorage(LAYOUT["num_layers"], num_blocks, LAYOUT["block_size"],
-                                 LAYOUT["num_kv_heads"], LAYOUT["head_dim"], torch.bfloat16)
-        self.storage.kv.copy_(torch.randn(self.storage.kv.shape,
-                                          generator=torch.Generator().manual_seed(seed)))
+        self.storage = KVStorage(
+            LAYOUT["num_layers"],
+            num_blocks,
+            LAYOUT["block_size"],
+            LAYOUT["num_kv_heads"],
+            LAYOUT["head_dim"],
+            torch.bfloat16,
+        )
+        self.storage.kv.copy_(
+            torch.randn(self.storage.kv.shape, generator=torch.Generator().manual_seed(seed))
+        )
         self.inbox = KVInbox(self.storage, asyncio.get_running_loop())
         self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0, auth_token=token)
         self.sender = TcpKVSender(auth_token=token)
@@ -70,6 +82,7 @@ class PoolClient:
     async def join(self, bus: Bus, num_stores: int) -> None:
         async def observe(hb: Heartbeat) -> None:
             self.pool.observe(hb)
+
         await bus.subscribe(subjects.all_heartbeats(), observe, expected=Heartbeat)
         while len(self.pool.ring().members) < num_stores:
             await asyncio.sleep(0.1)
@@ -92,14 +105,38 @@ class PoolClient:
 
 def measure_tier(work: Path, tier: str, num_blocks: int) -> dict:
     progress(f"{tier} tier: {num_blocks} blocks")
-    block_bytes = 2 * LAYOUT["num_layers"] * LAYOUT["block_size"] * LAYOUT["num_kv_heads"] * \
-        LAYOUT["head_dim"] * 2
+    block_bytes = (
+        2
+        * LAYOUT["num_layers"]
+        * LAYOUT["block_size"]
+        * LAYOUT["num_kv_heads"]
+        * LAYOUT["head_dim"]
+        * 2
+    )
     gib = num_blocks * block_bytes / (1 << 30)
-    args = (("--dram-gib", str(2 * gib + 0.01)) if tier == "dram" else
-            ("--dram-gib", str(gib / 4), "--disk-dir", str(work / "ssd"),
-             "--disk-gib", str(2 * gib + 0.01)))
-    stack = Stack(StackConfig(num_prefill=0, num_decode=0, num_kvstore=1, kvstore_args=args,
-                              with_conductor=False, with_gateway=False, log_dir=work / tier))
+    args = (
+        ("--dram-gib", str(2 * gib + 0.01))
+        if tier == "dram"
+        else (
+            "--dram-gib",
+            str(gib / 4),
+            "--disk-dir",
+            str(work / "ssd"),
+            "--disk-gib",
+            str(2 * gib + 0.01),
+        )
+    )
+    stack = Stack(
+        StackConfig(
+            num_prefill=0,
+            num_decode=0,
+            num_kvstore=1,
+            kvstore_args=args,
+            with_conductor=False,
+            with_gateway=False,
+            log_dir=work / tier,
+        )
+    )
     stack.start()
     try:
         stack.wait_ready()
@@ -107,8 +144,13 @@ def measure_tier(work: Path, tier: str, num_blocks: int) -> dict:
     finally:
         stack.stop()
     nbytes = num_blocks * block_bytes
-    return {"tier": tier, "blocks": num_blocks, "bytes": nbytes,
-            "put_gb_s": round(nbytes / put_s / 1e9, 3), "get_gb_s": round(nbytes / get_s / 1e9, 3)}
+    return {
+        "tier": tier,
+        "blocks": num_blocks,
+        "bytes": nbytes,
+        "put_gb_s": round(nbytes / put_s / 1e9, 3),
+        "get_gb_s": round(nbytes / get_s / 1e9, 3),
+    }
 
 
 async def _round_trip(stack: Stack, num_blocks: int) -> tuple[float, float]:
@@ -119,19 +161,21 @@ async def _round_trip(stack: Stack, num_blocks: int) -> tuple[float, float]:
     ids = list(range(num_blocks))
     batches = range(0, num_blocks, PUT_BLOCKS)
     start = time.perf_counter()
-    for first in batches:                       # one put per 256-token request
-        await client.put(f"put-{first}", hashes[first:first + PUT_BLOCKS],
-                         ids[first:first + PUT_BLOCKS])
+    for first in batches:  # one put per 256-token request
+        await client.put(
+            f"put-{first}", hashes[first : first + PUT_BLOCKS], ids[first : first + PUT_BLOCKS]
+        )
     deadline = time.monotonic() + 60
-    while await client.pool.longest_prefix(hashes) < num_blocks:   # committed, all of them
+    while await client.pool.longest_prefix(hashes) < num_blocks:  # committed, all of them
         if time.monotonic() > deadline:
             raise KvstackError("the kvstore did not store every block (too small a DRAM tier?)")
         await asyncio.sleep(0.005)
     put_s = time.perf_counter() - start
     start = time.perf_counter()
     for first in batches:
-        if not await client.get(f"get-{first}", hashes[first:first + PUT_BLOCKS],
-                                ids[first:first + PUT_BLOCKS]):
+        if not await client.get(
+            f"get-{first}", hashes[first : first + PUT_BLOCKS], ids[first : first + PUT_BLOCKS]
+        ):
             raise KvstackError(f"getting blocks {first}.. from the kvstore failed")
     get_s = time.perf_counter() - start
     client.close()
@@ -141,28 +185,38 @@ async def _round_trip(stack: Stack, num_blocks: int) -> tuple[float, float]:
 
 # -- TTFT: the real stack, 2 prefill workers taking turns --------------------------------
 
+
 def measure_ttft(work: Path, trials: int) -> dict:
     import openai
+
     progress("TTFT: starting the stack (2 prefill, 1 decode, 1 kvstore)")
-    stack = Stack(StackConfig(num_prefill=2, num_kvstore=1, port=_free_port(),
-                              conductor_args=("--policy", "round-robin"),
-                              worker_args=("--threads", "2"), log_dir=work / "ttft"))
+    stack = Stack(
+        StackConfig(
+            num_prefill=2,
+            num_kvstore=1,
+            port=_free_port(),
+            conductor_args=("--policy", "round-robin"),
+            worker_args=("--threads", "2"),
+            log_dir=work / "ttft",
+        )
+    )
     stack.start()
     try:
         stack.wait_ready()
-        client = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0,
-                               timeout=300)
-        _ttft(client, _prompt(10_000, 2048))           # warm-up
-        _ttft(client, _prompt(10_001, 2048))           # both workers warm, turn back at 0
+        client = openai.OpenAI(
+            base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0, timeout=300
+        )
+        _ttft(client, _prompt(10_000, 2048))  # warm-up
+        _ttft(client, _prompt(10_001, 2048))  # both workers warm, turn back at 0
         cases = {"cold": [], "kvstore_hit": [], "local_hit": []}
         for trial in range(trials):
             progress(f"TTFT trial {trial + 1}/{trials}")
             prefix = _prompt(trial, 1984)
-            cases["cold"].append(_ttft(client, prefix + _prompt(100 + trial, 64)))   # worker 0
-            time.sleep(1.0)                                          # write-back to the pool
+            cases["cold"].append(_ttft(client, prefix + _prompt(100 + trial, 64)))  # worker 0
+            time.sleep(1.0)  # write-back to the pool
             cases["kvstore_hit"].append(_ttft(client, prefix + _prompt(200 + trial, 64)))  # 1
-            cases["local_hit"].append(_ttft(client, prefix + _prompt(300 + trial, 64)))    # 0
-            _ttft(client, _prompt(400 + trial, 64))        # keep the turns aligned
+            cases["local_hit"].append(_ttft(client, prefix + _prompt(300 + trial, 64)))  # 0
+            _ttft(client, _prompt(400 + trial, 64))  # keep the turns aligned
     finally:
         stack.stop()
     result = {case: round(statistics.median(times) * 1000, 1) for case, times in cases.items()}
@@ -172,14 +226,16 @@ def measure_ttft(work: Path, trials: int) -> dict:
 
 
 def _prompt(seed: int, length: int) -> list[int]:
-    return torch.randint(100, 40000, (length,), generator=torch.Generator().manual_seed(seed)
-                         ).tolist()
+    return torch.randint(
+        100, 40000, (length,), generator=torch.Generator().manual_seed(seed)
+    ).tolist()
 
 
 def _ttft(client, prompt: list[int]) -> float:
     start = time.perf_counter()
-    stream = client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt,
-                                       max_tokens=2, temperature=0, stream=True)
+    stream = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=2, temperature=0, stream=True
+    )
     first = None
     for chunk in stream:
         if first is None and chunk.choices:
@@ -189,21 +245,31 @@ def _ttft(client, prompt: list[int]) -> float:
 
 def _free_port() -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def format_table(report: dict) -> str:
-    lines = ["kvstore throughput (one kvstore process, one client, loopback TCP; SmolLM2 "
-             "bf16 blocks of 368,640 B)",
-             f"{'tier':8}{'blocks':>8}{'put GB/s':>10}{'get GB/s':>10}"]
+    lines = [
+        (
+            "kvstore throughput (one kvstore process, one client, loopback TCP; SmolLM2 "
+            "bf16 blocks of 368,640 B)"
+        ),
+        f"{'tier':8}{'blocks':>8}{'put GB/s':>10}{'get GB/s':>10}",
+    ]
     for row in report["throughput"]:
         lines.append(f"{row['tier']:8}{row['blocks']:>8}{row['put_gb_s']:>10}{row['get_gb_s']:>10}")
     if "ttft" in report:
         t = report["ttft"]
-        lines += ["", "TTFT of a 2,048-token prompt (median ms)",
-                  f"cold {t['cold']}   1,984 tokens in the kvstore {t['kvstore_hit']} "
-                  f"({t['speedup_kvstore']}x)   in the local cache {t['local_hit']} "
-                  f"({t['speedup_local']}x)"]
+        lines += [
+            "",
+            "TTFT of a 2,048-token prompt (median ms)",
+            (
+                f"cold {t['cold']}   1,984 tokens in the kvstore {t['kvstore_hit']} "
+                f"({t['speedup_kvstore']}x)   in the local cache {t['local_hit']} "
+                f"({t['speedup_local']}x)"
+            ),
+        ]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ into a preallocated tensor, one transfer at a time, timed until the child has th
   frames written by the Transfer Engine (`tcp` protocol) into the child's registered tensor,
   checksums computed and verified.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,10 +81,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for side in sides.values():
             side.close()
-    report = {"block_kib": args.block_kib, "auth": args.auth_token is not None,
-              "repeats": args.repeats, "cpus": os.cpu_count(), "rows": rows}
-    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json
-          else format_table(report))
+    report = {
+        "block_kib": args.block_kib,
+        "auth": args.auth_token is not None,
+        "repeats": args.repeats,
+        "cpus": os.cpu_count(),
+        "rows": rows,
+    }
+    print(
+        orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
+        if args.json
+        else format_table(report)
+    )
     return 0
 
 
@@ -96,12 +105,19 @@ def measure(layout: Layout, source: memoryview, sides: dict, repeats: int) -> di
         for name, side in sides.items():  # interleaved, so drift hits both alike
             times[name].append(side.transfer(layout, source))
     rate = {name: layout.nbytes / statistics.median(t) / 1e9 for name, t in times.items()}
-    row = {"mib": round(layout.nbytes / 2**20, 2), "frames": layout.layers,
-           "spans_per_frame": layout.blocks, "kvstack_gb_s": round(rate["kvstack"], 3),
-           "raw_gb_s": round(rate["raw"], 3), "ratio": round(rate["kvstack"] / rate["raw"], 3)}
+    row = {
+        "mib": round(layout.nbytes / 2**20, 2),
+        "frames": layout.layers,
+        "spans_per_frame": layout.blocks,
+        "kvstack_gb_s": round(rate["kvstack"], 3),
+        "raw_gb_s": round(rate["raw"], 3),
+        "ratio": round(rate["kvstack"] / rate["raw"], 3),
+    }
     if "mooncake" in rate:
-        row |= {"mooncake_gb_s": round(rate["mooncake"], 3),
-                "mooncake_ratio": round(rate["mooncake"] / rate["raw"], 3)}
+        row |= {
+            "mooncake_gb_s": round(rate["mooncake"], 3),
+            "mooncake_ratio": round(rate["mooncake"] / rate["raw"], 3),
+        }
     return row
 
 
@@ -111,15 +127,21 @@ def progress(message: str) -> None:
 
 def format_table(report: dict) -> str:
     moon = bool(report["rows"]) and "mooncake_gb_s" in report["rows"][0]
-    lines = [f"loopback TCP to a child process, {report['cpus']} CPUs; block {report['block_kib']}"
-             f" KiB (K+V of a layer); auth {'on' if report['auth'] else 'off'}; median of "
-             f"{report['repeats']}",
-             f"{'MiB':>8}{'frames':>8}{'spans/fr':>10}{'kvstack GB/s':>14}{'raw GB/s':>10}"
-             f"{'ratio':>7}" + (f"{'mooncake GB/s':>15}{'ratio':>7}" if moon else "")]
+    lines = [
+        (
+            f"loopback TCP to a child process, {report['cpus']} CPUs; block {report['block_kib']}"
+            f" KiB (K+V of a layer); auth {'on' if report['auth'] else 'off'}; median of "
+            f"{report['repeats']}"
+        ),
+        f"{'MiB':>8}{'frames':>8}{'spans/fr':>10}{'kvstack GB/s':>14}{'raw GB/s':>10}"
+        f"{'ratio':>7}" + (f"{'mooncake GB/s':>15}{'ratio':>7}" if moon else ""),
+    ]
     for r in report["rows"]:
-        lines.append(f"{r['mib']:>8}{r['frames']:>8}{r['spans_per_frame']:>10}"
-                     f"{r['kvstack_gb_s']:>14}{r['raw_gb_s']:>10}{r['ratio']:>7}"
-                     + (f"{r['mooncake_gb_s']:>15}{r['mooncake_ratio']:>7}" if moon else ""))
+        lines.append(
+            f"{r['mib']:>8}{r['frames']:>8}{r['spans_per_frame']:>10}"
+            f"{r['kvstack_gb_s']:>14}{r['raw_gb_s']:>10}{r['ratio']:>7}"
+            + (f"{r['mooncake_gb_s']:>15}{r['mooncake_ratio']:>7}" if moon else "")
+        )
     return "\n".join(lines)
 
 
@@ -157,8 +179,11 @@ class _Child:
 class KvstackSide:
     def __init__(self, capacity: int, auth_token: str | None, transport: str = "tcp") -> None:
         self.child = _Child(serve_kvstack, capacity, auth_token, transport)
-        self.sender = (mooncake.MooncakeKVSender(auth_token=auth_token) if transport == "mooncake"
-                       else TcpKVSender(auth_token=auth_token))
+        self.sender = (
+            mooncake.MooncakeKVSender(auth_token=auth_token)
+            if transport == "mooncake"
+            else TcpKVSender(auth_token=auth_token)
+        )
         self.count = 0
 
     def transfer(self, layout: Layout, source: memoryview) -> float:
@@ -184,10 +209,14 @@ class KvstackSide:
 
 def frame(layout: Layout, source: memoryview, layer: int) -> list:
     half = layout.half_bytes
-    return [(BlockSpan(b, 0, TOKENS_PER_BLOCK),
-             source[layout.k_offset(layer, b):layout.k_offset(layer, b) + half],
-             source[layout.v_offset(layer, b):layout.v_offset(layer, b) + half])
-            for b in range(layout.blocks)]
+    return [
+        (
+            BlockSpan(b, 0, TOKENS_PER_BLOCK),
+            source[layout.k_offset(layer, b) : layout.k_offset(layer, b) + half],
+            source[layout.v_offset(layer, b) : layout.v_offset(layer, b) + half],
+        )
+        for b in range(layout.blocks)
+    ]
 
 
 class RawSide:
@@ -200,7 +229,7 @@ class RawSide:
         self.child.cmds.send(layout.nbytes)
         self.child.expect("ready")
         start = time.perf_counter()
-        self.sock.sendall(source[:layout.nbytes])
+        self.sock.sendall(source[: layout.nbytes])
         self.child.expect("done")
         return time.perf_counter() - start
 
@@ -224,7 +253,7 @@ class _BenchSink:
     def destination(self, request_id, layer, span, nbytes):
         k = self.layout.k_offset(layer, span.block_id)
         v = self.layout.v_offset(layer, span.block_id)
-        return self.buffer[k:k + nbytes], self.buffer[v:v + nbytes]
+        return self.buffer[k : k + nbytes], self.buffer[v : v + nbytes]
 
     def on_frame(self, request_id, layer, spans, ok, error) -> None:
         self.rejected += not ok
@@ -237,14 +266,18 @@ class _BenchSink:
         self.events.send(("lost", error))
 
 
-def serve_kvstack(cmds, events, capacity: int, auth_token: str | None,
-                  transport: str = "tcp") -> None:
+def serve_kvstack(
+    cmds, events, capacity: int, auth_token: str | None, transport: str = "tcp"
+) -> None:
     torch.set_num_threads(1)
     sink = _BenchSink(tensor_bytes(torch.zeros(capacity, dtype=torch.uint8)), events)
-    receiver = (mooncake.MooncakeKVReceiver(sink, host="127.0.0.1", auth_token=auth_token,
-                                            memory=[sink.buffer])
-                if transport == "mooncake"
-                else TcpKVReceiver(sink, host="127.0.0.1", auth_token=auth_token))
+    receiver = (
+        mooncake.MooncakeKVReceiver(
+            sink, host="127.0.0.1", auth_token=auth_token, memory=[sink.buffer]
+        )
+        if transport == "mooncake"
+        else TcpKVReceiver(sink, host="127.0.0.1", auth_token=auth_token)
+    )
     host, port = receiver.start().rsplit(":", 1)
     events.send(("address", f"{host}:{port}"))
     while (layout := cmds.recv()) is not None:

@@ -8,6 +8,7 @@ that fits the document (positive) and data that does not (negative), each answer
 
 Needs the `dev` extra (schemathesis); `kvstack fuzz` and tests/e2e/test_fuzz.py run it.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,27 +29,28 @@ from schemathesis.specs.openapi.checks import (
 )
 
 MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
-NOT_ERRORS = frozenset({"/health"})   # its 503 is a health report, not a failed request
+NOT_ERRORS = frozenset({"/health"})  # its 503 is a health report, not a failed request
 
 
 @dataclass(frozen=True)
 class FuzzConfig:
-    base_url: str                    # the gateway, e.g. http://127.0.0.1:8000
+    base_url: str  # the gateway, e.g. http://127.0.0.1:8000
     api_key: str = ""
-    max_examples: int = 50           # per operation and mode
-    seed: int | None = 0             # None: different data on every run
+    max_examples: int = 50  # per operation and mode
+    seed: int | None = 0  # None: different data on every run
     request_timeout: float = 120.0
 
 
 @dataclass
 class OperationReport:
     """What fuzzing one operation in one mode found."""
-    operation: str                   # e.g. "POST /v1/completions"
-    mode: str                        # positive or negative
+
+    operation: str  # e.g. "POST /v1/completions"
+    mode: str  # positive or negative
     cases: int = 0
     statuses: Counter = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
-    skipped: str = ""                # why no case ran, when none did
+    skipped: str = ""  # why no case ran, when none did
     seconds: float = 0.0
 
 
@@ -63,18 +65,24 @@ def openai_error_object(ctx, response, case) -> None:
     assert isinstance(error["message"], str) and error["message"], "an empty message"
 
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_headers_conformance, response_schema_conformance, negative_data_rejection,
-          openai_error_object]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+    openai_error_object,
+]
 
 
 def fuzz(config: FuzzConfig) -> list[OperationReport]:
     """Every operation of the gateway's document in both modes; one report each."""
-    schema = schemathesis.openapi.from_url(f"{config.base_url}/openapi.json",
-                                           timeout=config.request_timeout)
+    schema = schemathesis.openapi.from_url(
+        f"{config.base_url}/openapi.json", timeout=config.request_timeout
+    )
     operations = [result.ok() for result in schema.get_all_operations()]
-    return [fuzz_operation(operation, mode, config)
-            for operation in operations for mode in MODES]
+    return [fuzz_operation(operation, mode, config) for operation in operations for mode in MODES]
 
 
 def fuzz_operation(operation, mode: GenerationMode, config: FuzzConfig) -> OperationReport:
@@ -83,14 +91,22 @@ def fuzz_operation(operation, mode: GenerationMode, config: FuzzConfig) -> Opera
     session = requests.Session()
 
     # NOTE: generation only (no shrinking): every failing case is reported as found.
-    @hypothesis.settings(max_examples=config.max_examples, deadline=None, database=None,
-                         phases=[hypothesis.Phase.generate],
-                         suppress_health_check=list(hypothesis.HealthCheck),
-                         verbosity=hypothesis.Verbosity.quiet)
+    @hypothesis.settings(
+        max_examples=config.max_examples,
+        deadline=None,
+        database=None,
+        phases=[hypothesis.Phase.generate],
+        suppress_health_check=list(hypothesis.HealthCheck),
+        verbosity=hypothesis.Verbosity.quiet,
+    )
     @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
     def run(case) -> None:
-        response = case.call(base_url=config.base_url, session=session, headers=headers,
-                             timeout=config.request_timeout)
+        response = case.call(
+            base_url=config.base_url,
+            session=session,
+            headers=headers,
+            timeout=config.request_timeout,
+        )
         report.cases += 1
         report.statuses[response.status_code] += 1
         try:

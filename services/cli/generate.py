@@ -1,4 +1,5 @@
 """`kvstack generate`: one prompt through the engine in this process."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--logprobs", type=int, default=None, help="top alternatives per token")
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
-                   help="auto: bfloat16 on CPUs with native bf16 (AMX/AVX512-BF16), else float32")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="auto: bfloat16 on CPUs with native bf16 (AMX/AVX512-BF16), else float32",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--json", action="store_true", help="print ids, text and logprobs as JSON")
     p.set_defaults(run=run)
@@ -39,9 +44,15 @@ def run(args: argparse.Namespace) -> int:
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, num_threads=args.threads))
     prompt_ids = prompt_token_ids(engine, args)
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
-        logprobs=args.logprobs if args.logprobs is not None else (0 if args.json else None))
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=tuple(args.stop),
+        ignore_eos=args.ignore_eos,
+        logprobs=args.logprobs if args.logprobs is not None else (0 if args.json else None),
+    )
     engine.add_request("generate", prompt_ids, params)
     completion = Completion("generate", prompt_ids, [], "", None, None)
     while engine.has_unfinished:
@@ -73,9 +84,16 @@ def parse_ids(text: str) -> list[int]:
 
 
 def as_json(args: argparse.Namespace, completion: Completion) -> dict:
-    logprobs = [{"token_id": lp.token_id, "logprob": lp.logprob, "top": lp.top}
-                for lp in completion.logprobs or ()]
-    return {"model": args.model, "prompt": args.prompt,
-            "prompt_token_ids": completion.prompt_token_ids, "token_ids": completion.token_ids,
-            "text": completion.text, "finish_reason": completion.finish_reason,
-            "logprobs": logprobs}
+    logprobs = [
+        {"token_id": lp.token_id, "logprob": lp.logprob, "top": lp.top}
+        for lp in completion.logprobs or ()
+    ]
+    return {
+        "model": args.model,
+        "prompt": args.prompt,
+        "prompt_token_ids": completion.prompt_token_ids,
+        "token_ids": completion.token_ids,
+        "text": completion.text,
+        "finish_reason": completion.finish_reason,
+        "logprobs": logprobs,
+    }

@@ -1,4 +1,5 @@
 """`kvstack`: one command line for every part of the stack."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """When a child that exited is started again, and when to give up on it. No I/O, no clock:
 the supervisor passes `now` in, so the rules are tested with plain numbers."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -8,17 +9,17 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    first_backoff: float = 1.0    # seconds before the first restart; doubles on each next one
+    first_backoff: float = 1.0  # seconds before the first restart; doubles on each next one
     max_backoff: float = 30.0
-    stable_after: float = 60.0    # a child up this long starts its backoff over
-    max_restarts: int = 5         # restarts allowed within `window` seconds;
-    window: float = 120.0         # an exit beyond them gives up on the child
-    poll_interval: float = 0.2    # how often the supervisor looks at its children
+    stable_after: float = 60.0  # a child up this long starts its backoff over
+    max_restarts: int = 5  # restarts allowed within `window` seconds;
+    window: float = 120.0  # an exit beyond them gives up on the child
+    poll_interval: float = 0.2  # how often the supervisor looks at its children
 
 
 def backoff(policy: RestartPolicy, streak: int) -> float:
     """Seconds to wait before restart number `streak + 1` of an unbroken run of exits."""
-    return min(policy.first_backoff * 2 ** streak, policy.max_backoff)
+    return min(policy.first_backoff * 2**streak, policy.max_backoff)
 
 
 class RestartHistory:
@@ -27,8 +28,8 @@ class RestartHistory:
     def __init__(self, policy: RestartPolicy, started_at: float) -> None:
         self.policy = policy
         self.started_at = started_at
-        self.streak = 0               # restarts since the child last stayed up
-        self.recent: deque[float] = deque()   # times of the restarts within the window
+        self.streak = 0  # restarts since the child last stayed up
+        self.recent: deque[float] = deque()  # times of the restarts within the window
 
     def started(self, now: float) -> None:
         self.started_at = now

@@ -17,6 +17,7 @@ restart), `restarts(name)` counts its restarts, `restart_nats()` stops nats-serv
 starts it again on the same port, `kill()` SIGKILLs every child and nats-server at once
 (then `stop()` reaps them and cleans up).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,28 +39,28 @@ from services.cli.stack_process import Process, stop_tiers
 from services.cli.supervisor import Child, Supervisor
 from services.cli.up_metrics import UpMetrics
 from shared import codec, subjects
-from shared.engine.mock import MockSpec
 from shared.auth.deployment import Identity, read_data_token
 from shared.bus import Bus
+from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 from shared.messages import Heartbeat
 from shared.nats_server import NatsServer
 
-STOP_GRACE = 20.0        # seconds a service may take past its drain to stop and deregister
-PROGRESS_EVERY = 5.0     # seconds between "waiting for ..." lines while starting
+STOP_GRACE = 20.0  # seconds a service may take past its drain to stop and deregister
+PROGRESS_EVERY = 5.0  # seconds between "waiting for ..." lines while starting
 
 
 @dataclass(frozen=True)
 class StackConfig:
-    nats_url: str = ""                 # empty: start a local nats-server
+    nats_url: str = ""  # empty: start a local nats-server
     num_prefill: int = 1
     num_decode: int = 1
     num_kvstore: int = 0
     kvstore_args: tuple[str, ...] = ()
-    num_attention: int = 0             # attention workers per decode worker (0: no offload)
+    num_attention: int = 0  # attention workers per decode worker (0: no offload)
     attention_args: tuple[str, ...] = ()
     model: str = "SmolLM2-135M-Instruct"
-    mock: MockSpec | None = None       # workers run the mock engine (model: the tokenizer)
+    mock: MockSpec | None = None  # workers run the mock engine (model: the tokenizer)
     host: str = "127.0.0.1"
     port: int = 8000
     worker_args: tuple[str, ...] = ()  # extra args for prefill and decode workers
@@ -71,12 +72,12 @@ class StackConfig:
     with_gateway: bool = True
     log_dir: Path = Path(".kvstack/logs")
     ready_timeout: float = 300.0
-    drain_timeout: float = 30.0        # every child's --drain-timeout
-    restart: RestartPolicy | None = None   # None: no supervisor, an exited child is an error
-    metrics_port: int | None = None    # the stack's own /metrics (0: a free port; None: off)
-    secrets_dir: Path | None = None    # credentials, kept across runs (None: temporary)
-    insecure: bool = False             # no NATS users, no data-plane secret
-    nats_tls: bool = False             # TLS on NATS, with the deployment's own CA
+    drain_timeout: float = 30.0  # every child's --drain-timeout
+    restart: RestartPolicy | None = None  # None: no supervisor, an exited child is an error
+    metrics_port: int | None = None  # the stack's own /metrics (0: a free port; None: off)
+    secrets_dir: Path | None = None  # credentials, kept across runs (None: temporary)
+    insecure: bool = False  # no NATS users, no data-plane secret
+    nats_tls: bool = False  # TLS on NATS, with the deployment's own CA
 
 
 @dataclass
@@ -105,14 +106,14 @@ class Stack:
         if cfg.nats_url:
             self.nats_url = cfg.nats_url
         else:
-            self.nats = NatsServer(log_path=self._log_path(NatsServer.name),
-                                   config=self.auth.server_config)
+            self.nats = NatsServer(
+                log_path=self._log_path(NatsServer.name), config=self.auth.server_config
+            )
             self.nats_url = self.nats.url
         for name, args in self.commands():
             self.spawn(name, args)
         if cfg.restart is not None:
-            self.supervisor = Supervisor(cfg.restart, self._children, self._lock,
-                                         self.metrics, say)
+            self.supervisor = Supervisor(cfg.restart, self._children, self._lock, self.metrics, say)
             self.supervisor.start()
 
     def _serve_metrics(self) -> None:
@@ -128,38 +129,68 @@ class Stack:
         worker = ["--model", cfg.model, *engine, *cfg.worker_args]
         # The conductor predicts with the cost model the mock workers take their time from.
         cost = ["--cost-model", cfg.mock.cost_spec] if cfg.mock is not None else []
-        commands = [("conductor-0", ["conductor", "--worker-id", "conductor-0", *cost,
-                                     *cfg.conductor_args])]
+        commands = [
+            ("conductor-0", ["conductor", "--worker-id", "conductor-0", *cost, *cfg.conductor_args])
+        ]
         commands = commands if cfg.with_conductor else []
-        commands += [(f"kvstore-{i}", ["kvstore", "--worker-id", f"kvstore-{i}",
-                                       *cfg.kvstore_args]) for i in range(cfg.num_kvstore)]
-        commands += [(f"prefill-{i}", ["prefill", "--worker-id", f"prefill-{i}", *worker,
-                                       *cfg.prefill_args]) for i in range(cfg.num_prefill)]
+        commands += [
+            (f"kvstore-{i}", ["kvstore", "--worker-id", f"kvstore-{i}", *cfg.kvstore_args])
+            for i in range(cfg.num_kvstore)
+        ]
+        commands += [
+            (f"prefill-{i}", ["prefill", "--worker-id", f"prefill-{i}", *worker, *cfg.prefill_args])
+            for i in range(cfg.num_prefill)
+        ]
         for i in range(cfg.num_decode):
             group = [f"attention-{i}-{j}" for j in range(cfg.num_attention)]
-            commands += [(w, ["attention-worker", "--worker-id", w, *cfg.attention_args])
-                         for w in group]
+            commands += [
+                (w, ["attention-worker", "--worker-id", w, *cfg.attention_args]) for w in group
+            ]
             offload = ["--attention-workers", ",".join(group)] if group else []
-            commands.append((f"decode-{i}", ["decode", "--worker-id", f"decode-{i}", *worker,
-                                             *offload, *cfg.decode_args]))
+            commands.append(
+                (
+                    f"decode-{i}",
+                    ["decode", "--worker-id", f"decode-{i}", *worker, *offload, *cfg.decode_args],
+                )
+            )
         if cfg.with_gateway:
-            commands.append(("gateway-0", [
-                "gateway", "--worker-id", "gateway-0", "--model", cfg.model, "--host", cfg.host,
-                "--http-port", str(cfg.port), *engine, *cfg.gateway_args]))
+            commands.append(
+                (
+                    "gateway-0",
+                    [
+                        "gateway",
+                        "--worker-id",
+                        "gateway-0",
+                        "--model",
+                        cfg.model,
+                        "--host",
+                        cfg.host,
+                        "--http-port",
+                        str(cfg.port),
+                        *engine,
+                        *cfg.gateway_args,
+                    ],
+                )
+            )
         drain = ["--drain-timeout", f"{cfg.drain_timeout:g}"]
         return [(name, [*args, *drain]) for name, args in commands]
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
         """Run `kvstack <args>`; the NATS URL comes from KVSTACK_NATS unless args give one,
         its credentials (worker id `name`, role `args[0]`) from KVSTACK_NATS_CREDS."""
-        if self.auth is None:   # spawned without start(): against a server of the caller's
+        if self.auth is None:  # spawned without start(): against a server of the caller's
             cfg = self.config
             self.auth = StackAuth.prepare(cfg.secrets_dir, [], cfg.insecure, cfg.nats_tls)
         secrets, new = self.auth.child_env(Identity(args[0], name))
         if new and self.nats is not None:
             self.nats.reload()
-        env = {**os.environ, "KVSTACK_NATS": self.nats_url, "PYTHONUNBUFFERED": "1",
-               **secrets, **(env or {})}
+        env = {
+            **os.environ,
+            "KVSTACK_NATS": self.nats_url,
+            "PYTHONUNBUFFERED": "1",
+            **secrets,
+            **(env or {}),
+        }
         with self._lock:
             process = Process.launch(name, args, env, self._log_path(name))
             self.processes.append(process)
@@ -203,32 +234,39 @@ class Stack:
 
     async def _await_heartbeats(self, expected: Counter, deadline: float) -> None:
         import nats
-        seen: dict[str, str] = {}   # worker id -> service
-        nc = await nats.connect(self.nats_url, error_cb=_quiet, max_reconnect_attempts=-1,
-                                **self.auth.admin().connect_options())
+
+        seen: dict[str, str] = {}  # worker id -> service
+        nc = await nats.connect(
+            self.nats_url,
+            error_cb=_quiet,
+            max_reconnect_attempts=-1,
+            **self.auth.admin().connect_options(),
+        )
 
         async def on_beat(msg) -> None:
             beat = codec.decode(msg.data, Heartbeat)
             seen[beat.worker_id] = beat.service
+
         await nc.subscribe(subjects.all_heartbeats(), cb=on_beat)
         try:
             await self._until_seen(expected, seen, deadline)
         finally:
             await nc.close()
 
-    async def _until_seen(self, expected: Counter, seen: dict[str, str], deadline: float
-                          ) -> None:
+    async def _until_seen(self, expected: Counter, seen: dict[str, str], deadline: float) -> None:
         began, restarts = time.monotonic(), self._total_restarts()
         next_report = began + PROGRESS_EVERY
         while waiting := self._not_ready(expected, seen):
             self.check_alive()
-            if restarts != self._total_restarts():   # a restarted child must beat anew
+            if restarts != self._total_restarts():  # a restarted child must beat anew
                 seen.clear()
                 restarts = self._total_restarts()
             now = time.monotonic()
             if now > deadline:
-                raise KvstackError(f"not ready within {self.config.ready_timeout:.0f}s: "
-                                   f"waiting for {', '.join(waiting)}")
+                raise KvstackError(
+                    f"not ready within {self.config.ready_timeout:.0f}s: "
+                    f"waiting for {', '.join(waiting)}"
+                )
             if now >= next_report:
                 say(f"waiting for {', '.join(waiting)} ({now - began:.0f}s)")
                 next_report += PROGRESS_EVERY
@@ -238,8 +276,11 @@ class Stack:
         """Who is not ready: a child not running (restarting), or one not heard from yet
         (by name where its name is its worker id, else by service)."""
         missing = expected - Counter(seen.values())
-        names = [p.name for p in self.processes
-                 if p.popen.poll() is not None or (p.service in missing and p.name not in seen)]
+        names = [
+            p.name
+            for p in self.processes
+            if p.popen.poll() is not None or (p.service in missing and p.name not in seen)
+        ]
         return names or sorted(missing)
 
     def _await_gateway(self, deadline: float) -> None:
@@ -263,8 +304,10 @@ class Stack:
         for process in self.processes:
             code = process.popen.poll()
             if code is not None:
-                raise KvstackError(f"{process.name} exited with code {code}; its log "
-                                   f"({process.log_path}) ends with:\n{tail(process.log_path)}")
+                raise KvstackError(
+                    f"{process.name} exited with code {code}; its log "
+                    f"({process.log_path}) ends with:\n{tail(process.log_path)}"
+                )
 
     def stop(self) -> None:
         """Drain and stop, one tier after the other (`stack_process.STOP_TIERS`): each gets
@@ -277,7 +320,7 @@ class Stack:
         if self.auth is not None:
             self.auth.close()
         self.metrics.close()
-        if self.supervisor is not None:   # after every child it may have started ended
+        if self.supervisor is not None:  # after every child it may have started ended
             self.supervisor.close()
 
     def kill(self) -> None:
@@ -319,8 +362,16 @@ def engine_args(mock: MockSpec | None) -> list[str]:
     """The engine flags of workers and gateway (`kvstack prefill --engine ...`)."""
     if mock is None:
         return []
-    return ["--engine", "mock", "--mock-model", mock.model, "--mock-hardware", mock.hardware,
-            "--mock-kv-scale", repr(mock.kv_scale)]
+    return [
+        "--engine",
+        "mock",
+        "--mock-model",
+        mock.model,
+        "--mock-hardware",
+        mock.hardware,
+        "--mock-kv-scale",
+        repr(mock.kv_scale),
+    ]
 
 
 async def _quiet(e: Exception) -> None:

@@ -2,6 +2,7 @@
 narrowed to its own worker id), the admin's for the stack's own checks, the data plane's
 secret; all made on first start (shared/auth/deployment.py) and kept in `secrets_dir`.
 Without a `secrets_dir` they live in a temporary directory, removed at stop."""
+
 from __future__ import annotations
 
 import shutil
@@ -15,13 +16,14 @@ from shared.auth.deployment import ADMIN, Identity, Secrets, ensure_secrets
 
 @dataclass
 class StackAuth:
-    secrets: Secrets | None       # None: --insecure, nothing is checked
+    secrets: Secrets | None  # None: --insecure, nothing is checked
     owns_dir: bool = False
     tls: bool = False
 
     @classmethod
-    def prepare(cls, secrets_dir: Path | None, identities: list[Identity], insecure: bool,
-                tls: bool) -> StackAuth:
+    def prepare(
+        cls, secrets_dir: Path | None, identities: list[Identity], insecure: bool, tls: bool
+    ) -> StackAuth:
         if insecure:
             return cls(None)
         owns = secrets_dir is None

@@ -1,4 +1,5 @@
 """The stack's log files: one per child, the previous run's kept beside it as `name.log.1`."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """The stack's child processes: how one starts and restarts, and how they stop in order."""
+
 from __future__ import annotations
 
 import signal
@@ -20,16 +21,16 @@ STOP_TIERS = (("gateway",), ("prefill", "decode"), ("attention-worker",))
 @dataclass
 class Process:
     """One `kvstack <args>` child in a session of its own; a restart replaces `popen`."""
+
     name: str
-    args: list[str]        # after `kvstack`: the service first
+    args: list[str]  # after `kvstack`: the service first
     popen: subprocess.Popen
     log_path: Path
     env: dict[str, str] = field(default_factory=dict, repr=False)
-    swept_pid: int = field(default=0, repr=False)   # whose group was killed after it ended
+    swept_pid: int = field(default=0, repr=False)  # whose group was killed after it ended
 
     @classmethod
-    def launch(cls, name: str, args: list[str], env: dict[str, str], log_path: Path
-               ) -> Process:
+    def launch(cls, name: str, args: list[str], env: dict[str, str], log_path: Path) -> Process:
         return cls(name, list(args), _popen(args, env, log_path), log_path, env)
 
     @property
@@ -39,7 +40,7 @@ class Process:
     def poll(self) -> int | None:
         """None while it runs, else its exit code; the first time, whatever it started
         that outlived it is killed too."""
-        popen = self.popen      # a restart (another thread) may replace it meanwhile
+        popen = self.popen  # a restart (another thread) may replace it meanwhile
         code = popen.poll()
         if code is not None and self.swept_pid != popen.pid:
             # NOTE: right after reaping it: later, its pid (the group's id) may be reused.

@@ -11,6 +11,7 @@ Every pass runs under the stack's lock, and `hold()` (called under it) ends rest
 a stop never races a restart. The thread must outlive the children it restarted (they
 get SIGTERM when the thread that started them ends): `close()` it after they stopped.
 """
+
 from __future__ import annotations
 
 import collections
@@ -39,8 +40,14 @@ class Child(Protocol):
 
 
 class Supervisor:
-    def __init__(self, policy: RestartPolicy, children: Callable[[], list[Child]],
-                 lock: threading.RLock, metrics: UpMetrics, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        policy: RestartPolicy,
+        children: Callable[[], list[Child]],
+        lock: threading.RLock,
+        metrics: UpMetrics,
+        say: Callable[[str], None],
+    ) -> None:
         self.policy = policy
         self.children = children
         self.lock = lock
@@ -49,11 +56,10 @@ class Supervisor:
         self.failure: KvstackError | None = None
         self.restarts: collections.Counter[str] = collections.Counter()
         self._histories: dict[str, RestartHistory] = {}
-        self._due: dict[str, float] = {}     # child -> when its restart is due (monotonic)
+        self._due: dict[str, float] = {}  # child -> when its restart is due (monotonic)
         self._held = False
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvstack-supervisor",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="kvstack-supervisor", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -72,7 +78,7 @@ class Supervisor:
             with self.lock:
                 try:
                     self._pass(time.monotonic())
-                except Exception as e:   # noqa: BLE001 - a dead supervisor must be heard of
+                except Exception as e:
                     self._give_up(KvstackError(f"the supervisor failed: {e!r}"))
 
     def _pass(self, now: float) -> None:
@@ -96,24 +102,30 @@ class Supervisor:
             return
         delay = history.exited(now)
         if delay is None:
-            self._give_up(KvstackError(
-                f"{child.name} keeps dying ({self.policy.max_restarts} restarts within "
-                f"{self.policy.window:g}s, last exit {describe_exit(code)})\n"
-                f"its log ({child.log_path}) ends with:\n{tail(child.log_path)}"))
+            self._give_up(
+                KvstackError(
+                    f"{child.name} keeps dying ({self.policy.max_restarts} restarts within "
+                    f"{self.policy.window:g}s, last exit {describe_exit(code)})\n"
+                    f"its log ({child.log_path}) ends with:\n{tail(child.log_path)}"
+                )
+            )
             return
-        self.say(f"{child.name} exited with {describe_exit(code)}; restarting in {delay:g}s "
-                 f"(restart {self.restarts[child.name] + 1})")
+        self.say(
+            f"{child.name} exited with {describe_exit(code)}; restarting in {delay:g}s "
+            f"(restart {self.restarts[child.name] + 1})"
+        )
         self._due[child.name] = now + delay
 
     def _restart(self, child: Child, history: RestartHistory, now: float) -> None:
         del self._due[child.name]
         number = self.restarts[child.name] + 1
-        append_marker(child.log_path, f"restarted at {time.strftime('%Y-%m-%d %H:%M:%S')} "
-                                      f"(restart {number})")
+        append_marker(
+            child.log_path, f"restarted at {time.strftime('%Y-%m-%d %H:%M:%S')} (restart {number})"
+        )
         history.started(now)
         try:
             child.restart()
-        except (KvstackError, OSError) as e:    # seen as its next exit on the next pass
+        except (KvstackError, OSError) as e:  # seen as its next exit on the next pass
             self.say(f"{child.name} did not restart: {e}")
         # NOTE: counted once started, so a count that went up means it runs again.
         self.restarts[child.name] = number

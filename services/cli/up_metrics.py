@@ -1,4 +1,5 @@
 """The metrics of `kvstack up` itself: restarts per child and children up, on GET /metrics."""
+
 from __future__ import annotations
 
 from prometheus_client import start_http_server
@@ -10,7 +11,8 @@ class UpMetrics:
     def __init__(self) -> None:
         self.metrics = Metrics("up")
         self.restarts = self.metrics.counter(
-            "restarts", "children restarted after they exited", ("service",))
+            "restarts", "children restarted after they exited", ("service",)
+        )
         self.children_up = self.metrics.gauge("children_up", "children running now")
         self.url = ""
         self._server = None

@@ -8,6 +8,7 @@ prefill ends, every request decoding for one uniform time (system-level, as depl
 the paper). `predictive-request` forecasts the chosen worker with each request's own
 expected decode time (its max_tokens, and output lengths seen for its prefix).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ def slo_of(request: PlacementRequest, config: SchedulingConfig) -> Slo:
 
 
 def verdict(inputs: Inputs, choice: Choice, ledger: Ledger, outputs: OutputLengths) -> str:
-    """"" to admit; otherwise why not, for the client."""
+    """ "" to admit; otherwise why not, for the client."""
     mode = inputs.config.admission
     if mode == "none":
         return ""
@@ -45,13 +46,13 @@ def verdict(inputs: Inputs, choice: Choice, ledger: Ledger, outputs: OutputLengt
         return ""
     tbt = decode_tbt(inputs, choice, ledger, outputs)
     if tbt > slo.tbt:
-        return f"{OVERLOADED}predicted TBT {tbt * 1000:.3g}ms exceeds the SLO " \
-               f"{slo.tbt * 1000:.3g}ms"
+        return (
+            f"{OVERLOADED}predicted TBT {tbt * 1000:.3g}ms exceeds the SLO {slo.tbt * 1000:.3g}ms"
+        )
     return ""
 
 
-def decode_tbt(inputs: Inputs, choice: Choice, ledger: Ledger, outputs: OutputLengths
-               ) -> float:
+def decode_tbt(inputs: Inputs, choice: Choice, ledger: Ledger, outputs: OutputLengths) -> float:
     """The TBT the mode judges by: now (early), or forecast for when prefill ends."""
     mode = inputs.config.admission
     if mode == "early":
@@ -62,8 +63,10 @@ def decode_tbt(inputs: Inputs, choice: Choice, ledger: Ledger, outputs: OutputLe
     if mode == "predictive-request":
         return tbt_at(ledger, chosen, now, t, inputs.cost, n)
     slo_tbt = slo_of(inputs.request, inputs.config).tbt
-    loads = [tbt_at(ledger, w, now, t, inputs.cost, n if w is chosen else 0) / slo_tbt
-             for w in inputs.snapshot.decode]
+    loads = [
+        tbt_at(ledger, w, now, t, inputs.cost, n if w is chosen else 0) / slo_tbt
+        for w in inputs.snapshot.decode
+    ]
     return sum(loads) / len(loads) * slo_tbt
 
 

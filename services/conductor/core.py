@@ -1,6 +1,7 @@
 """The conductor without I/O: cluster state, prefix index, bookkeeping, policy and
 admission. The service feeds it messages; the benchmark and the simulator call it directly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,14 +20,14 @@ from shared.messages import Heartbeat, KVEvent, Placement, PlacementRequest, Req
 @dataclass
 class Counters:
     accepted: int = 0
-    rejected: int = 0               # by admission (overload)
-    unplaceable: int = 0            # no worker could take it
-    replications: int = 0           # placements that pull a remote prefix into the worker
+    rejected: int = 0  # by admission (overload)
+    unplaceable: int = 0  # no worker could take it
+    replications: int = 0  # placements that pull a remote prefix into the worker
     replicated_blocks: int = 0
-    impostor_beats: int = 0         # beats under a live worker's id from another process
+    impostor_beats: int = 0  # beats under a live worker's id from another process
 
 
-HOLD_BEATS = 1.5   # a worker beating within this many intervals holds its id
+HOLD_BEATS = 1.5  # a worker beating within this many intervals holds its id
 
 
 def _beating(holder: Heartbeat, now: float) -> bool:
@@ -39,14 +40,15 @@ def _beating(holder: Heartbeat, now: float) -> bool:
 class WaitingEvents:
     """KV events of sources not registered yet, bounded: a snapshot replaces what waited
     before it; past the bounds the oldest go (the next resync repairs the index)."""
+
     max_sources: int = 64
     max_events: int = 64
     by_source: dict[str, list[KVEvent]] = field(default_factory=dict)
 
     def keep(self, event: KVEvent) -> None:
-        earlier = self.by_source.pop(event.source, [])   # re-inserted last: the newest
+        earlier = self.by_source.pop(event.source, [])  # re-inserted last: the newest
         events = [event] if event.snapshot else [*earlier, event]
-        self.by_source[event.source] = events[-self.max_events:]
+        self.by_source[event.source] = events[-self.max_events :]
         while len(self.by_source) > self.max_sources:
             del self.by_source[next(iter(self.by_source))]
 
@@ -75,10 +77,10 @@ class Conductor:
             return
         old = self.state.heartbeats.get(hb.worker_id)
         if old is not None and old.instance != hb.instance and _beating(old, hb.time):
-            self.counters.impostor_beats += 1   # the id is taken by a process that lives
+            self.counters.impostor_beats += 1  # the id is taken by a process that lives
             return
         if hb.stopped or (old is not None and old.instance != hb.instance):
-            self.forget(hb.worker_id)   # it left, or restarted with empty caches
+            self.forget(hb.worker_id)  # it left, or restarted with empty caches
         if not hb.stopped:
             self.state.observe(hb)
             self._apply_waiting(hb.worker_id)
@@ -91,7 +93,7 @@ class Conductor:
         if event.source not in self.state.heartbeats:
             self.unregistered.keep(event)
             return
-        if event.snapshot:     # everything the source holds: what we knew of it is stale
+        if event.snapshot:  # everything the source holds: what we knew of it is stale
             self.index.forget(event.source)
         self.index.apply(event)
 
@@ -123,26 +125,33 @@ class Conductor:
         choice = self.policy(inputs)
         if isinstance(choice, Rejection):
             self.counters.unplaceable += 1
-            return Placement(request.request_id, False, reason=choice.reason,
-                             retry_after=choice.retry_after)
+            return Placement(
+                request.request_id, False, reason=choice.reason, retry_after=choice.retry_after
+            )
         reason = admission.verdict(inputs, choice, self.ledger, self.outputs)
         if reason:
             self.counters.rejected += 1
-            return Placement(request.request_id, False, reason=reason,
-                             retry_after=self.config.retry_after)
+            return Placement(
+                request.request_id, False, reason=reason, retry_after=self.config.retry_after
+            )
         self._book(inputs, choice)
         return self._placement(request, choice)
 
     def _book(self, inputs: Inputs, choice: Choice) -> None:
         """Count the request against its workers until their next heartbeats report it."""
         n, now = inputs.request.num_prompt_tokens, inputs.snapshot.time
-        self.state.assign(choice.prefill_id, n - choice.prefix_tokens, choice.busy_seconds,
-                          until=now + choice.ttft)
+        self.state.assign(
+            choice.prefill_id,
+            n - choice.prefix_tokens,
+            choice.busy_seconds,
+            until=now + choice.ttft,
+        )
         self.state.assign(choice.decode_id, n + 1)
         if admission.forecasts(self.config):
             duration = admission.decode_duration(inputs, choice, self.outputs)
-            self.ledger.book(choice.decode_id, Booking(now + choice.ttft,
-                                                       now + choice.ttft + duration, n))
+            self.ledger.book(
+                choice.decode_id, Booking(now + choice.ttft, now + choice.ttft + duration, n)
+            )
         self.counters.accepted += 1
         if choice.fetch_blocks:
             self.counters.replications += 1
@@ -150,10 +159,20 @@ class Conductor:
 
     def _placement(self, request: PlacementRequest, choice: Choice) -> Placement:
         peer = choice.fetch_from if choice.fetch_from not in ("", "kvstore") else ""
-        stage_tbt = admission.slo_of(request, self.config).tbt \
-            if self.config.admission == "baseline" else 0.0
-        return Placement(request.request_id, True, choice.prefill_id, choice.decode_id,
-                         prefix_peer=peer, prefix_peer_blocks=choice.source_blocks if peer else 0,
-                         load_prefix=choice.load_prefix, stage_tbt_slo=stage_tbt,
-                         predicted_ttft=choice.ttft, predicted_tbt=choice.tbt)
-
+        stage_tbt = (
+            admission.slo_of(request, self.config).tbt
+            if self.config.admission == "baseline"
+            else 0.0
+        )
+        return Placement(
+            request.request_id,
+            True,
+            choice.prefill_id,
+            choice.decode_id,
+            prefix_peer=peer,
+            prefix_peer_blocks=choice.source_blocks if peer else 0,
+            load_prefix=choice.load_prefix,
+            stage_tbt_slo=stage_tbt,
+            predicted_ttft=choice.ttft,
+            predicted_tbt=choice.tbt,
+        )

@@ -1,12 +1,13 @@
 """Predicted times of one placement, from a cost model and a worker's load: what the
 kvcentric policy minimises and what admission compares with the SLOs."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:     # snapshot.py imports this module (through views.py)
+if TYPE_CHECKING:  # snapshot.py imports this module (through views.py)
     from services.conductor.snapshot import WorkerLoad
     from services.conductor.views import DecodeView
     from shared.costmodel import CostModel
@@ -31,8 +32,9 @@ def prefill_time(cost: CostModel, num_prompt_tokens: int, num_prefix_tokens: int
 
 
 def transfer_time(cost: CostModel, num_blocks: int, block_size: int) -> float:
-    return cost.transfer_time(num_blocks * block_size * cost.kv_bytes_per_token) \
-        if num_blocks else 0.0
+    return (
+        cost.transfer_time(num_blocks * block_size * cost.kv_bytes_per_token) if num_blocks else 0.0
+    )
 
 
 def decode_tbt(worker: WorkerLoad, num_prompt_tokens: int, cost: CostModel) -> float:
@@ -41,14 +43,16 @@ def decode_tbt(worker: WorkerLoad, num_prompt_tokens: int, cost: CostModel) -> f
     return cost.decode_step_time(batch, worker.context_tokens + num_prompt_tokens)
 
 
-def decode_tbts(view: DecodeView, rows: np.ndarray, num_prompt_tokens: int, cost: CostModel
-                ) -> np.ndarray:
+def decode_tbts(
+    view: DecodeView, rows: np.ndarray, num_prompt_tokens: int, cost: CostModel
+) -> np.ndarray:
     """decode_tbt of the workers at `rows` of `view`, in one vectorized call where the cost
     model has one (a conductor weighs every decode worker on every placement)."""
     vectorized = getattr(cost, "decode_step_times", None)
     if vectorized is None:
-        return np.array([decode_tbt(view.by_row[i], num_prompt_tokens, cost)
-                         for i in rows.tolist()])
-    if rows is view.rows:                   # all of them: the columns as they are
+        return np.array(
+            [decode_tbt(view.by_row[i], num_prompt_tokens, cost) for i in rows.tolist()]
+        )
+    if rows is view.rows:  # all of them: the columns as they are
         return vectorized(view.batch, view.context + num_prompt_tokens)
     return vectorized(view.batch[rows], view.context[rows] + num_prompt_tokens)

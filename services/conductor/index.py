@@ -14,6 +14,7 @@ underestimate. Prefill workers check their prefix themselves, so a wrong estimat
 time (a worse placement, recomputed blocks), never correctness. `walk` is the exact match,
 block by block, kept as the reference for tests and the benchmark's baseline.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
@@ -26,10 +27,10 @@ POOL = "kvstore"
 
 class PrefixIndex:
     def __init__(self) -> None:
-        self._blocks: dict[str, set[int]] = {}       # worker id -> block hashes it holds
-        self._service: dict[str, str] = {}           # worker id -> service
-        self._holders: dict[int, int] = {}           # block hash -> how many workers hold it
-        self._pool: dict[int, int] = {}              # ... how many kvstore instances hold it
+        self._blocks: dict[str, set[int]] = {}  # worker id -> block hashes it holds
+        self._service: dict[str, str] = {}  # worker id -> service
+        self._holders: dict[int, int] = {}  # block hash -> how many workers hold it
+        self._pool: dict[int, int] = {}  # ... how many kvstore instances hold it
         # the workers last matched and their sets, until a worker's set comes or goes
         self._sets: tuple[Sequence[str], list[set[int] | None]] | None = None
 
@@ -79,8 +80,7 @@ class PrefixIndex:
     def walk(self, block_hashes: Sequence[int], workers: Sequence[str]) -> PrefixMatch:
         """The exact match: blocks up to each worker's (and the pool's) first miss."""
         runs = {w: _leading(block_hashes, self._blocks.get(w, ())) for w in workers}
-        return PrefixMatch({w: n for w, n in runs.items() if n},
-                           _leading(block_hashes, self._pool))
+        return PrefixMatch({w: n for w, n in runs.items() if n}, _leading(block_hashes, self._pool))
 
     def _sets_of(self, workers: Sequence[str]) -> list[set[int] | None]:
         """Each worker's blocks, kept while the same workers (a snapshot's ids, which stay
@@ -97,11 +97,11 @@ def _leading_run(hashes: Sequence[int], held: Collection[int], ends: list[int]) 
     the answer joins them): the holders of a shared prefix mostly end together, so most
     searches take a probe or two, and none more than log2 of each list's length plus one.
     """
-    if len(ends) == 1:                # NOTE: the common case, probed as the search would
+    if len(ends) == 1:  # NOTE: the common case, probed as the search would
         end = ends[0]
         if hashes[end - 1] in held and (end == len(hashes) or hashes[end] not in held):
             return end
-    lo, hi = 0, len(hashes)           # hashes[:lo] are held, hashes[hi:] are not
+    lo, hi = 0, len(hashes)  # hashes[:lo] are held, hashes[hi:] are not
     i, j = 0, len(ends)
     while i < j:
         k = (i + j) // 2
@@ -109,8 +109,8 @@ def _leading_run(hashes: Sequence[int], held: Collection[int], ends: list[int]) 
             lo, i = ends[k], k + 1
         else:
             hi, j = ends[k] - 1, k
-    known = lo                        # 0, or ends[i - 1]; and hi < ends[i]
-    if 0 < lo < hi:                   # most likely ends where another run did
+    known = lo  # 0, or ends[i - 1]; and hi < ends[i]
+    if 0 < lo < hi:  # most likely ends where another run did
         if hashes[lo] in held:
             lo += 1
         else:
@@ -121,7 +121,7 @@ def _leading_run(hashes: Sequence[int], held: Collection[int], ends: list[int]) 
             lo = mid
         else:
             hi = mid - 1
-    if lo != known:                   # a new end, between ends[i - 1] and ends[i]
+    if lo != known:  # a new end, between ends[i - 1] and ends[i]
         ends.insert(i, lo)
     return lo
 

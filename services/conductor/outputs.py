@@ -1,6 +1,7 @@
 """How long requests decode: learned from finished requests (RequestDone), per prompt
 prefix and overall, for `predictive` (a uniform decode time) and `predictive-request`
 (each request's own expected output length)."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -8,8 +9,8 @@ from dataclasses import dataclass, field
 
 from shared.messages import RequestDone
 
-SMOOTHING = 0.2          # weight of the newest observation in the moving averages
-MAX_PREFIXES = 100_000   # prefixes remembered (least recently seen forgotten first)
+SMOOTHING = 0.2  # weight of the newest observation in the moving averages
+MAX_PREFIXES = 100_000  # prefixes remembered (least recently seen forgotten first)
 
 
 def _blend(old: float | None, new: float) -> float:
@@ -19,8 +20,8 @@ def _blend(old: float | None, new: float) -> float:
 @dataclass
 class OutputLengths:
     default_decode_time: float
-    decode_time: float | None = None               # seconds a request spends decoding
-    output_tokens: float | None = None             # tokens a request generates
+    decode_time: float | None = None  # seconds a request spends decoding
+    output_tokens: float | None = None  # tokens a request generates
     by_prefix: OrderedDict[int, float] = field(default_factory=OrderedDict)
 
     def observe(self, done: RequestDone) -> None:

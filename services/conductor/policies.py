@@ -4,6 +4,7 @@ The live conductor and the simulator call the same functions, so what a simulati
 shows is what the cluster does. Each returns a Choice (with the predicted TTFT and TBT
 that admission compares with the SLOs) or a Rejection when no worker can take the request.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,17 +26,17 @@ from shared.costmodel import CostModel
 from shared.messages import PlacementRequest
 
 
-class Choice(NamedTuple):     # NOTE: built twice a decision: see snapshot.py's NOTE
+class Choice(NamedTuple):  # NOTE: built twice a decision: see snapshot.py's NOTE
     prefill_id: str
     decode_id: str
-    ttft: float                   # predicted seconds to the first token
-    tbt: float                    # predicted seconds per token on the decode worker
-    prefix_tokens: int            # prompt tokens the prefill worker will not compute
-    fetch_from: str = ""          # "kvstore" or a peer prefill worker; "": nothing remote
-    fetch_blocks: int = 0         # blocks pulled from there (the worker keeps a replica)
-    source_blocks: int = 0        # leading blocks of the prompt the source holds
-    load_prefix: bool = True      # False: the worker recomputes what it does not hold
-    busy_seconds: float = 0.0     # predicted seconds it keeps the prefill worker busy
+    ttft: float  # predicted seconds to the first token
+    tbt: float  # predicted seconds per token on the decode worker
+    prefix_tokens: int  # prompt tokens the prefill worker will not compute
+    fetch_from: str = ""  # "kvstore" or a peer prefill worker; "": nothing remote
+    fetch_blocks: int = 0  # blocks pulled from there (the worker keeps a replica)
+    source_blocks: int = 0  # leading blocks of the prompt the source holds
+    load_prefix: bool = True  # False: the worker recomputes what it does not hold
+    busy_seconds: float = 0.0  # predicted seconds it keeps the prefill worker busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,7 @@ class Rejection:
 @dataclass(frozen=True, slots=True)
 class Inputs:
     """Everything a policy reads: the cluster, the request and how to predict times."""
+
     snapshot: ClusterSnapshot
     request: PlacementRequest
     prefix: PrefixMatch
@@ -55,17 +57,20 @@ class Inputs:
 
 
 Policy = Callable[[Inputs], "Choice | Rejection"]
-Way = tuple[int, str, int, bool]    # local blocks, source, source blocks, load_prefix
-Remote = tuple[str, int]            # where a prefix could be loaded from, and its blocks
+Way = tuple[int, str, int, bool]  # local blocks, source, source blocks, load_prefix
+Remote = tuple[str, int]  # where a prefix could be loaded from, and its blocks
 Route = Callable[[Inputs, int, Remote], Way]
-Own = tuple[int, int, float]        # blocks fetched, prefix tokens, seconds (see _own)
+Own = tuple[int, int, float]  # blocks fetched, prefix tokens, seconds (see _own)
 
 
 def random(inputs: Inputs) -> Choice | Rejection:
     """Any prefill and any fitting decode worker, seeded by the request id (repeatable)."""
     rng = _random.Random(zlib.crc32(inputs.request.request_id.encode()))
-    return _place(inputs, lambda ws: _plan_default(inputs, rng.choice(ws)),
-                  lambda rows: rng.choice(_decode_loads(inputs, rows)))
+    return _place(
+        inputs,
+        lambda ws: _plan_default(inputs, rng.choice(ws)),
+        lambda rows: rng.choice(_decode_loads(inputs, rows)),
+    )
 
 
 _turns = itertools.count()
@@ -73,40 +78,57 @@ _turns = itertools.count()
 
 def round_robin(inputs: Inputs) -> Choice | Rejection:
     """Prefill workers in turn (by id), whatever their load or cache."""
-    return _place(inputs, lambda ws: _plan_default(
-        inputs, sorted(ws, key=lambda w: w.worker_id)[next(_turns) % len(ws)]),
-        lambda rows: _most_free(_decode_loads(inputs, rows)))
+    return _place(
+        inputs,
+        lambda ws: _plan_default(
+            inputs, sorted(ws, key=lambda w: w.worker_id)[next(_turns) % len(ws)]
+        ),
+        lambda rows: _most_free(_decode_loads(inputs, rows)),
+    )
 
 
 def load_balance(inputs: Inputs) -> Choice | Rejection:
     """Least queued prefill work; the decode worker with the most free KV blocks."""
-    return _place(inputs, lambda ws: _plan_default(inputs, min(
-        ws, key=lambda w: (w.queued_tokens, w.num_waiting, w.worker_id))),
-        lambda rows: _most_free(_decode_loads(inputs, rows)))
+    return _place(
+        inputs,
+        lambda ws: _plan_default(
+            inputs, min(ws, key=lambda w: (w.queued_tokens, w.num_waiting, w.worker_id))
+        ),
+        lambda rows: _most_free(_decode_loads(inputs, rows)),
+    )
 
 
 def cache_aware(inputs: Inputs) -> Choice | Rejection:
     """Least predicted TTFT counting only each worker's own cached prefix (it recomputes
     the rest); the decode worker with the least predicted TBT."""
-    return _place(inputs, lambda _: _fastest(inputs, _route_local),
-                  lambda rows: _least_tbt(inputs, rows))
+    return _place(
+        inputs, lambda _: _fastest(inputs, _route_local), lambda rows: _least_tbt(inputs, rows)
+    )
 
 
 def kvcentric(inputs: Inputs) -> Choice | Rejection:
     """Mooncake's Algorithm 1: per prefill worker, TTFT = transfer of the best remote prefix
     when it is `balancing_threshold` times the local one (else the local prefix alone) +
     queue + prefill; the least wins. The decode worker with the least predicted TBT."""
-    return _place(inputs, lambda _: _fastest(inputs, _route_kvcentric),
-                  lambda rows: _least_tbt(inputs, rows))
+    return _place(
+        inputs, lambda _: _fastest(inputs, _route_kvcentric), lambda rows: _least_tbt(inputs, rows)
+    )
 
 
-POLICIES: dict[str, Policy] = {"random": random, "round-robin": round_robin,
-                               "load-balance": load_balance, "cache-aware": cache_aware,
-                               "kvcentric": kvcentric}
+POLICIES: dict[str, Policy] = {
+    "random": random,
+    "round-robin": round_robin,
+    "load-balance": load_balance,
+    "cache-aware": cache_aware,
+    "kvcentric": kvcentric,
+}
 
 
-def _place(inputs: Inputs, choose_prefill: Callable[[Sequence[WorkerLoad]], Choice],
-           choose_decode: Callable[[np.ndarray], WorkerLoad]) -> Choice | Rejection:
+def _place(
+    inputs: Inputs,
+    choose_prefill: Callable[[Sequence[WorkerLoad]], Choice],
+    choose_decode: Callable[[np.ndarray], WorkerLoad],
+) -> Choice | Rejection:
     """`choose_decode` gets the decode candidates as rows of the snapshot's DecodeView."""
     request = inputs.request
     prefill = _candidates(inputs.snapshot.prefill, request)
@@ -116,9 +138,19 @@ def _place(inputs: Inputs, choose_prefill: Callable[[Sequence[WorkerLoad]], Choi
         return Rejection(f"no {missing} worker available", inputs.config.retry_after)
     choice, chosen = choose_prefill(prefill), choose_decode(decode)
     tbt = estimate.decode_tbt(chosen, request.num_prompt_tokens, inputs.cost)
-    c = choice    # NOTE: built directly; _replace costs more
-    return Choice(c.prefill_id, chosen.worker_id, c.ttft, tbt, c.prefix_tokens, c.fetch_from,
-                  c.fetch_blocks, c.source_blocks, c.load_prefix, c.busy_seconds)
+    c = choice  # NOTE: built directly; _replace costs more
+    return Choice(
+        c.prefill_id,
+        chosen.worker_id,
+        c.ttft,
+        tbt,
+        c.prefix_tokens,
+        c.fetch_from,
+        c.fetch_blocks,
+        c.source_blocks,
+        c.load_prefix,
+        c.busy_seconds,
+    )
 
 
 def _fastest(inputs: Inputs, route: Route) -> Choice:
@@ -141,8 +173,9 @@ def _fastest(inputs: Inputs, route: Route) -> Choice:
     return _plan(inputs, view.by_id[worker_id], queue[worker_id], *best)
 
 
-def _least_ttft(workers: list[str], queue: dict[str, float], own_seconds: float
-                ) -> tuple[float, str]:
+def _least_ttft(
+    workers: list[str], queue: dict[str, float], own_seconds: float
+) -> tuple[float, str]:
     """The least (queue seconds + own_seconds, id) among `workers`, in C (map, zip, min):
     up to all prefill workers share a shape. (own + queue is queue + own: IEEE addition
     commutes.)"""
@@ -150,8 +183,9 @@ def _least_ttft(workers: list[str], queue: dict[str, float], own_seconds: float
     return min(zip(ttfts, workers))
 
 
-def _shapes(inputs: Inputs, view: PrefillView, leader: str
-            ) -> dict[tuple[int, int, bool], list[str]]:
+def _shapes(
+    inputs: Inputs, view: PrefillView, leader: str
+) -> dict[tuple[int, int, bool], list[str]]:
     """The candidates that hold some of the prompt, and the one with the least (queue
     seconds, id) of those that hold none, by (block size, local blocks, leads)."""
     exclude, shapes = inputs.request.exclude, {}
@@ -165,8 +199,9 @@ def _shapes(inputs: Inputs, view: PrefillView, leader: str
         for block_size, alike in _by_block_size(workers, view):
             shapes[(block_size, local_blocks, False)] = alike
     local = inputs.prefix.by_worker
-    coldest = next((w for _, w in view.ranking(inputs.cost)
-                    if not local.get(w) and w not in exclude), None)
+    coldest = next(
+        (w for _, w in view.ranking(inputs.cost) if not local.get(w) and w not in exclude), None
+    )
     if coldest is not None:
         shapes[(view.by_id[coldest].block_size, 0, False)] = [coldest]
     return shapes
@@ -208,21 +243,38 @@ def _route_kvcentric(inputs: Inputs, local: int, remote: Remote) -> Way:
     return local, "", 0, best <= local
 
 
-def _plan(inputs: Inputs, worker: WorkerLoad, queue_seconds: float, way: Way,
-          own: Own | None = None) -> Choice:
+def _plan(
+    inputs: Inputs, worker: WorkerLoad, queue_seconds: float, way: Way, own: Own | None = None
+) -> Choice:
     """The TTFT of running on `worker` (whose queue takes `queue_seconds`) its way: with
     its local prefix, plus the prefix from a source (up to its source blocks) when the way
     names one. `own`: _own of the way, when known."""
     local_blocks, source, source_blocks, load_prefix = way
-    fetch_blocks, prefix_tokens, seconds = own or _own(inputs, worker.block_size, local_blocks,
-                                                       source_blocks)
+    fetch_blocks, prefix_tokens, seconds = own or _own(
+        inputs, worker.block_size, local_blocks, source_blocks
+    )
     wait = getattr(inputs.cost, "request_overhead", 0.0) + queue_seconds
-    return Choice(worker.worker_id, "", wait + seconds, 0.0, prefix_tokens, source,
-                  fetch_blocks, source_blocks, load_prefix, seconds)
+    return Choice(
+        worker.worker_id,
+        "",
+        wait + seconds,
+        0.0,
+        prefix_tokens,
+        source,
+        fetch_blocks,
+        source_blocks,
+        load_prefix,
+        seconds,
+    )
 
 
-def _own(inputs: Inputs, block_size: int, local_blocks: int, source_blocks: int,
-         prefills: dict[int, float] | None = None) -> Own:
+def _own(
+    inputs: Inputs,
+    block_size: int,
+    local_blocks: int,
+    source_blocks: int,
+    prefills: dict[int, float] | None = None,
+) -> Own:
     """(blocks fetched, prefix tokens, seconds of fetch and prefill) of the request on a
     worker holding `local_blocks`, loading up to `source_blocks` from elsewhere.
     `prefills`: the request's prefill seconds by prefix tokens, kept from call to call (the
@@ -233,8 +285,11 @@ def _own(inputs: Inputs, block_size: int, local_blocks: int, source_blocks: int,
     prefills = {} if prefills is None else prefills
     if prefix_tokens not in prefills:
         prefills[prefix_tokens] = estimate.prefill_time(cost, n, prefix_tokens)
-    return fetch_blocks, prefix_tokens, (estimate.transfer_time(cost, fetch_blocks, block_size)
-                                         + prefills[prefix_tokens])
+    return (
+        fetch_blocks,
+        prefix_tokens,
+        (estimate.transfer_time(cost, fetch_blocks, block_size) + prefills[prefix_tokens]),
+    )
 
 
 def _most_free(workers: Sequence[WorkerLoad]) -> WorkerLoad:
@@ -245,7 +300,7 @@ def _least_tbt(inputs: Inputs, rows: np.ndarray) -> WorkerLoad:
     """Least (predicted TBT, id) among the workers at `rows` with room for the prompt now;
     among all of them, if none has. (Rows go by id: the first least is the lowest id's.)"""
     n, view = inputs.request.num_prompt_tokens, inputs.snapshot.decode_view()
-    if n + 1 > view.least_free_tokens():        # some have no room now
+    if n + 1 > view.least_free_tokens():  # some have no room now
         roomy = rows[view.free_tokens[rows] >= n + 1]
         rows = roomy if len(roomy) else rows
     times = estimate.decode_tbts(view, rows, n, inputs.cost)
@@ -276,8 +331,7 @@ def _decode_loads(inputs: Inputs, rows: np.ndarray) -> Sequence[WorkerLoad]:
     return [w for w in inputs.snapshot.decode if w.worker_id in chosen]
 
 
-def _candidates(workers: tuple[WorkerLoad, ...], request: PlacementRequest
-                ) -> Sequence[WorkerLoad]:
+def _candidates(workers: tuple[WorkerLoad, ...], request: PlacementRequest) -> Sequence[WorkerLoad]:
     if not request.exclude:
         return workers
     return [w for w in workers if w.worker_id not in request.exclude]

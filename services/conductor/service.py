@@ -1,5 +1,6 @@
 """The conductor service: feeds heartbeats, KV events and finished requests to the
 Conductor (core.py) and answers placement requests; metrics and stats over NATS."""
+
 from __future__ import annotations
 
 import logging
@@ -31,7 +32,7 @@ log = logging.getLogger("kvstack.conductor")
 @dataclass(frozen=True)
 class ConductorConfig(ServiceConfig):
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
-    cost_model: str = ""          # a fitted file or roofline:<model>:<hardware>; see cli
+    cost_model: str = ""  # a fitted file or roofline:<model>:<hardware>; see cli
 
 
 class ConductorService(Service):
@@ -42,19 +43,24 @@ class ConductorService(Service):
         self.core = Conductor(config.scheduling, cost)
         self.placements = self.metrics.counter("placements", "placement decisions", ("result",))
         self.replications = self.metrics.counter(
-            "replicated_blocks", "prefix blocks placements pull into a worker (replicas)")
+            "replicated_blocks", "prefix blocks placements pull into a worker (replicas)"
+        )
         self.predicted_ttft = self.metrics.histogram(
-            "predicted_ttft_seconds", "TTFT predicted for admitted requests", TTFT_BUCKETS)
+            "predicted_ttft_seconds", "TTFT predicted for admitted requests", TTFT_BUCKETS
+        )
         self.live_workers = self.metrics.gauge("live_workers", "workers alive", ("service",))
         self.indexed_blocks = self.metrics.gauge("indexed_blocks", "blocks in the prefix index")
 
     async def start(self, bus: Bus) -> None:
         await subscribe_heartbeats(bus, self._on_heartbeat)
-        await bus.subscribe(subjects.all_kv_events(), self._on_kv_event, expected=KVEvent,
-                            sender=lambda event: event.source)
+        await bus.subscribe(
+            subjects.all_kv_events(),
+            self._on_kv_event,
+            expected=KVEvent,
+            sender=lambda event: event.source,
+        )
         await bus.subscribe(subjects.request_done(), self._on_done, expected=RequestDone)
-        await bus.serve(subjects.place(), self._place, queue="conductor",
-                        expected=PlacementRequest)
+        await bus.serve(subjects.place(), self._place, queue="conductor", expected=PlacementRequest)
         await bus.serve(subjects.conductor_stats(), self._stats, expected=StatsRequest)
         # NOTE: after a restart the index is empty; every cache answers with a snapshot.
         # After a NATS outage events may be lost: the same question rebuilds it.
@@ -86,11 +92,16 @@ class ConductorService(Service):
     async def _stats(self, _: StatsRequest) -> ConductorStats:
         core, now = self.core, time.time()
         return ConductorStats(
-            self.worker_id, core.config.policy, core.config.admission, len(core.index),
-            core.counters.accepted, core.counters.rejected + core.counters.unplaceable,
+            self.worker_id,
+            core.config.policy,
+            core.config.admission,
+            len(core.index),
+            core.counters.accepted,
+            core.counters.rejected + core.counters.unplaceable,
             core.counters.replications,
             tuple(hb.worker_id for hb in core.state.live("prefill", now)),
-            tuple(hb.worker_id for hb in core.state.live("decode", now)))
+            tuple(hb.worker_id for hb in core.state.live("decode", now)),
+        )
 
     def heartbeat(self) -> Heartbeat:
         now = time.time()

@@ -4,6 +4,7 @@ NOTE: the values built on every decision (a load per assignment and heartbeat, p
 work) are NamedTuples: a frozen dataclass sets each field through object.__setattr__, and
 building a WorkerLoad that way costs about four times as much.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,10 +19,11 @@ POOL = "kvstore"
 
 class Pending(NamedTuple):
     """Work the conductor assigned to a worker since its last heartbeat (not in its numbers)."""
+
     tokens: int = 0
     requests: int = 0
-    seconds: float = 0.0          # predicted prefill seconds of those requests
-    until: float = math.inf       # when they are predicted done (prefill); inf: next beat
+    seconds: float = 0.0  # predicted prefill seconds of those requests
+    until: float = math.inf  # when they are predicted done (prefill); inf: next beat
 
 
 NO_PENDING = Pending()
@@ -31,21 +33,30 @@ class WorkerLoad(NamedTuple):
     worker_id: str
     service: str
     num_running: int
-    num_waiting: int              # reported plus assigned since the last beat
-    queued_tokens: int            # reported plus assigned since the last beat
+    num_waiting: int  # reported plus assigned since the last beat
+    queued_tokens: int  # reported plus assigned since the last beat
     free_blocks: int
     total_blocks: int
     block_size: int
-    context_tokens: int = 0       # KV tokens of running requests, plus assigned ones (decode)
+    context_tokens: int = 0  # KV tokens of running requests, plus assigned ones (decode)
     pending: Pending = NO_PENDING
 
     @classmethod
     def from_heartbeat(cls, hb: Heartbeat, pending: Pending = NO_PENDING) -> WorkerLoad:
         """The worker's numbers plus what was sent its way since it last reported."""
         pending_blocks = -(-pending.tokens // hb.block_size) if hb.block_size else 0
-        return cls(hb.worker_id, hb.service, hb.num_running, hb.num_waiting + pending.requests,
-                   hb.queued_tokens + pending.tokens, max(0, hb.free_blocks - pending_blocks),
-                   hb.total_blocks, hb.block_size, hb.context_tokens + pending.tokens, pending)
+        return cls(
+            hb.worker_id,
+            hb.service,
+            hb.num_running,
+            hb.num_waiting + pending.requests,
+            hb.queued_tokens + pending.tokens,
+            max(0, hb.free_blocks - pending_blocks),
+            hb.total_blocks,
+            hb.block_size,
+            hb.context_tokens + pending.tokens,
+            pending,
+        )
 
     @property
     def kv_usage(self) -> float:
@@ -54,22 +65,24 @@ class WorkerLoad(NamedTuple):
     @property
     def reported_waiting(self) -> tuple[int, int]:
         """(requests, tokens) queued by the worker's own last report."""
-        return (self.num_waiting - self.pending.requests,
-                self.queued_tokens - self.pending.tokens)
+        return (self.num_waiting - self.pending.requests, self.queued_tokens - self.pending.tokens)
 
 
 @dataclass(frozen=True, slots=True)
 class PrefixMatch:
     """How much of one request's prompt (in leading blocks) is cached where."""
-    by_worker: dict[str, int]     # prefill worker -> leading blocks in its local cache (a
-                                  # worker that holds none may be left out)
-    pool_blocks: int = 0          # leading blocks in the kvstore pool
+
+    by_worker: dict[str, int]  # prefill worker -> leading blocks in its local cache (a
+    # worker that holds none may be left out)
+    pool_blocks: int = 0  # leading blocks in the kvstore pool
     # NOTE: found on the first ask and kept: every prefill worker asks, so a decision groups
     # and ranks the workers once, not once per worker.
-    _holders: dict[int, list[str]] | None = field(default=None, init=False, repr=False,
-                                                  compare=False)
-    _top: tuple[tuple[int, str], ...] | None = field(default=None, init=False, repr=False,
-                                                      compare=False)
+    _holders: dict[int, list[str]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    _top: tuple[tuple[int, str], ...] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def local(self, worker_id: str) -> int:
         return self.by_worker.get(worker_id, 0)

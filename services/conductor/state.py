@@ -1,6 +1,7 @@
 """The conductor's view of the cluster, kept from heartbeats, plus its own bookkeeping of
 work it assigned that the workers have not reported yet (so a burst between two beats is
 spread, not all sent to the worker that looked idlest at the last beat)."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,8 @@ from services.conductor.snapshot import NO_PENDING, ClusterSnapshot, Pending, Wo
 from services.conductor.views import LoadViews
 from shared.messages import Heartbeat
 
-MISSED_BEATS = 3     # a worker silent for this many intervals is dead
-MARGIN = 1e-3        # seconds: near a death time, liveness is checked beat by beat
+MISSED_BEATS = 3  # a worker silent for this many intervals is dead
+MARGIN = 1e-3  # seconds: near a death time, liveness is checked beat by beat
 SERVICES = ("prefill", "decode")
 
 
@@ -23,12 +24,14 @@ class ClusterState:
     skips the liveness checks while every worker is surely alive (before the earliest time
     one could be dead), so a decision costs no per-worker work when nothing changed. The
     views (views.py) hear which workers changed between two snapshots."""
+
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
     pending: dict[str, Pending] = field(default_factory=dict)
     # service -> worker id -> load, of every non-draining worker, in heartbeat order; valid
     # while all are alive (None: to rebuild)
     _loads: dict[str, dict[str, WorkerLoad]] | None = field(
-        default=None, init=False, repr=False, compare=False)
+        default=None, init=False, repr=False, compare=False
+    )
     # no worker dies before this (an earliest death time, less MARGIN, or earlier)
     _alive_until: float = field(default=-math.inf, init=False, repr=False, compare=False)
     # the earliest time some pending work is predicted done
@@ -37,9 +40,11 @@ class ClusterState:
     _views: LoadViews = field(default_factory=LoadViews, init=False, repr=False, compare=False)
     # per service: the loads of the last snapshot, and the workers whose load changed since
     _handed: dict[str, tuple[WorkerLoad, ...]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
-    _changed: dict[str, set[str]] = field(default_factory=lambda: {s: set() for s in SERVICES},
-                                          init=False, repr=False, compare=False)
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _changed: dict[str, set[str]] = field(
+        default_factory=lambda: {s: set() for s in SERVICES}, init=False, repr=False, compare=False
+    )
 
     def observe(self, hb: Heartbeat) -> None:
         old = self.heartbeats.get(hb.worker_id)
@@ -56,21 +61,26 @@ class ClusterState:
             self.pending.pop(worker_id, None)
             self._loads = None
 
-    def assign(self, worker_id: str, num_tokens: int, seconds: float = 0.0,
-               until: float = math.inf) -> None:
+    def assign(
+        self, worker_id: str, num_tokens: int, seconds: float = 0.0, until: float = math.inf
+    ) -> None:
         """Count work sent to a worker until its next beat reports it, or until `until`, when
         it is predicted done (a worker that finished before its next beat is not busy)."""
         old = self.pending.get(worker_id)
         until = until if old is None else max(old.until, until)
         old = old or NO_PENDING
-        self.pending[worker_id] = Pending(old.tokens + num_tokens, old.requests + 1,
-                                          old.seconds + seconds, until)
+        self.pending[worker_id] = Pending(
+            old.tokens + num_tokens, old.requests + 1, old.seconds + seconds, until
+        )
         self._expiry = min(self._expiry, until)
         self._refresh(worker_id)
 
     def live(self, service: str, now: float) -> list[Heartbeat]:
-        return [hb for hb in self.heartbeats.values()
-                if hb.service == service and not hb.draining and self._alive(hb, now)]
+        return [
+            hb
+            for hb in self.heartbeats.values()
+            if hb.service == service and not hb.draining and self._alive(hb, now)
+        ]
 
     def forget_dead(self, now: float) -> list[str]:
         if self._all_alive(now):
@@ -86,12 +96,16 @@ class ClusterState:
     def snapshot(self, now: float) -> ClusterSnapshot:
         if now >= self._expiry:
             self._expire(now)
-        if not self._all_alive(now):               # some may be dead: check each one
-            return ClusterSnapshot(now, *(tuple(self._load(hb) for hb in self.live(s, now))
-                                          for s in SERVICES), self._views)
+        if not self._all_alive(now):  # some may be dead: check each one
+            return ClusterSnapshot(
+                now,
+                *(tuple(self._load(hb) for hb in self.live(s, now)) for s in SERVICES),
+                self._views,
+            )
         if self._loads is None:
-            self._loads = {s: {hb.worker_id: self._load(hb) for hb in self.live(s, now)}
-                           for s in SERVICES}
+            self._loads = {
+                s: {hb.worker_id: self._load(hb) for hb in self.live(s, now)} for s in SERVICES
+            }
             self._handed.clear()
         return ClusterSnapshot(now, *(self._hand(s) for s in SERVICES), self._views)
 
@@ -131,8 +145,7 @@ class ClusterState:
         """Whether every worker is surely alive at `now`, so none needs checking."""
         if now < self._alive_until:
             return True
-        self._alive_until = min(map(_death, self.heartbeats.values()), default=math.inf) \
-            - MARGIN
+        self._alive_until = min(map(_death, self.heartbeats.values()), default=math.inf) - MARGIN
         return now < self._alive_until
 
     @staticmethod

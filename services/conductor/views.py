@@ -8,6 +8,7 @@ the ones it last saw by identity (the state reuses the WorkerLoad of a worker th
 change). Answers are those of computing afresh; a view is valid until the next call that
 syncs it.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from services.conductor.snapshot import WorkerLoad
     from shared.costmodel import CostModel
 
-REBUILD_SHARE = 4    # more than 1/4 of the workers changed: recompute all, not row by row
+REBUILD_SHARE = 4  # more than 1/4 of the workers changed: recompute all, not row by row
 
 
 class LoadViews:
@@ -39,8 +40,13 @@ class LoadViews:
     def decode(self, loads: tuple[WorkerLoad, ...]) -> DecodeView:
         return self._synced("decode", loads)
 
-    def advance(self, service: str, before: tuple[WorkerLoad, ...],
-                after: tuple[WorkerLoad, ...], changed: Iterable[WorkerLoad]) -> None:
+    def advance(
+        self,
+        service: str,
+        before: tuple[WorkerLoad, ...],
+        after: tuple[WorkerLoad, ...],
+        changed: Iterable[WorkerLoad],
+    ) -> None:
         """`after` holds the loads of `before` but for the `changed` ones: a view synced to
         `before` takes just those (one that is not finds out when asked)."""
         view = self._views[service]
@@ -81,7 +87,8 @@ class SyncedView:
             return None
         changed = list(compress(range(len(loads)), map(operator.is_not, loads, self.loads)))
         if len(changed) * REBUILD_SHARE > len(loads) or any(
-                loads[i].worker_id != self.ids[i] for i in changed):
+            loads[i].worker_id != self.ids[i] for i in changed
+        ):
             return None
         return [loads[i] for i in changed]
 
@@ -127,7 +134,7 @@ class PrefillView(SyncedView):
         self.by_id = {w.worker_id: w for w in self.loads}
         sizes = {w.block_size for w in self.loads}
         self.block_size = sizes.pop() if len(sizes) == 1 else None
-        self._cost = None                   # ranked again on the next ask
+        self._cost = None  # ranked again on the next ask
 
     def replace(self, load: WorkerLoad) -> None:
         worker_id = load.worker_id
@@ -136,8 +143,7 @@ class PrefillView(SyncedView):
             self.block_size = None
         if self._cost is None:
             return
-        del self._ranking[bisect.bisect_left(self._ranking, (self._queue[worker_id],
-                                                             worker_id))]
+        del self._ranking[bisect.bisect_left(self._ranking, (self._queue[worker_id], worker_id))]
         seconds = self._queue[worker_id] = self._queue_time(load)
         bisect.insort(self._ranking, (seconds, worker_id))
 
@@ -145,8 +151,10 @@ class PrefillView(SyncedView):
         """estimate.prefill_queue_time, its reported part remembered."""
         waiting, known = load.reported_waiting, self._reported.get(load.worker_id)
         if known is None or known[0] != waiting:
-            known = self._reported[load.worker_id] = \
-                waiting, estimate.reported_queue_time(*waiting, self._cost)
+            known = self._reported[load.worker_id] = (
+                waiting,
+                estimate.reported_queue_time(*waiting, self._cost),
+            )
         return known[1] + load.pending.seconds
 
 
@@ -157,14 +165,14 @@ class DecodeView(SyncedView):
 
     def __init__(self) -> None:
         super().__init__()
-        self.row: dict[str, int] = {}       # worker id -> row
+        self.row: dict[str, int] = {}  # worker id -> row
         self.by_row: list[WorkerLoad] = []
-        self.rows = np.zeros(0, dtype=np.intp)     # every row
-        self.batch = np.zeros(0)            # running + waiting + the new request
+        self.rows = np.zeros(0, dtype=np.intp)  # every row
+        self.batch = np.zeros(0)  # running + waiting + the new request
         self.context = np.zeros(0)
         self.free_tokens = np.zeros(0, dtype=np.int64)
         self.total_tokens = np.zeros(0, dtype=np.int64)
-        self._least: dict[str, int] = {}    # column -> its least value, where known
+        self._least: dict[str, int] = {}  # column -> its least value, where known
 
     def least_free_tokens(self) -> int:
         return self._least_of("free_tokens")
@@ -186,10 +194,12 @@ class DecodeView(SyncedView):
         self.rows = np.arange(count)
         self.batch = np.fromiter((w.num_running + w.num_waiting + 1 for w in loads), float, count)
         self.context = np.fromiter((w.context_tokens for w in loads), float, count)
-        self.free_tokens = np.fromiter((w.free_blocks * w.block_size for w in loads), np.int64,
-                                       count)
-        self.total_tokens = np.fromiter((w.total_blocks * w.block_size for w in loads),
-                                        np.int64, count)
+        self.free_tokens = np.fromiter(
+            (w.free_blocks * w.block_size for w in loads), np.int64, count
+        )
+        self.total_tokens = np.fromiter(
+            (w.total_blocks * w.block_size for w in loads), np.int64, count
+        )
         self._least = {}
 
     def replace(self, load: WorkerLoad) -> None:

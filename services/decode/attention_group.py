@@ -1,6 +1,7 @@
 """The attention workers a decode worker offloads attention to (Lamina): attaching them as
 shards of whole KV heads, the KV hand-off from prefill (expect, settle), and each layer's
 attention over the links, with the time it left the engine waiting."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,14 +11,22 @@ from collections.abc import Sequence
 
 import torch
 
+from services.attention_worker.shard import kv_head_range
 from shared import subjects
 from shared.bus import Bus, ServiceUnavailable
 from shared.errors import KvstackError
-from shared.messages import (Ack, AttentionAttach, AttentionAttached, Heartbeat, KVExpect,
-                             KVSettle, KVShard, StatsRequest)
+from shared.messages import (
+    Ack,
+    AttentionAttach,
+    AttentionAttached,
+    Heartbeat,
+    KVExpect,
+    KVSettle,
+    KVShard,
+    StatsRequest,
+)
 from shared.model.config import ModelConfig
 from shared.transfer.attention.client import AttentionLink, AttentionLost
-from services.attention_worker.shard import kv_head_range
 
 log = logging.getLogger("kvstack.decode")
 # An attach allocates the worker's KV pool: seconds on a machine busy starting a dozen
@@ -26,9 +35,18 @@ ATTACH_TIMEOUT = 120.0
 
 
 class AttentionGroup:
-    def __init__(self, bus: Bus, decode_id: str, worker_ids: Sequence[str], model: ModelConfig,
-                 dtype: str, block_size: int, auth_token: str | None, timeout: float) -> None:
-        kv_head_range(model.num_kv_heads, len(worker_ids), 0)   # fail early with a clear error
+    def __init__(
+        self,
+        bus: Bus,
+        decode_id: str,
+        worker_ids: Sequence[str],
+        model: ModelConfig,
+        dtype: str,
+        block_size: int,
+        auth_token: str | None,
+        timeout: float,
+    ) -> None:
+        kv_head_range(model.num_kv_heads, len(worker_ids), 0)  # fail early with a clear error
         self.bus, self.decode_id, self.model = bus, decode_id, model
         self.configured_ids = tuple(worker_ids)
         self.worker_ids: tuple[str, ...] = ()
@@ -36,7 +54,7 @@ class AttentionGroup:
         self.auth_token, self.timeout = auth_token, timeout
         self.links: list[AttentionLink] = []
         self.shards: tuple[KVShard, ...] = ()
-        self.instances: dict[str, str] = {}   # worker id -> the process attached
+        self.instances: dict[str, str] = {}  # worker id -> the process attached
         self.sent_at: dict[tuple[int, int], float] = {}
         self.blocked_seconds = self.roundtrip_seconds = 0.0
 
@@ -46,10 +64,15 @@ class AttentionGroup:
         """Make `worker_ids` (default: the configured ones) the group; returns the blocks
         every shard can hold. Raises KvstackError with the first worker's complaint."""
         ids = tuple(worker_ids or self.configured_ids)
-        replies = await asyncio.gather(*(self._attach_one(w, i, len(ids))
-                                         for i, w in enumerate(ids)))
-        await asyncio.get_running_loop().run_in_executor(None, lambda: self.connect(
-            ids, [r.link_addr for r in replies], [r.data_addr for r in replies]))
+        replies = await asyncio.gather(
+            *(self._attach_one(w, i, len(ids)) for i, w in enumerate(ids))
+        )
+        await asyncio.get_running_loop().run_in_executor(
+            None,
+            lambda: self.connect(
+                ids, [r.link_addr for r in replies], [r.data_addr for r in replies]
+            ),
+        )
         self.instances = {w: r.instance for w, r in zip(ids, replies)}
         return min(r.num_blocks for r in replies)
 
@@ -66,27 +89,44 @@ class AttentionGroup:
             return f"attention worker {worker_id} restarted"
         return ""
 
-    def connect(self, worker_ids: Sequence[str], link_addrs: Sequence[str],
-                data_addrs: Sequence[str]) -> None:
+    def connect(
+        self, worker_ids: Sequence[str], link_addrs: Sequence[str], data_addrs: Sequence[str]
+    ) -> None:
         """Open the links to attached shards, in shard order (blocking)."""
         self.close()
         heads = self.model.num_heads // len(worker_ids)
         dtype = getattr(torch, self.dtype)
-        self.links = [AttentionLink(addr, heads, self.model.head_dim, dtype, self.auth_token)
-                      for addr in link_addrs]
+        self.links = [
+            AttentionLink(addr, heads, self.model.head_dim, dtype, self.auth_token)
+            for addr in link_addrs
+        ]
         num_kv_heads = self.model.num_kv_heads
-        self.shards = tuple(KVShard(addr, *kv_head_range(num_kv_heads, len(worker_ids), i))
-                            for i, addr in enumerate(data_addrs))
+        self.shards = tuple(
+            KVShard(addr, *kv_head_range(num_kv_heads, len(worker_ids), i))
+            for i, addr in enumerate(data_addrs)
+        )
         self.worker_ids = tuple(worker_ids)
 
     async def _attach_one(self, worker_id: str, shard: int, group_size: int) -> AttentionAttached:
         m = self.model
-        msg = AttentionAttach(self.decode_id, group_size, shard, m.num_layers, m.num_heads,
-                              m.num_kv_heads, m.head_dim, self.block_size, self.dtype)
+        msg = AttentionAttach(
+            self.decode_id,
+            group_size,
+            shard,
+            m.num_layers,
+            m.num_heads,
+            m.num_kv_heads,
+            m.head_dim,
+            self.block_size,
+            self.dtype,
+        )
         try:
-            reply = await self.bus.request(subjects.attention_op(worker_id, "attach"), msg,
-                                           max(self.timeout, ATTACH_TIMEOUT),
-                                           expected=AttentionAttached)
+            reply = await self.bus.request(
+                subjects.attention_op(worker_id, "attach"),
+                msg,
+                max(self.timeout, ATTACH_TIMEOUT),
+                expected=AttentionAttached,
+            )
         except ServiceUnavailable as e:
             raise KvstackError(f"attention worker {worker_id}: {e}") from None
         if not reply.ok:
@@ -104,14 +144,18 @@ class AttentionGroup:
         while len(live := await self.live_workers()) < len(self.configured_ids):
             if time.monotonic() > deadline:
                 missing = sorted(set(self.configured_ids) - set(live))
-                raise KvstackError(f"attention worker(s) {', '.join(missing)} did not answer "
-                                   f"within {timeout:g}s")
+                raise KvstackError(
+                    f"attention worker(s) {', '.join(missing)} did not answer within {timeout:g}s"
+                )
             await asyncio.sleep(0.2)
 
     async def _answers(self, worker_id: str) -> bool:
         try:
-            await self.bus.request(subjects.worker_stats("attention-worker", worker_id),
-                                   StatsRequest(), min(self.timeout, 2.0))
+            await self.bus.request(
+                subjects.worker_stats("attention-worker", worker_id),
+                StatsRequest(),
+                min(self.timeout, 2.0),
+            )
         except ServiceUnavailable:
             return False
         return True
@@ -123,8 +167,9 @@ class AttentionGroup:
 
     # -- KV hand-off from prefill (event loop) ---------------------------------------------
 
-    async def expect(self, request_id: str, block_ids: Sequence[int], num_layers: int,
-                     ttl: float) -> str:
+    async def expect(
+        self, request_id: str, block_ids: Sequence[int], num_layers: int, ttl: float
+    ) -> str:
         msg = KVExpect(request_id, tuple(block_ids), num_layers, ttl)
         return await self._everyone("expect", msg)
 
@@ -133,13 +178,16 @@ class AttentionGroup:
 
     async def _everyone(self, op: str, msg) -> str:
         """Ask every shard; the first refusal, or "" when all agreed."""
+
         async def ask(worker_id: str) -> str:
             try:
-                reply = await self.bus.request(subjects.attention_op(worker_id, op), msg,
-                                               self.timeout, expected=Ack)
+                reply = await self.bus.request(
+                    subjects.attention_op(worker_id, op), msg, self.timeout, expected=Ack
+                )
             except ServiceUnavailable as e:
                 return f"attention worker {worker_id}: {e}"
             return "" if reply.ok else f"attention worker {worker_id}: {reply.error}"
+
         problems = await asyncio.gather(*(ask(w) for w in self.worker_ids))
         return next((p for p in problems if p), "")
 
@@ -149,8 +197,9 @@ class AttentionGroup:
         for link in self._links():
             link.begin_step(micro_batch, chunks)
 
-    def send(self, micro_batch: int, layer: int, q: torch.Tensor, k: torch.Tensor,
-             v: torch.Tensor) -> None:
+    def send(
+        self, micro_batch: int, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         links = self._links()
         q_per, kv_per = q.shape[1] // len(links), k.shape[1] // len(links)
         for i, link in enumerate(links):
@@ -174,7 +223,7 @@ class AttentionGroup:
             try:
                 link.release(request_ids)
             except AttentionLost:
-                pass   # its KV died with it
+                pass  # its KV died with it
 
     def _links(self) -> list[AttentionLink]:
         if not self.links:

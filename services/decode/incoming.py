@@ -4,6 +4,7 @@ Two homes for that KV with one interface: `LocalKV`, this worker's own blocks (f
 the data plane), and `OffloadedKV`, the attention group's shards (each filled with its own
 KV heads, into the same block ids). The decode service sees only this interface.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from shared.kv_inbox import KVInbox
 from services.decode.attention_group import AttentionGroup
+from shared.kv_inbox import KVInbox
 
 log = logging.getLogger("kvstack.decode")
 
@@ -53,8 +54,9 @@ class LocalKV:
         try:
             await asyncio.wait_for(expected.idle.wait(), self.timeout)
         except TimeoutError:
-            log.error("request %s: a KV frame never finished landing; leaking its blocks",
-                      request_id)
+            log.error(
+                "request %s: a KV frame never finished landing; leaking its blocks", request_id
+            )
             return False
         return True
 
@@ -96,7 +98,7 @@ class OffloadedKV:
     async def retire(self, request_id: str) -> bool:
         if self._held.pop(request_id, None) is None:
             return False
-        await self.group.settle(request_id, False)   # each shard drops what landed
+        await self.group.settle(request_id, False)  # each shard drops what landed
         return True
 
     def expired(self, now: float) -> list[str]:

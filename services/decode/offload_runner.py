@@ -1,5 +1,6 @@
 """A model runner whose attention runs on the attention group, with staggered micro-batches:
 while one micro-batch's attention is away, the next one's dense work runs here."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -7,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
+from services.decode.attention_group import AttentionGroup
 from shared.engine.runner import ModelRunner, SeqChunk, decode_first, in_order
 from shared.kvcache.storage import KVStorage
 from shared.model.llama import ForwardBatch, LlamaModel
-from services.decode.attention_group import AttentionGroup
 
 
 @dataclass
@@ -30,23 +31,32 @@ def split_micro_batches(chunks: Sequence[SeqChunk], count: int) -> list[list[Seq
     done = 0
     for i, chunk in enumerate(chunks):
         part = min(count - 1, done * count // total, i)
-        part = max(part, count - (len(chunks) - i))   # leave one chunk for each later part
+        part = max(part, count - (len(chunks) - i))  # leave one chunk for each later part
         parts[part].append(chunk)
         done += chunk.num_tokens
     return [p for p in parts if p]
 
 
 class OffloadRunner(ModelRunner):
-    def __init__(self, model: LlamaModel, storage: KVStorage, group: AttentionGroup,
-                 num_micro_batches: int = 2) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        storage: KVStorage,
+        group: AttentionGroup,
+        num_micro_batches: int = 2,
+    ) -> None:
         super().__init__(model, storage, backend=None)
         self.group = group
         self.num_micro_batches = num_micro_batches
 
     @torch.inference_mode()
-    def execute(self, chunks: Sequence[SeqChunk], backend=None,
-                on_layer_done: Callable[[int], None] | None = None,
-                before_layer: Callable[[int], None] | None = None) -> list[torch.Tensor]:
+    def execute(
+        self,
+        chunks: Sequence[SeqChunk],
+        backend=None,
+        on_layer_done: Callable[[int], None] | None = None,
+        before_layer: Callable[[int], None] | None = None,
+    ) -> list[torch.Tensor]:
         order, ordered = decode_first(chunks)
         parts = split_micro_batches(ordered, self.num_micro_batches)
         micro_batches = [self._start(i, part) for i, part in enumerate(parts)]
@@ -57,9 +67,14 @@ class OffloadRunner(ModelRunner):
                 mb.x, mb.residual = layer.after_attention(out, mb.residual)
                 if layer_idx + 1 < len(layers):
                     self._send(mb, layer_idx + 1)
-        return in_order(order, [
-            row for mb in micro_batches
-            for row in self._logits(self.model.final_norm(mb.x, mb.residual), mb.chunks)])
+        return in_order(
+            order,
+            [
+                row
+                for mb in micro_batches
+                for row in self._logits(self.model.final_norm(mb.x, mb.residual), mb.chunks)
+            ],
+        )
 
     def _start(self, index: int, chunks: list[SeqChunk]) -> _MicroBatch:
         input_ids, positions, _ = self.prepare(chunks)

@@ -1,5 +1,6 @@
 """The decode worker: holds blocks for incoming KV, adopts requests once their KV has
 landed intact, decodes them in continuous batches and streams tokens to the gateway."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,6 +8,10 @@ import dataclasses
 import logging
 import time
 
+from services.attention_worker.shard import usable_group_size
+from services.decode.attention_group import AttentionGroup
+from services.decode.incoming import LocalKV, OffloadedKV
+from services.decode.offload_runner import OffloadRunner
 from shared import subjects
 from shared.bus import Bus
 from shared.engine.engine import LLMEngine
@@ -15,9 +20,6 @@ from shared.engine.output import RequestOutput
 from shared.errors import OVERLOADED, KvstackError
 from shared.heartbeats import subscribe_heartbeats
 from shared.kv_inbox import KVInbox
-from shared.model.config import ModelConfig
-from shared.model.registry import resolve_model
-from shared.transfer.attention.client import AttentionLost
 from shared.kvstore_client import KvstorePool, write_back
 from shared.messages import (
     Abort,
@@ -30,14 +32,13 @@ from shared.messages import (
     TokenEvent,
     WorkerStats,
 )
+from shared.model.config import ModelConfig
+from shared.model.registry import resolve_model
 from shared.service import Service
+from shared.transfer.attention.client import AttentionLost
 from shared.transfer.factory import make_receiver
 from shared.transfer.tcp import TcpKVSender
 from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
-from services.attention_worker.shard import usable_group_size
-from services.decode.attention_group import AttentionGroup
-from services.decode.incoming import LocalKV, OffloadedKV
-from services.decode.offload_runner import OffloadRunner
 
 log = logging.getLogger("kvstack.decode")
 
@@ -61,15 +62,17 @@ class DecodeService(Service):
         self.num_refused = 0
         self.num_rejected_after_prefill = 0
         self.tokens_out = self.metrics.counter("generation_tokens", "tokens generated")
-        self.refused = self.metrics.counter("refused_requests", "reservations refused",
-                                            ("reason",))
-        self.transfers = self.metrics.counter("kv_transfers", "KV transfers by outcome",
-                                              ("result",))
+        self.refused = self.metrics.counter("refused_requests", "reservations refused", ("reason",))
+        self.transfers = self.metrics.counter(
+            "kv_transfers", "KV transfers by outcome", ("result",)
+        )
         self.wasted_prefill = self.metrics.counter(
-            "wasted_prefill_tokens", "prompt tokens prefilled, then refused here (baseline)")
+            "wasted_prefill_tokens", "prompt tokens prefilled, then refused here (baseline)"
+        )
         self.kv_usage = self.metrics.gauge("kv_cache_usage_perc", "share of KV blocks in use")
         self.recoveries = self.metrics.counter(
-            "attention_recoveries", "attention groups re-formed after losing a worker")
+            "attention_recoveries", "attention groups re-formed after losing a worker"
+        )
 
     async def start(self, bus: Bus) -> None:
         loop = asyncio.get_running_loop()
@@ -87,42 +90,62 @@ class DecodeService(Service):
         self.tasks.every(1.0, self._expire_reservations, "expiring reservations")
         await bus.serve(subjects.decode_reserve(self.worker_id), self._reserve, expected=KVReserve)
         await bus.serve(subjects.decode_commit(self.worker_id), self._commit, expected=KVCommit)
-        await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
-                        expected=StatsRequest)
+        await bus.serve(
+            subjects.worker_stats(self.name, self.worker_id), self._stats, expected=StatsRequest
+        )
         await bus.subscribe(subjects.abort(), self._on_abort, expected=Abort)
         await subscribe_heartbeats(bus, self._on_heartbeat)
 
-    async def _start_local(self, bus: Bus, loop: asyncio.AbstractEventLoop,
-                           token: str | None) -> None:
+    async def _start_local(
+        self, bus: Bus, loop: asyncio.AbstractEventLoop, token: str | None
+    ) -> None:
         self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
         storage = self.engine.runner.storage
         inbox = KVInbox(storage, loop)
-        self.receiver = make_receiver(self.config.transport, inbox, self.config.data_host,
-                                      self.config.data_port, token, memory=[storage.kv])
+        self.receiver = make_receiver(
+            self.config.transport,
+            inbox,
+            self.config.data_host,
+            self.config.data_port,
+            token,
+            memory=[storage.kv],
+        )
         bound = self.receiver.start()
         self.data_addr = self.config.advertise_data_addr or bound
-        self.incoming = LocalKV(inbox, self.engine.model_config.num_layers,
-                                self.config.request_timeout)
-        self.pool = KvstorePool(bus, self.sender, storage, inbox, self.data_addr,
-                                self.config.request_timeout)
+        self.incoming = LocalKV(
+            inbox, self.engine.model_config.num_layers, self.config.request_timeout
+        )
+        self.pool = KvstorePool(
+            bus, self.sender, storage, inbox, self.data_addr, self.config.request_timeout
+        )
 
     async def _start_offloaded(self, bus: Bus, token: str | None) -> None:
         """Attention goes to the group: attach it first, since its pool sizes ours."""
         config = self.config.engine_config()
         model = ModelConfig.from_dir(resolve_model(config.model))
-        self.group = AttentionGroup(bus, self.worker_id, self.config.attention_workers, model,
-                                    config.resolved_dtype, config.block_size, token,
-                                    self.config.request_timeout)
-        await self.group.wait_for_workers(max(self.config.attention_recovery_timeout,
-                                              ATTENTION_START_WAIT))
+        self.group = AttentionGroup(
+            bus,
+            self.worker_id,
+            self.config.attention_workers,
+            model,
+            config.resolved_dtype,
+            config.block_size,
+            token,
+            self.config.request_timeout,
+        )
+        await self.group.wait_for_workers(
+            max(self.config.attention_recovery_timeout, ATTENTION_START_WAIT)
+        )
         num_blocks = await self.group.attach()
-        config = dataclasses.replace(config, num_blocks=num_blocks, local_kv=False,
-                                     enable_prefix_cache=False)
+        config = dataclasses.replace(
+            config, num_blocks=num_blocks, local_kv=False, enable_prefix_cache=False
+        )
         loop = asyncio.get_running_loop()
         self.engine = await loop.run_in_executor(None, LLMEngine, config)
         runner = self.engine.runner
-        self.engine.runner = OffloadRunner(runner.model, runner.storage, self.group,
-                                           self.config.micro_batches)
+        self.engine.runner = OffloadRunner(
+            runner.model, runner.storage, self.group, self.config.micro_batches
+        )
         self.receiver, self.data_addr, self.pool = None, "", None
         self.incoming = OffloadedKV(self.group, model.num_layers)
 
@@ -147,9 +170,15 @@ class DecodeService(Service):
 
     def heartbeat(self) -> Heartbeat:
         self.kv_usage.set(self.engine.kv.usage)
-        return worker_heartbeat(self.name, self.worker_id, self.config, self.engine,
-                                self.http_addr, self.data_addr,
-                                self.draining or self.reattaching)
+        return worker_heartbeat(
+            self.name,
+            self.worker_id,
+            self.config,
+            self.engine,
+            self.http_addr,
+            self.data_addr,
+            self.draining or self.reattaching,
+        )
 
     async def drain(self) -> None:
         """Decode what was adopted to the end (new reservations are refused meanwhile)."""
@@ -160,10 +189,14 @@ class DecodeService(Service):
         """Past the drain timeout: hand each request still decoding back to its gateway,
         which places it again with the tokens so far (none is lost), and free it here."""
         for request_id in list(self.next_seq):
-            seq = self.next_seq.pop(request_id)   # first: no token may follow the hand-back
+            seq = self.next_seq.pop(request_id)  # first: no token may follow the hand-back
             error = f"decode worker {self.worker_id} is stopping; moving the request"
-            await self.bus.publish(subjects.tokens(request_id), TokenEvent(
-                request_id, seq, finished=True, finish_reason="error", error=error, code=503))
+            await self.bus.publish(
+                subjects.tokens(request_id),
+                TokenEvent(
+                    request_id, seq, finished=True, finish_reason="error", error=error, code=503
+                ),
+            )
             await self.engine_loop.call(lambda e, rid=request_id: self._abort(e, rid))
 
     async def stop(self) -> None:
@@ -184,21 +217,22 @@ class DecodeService(Service):
         headroom = min(msg.params.max_tokens, ADMISSION_HEADROOM_TOKENS)
         num_tokens = len(msg.prompt_token_ids) + 1
         block_ids = await self.engine_loop.call(
-            lambda e: e.reserve(msg.request_id, num_tokens, headroom))
+            lambda e: e.reserve(msg.request_id, num_tokens, headroom)
+        )
         if block_ids is None:
             self.refused.labels("kv_full").inc()
-            return KVReservation(msg.request_id, False, reason="cannot admit: KV cache full",
-                                 code=503)
+            return KVReservation(
+                msg.request_id, False, reason="cannot admit: KV cache full", code=503
+            )
         problem = await self.incoming.expect(msg.request_id, block_ids, RESERVATION_TTL, msg)
         if problem:
             await self.engine_loop.call(lambda e: e.release(msg.request_id))
             self.refused.labels("attention").inc()
-            if not self.reattaching:   # a shard died or restarted: form the group anew
+            if not self.reattaching:  # a shard died or restarted: form the group anew
                 self.tasks.spawn(self._reattach(problem), "re-forming the attention group")
             return KVReservation(msg.request_id, False, reason=problem, code=503)
         shards = self.group.shards if self.group is not None else ()
-        return KVReservation(msg.request_id, True, tuple(block_ids), self.data_addr,
-                             shards=shards)
+        return KVReservation(msg.request_id, True, tuple(block_ids), self.data_addr, shards=shards)
 
     def _refusal(self, msg: KVReserve) -> tuple[str, str, int] | None:
         if self.draining:
@@ -235,10 +269,17 @@ class DecodeService(Service):
             return Ack(msg.request_id, False, overload, 503)
         self.incoming.take(msg.request_id)
         self.next_seq[msg.request_id] = 1
-        keep = self.pool is not None and bool(self.pool.ring())   # to the pool at the end
-        await self.engine_loop.call(lambda e: e.install(
-            msg.request_id, req.prompt_token_ids, msg.first_token, req.params,
-            msg.num_cached_tokens, hold_kv=keep))
+        keep = self.pool is not None and bool(self.pool.ring())  # to the pool at the end
+        await self.engine_loop.call(
+            lambda e: e.install(
+                msg.request_id,
+                req.prompt_token_ids,
+                msg.first_token,
+                req.params,
+                msg.num_cached_tokens,
+                hold_kv=keep,
+            )
+        )
         return Ack(msg.request_id, True)
 
     def _over_tbt_slo(self, req: KVReserve) -> str:
@@ -247,8 +288,10 @@ class DecodeService(Service):
         tbt = self.engine_loop.mean_step_seconds if self.engine.has_unfinished else 0.0
         if not req.stage_tbt_slo or tbt <= req.stage_tbt_slo:
             return ""
-        return f"{OVERLOADED}decode TBT {tbt * 1000:.3g}ms exceeds the SLO " \
-               f"{req.stage_tbt_slo * 1000:.3g}ms (prefill wasted)"
+        return (
+            f"{OVERLOADED}decode TBT {tbt * 1000:.3g}ms exceeds the SLO "
+            f"{req.stage_tbt_slo * 1000:.3g}ms (prefill wasted)"
+        )
 
     async def _release(self, request_id: str) -> None:
         if await self.incoming.retire(request_id):
@@ -303,7 +346,7 @@ class DecodeService(Service):
             if size:
                 try:
                     return await self.group.attach(live[:size])
-                except KvstackError as e:   # e.g. one is draining away: try without it
+                except KvstackError as e:  # e.g. one is draining away: try without it
                     problem = str(e)
             if time.monotonic() > deadline:
                 raise KvstackError(problem)
@@ -313,12 +356,16 @@ class DecodeService(Service):
         for out in outputs:
             rid = out.request_id
             if rid in self.next_seq:
-                self.tasks.spawn(self.bus.publish(subjects.tokens(rid), self._event(out)),
-                                 f"publishing tokens of {rid}")
-            if out.finished and self.pool is not None:   # held only when a pool exists
-                self.tasks.spawn(write_back(self.pool, self.engine_loop, rid, f"{rid}:turn"),
-                                 f"writing {rid} back to the pool",
-                                 on_error=lambda _, rid=rid: self._free_held(rid))
+                self.tasks.spawn(
+                    self.bus.publish(subjects.tokens(rid), self._event(out)),
+                    f"publishing tokens of {rid}",
+                )
+            if out.finished and self.pool is not None:  # held only when a pool exists
+                self.tasks.spawn(
+                    write_back(self.pool, self.engine_loop, rid, f"{rid}:turn"),
+                    f"writing {rid} back to the pool",
+                    on_error=lambda _, rid=rid: self._free_held(rid),
+                )
 
     def _event(self, out: RequestOutput) -> TokenEvent:
         seq = self.next_seq[out.request_id]
@@ -328,11 +375,20 @@ class DecodeService(Service):
         if out.finished:
             del self.next_seq[out.request_id]
             self.num_done += 1
-            if out.finish_reason == "error":   # the engine's fault: another worker goes on
+            if out.finish_reason == "error":  # the engine's fault: another worker goes on
                 error, code = str(out.stop_reason), 500 if out.error_kind == "request" else 503
-        return TokenEvent(out.request_id, seq, out.new_token_ids, out.new_logprobs,
-                          out.finished, out.finish_reason, out.num_prompt_tokens,
-                          out.num_cached_tokens, error, code)
+        return TokenEvent(
+            out.request_id,
+            seq,
+            out.new_token_ids,
+            out.new_logprobs,
+            out.finished,
+            out.finish_reason,
+            out.num_prompt_tokens,
+            out.num_cached_tokens,
+            error,
+            code,
+        )
 
     async def _on_abort(self, msg: Abort) -> None:
         rid = msg.request_id
@@ -352,7 +408,9 @@ class DecodeService(Service):
                 self.group.release([request_id])
 
     async def _stats(self, _: StatsRequest) -> WorkerStats:
-        stats = worker_stats(self.worker_id, self.engine, len(self.incoming),
-                             self.num_done, self.num_refused)
-        return dataclasses.replace(stats,
-                                   num_rejected_after_prefill=self.num_rejected_after_prefill)
+        stats = worker_stats(
+            self.worker_id, self.engine, len(self.incoming), self.num_done, self.num_refused
+        )
+        return dataclasses.replace(
+            stats, num_rejected_after_prefill=self.num_rejected_after_prefill
+        )

@@ -1,4 +1,5 @@
 """The OpenAI-compatible HTTP routes of the gateway (aiohttp)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,10 +44,12 @@ class GatewayApp:
         self.cors = Cors(edge.cors_origins) if edge.cors_origins else None
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/v1/completions", self.completions),
-                web.post("/v1/chat/completions", self.chat),
-                web.get("/v1/models", self.models),
-                web.get("/openapi.json", self.openapi)]
+        return [
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat),
+            web.get("/v1/models", self.models),
+            web.get("/openapi.json", self.openapi),
+        ]
 
     def middlewares(self) -> list:
         cors = [self.cors.preflight_middleware] if self.cors else []
@@ -71,8 +74,9 @@ class GatewayApp:
         except web.HTTPNotFound:
             return self._error_response(errors.route_not_found(request.method, request.path))
         except web.HTTPMethodNotAllowed as e:
-            return self._error_response(errors.method_not_allowed(
-                request.method, request.path, e.allowed_methods))
+            return self._error_response(
+                errors.method_not_allowed(request.method, request.path, e.allowed_methods)
+            )
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception:  # a bug: the client still gets an OpenAI error object
@@ -82,9 +86,9 @@ class GatewayApp:
     @web.middleware
     async def auth_middleware(self, request: web.Request, handler) -> web.StreamResponse:
         key = self.service.config.api_key
-        if key and request.path.startswith("/v1/"):
-            if not _same(request.headers.get("Authorization", ""), f"Bearer {key}"):
-                raise errors.authentication_failed()
+        bearer = request.headers.get("Authorization", "")
+        if key and request.path.startswith("/v1/") and not _same(bearer, f"Bearer {key}"):
+            raise errors.authentication_failed()
         return await handler(request)
 
     def _error_response(self, e: ApiError) -> web.Response:
@@ -107,8 +111,9 @@ class GatewayApp:
         return web.json_response(OPENAPI)
 
     async def models(self, request: web.Request) -> web.Response:
-        body = models_response(self.service.served_model, self.created,
-                               self.service.limits.max_model_len)
+        body = models_response(
+            self.service.served_model, self.created, self.service.limits.max_model_len
+        )
         return web.json_response(body)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -119,8 +124,9 @@ class GatewayApp:
 
     async def _generate(self, request: web.Request, parse) -> web.StreamResponse:
         if self.service.draining:
-            raise errors.service_unavailable("the gateway is shutting down; retry on another",
-                                             retry_after_s=1)
+            raise errors.service_unavailable(
+                "the gateway is shutting down; retry on another", retry_after_s=1
+            )
         with self.per_key.hold(request.headers.get("Authorization", "")):
             return await self._read_and_generate(request, parse)
 
@@ -128,9 +134,14 @@ class GatewayApp:
         raw = await read_body(request, self.service.config.edge.read_timeout)
         body = decode_body(raw, self.service.limits)
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        req = parse(body, self.service.tokenizer, self.service.limits,
-                    self.service.served_model, _internal_id(request_id),
-                    self.service.model_aliases)
+        req = parse(
+            body,
+            self.service.tokenizer,
+            self.service.limits,
+            self.service.served_model,
+            _internal_id(request_id),
+            self.service.model_aliases,
+        )
         relay = Relay(req, self.service.tokenizer, self.service.backend)
         self.service.begin()
         try:
@@ -150,11 +161,12 @@ class GatewayApp:
         self.service.count_request(200)
         return web.json_response(final_response(req, text, finish, relay.usage(), logprobs))
 
-    async def _stream(self, request: web.Request, req: GenerateRequest,
-                      relay: Relay) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, req: GenerateRequest, relay: Relay
+    ) -> web.StreamResponse:
         pieces = relay.pieces()
         try:
-            first = await anext(pieces)   # errors before the first token keep their status
+            first = await anext(pieces)  # errors before the first token keep their status
         except StopAsyncIteration:
             raise errors.internal_error("the request ended without a token") from None
         response = web.StreamResponse(status=200, headers=SSE_HEADERS)
@@ -162,14 +174,15 @@ class GatewayApp:
         self.service.count_request(200)
         try:
             await self._write_stream(response, req, relay, first, pieces)
-        except ConnectionResetError:   # the client left; its request is aborted below
+        except ConnectionResetError:  # the client left; its request is aborted below
             log.info("request %s: the client went away mid-stream", req.request_id)
         finally:
             await pieces.aclose()
         return response
 
-    async def _write_stream(self, response: web.StreamResponse, req: GenerateRequest,
-                            relay: Relay, first, pieces) -> None:
+    async def _write_stream(
+        self, response: web.StreamResponse, req: GenerateRequest, relay: Relay, first, pieces
+    ) -> None:
         """Chunks, then usage and [DONE]; once the status line is out, any error travels
         in the stream as an error event (never a second HTTP response inside it)."""
         try:
@@ -182,15 +195,16 @@ class GatewayApp:
             await response.write(sse_error(e))
         except (asyncio.CancelledError, ConnectionResetError):
             raise
-        except Exception:   # a bug: still a clear end of the stream
+        except Exception:  # a bug: still a clear end of the stream
             log.exception("request %s failed mid-stream", req.request_id)
             await response.write(sse_error(errors.internal_error()))
         await response.write(SSE_DONE)
 
     @staticmethod
     def _chunk(req: GenerateRequest, piece, first: bool) -> dict:
-        return stream_chunk(req, piece.text, first=first, logprobs=piece.logprobs,
-                            finish_reason=piece.finish_reason)
+        return stream_chunk(
+            req, piece.text, first=first, logprobs=piece.logprobs, finish_reason=piece.finish_reason
+        )
 
 
 def _same(given: str, expected: str) -> bool:

@@ -8,6 +8,7 @@ the NATS connection was re-established) raises `WorkerLost`; `Progress` decides 
 the request is retried (nothing arrived yet) or migrated (prompt + tokens so far are
 prefilled again elsewhere and the same stream goes on), or has used up its attempts.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,17 +33,18 @@ PLACEMENT_RETRY_S = 0.5
 
 @dataclass(frozen=True)
 class BackendTimeouts:
-    control: float = 5.0          # one request/reply on the bus
-    first_token: float = 300.0    # placement to first token (queueing included)
-    next_token: float = 60.0      # silence between two tokens of a running request
-    max_attempts: int = 3         # placements before the first token arrived
-    migration_limit: int = 3      # placements after tokens arrived (--migration-limit)
+    control: float = 5.0  # one request/reply on the bus
+    first_token: float = 300.0  # placement to first token (queueing included)
+    next_token: float = 60.0  # silence between two tokens of a running request
+    max_attempts: int = 3  # placements before the first token arrived
+    migration_limit: int = 3  # placements after tokens arrived (--migration-limit)
     placement_wait: float = 10.0  # waiting for a conductor or a live worker to place on
 
 
 @dataclass
 class _Attempt:
     """One placement of a request: its id, its workers and what it may be lost to."""
+
     request_id: str
     placement: Placement
     watched: tuple[tuple[str, str], ...]
@@ -50,17 +52,23 @@ class _Attempt:
 
 
 class Backend:
-    def __init__(self, bus: Bus, timeouts: BackendTimeouts, block_size: int = 16,
-                 namespace: str = "", liveness: Liveness | None = None,
-                 on_lost: Callable[[str, bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        timeouts: BackendTimeouts,
+        block_size: int = 16,
+        namespace: str = "",
+        liveness: Liveness | None = None,
+        on_lost: Callable[[str, bool], None] | None = None,
+    ) -> None:
         self.bus = bus
         self.timeouts = timeouts
         self.block_size = block_size
         self.namespace = namespace
         self.liveness = liveness or Liveness()
-        self.on_lost = on_lost        # (why, migrated) of each re-placement, for metrics
-        self.epoch = 0                # NATS (re)connections: events may be lost in between
-        self.closing = False          # shutting down: end what is in flight
+        self.on_lost = on_lost  # (why, migrated) of each re-placement, for metrics
+        self.epoch = 0  # NATS (re)connections: events may be lost in between
+        self.closing = False  # shutting down: end what is in flight
 
     def reconnected(self) -> None:
         self.epoch += 1
@@ -78,13 +86,18 @@ class Backend:
                     yield progress.record(event)
                 return
             except WorkerLost as lost:
-                progress.lost(lost)      # raises once the request is out of attempts
+                progress.lost(lost)  # raises once the request is out of attempts
                 self._count(lost, progress)
 
     def _count(self, lost: WorkerLost, progress: Progress) -> None:
         moved = "migrating" if progress.token_ids else "retrying"
-        log.info("request %s: %s (%s) after %d tokens", progress.req.request_id, moved, lost,
-                 len(progress.token_ids))
+        log.info(
+            "request %s: %s (%s) after %d tokens",
+            progress.req.request_id,
+            moved,
+            lost,
+            len(progress.token_ids),
+        )
         if self.on_lost is not None:
             self.on_lost(lost.why, bool(progress.token_ids))
 
@@ -107,12 +120,14 @@ class Backend:
         finally:
             await sub.unsubscribe()
             if not finished:
-                self.bus.tasks.spawn(self.bus.publish(subjects.abort(), Abort(
-                    request_id, "gateway gave up")), f"aborting {request_id}")
+                self.bus.tasks.spawn(
+                    self.bus.publish(subjects.abort(), Abort(request_id, "gateway gave up")),
+                    f"aborting {request_id}",
+                )
 
     def first_block_hash(self, req: GenerateRequest) -> int:
         """The hash naming the prompt's first full block (0: shorter than a block)."""
-        first = req.prompt_token_ids[:self.block_size]
+        first = req.prompt_token_ids[: self.block_size]
         hashes = block_hashes(first, self.block_size, self.namespace)
         return hashes[0] if hashes else 0
 
@@ -127,23 +142,34 @@ class Backend:
             if placement is not None and placement.accepted:
                 return placement
             if placement is not None and is_overload(placement.reason):
-                raise service_unavailable(f"request rejected: {placement.reason}",
-                                          retry_after_s=placement.retry_after or 1)
+                raise service_unavailable(
+                    f"request rejected: {placement.reason}",
+                    retry_after_s=placement.retry_after or 1,
+                )
             if self.closing or time.monotonic() + PLACEMENT_RETRY_S > deadline:
                 raise service_unavailable(reason, retry_after_s=1)
             await asyncio.sleep(PLACEMENT_RETRY_S)
 
-    async def _ask_conductor(self, progress: Progress,
-                             request_id: str) -> tuple[Placement | None, str]:
+    async def _ask_conductor(
+        self, progress: Progress, request_id: str
+    ) -> tuple[Placement | None, str]:
         prompt = progress.prompt_token_ids
         hashes = tuple(block_hashes(prompt, self.block_size, self.namespace))
         req = progress.req
-        message = PlacementRequest(request_id, len(prompt), progress.params.max_tokens,
-                                   time.time() + self.timeouts.first_token, hashes,
-                                   self._avoided(progress), req.slo_ttft, req.slo_tbt)
+        message = PlacementRequest(
+            request_id,
+            len(prompt),
+            progress.params.max_tokens,
+            time.time() + self.timeouts.first_token,
+            hashes,
+            self._avoided(progress),
+            req.slo_ttft,
+            req.slo_tbt,
+        )
         try:
-            placement = await self.bus.request(subjects.place(), message, self.timeouts.control,
-                                               expected=Placement)
+            placement = await self.bus.request(
+                subjects.place(), message, self.timeouts.control, expected=Placement
+            )
         except ServiceUnavailable:
             return None, "the conductor is not available"
         return placement, f"request rejected: {placement.reason}"
@@ -151,21 +177,35 @@ class Backend:
     def _avoided(self, progress: Progress) -> tuple[str, ...]:
         """Workers not to place on: lost ones still run by the same process (a restarted
         one is welcome again), and ones that went quiet (the conductor sees it later)."""
-        lost = {w for w, instance in progress.lost_workers
-                if self.liveness.instance(w) in (instance, None)}
+        lost = {
+            w
+            for w, instance in progress.lost_workers
+            if self.liveness.instance(w) in (instance, None)
+        }
         return tuple(sorted(lost.union(self.liveness.quiet())))
 
     async def _submit(self, progress: Progress, attempt: _Attempt) -> None:
         placement = attempt.placement
-        message = PrefillRequest(attempt.request_id, progress.prompt_token_ids, progress.params,
-                                 placement.decode_id, time.time() + self.timeouts.first_token,
-                                 placement.prefix_peer, placement.prefix_peer_blocks,
-                                 placement.load_prefix, placement.stage_tbt_slo)
+        message = PrefillRequest(
+            attempt.request_id,
+            progress.prompt_token_ids,
+            progress.params,
+            placement.decode_id,
+            time.time() + self.timeouts.first_token,
+            placement.prefix_peer,
+            placement.prefix_peer_blocks,
+            placement.load_prefix,
+            placement.stage_tbt_slo,
+        )
         try:
-            ack = await self.bus.request(subjects.prefill_submit(placement.prefill_id), message,
-                                         self.timeouts.control, expected=Ack)
+            ack = await self.bus.request(
+                subjects.prefill_submit(placement.prefill_id),
+                message,
+                self.timeouts.control,
+                expected=Ack,
+            )
         except ServiceUnavailable as e:
-            raise WorkerLost(str(e), attempt.watched[:1])
+            raise WorkerLost(str(e), attempt.watched[:1]) from e
         if not ack.ok:
             if ack.code == 503:
                 raise WorkerLost(ack.error, attempt.watched[:1], "refused")
@@ -173,8 +213,7 @@ class Backend:
 
     # -- token events -------------------------------------------------------------------------
 
-    async def _ordered(self, events: asyncio.Queue,
-                       attempt: _Attempt) -> AsyncIterator[TokenEvent]:
+    async def _ordered(self, events: asyncio.Queue, attempt: _Attempt) -> AsyncIterator[TokenEvent]:
         """Events by `seq` (prefill and decode publish separately), with timeouts."""
         pending: dict[int, TokenEvent] = {}
         expected = 0
@@ -182,17 +221,15 @@ class Backend:
             while expected in pending:
                 yield pending.pop(expected)
                 expected += 1
-                if expected == 1:   # the prefill worker's part is done; only decode matters
+                if expected == 1:  # the prefill worker's part is done; only decode matters
                     attempt.watched = attempt.watched[1:]
-            if pending and attempt.epoch != self.epoch:   # a gap after a reconnection
-                raise WorkerLost("token events were lost while NATS reconnected",
-                                 why="reconnect")
+            if pending and attempt.epoch != self.epoch:  # a gap after a reconnection
+                raise WorkerLost("token events were lost while NATS reconnected", why="reconnect")
             timeout = self.timeouts.first_token if expected == 0 else self.timeouts.next_token
             event = await self._next(events, timeout, attempt)
             pending[event.seq] = event
 
-    async def _next(self, events: asyncio.Queue, timeout: float,
-                    attempt: _Attempt) -> TokenEvent:
+    async def _next(self, events: asyncio.Queue, timeout: float, attempt: _Attempt) -> TokenEvent:
         """The next event; checks once a second that the attempt's workers still beat."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -202,16 +239,21 @@ class Backend:
                 self._check_attempt(attempt)
         if timeout == self.timeouts.first_token:
             raise service_unavailable(f"no first token within {timeout:.0f}s", retry_after_s=1)
-        raise WorkerLost(f"no token from {attempt.placement.decode_id} for {timeout:.0f}s",
-                         attempt.watched[-1:], "timeout")
+        raise WorkerLost(
+            f"no token from {attempt.placement.decode_id} for {timeout:.0f}s",
+            attempt.watched[-1:],
+            "timeout",
+        )
 
     def _check_attempt(self, attempt: _Attempt) -> None:
         if self.closing:
             raise service_unavailable("the gateway is shutting down", retry_after_s=1)
         if attempt.epoch != self.epoch:
-            raise WorkerLost("the gateway's NATS connection was re-established; token events "
-                             "may have been lost", why="reconnect")
-        if not self.bus.connected:   # cut off: silence says nothing about the workers
+            raise WorkerLost(
+                "the gateway's NATS connection was re-established; token events may have been lost",
+                why="reconnect",
+            )
+        if not self.bus.connected:  # cut off: silence says nothing about the workers
             return
         lost = self.liveness.lost(attempt.watched)
         if lost is not None:
@@ -235,4 +277,5 @@ def _enqueuer(events: asyncio.Queue):
             events.put_nowait(codec.decode(msg.data, TokenEvent))
         except codec.MessageError as e:
             log.warning("dropped a bad token event: %s", e)
+
     return on_msg

@@ -1,4 +1,5 @@
 """Reading a request body at the edge: its encoding, its deadline, its decoding."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,7 +24,7 @@ async def read_body(request: web.Request, timeout: float) -> bytes:
             return await request.read()
     except TimeoutError:
         raise errors.read_timeout(timeout) from None
-    except RequestPayloadError as exc:   # a broken gzip stream, a bad chunk, a cut body
+    except RequestPayloadError as exc:  # a broken gzip stream, a bad chunk, a cut body
         raise errors.undecodable_body(_reason(exc)) from None
 
 

@@ -1,4 +1,5 @@
 """At most N generation requests in flight per API key (`--max-concurrent-per-key`)."""
+
 from __future__ import annotations
 
 import hashlib

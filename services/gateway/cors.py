@@ -4,6 +4,7 @@ Only the configured origins get `Access-Control-Allow-Origin` (their own origin 
 with `Vary: Origin`); a preflight (OPTIONS with Access-Control-Request-Method) from one of
 them is answered 204 before authentication, since browsers send no credentials on it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,18 +31,22 @@ class Cors:
     @web.middleware
     async def preflight_middleware(self, request: web.Request, handler) -> web.StreamResponse:
         origin = request.headers.get("Origin")
-        is_preflight = (request.method == "OPTIONS"
-                        and "Access-Control-Request-Method" in request.headers)
+        is_preflight = (
+            request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers
+        )
         if not (is_preflight and self.allows(origin)):
             return await handler(request)
         requested = request.headers.get("Access-Control-Request-Headers", "")
-        return web.Response(status=204, headers={
-            "Access-Control-Allow-Methods": ALLOWED_METHODS,
-            "Access-Control-Allow-Headers": requested or "Authorization, Content-Type",
-            "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S)})
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Methods": ALLOWED_METHODS,
+                "Access-Control-Allow-Headers": requested or "Authorization, Content-Type",
+                "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S),
+            },
+        )
 
-    async def on_response_prepare(self, request: web.Request,
-                                  response: web.StreamResponse) -> None:
+    async def on_response_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
         """Every response, streams and errors too, right before its headers go out."""
         response.headers.add("Vary", "Origin")
         origin = request.headers.get("Origin")

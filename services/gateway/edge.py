@@ -13,6 +13,7 @@
 - Protocol errors (those limits, malformed HTTP, an encoding aiohttp cannot decode) are
   answered as OpenAI error objects instead of aiohttp's text/plain.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,24 +33,29 @@ log = logging.getLogger("kvstack.gateway")
 
 @dataclass(frozen=True)
 class EdgeConfig:
-    read_timeout: float = 30.0          # seconds for a request's head, and then for its body
-    max_line_bytes: int = 8190          # the request line (method, path, query)
-    max_field_bytes: int = 8190         # one header, name and value
+    read_timeout: float = 30.0  # seconds for a request's head, and then for its body
+    max_line_bytes: int = 8190  # the request line (method, path, query)
+    max_field_bytes: int = 8190  # one header, name and value
     max_headers: int = 100
-    max_concurrent_per_key: int = 0     # generation requests in flight per API key; 0: no limit
+    max_concurrent_per_key: int = 0  # generation requests in flight per API key; 0: no limit
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call; empty: CORS off
 
     def __post_init__(self) -> None:
-        if not self.read_timeout > 0:   # NaN too
+        if not self.read_timeout > 0:  # NaN too
             raise KvstackError(f"--read-timeout must be positive, got {self.read_timeout}")
         if self.max_concurrent_per_key < 0:
-            raise KvstackError("--max-concurrent-per-key must not be negative, got "
-                               f"{self.max_concurrent_per_key}")
+            raise KvstackError(
+                f"--max-concurrent-per-key must not be negative, got {self.max_concurrent_per_key}"
+            )
 
     def handler_args(self) -> dict:
         """aiohttp's per-connection settings (`RequestHandler`'s keyword arguments)."""
-        return dict(keepalive_timeout=self.read_timeout, max_line_size=self.max_line_bytes,
-                    max_field_size=self.max_field_bytes, max_headers=self.max_headers)
+        return dict(
+            keepalive_timeout=self.read_timeout,
+            max_line_size=self.max_line_bytes,
+            max_field_size=self.max_field_bytes,
+            max_headers=self.max_headers,
+        )
 
 
 def edge_runner(app: web.Application, edge: EdgeConfig) -> web.AppRunner:
@@ -75,17 +81,21 @@ class EdgeServer(web.Server):
 class EdgeRequestHandler(RequestHandler):
     """aiohttp's connection protocol, answering what fails before a route as OpenAI errors."""
 
-    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
-        if request.writer.output_size > 0:   # too late for an answer; aiohttp closes it
+    def handle_error(
+        self,
+        request,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # too late for an answer; aiohttp closes it
             return super().handle_error(request, status, exc, message)
         error = protocol_error(status, exc, message)
         if error.status >= 500:
             log.error("error before any route on %s", request.remote, exc_info=exc)
         else:
             log.debug("refused a request from %s: %s", request.remote, error.message)
-        response = web.json_response(error_body(error), status=error.status,
-                                     headers=error.headers)
+        response = web.json_response(error_body(error), status=error.status, headers=error.headers)
         response.force_close()
         return response
 
@@ -93,13 +103,15 @@ class EdgeRequestHandler(RequestHandler):
 def protocol_error(status: int, exc: BaseException | None, message: str | None) -> ApiError:
     """The OpenAI error for what aiohttp reports before a route runs."""
     if isinstance(exc, LineTooLong) or (
-            isinstance(exc, HttpProcessingError) and "Too many headers" in exc.message):
+        isinstance(exc, HttpProcessingError) and "Too many headers" in exc.message
+    ):
         return errors.headers_too_large(exc.message)
-    if isinstance(exc, ContentEncodingError):   # e.g. br without Brotli installed
+    if isinstance(exc, ContentEncodingError):  # e.g. br without Brotli installed
         return errors.unsupported_encoding(SUPPORTED_ENCODINGS)
     if isinstance(exc, HttpProcessingError) and status < 500:
         return errors.bad_http(exc.message)
     if status < 500:
         return errors.bad_http(message or "the request could not be parsed")
-    return ApiError(status, "server_error", "The server had an error before the request "
-                    "reached a route.")
+    return ApiError(
+        status, "server_error", "The server had an error before the request reached a route."
+    )

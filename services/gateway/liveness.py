@@ -5,6 +5,7 @@ A worker is lost to a request when it stopped beating, when it said goodbye (the
 beat of a clean stop), or when its beats come from another process under the same id (it
 was restarted: whatever the old one held is gone).
 """
+
 from __future__ import annotations
 
 import time
@@ -20,7 +21,7 @@ QUIET_BEATS = 1.5
 
 @dataclass(frozen=True, slots=True)
 class _Seen:
-    at: float          # monotonic
+    at: float  # monotonic
     interval: float
     instance: str
     stopped: bool
@@ -29,7 +30,7 @@ class _Seen:
 class Liveness:
     def __init__(self) -> None:
         self._last: dict[str, _Seen] = {}
-        self._heard_since = 0.0   # after a reconnection nobody could be heard before it
+        self._heard_since = 0.0  # after a reconnection nobody could be heard before it
 
     def observe(self, hb: Heartbeat) -> None:
         self._last[hb.worker_id] = _Seen(time.monotonic(), hb.interval, hb.instance, hb.stopped)
@@ -50,8 +51,11 @@ class Liveness:
     def quiet(self) -> tuple[str, ...]:
         """Workers to avoid in a placement: silent for a while, or stopped."""
         now = time.monotonic()
-        return tuple(w for w, seen in self._last.items() if seen.stopped or
-                     now - max(seen.at, self._heard_since) > QUIET_BEATS * seen.interval)
+        return tuple(
+            w
+            for w, seen in self._last.items()
+            if seen.stopped or now - max(seen.at, self._heard_since) > QUIET_BEATS * seen.interval
+        )
 
     def lost(self, watched: tuple[tuple[str, str], ...]) -> tuple[str, str] | None:
         """(worker id, why) of the first watched worker that is gone, or None; unknown

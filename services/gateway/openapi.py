@@ -1,5 +1,6 @@
 """The gateway's OpenAPI 3.1 document, served at GET /openapi.json: every route, its
 bodies (openapi_schemas.py) and every error it answers, each an OpenAI error object."""
+
 from __future__ import annotations
 
 from services.gateway.body import SUPPORTED_ENCODINGS
@@ -28,91 +29,163 @@ Errors are OpenAI error objects: {{"error": {{"message", "type", "param", "code"
 stream that fails after its first event carries the error object as an event, then
 `data: [DONE]`."""
 
-RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying",
-                               "schema": {"type": "string"}}}
+RETRY_AFTER = {
+    "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "string"}}
+}
 ERRORS = {
-    400: ("invalid request: a field of the wrong type or out of range, a prompt too long "
-          "for the context, a body that is not JSON or does not decode", {}),
-    401: ("missing or wrong API key (when the gateway has one)",
-          {"WWW-Authenticate": {"schema": {"type": "string"}}}),
+    400: (
+        (
+            "invalid request: a field of the wrong type or out of range, a prompt too long "
+            "for the context, a body that is not JSON or does not decode"
+        ),
+        {},
+    ),
+    401: (
+        "missing or wrong API key (when the gateway has one)",
+        {"WWW-Authenticate": {"schema": {"type": "string"}}},
+    ),
     404: ("unknown model", {}),
     408: ("the body did not arrive within the read timeout", {}),
     413: ("the body is larger than the limit", {}),
     415: ("Content-Encoding not supported", {}),
     429: ("too many requests in flight for this API key", RETRY_AFTER),
     431: ("request line or headers too large, or too many headers", {}),
-    503: ("no worker or conductor can take it now, or the gateway is shutting down",
-          RETRY_AFTER),
+    503: ("no worker or conductor can take it now, or the gateway is shutting down", RETRY_AFTER),
 }
 BEARER = [{"bearer": []}]
-REQUEST_ID = {"name": "x-request-id", "in": "header", "required": False,
-              "schema": {"type": "string"}, "description": "echoed in logs; any string"}
+REQUEST_ID = {
+    "name": "x-request-id",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "echoed in logs; any string",
+}
 
 
 def errors(*statuses: int) -> dict:
-    return {str(s): {"description": ERRORS[s][0], "headers": ERRORS[s][1],
-                     "content": {"application/json": {"schema": ref("Error")}}}
-            for s in statuses}
+    return {
+        str(s): {
+            "description": ERRORS[s][0],
+            "headers": ERRORS[s][1],
+            "content": {"application/json": {"schema": ref("Error")}},
+        }
+        for s in statuses
+    }
 
 
 def sse_event(chunk: str) -> dict:
     """One server-sent event of a stream: its data is a `chunk` as JSON, an Error object
     (a failure after the first chunk), or the last event's `[DONE]`."""
-    json_data = {"type": "string", "contentMediaType": "application/json",
-                 "contentSchema": {"anyOf": [ref(chunk), ref("Error")]}}
-    return {"type": "object", "required": ["data"],
-            "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}}}
+    json_data = {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"anyOf": [ref(chunk), ref("Error")]},
+    }
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}},
+    }
 
 
-def generation(summary: str, operation_id: str, request: str, response: str,
-               chunk: str) -> dict:
+def generation(summary: str, operation_id: str, request: str, response: str, chunk: str) -> dict:
     """POST /v1/completions or /v1/chat/completions."""
-    stream = (f"with stream: true, server-sent events, each `data: <{chunk}>` (an Error "
-              f"object if it fails mid-stream), then `data: [DONE]`")
-    return {"post": {
-        "summary": summary, "operationId": operation_id,
-        "security": BEARER, "parameters": [REQUEST_ID],
-        "requestBody": {"required": True, "content": {
-            "application/json": {"schema": ref(request)}}},
-        "responses": {
-            "200": {"description": f"a {response}; {stream}", "content": {
-                "application/json": {"schema": ref(response)},
-                "text/event-stream": {"schema": sse_event(chunk)}}},
-            **errors(400, 401, 404, 408, 413, 415, 429, 431, 503)}}}
+    stream = (
+        f"with stream: true, server-sent events, each `data: <{chunk}>` (an Error "
+        f"object if it fails mid-stream), then `data: [DONE]`"
+    )
+    return {
+        "post": {
+            "summary": summary,
+            "operationId": operation_id,
+            "security": BEARER,
+            "parameters": [REQUEST_ID],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": ref(request)}},
+            },
+            "responses": {
+                "200": {
+                    "description": f"a {response}; {stream}",
+                    "content": {
+                        "application/json": {"schema": ref(response)},
+                        "text/event-stream": {"schema": sse_event(chunk)},
+                    },
+                },
+                **errors(400, 401, 404, 408, 413, 415, 429, 431, 503),
+            },
+        }
+    }
 
 
-def plain_get(summary: str, operation_id: str, media_type: str, schema: dict,
-              extra: dict | None = None) -> dict:
-    return {"get": {"summary": summary, "operationId": operation_id, "responses": {
-        "200": {"description": summary, "content": {media_type: {"schema": schema}}},
-        **(extra or {})}}}
+def plain_get(
+    summary: str, operation_id: str, media_type: str, schema: dict, extra: dict | None = None
+) -> dict:
+    return {
+        "get": {
+            "summary": summary,
+            "operationId": operation_id,
+            "responses": {
+                "200": {"description": summary, "content": {media_type: {"schema": schema}}},
+                **(extra or {}),
+            },
+        }
+    }
 
 
 OPENAPI = {
     "openapi": "3.1.0",
     "info": {"title": "kvstack gateway", "version": VERSION, "description": DESCRIPTION},
     "paths": {
-        "/v1/completions": generation("Complete a prompt", "createCompletion",
-                                      "CompletionRequest", "Completion", "CompletionChunk"),
+        "/v1/completions": generation(
+            "Complete a prompt",
+            "createCompletion",
+            "CompletionRequest",
+            "Completion",
+            "CompletionChunk",
+        ),
         "/v1/chat/completions": generation(
-            "Answer a conversation", "createChatCompletion", "ChatCompletionRequest",
-            "ChatCompletion", "ChatCompletionChunk"),
-        "/v1/models": {"get": {
-            "summary": "The served model", "operationId": "listModels", "security": BEARER,
-            "responses": {"200": {"description": "the served model", "content": {
-                "application/json": {"schema": ref("ModelList")}}}, **errors(401)}}},
+            "Answer a conversation",
+            "createChatCompletion",
+            "ChatCompletionRequest",
+            "ChatCompletion",
+            "ChatCompletionChunk",
+        ),
+        "/v1/models": {
+            "get": {
+                "summary": "The served model",
+                "operationId": "listModels",
+                "security": BEARER,
+                "responses": {
+                    "200": {
+                        "description": "the served model",
+                        "content": {"application/json": {"schema": ref("ModelList")}},
+                    },
+                    **errors(401),
+                },
+            }
+        },
         "/health": plain_get(
-            "Whether the gateway takes requests", "health", "application/json", ref("Health"),
-            {"503": {"description": "draining or cut off from NATS", "content": {
-                "application/json": {"schema": ref("Health")}}}}),
-        "/metrics": plain_get("Prometheus metrics", "metrics", "text/plain",
-                              {"type": "string"}),
-        "/openapi.json": plain_get("This document", "openapi", "application/json",
-                                   {"type": "object"}),
+            "Whether the gateway takes requests",
+            "health",
+            "application/json",
+            ref("Health"),
+            {
+                "503": {
+                    "description": "draining or cut off from NATS",
+                    "content": {"application/json": {"schema": ref("Health")}},
+                }
+            },
+        ),
+        "/metrics": plain_get("Prometheus metrics", "metrics", "text/plain", {"type": "string"}),
+        "/openapi.json": plain_get(
+            "This document", "openapi", "application/json", {"type": "object"}
+        ),
     },
     "components": {
         "schemas": SCHEMAS,
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                       "description": "the gateway's --api-key"}},
+        "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer", "description": "the gateway's --api-key"}
+        },
     },
 }

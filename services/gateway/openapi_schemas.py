@@ -6,6 +6,7 @@ may still get a 400 for what a schema cannot know (the context length, the vocab
 the gateway's --max-tokens-limit). A null field is the same as an absent one, as in
 protocol.py; unknown fields are ignored.
 """
+
 from __future__ import annotations
 
 from services.gateway.protocol import (
@@ -33,147 +34,294 @@ def nullable(schema: dict, description: str = "") -> dict:
 INTEGER = {"type": "integer"}
 BOOLEAN = {"type": "boolean"}
 STRING = {"type": "string"}
-TOKEN_ID = {"type": "integer", "minimum": 0,
-            "description": "below the model's vocabulary size (else 400)"}
+TOKEN_ID = {
+    "type": "integer",
+    "minimum": 0,
+    "description": "below the model's vocabulary size (else 400)",
+}
 STOP_STRING = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}
-MAX_TOKENS = {"type": "integer", "minimum": 1, "description": (
-    "at most the gateway's --max-tokens-limit (default: the context length), and the "
-    "prompt plus this must fit the context (GET /v1/models: max_model_len); else 400")}
+MAX_TOKENS = {
+    "type": "integer",
+    "minimum": 1,
+    "description": (
+        "at most the gateway's --max-tokens-limit (default: the context length), and the "
+        "prompt plus this must fit the context (GET /v1/models: max_model_len); else 400"
+    ),
+}
 TOP_LOGPROBS = {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}
 
 # Fields both endpoints read the same way.
 SAMPLING = {
-    "model": nullable(STRING, "the served model or one of its aliases (else 404); "
-                      "absent: the served model"),
-    "temperature": nullable({"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE},
-                            "0 samples greedily"),
+    "model": nullable(
+        STRING, "the served model or one of its aliases (else 404); absent: the served model"
+    ),
+    "temperature": nullable(
+        {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE}, "0 samples greedily"
+    ),
     "top_p": nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
     "top_k": nullable({"type": "integer", "minimum": -1}, "0 or -1: the whole vocabulary"),
     "min_p": nullable({"type": "number", "minimum": 0, "maximum": 1}),
-    "seed": nullable({"type": "integer", "minimum": SEED_RANGE.start,
-                      "maximum": SEED_RANGE.stop - 1}),
-    "stop": nullable({"anyOf": [STOP_STRING, {"type": "array", "items": STOP_STRING,
-                                              "maxItems": MAX_STOP_STRINGS}]}),
-    "stop_token_ids": nullable({"type": "array", "items": TOKEN_ID,
-                                "maxItems": MAX_STOP_TOKEN_IDS}),
+    "seed": nullable(
+        {"type": "integer", "minimum": SEED_RANGE.start, "maximum": SEED_RANGE.stop - 1}
+    ),
+    "stop": nullable(
+        {
+            "anyOf": [
+                STOP_STRING,
+                {"type": "array", "items": STOP_STRING, "maxItems": MAX_STOP_STRINGS},
+            ]
+        }
+    ),
+    "stop_token_ids": nullable(
+        {"type": "array", "items": TOKEN_ID, "maxItems": MAX_STOP_TOKEN_IDS}
+    ),
     "ignore_eos": nullable(BOOLEAN),
     "skip_special_tokens": nullable(BOOLEAN),
     "n": nullable({"enum": [1]}, "only one choice per request"),
     "best_of": nullable({"enum": [1]}),
     "stream": nullable(BOOLEAN, "true: server-sent events (text/event-stream)"),
-    "stream_options": nullable({
-        "type": "object", "properties": {"include_usage": nullable(BOOLEAN)},
-        "description": "only with stream: true (else 400)"}),
-    "slo_ttft": nullable({"type": "number", "exclusiveMinimum": 0},
-                         "kvstack: time-to-first-token target in seconds"),
-    "slo_tbt": nullable({"type": "number", "exclusiveMinimum": 0},
-                        "kvstack: time-between-tokens target in seconds"),
+    "stream_options": nullable(
+        {
+            "type": "object",
+            "properties": {"include_usage": nullable(BOOLEAN)},
+            "description": "only with stream: true (else 400)",
+        }
+    ),
+    "slo_ttft": nullable(
+        {"type": "number", "exclusiveMinimum": 0}, "kvstack: time-to-first-token target in seconds"
+    ),
+    "slo_tbt": nullable(
+        {"type": "number", "exclusiveMinimum": 0}, "kvstack: time-between-tokens target in seconds"
+    ),
 }
 
-PROMPT = {"anyOf": [
-    {"type": "string", "minLength": 1},
-    {"type": "array", "items": TOKEN_ID, "minItems": 1},
-    {"type": "array", "items": {"type": "string", "minLength": 1},
-     "minItems": 1, "maxItems": 1},
-    {"type": "array", "items": {"type": "array", "items": TOKEN_ID, "minItems": 1},
-     "minItems": 1, "maxItems": 1},
-], "description": "text or token ids; one prompt per request (a one-element batch is fine)"}
+PROMPT = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": TOKEN_ID, "minItems": 1},
+        {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "minItems": 1,
+            "maxItems": 1,
+        },
+        {
+            "type": "array",
+            "items": {"type": "array", "items": TOKEN_ID, "minItems": 1},
+            "minItems": 1,
+            "maxItems": 1,
+        },
+    ],
+    "description": "text or token ids; one prompt per request (a one-element batch is fine)",
+}
 
-TEXT_PART = {"type": "object", "required": ["type", "text"],
-             "properties": {"type": {"const": "text"}, "text": STRING}}
-MESSAGE = {"type": "object", "required": ["role", "content"], "properties": {
-    "role": {"enum": list(CHAT_ROLES)},
-    "content": {"anyOf": [STRING, {"type": "array", "items": TEXT_PART, "minItems": 1}]}}}
+TEXT_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": STRING},
+}
+MESSAGE = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {
+        "role": {"enum": list(CHAT_ROLES)},
+        "content": {"anyOf": [STRING, {"type": "array", "items": TEXT_PART, "minItems": 1}]},
+    },
+}
 
-COMPLETION_REQUEST = {"type": "object", "required": ["prompt"], "properties": {
-    "prompt": PROMPT,
-    "max_tokens": nullable(MAX_TOKENS, "default 16, cut to what fits"),
-    "logprobs": nullable(TOP_LOGPROBS, "alternatives listed per token"),
-    "echo": nullable({"const": False}, "echo is not supported"),
-    **SAMPLING}}
+COMPLETION_REQUEST = {
+    "type": "object",
+    "required": ["prompt"],
+    "properties": {
+        "prompt": PROMPT,
+        "max_tokens": nullable(MAX_TOKENS, "default 16, cut to what fits"),
+        "logprobs": nullable(TOP_LOGPROBS, "alternatives listed per token"),
+        "echo": nullable({"const": False}, "echo is not supported"),
+        **SAMPLING,
+    },
+}
 
-CHAT_REQUEST = {"type": "object", "required": ["messages"], "properties": {
-    "messages": {"type": "array", "items": MESSAGE, "minItems": 1},
-    "max_completion_tokens": nullable(MAX_TOKENS, "default: what fits the context"),
-    "max_tokens": nullable(MAX_TOKENS, "older name of max_completion_tokens"),
-    "logprobs": nullable(BOOLEAN),
-    "top_logprobs": nullable(TOP_LOGPROBS, "needs logprobs: true when above 0"),
-    **SAMPLING}}
+CHAT_REQUEST = {
+    "type": "object",
+    "required": ["messages"],
+    "properties": {
+        "messages": {"type": "array", "items": MESSAGE, "minItems": 1},
+        "max_completion_tokens": nullable(MAX_TOKENS, "default: what fits the context"),
+        "max_tokens": nullable(MAX_TOKENS, "older name of max_completion_tokens"),
+        "logprobs": nullable(BOOLEAN),
+        "top_logprobs": nullable(TOP_LOGPROBS, "needs logprobs: true when above 0"),
+        **SAMPLING,
+    },
+}
 
-ERROR = {"type": "object", "required": ["error"], "additionalProperties": False,
-         "properties": {"error": {
-             "type": "object", "required": ["message", "type", "param", "code"],
-             "additionalProperties": False,
-             "properties": {"message": STRING, "type": STRING,
-                            "param": {"type": ["string", "null"]},
-                            "code": {"type": ["string", "null"]}}}}}
+ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "additionalProperties": False,
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "additionalProperties": False,
+            "properties": {
+                "message": STRING,
+                "type": STRING,
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
 
 COUNT = {"type": "integer", "minimum": 0}
-USAGE = {"type": "object",
-         "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-         "properties": {"prompt_tokens": COUNT, "completion_tokens": COUNT,
-                        "total_tokens": COUNT,
-                        "prompt_tokens_details": {"type": "object",
-                                                  "properties": {"cached_tokens": COUNT}},
-                        "migrations": {**COUNT, "description": "kvstack: times the request "
-                                       "moved to another worker"}}}
+USAGE = {
+    "type": "object",
+    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+    "properties": {
+        "prompt_tokens": COUNT,
+        "completion_tokens": COUNT,
+        "total_tokens": COUNT,
+        "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": COUNT}},
+        "migrations": {
+            **COUNT,
+            "description": "kvstack: times the request moved to another worker",
+        },
+    },
+}
 
 FINISH = {"enum": list(FINISH_REASONS)}
 LOGPROB = {"type": "number", "maximum": 0}
-COMPLETION_LOGPROBS = {"type": "object", "properties": {
-    "tokens": {"type": "array", "items": STRING},
-    "token_logprobs": {"type": "array", "items": LOGPROB},
-    "top_logprobs": {"type": "array", "items": {"type": "object",
-                                                "additionalProperties": LOGPROB}},
-    "text_offset": {"type": "array", "items": COUNT}}}
-CHAT_TOKEN = {"type": "object", "required": ["token", "logprob", "bytes"], "properties": {
-    "token": STRING, "logprob": LOGPROB,
-    "bytes": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}}}}
-CHAT_LOGPROBS = {"type": "object", "required": ["content"], "properties": {"content": {
-    "type": "array", "items": {**CHAT_TOKEN, "properties": {
-        **CHAT_TOKEN["properties"], "top_logprobs": {"type": "array", "items": CHAT_TOKEN}}}}}}
+COMPLETION_LOGPROBS = {
+    "type": "object",
+    "properties": {
+        "tokens": {"type": "array", "items": STRING},
+        "token_logprobs": {"type": "array", "items": LOGPROB},
+        "top_logprobs": {
+            "type": "array",
+            "items": {"type": "object", "additionalProperties": LOGPROB},
+        },
+        "text_offset": {"type": "array", "items": COUNT},
+    },
+}
+CHAT_TOKEN = {
+    "type": "object",
+    "required": ["token", "logprob", "bytes"],
+    "properties": {
+        "token": STRING,
+        "logprob": LOGPROB,
+        "bytes": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}},
+    },
+}
+CHAT_LOGPROBS = {
+    "type": "object",
+    "required": ["content"],
+    "properties": {
+        "content": {
+            "type": "array",
+            "items": {
+                **CHAT_TOKEN,
+                "properties": {
+                    **CHAT_TOKEN["properties"],
+                    "top_logprobs": {"type": "array", "items": CHAT_TOKEN},
+                },
+            },
+        }
+    },
+}
 
 
 def envelope(obj: str, choice: dict, usage: dict) -> dict:
     """id, object, created, model, choices (each `choice`), usage."""
-    return {"type": "object", "required": ["id", "object", "created", "model", "choices"],
-            "properties": {"id": STRING, "object": {"const": obj}, "created": INTEGER,
-                           "model": STRING, "choices": {"type": "array", "items": choice},
-                           "usage": usage}}
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices"],
+        "properties": {
+            "id": STRING,
+            "object": {"const": obj},
+            "created": INTEGER,
+            "model": STRING,
+            "choices": {"type": "array", "items": choice},
+            "usage": usage,
+        },
+    }
 
 
 def choice(content: dict, logprobs: dict, finish: dict) -> dict:
-    return {"type": "object", "required": ["index", *content, "logprobs", "finish_reason"],
-            "properties": {"index": {"const": 0}, **content,
-                           "logprobs": nullable(logprobs), "finish_reason": finish}}
+    return {
+        "type": "object",
+        "required": ["index", *content, "logprobs", "finish_reason"],
+        "properties": {
+            "index": {"const": 0},
+            **content,
+            "logprobs": nullable(logprobs),
+            "finish_reason": finish,
+        },
+    }
 
 
-ASSISTANT = {"type": "object", "required": ["role", "content"],
-             "properties": {"role": {"const": "assistant"}, "content": STRING}}
-DELTA = {"type": "object", "properties": {"role": {"const": "assistant"}, "content": STRING},
-         "additionalProperties": False}
-CHUNK_USAGE = nullable(ref("Usage"), "null on content chunks when stream_options."
-                       "include_usage; the last chunk (no choices) carries the usage")
+ASSISTANT = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {"role": {"const": "assistant"}, "content": STRING},
+}
+DELTA = {
+    "type": "object",
+    "properties": {"role": {"const": "assistant"}, "content": STRING},
+    "additionalProperties": False,
+}
+CHUNK_USAGE = nullable(
+    ref("Usage"),
+    "null on content chunks when stream_options."
+    "include_usage; the last chunk (no choices) carries the usage",
+)
 
 SCHEMAS = {
     "CompletionRequest": COMPLETION_REQUEST,
     "ChatCompletionRequest": CHAT_REQUEST,
     "Error": ERROR,
     "Usage": USAGE,
-    "Completion": envelope("text_completion", choice(
-        {"text": STRING}, COMPLETION_LOGPROBS, FINISH), ref("Usage")),
-    "ChatCompletion": envelope("chat.completion", choice(
-        {"message": ASSISTANT}, CHAT_LOGPROBS, FINISH), ref("Usage")),
-    "CompletionChunk": envelope("text_completion", choice(
-        {"text": STRING}, COMPLETION_LOGPROBS, nullable(FINISH)), CHUNK_USAGE),
-    "ChatCompletionChunk": envelope("chat.completion.chunk", choice(
-        {"delta": DELTA}, CHAT_LOGPROBS, nullable(FINISH)), CHUNK_USAGE),
-    "ModelList": {"type": "object", "required": ["object", "data"], "properties": {
-        "object": {"const": "list"}, "data": {"type": "array", "items": {
-            "type": "object", "required": ["id", "object", "created", "owned_by"],
-            "properties": {"id": STRING, "object": {"const": "model"}, "created": INTEGER,
-                           "owned_by": STRING, "root": STRING, "parent": {"type": "null"},
-                           "max_model_len": {"type": "integer", "minimum": 1}}}}}},
-    "Health": {"type": "object", "required": ["status", "worker_id"], "properties": {
-        "status": {"enum": ["ok", "unavailable"]}, "worker_id": STRING}},
+    "Completion": envelope(
+        "text_completion", choice({"text": STRING}, COMPLETION_LOGPROBS, FINISH), ref("Usage")
+    ),
+    "ChatCompletion": envelope(
+        "chat.completion", choice({"message": ASSISTANT}, CHAT_LOGPROBS, FINISH), ref("Usage")
+    ),
+    "CompletionChunk": envelope(
+        "text_completion",
+        choice({"text": STRING}, COMPLETION_LOGPROBS, nullable(FINISH)),
+        CHUNK_USAGE,
+    ),
+    "ChatCompletionChunk": envelope(
+        "chat.completion.chunk",
+        choice({"delta": DELTA}, CHAT_LOGPROBS, nullable(FINISH)),
+        CHUNK_USAGE,
+    ),
+    "ModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "object", "created", "owned_by"],
+                    "properties": {
+                        "id": STRING,
+                        "object": {"const": "model"},
+                        "created": INTEGER,
+                        "owned_by": STRING,
+                        "root": STRING,
+                        "parent": {"type": "null"},
+                        "max_model_len": {"type": "integer", "minimum": 1},
+                    },
+                },
+            },
+        },
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status", "worker_id"],
+        "properties": {"status": {"enum": ["ok", "unavailable"]}, "worker_id": STRING},
+    },
 }

@@ -5,6 +5,7 @@ An attempt that fails before its first token is retried from the prompt (up to
 the tokens so far become the next attempt's prompt, with the rest of `max_tokens`, so the
 stream goes on with no token lost or repeated (up to `migration_limit` migrations).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,19 +16,19 @@ from services.gateway.protocol import GenerateRequest
 from shared.engine.sampling_params import SamplingParams
 from shared.messages import TokenEvent
 
-
-Worker = tuple[str, str]   # (worker id, instance): one process behind an id
+Worker = tuple[str, str]  # (worker id, instance): one process behind an id
 
 
 class WorkerLost(Exception):
     """An attempt ended in a way another worker can fix: place the request again, away
     from `workers` (while the same processes are behind their ids)."""
 
-    def __init__(self, reason: str, workers: tuple[Worker, ...] = (),
-                 why: str = "worker_lost") -> None:
+    def __init__(
+        self, reason: str, workers: tuple[Worker, ...] = (), why: str = "worker_lost"
+    ) -> None:
         super().__init__(reason)
         self.workers = workers
-        self.why = why     # a metrics label: worker_lost, refused, reconnect, timeout
+        self.why = why  # a metrics label: worker_lost, refused, reconnect, timeout
 
 
 @dataclass
@@ -39,7 +40,7 @@ class Progress:
     num_cached_tokens: int | None = None  # the first attempt's: what the client's prompt reused
     attempts: int = 0
     migrations: int = 0
-    lost_workers: tuple[Worker, ...] = ()   # avoided until another process takes the id
+    lost_workers: tuple[Worker, ...] = ()  # avoided until another process takes the id
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
@@ -61,8 +62,11 @@ class Progress:
         self.token_ids.extend(event.token_ids)
         if self.num_cached_tokens is None:
             self.num_cached_tokens = event.num_cached_tokens
-        return dataclasses.replace(event, num_prompt_tokens=self.req.num_prompt_tokens,
-                                   num_cached_tokens=self.num_cached_tokens)
+        return dataclasses.replace(
+            event,
+            num_prompt_tokens=self.req.num_prompt_tokens,
+            num_cached_tokens=self.num_cached_tokens,
+        )
 
     def lost(self, failure: WorkerLost) -> None:
         """Count the failure; an ApiError when no attempt is left."""
@@ -73,8 +77,10 @@ class Progress:
             return
         self.migrations += 1
         if self.migrations > self.migration_limit:
-            raise _gave_up(f"request lost its worker {self.migrations} times (limit "
-                           f"{self.migration_limit}): {failure}")
+            raise _gave_up(
+                f"request lost its worker {self.migrations} times (limit "
+                f"{self.migration_limit}): {failure}"
+            )
 
 
 def _gave_up(message: str) -> ApiError:

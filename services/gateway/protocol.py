@@ -4,6 +4,7 @@ Pure functions, no I/O. Every client mistake becomes an `ApiError` (400, or 404 
 unknown model, 413 for an oversized body); nothing else escapes. Unknown fields are ignored,
 as vLLM does, but a known field of the wrong type is a 400 that names it.
 """
+
 from __future__ import annotations
 
 import time
@@ -20,19 +21,21 @@ from shared.model.tokenizer import Tokenizer
 
 Endpoint = Literal["completions", "chat"]
 MAX_STOP_STRINGS = 4  # OpenAI's limit
-MAX_STOP_STRING_CHARS = 1000     # each; held back while streaming, matched at every token
+MAX_STOP_STRING_CHARS = 1000  # each; held back while streaming, matched at every token
 MAX_STOP_TOKEN_IDS = 64
-MAX_TEMPERATURE = 2.0            # OpenAI's documented range is [0, 2]
+MAX_TEMPERATURE = 2.0  # OpenAI's documented range is [0, 2]
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's, less "function"
-SEED_RANGE = range(-2**63, 2**64)  # what torch.Generator.manual_seed accepts
+SEED_RANGE = range(-(2**63), 2**64)  # what torch.Generator.manual_seed accepts
 # SamplingParams' messages start with the field at fault; these are request fields too.
-SAMPLING_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
-                             "logprobs"})
+SAMPLING_FIELDS = frozenset(
+    {"max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "logprobs"}
+)
 
 
 @dataclass(frozen=True)
 class FieldKind:
     """A JSON type a request field must have (bool is not an int here, unlike in Python)."""
+
     accepts: Callable[[Any], bool]
     expected: str
 
@@ -42,8 +45,11 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_short_str_list(value: Any) -> bool:
-    return (isinstance(value, list) and len(value) <= MAX_STOP_STRINGS
-            and all(isinstance(item, str) for item in value))
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_STOP_STRINGS
+        and all(isinstance(item, str) for item in value)
+    )
 
 
 BOOL = FieldKind(lambda value: isinstance(value, bool), "a boolean")
@@ -51,19 +57,22 @@ INT = FieldKind(_is_int, "an integer")
 NUMBER = FieldKind(lambda value: isinstance(value, float) or _is_int(value), "a number")
 STRING = FieldKind(lambda value: isinstance(value, str), "a string")
 OBJECT = FieldKind(lambda value: isinstance(value, dict), "an object")
-INT_LIST = FieldKind(lambda value: isinstance(value, list) and all(map(_is_int, value)),
-                     "a list of integers")
-STOP = FieldKind(lambda value: isinstance(value, str) or _is_short_str_list(value),
-                 f"a string or a list of up to {MAX_STOP_STRINGS} strings")
+INT_LIST = FieldKind(
+    lambda value: isinstance(value, list) and all(map(_is_int, value)), "a list of integers"
+)
+STOP = FieldKind(
+    lambda value: isinstance(value, str) or _is_short_str_list(value),
+    f"a string or a list of up to {MAX_STOP_STRINGS} strings",
+)
 
 
 @dataclass(frozen=True)
 class GatewayLimits:
-    max_model_len: int                   # context limit: prompt + output tokens
+    max_model_len: int  # context limit: prompt + output tokens
     max_tokens_limit: int | None = None  # cap on a requested max_tokens; None: max_model_len
-    default_max_tokens: int = 16         # completions without max_tokens (OpenAI's default)
+    default_max_tokens: int = 16  # completions without max_tokens (OpenAI's default)
     max_body_bytes: int = 4 * 1024 * 1024
-    vocab_size: int | None = None        # checks token ids when there is no tokenizer
+    vocab_size: int | None = None  # checks token ids when there is no tokenizer
 
     def __post_init__(self) -> None:
         if self.max_tokens_limit is None:
@@ -76,13 +85,13 @@ class GatewayLimits:
 class GenerateRequest:
     request_id: str
     endpoint: Endpoint
-    model: str                          # the served name, whichever alias the client used
+    model: str  # the served name, whichever alias the client used
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     stream: bool
-    include_usage: bool                 # stream a final usage chunk (stream_options)
-    logprobs: int | None                # top alternatives per token; None: no logprobs
-    slo_ttft: float = 0.0               # seconds (kvstack extension); 0: the conductor's
+    include_usage: bool  # stream a final usage chunk (stream_options)
+    logprobs: int | None  # top alternatives per token; None: no logprobs
+    slo_ttft: float = 0.0  # seconds (kvstack extension); 0: the conductor's
     slo_tbt: float = 0.0
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -107,9 +116,14 @@ def decode_body(raw: bytes, limits: GatewayLimits) -> dict:
     return _object(body)
 
 
-def parse_completion(body: Any, tokenizer: Tokenizer | None, limits: GatewayLimits,
-                     served_model: str, request_id: str,
-                     aliases: Collection[str] = ()) -> GenerateRequest:
+def parse_completion(
+    body: Any,
+    tokenizer: Tokenizer | None,
+    limits: GatewayLimits,
+    served_model: str,
+    request_id: str,
+    aliases: Collection[str] = (),
+) -> GenerateRequest:
     """POST /v1/completions. `aliases`: other names the served model answers to."""
     body = _object(body)
     model = _model(body, served_model, aliases)
@@ -118,16 +132,26 @@ def parse_completion(body: Any, tokenizer: Tokenizer | None, limits: GatewayLimi
         raise invalid_request("echo is not supported.", param="echo")
     prompt_ids = _completion_prompt(body.get("prompt"), tokenizer, limits)
     _check_prompt_length(len(prompt_ids), limits, "prompt")
-    max_tokens = _max_tokens(_read(body, "max_tokens", INT), "max_tokens",
-                             limits.default_max_tokens, (len(prompt_ids), "prompt"), limits)
+    max_tokens = _max_tokens(
+        _read(body, "max_tokens", INT),
+        "max_tokens",
+        limits.default_max_tokens,
+        (len(prompt_ids), "prompt"),
+        limits,
+    )
     logprobs = _read(body, "logprobs", INT)
     params = _sampling_params(body, tokenizer, limits, max_tokens, logprobs, "logprobs")
     return _request(body, request_id, "completions", model, prompt_ids, params)
 
 
-def parse_chat(body: Any, tokenizer: Tokenizer | None, limits: GatewayLimits,
-               served_model: str, request_id: str,
-               aliases: Collection[str] = ()) -> GenerateRequest:
+def parse_chat(
+    body: Any,
+    tokenizer: Tokenizer | None,
+    limits: GatewayLimits,
+    served_model: str,
+    request_id: str,
+    aliases: Collection[str] = (),
+) -> GenerateRequest:
     """POST /v1/chat/completions. `aliases`: other names the served model answers to."""
     body = _object(body)
     model = _model(body, served_model, aliases)
@@ -137,29 +161,47 @@ def parse_chat(body: Any, tokenizer: Tokenizer | None, limits: GatewayLimits,
     requested, param = _chat_max_tokens(body)
     # Without a limit a chat reply may fill the context (vLLM does the same).
     max_tokens = _max_tokens(requested, param, None, (len(prompt_ids), "messages"), limits)
-    params = _sampling_params(body, tokenizer, limits, max_tokens, _chat_logprobs(body),
-                              "top_logprobs")
+    params = _sampling_params(
+        body, tokenizer, limits, max_tokens, _chat_logprobs(body), "top_logprobs"
+    )
     return _request(body, request_id, "chat", model, prompt_ids, params)
 
 
-def _request(body: dict, request_id: str, endpoint: Endpoint, model: str,
-             prompt_ids: tuple[int, ...], params: SamplingParams) -> GenerateRequest:
+def _request(
+    body: dict,
+    request_id: str,
+    endpoint: Endpoint,
+    model: str,
+    prompt_ids: tuple[int, ...],
+    params: SamplingParams,
+) -> GenerateRequest:
     stream = bool(_read(body, "stream", BOOL))
-    return GenerateRequest(request_id, endpoint, model, prompt_ids, params, stream,
-                           _include_usage(body, stream), params.logprobs,
-                           _slo(body, "slo_ttft"), _slo(body, "slo_tbt"))
+    return GenerateRequest(
+        request_id,
+        endpoint,
+        model,
+        prompt_ids,
+        params,
+        stream,
+        _include_usage(body, stream),
+        params.logprobs,
+        _slo(body, "slo_ttft"),
+        _slo(body, "slo_tbt"),
+    )
 
 
 def _slo(body: dict, name: str) -> float:
     """A per-request SLO in seconds (kvstack extension field); 0.0 when absent."""
     value = _read(body, name, NUMBER)
     if value is not None and value <= 0:
-        raise invalid_request(f"{name} must be a positive number of seconds, got {value}.",
-                              param=name)
+        raise invalid_request(
+            f"{name} must be a positive number of seconds, got {value}.", param=name
+        )
     return float(value or 0.0)
 
 
 # -- model, n, stream options ------------------------------------------------------------------
+
 
 def _object(body: Any) -> dict:
     if not isinstance(body, dict):
@@ -187,8 +229,9 @@ def _include_usage(body: dict, stream: bool) -> bool:
     if options is None:
         return False
     if not stream:
-        raise invalid_request("stream_options is only allowed when stream is true.",
-                              param="stream_options")
+        raise invalid_request(
+            "stream_options is only allowed when stream is true.", param="stream_options"
+        )
     # NOTE: include_usage defaults to true once stream_options is present, as in vLLM.
     include = _read(options, "include_usage", BOOL, "stream_options.")
     return include is not False
@@ -196,8 +239,10 @@ def _include_usage(body: dict, stream: bool) -> bool:
 
 # -- prompts ---------------------------------------------------------------------------------------
 
-def _completion_prompt(prompt: Any, tokenizer: Tokenizer | None,
-                       limits: GatewayLimits) -> tuple[int, ...]:
+
+def _completion_prompt(
+    prompt: Any, tokenizer: Tokenizer | None, limits: GatewayLimits
+) -> tuple[int, ...]:
     if isinstance(prompt, list) and len(prompt) == 1 and not _is_int(prompt[0]):
         prompt = prompt[0]  # a one-element batch: ["text"] or [[ids]]
     if isinstance(prompt, str):
@@ -211,8 +256,9 @@ def _completion_prompt(prompt: Any, tokenizer: Tokenizer | None,
 
 def _chat_prompt(messages: Any, tokenizer: Tokenizer | None) -> tuple[int, ...]:
     if not isinstance(messages, list) or not messages:
-        raise invalid_request("messages must be a non-empty list of {role, content} objects.",
-                              param="messages")
+        raise invalid_request(
+            "messages must be a non-empty list of {role, content} objects.", param="messages"
+        )
     turns = [_chat_message(message, index) for index, message in enumerate(messages)]
     tokenizer = _tokenizer_for("chat", tokenizer)
     try:
@@ -225,11 +271,14 @@ def _chat_prompt(messages: Any, tokenizer: Tokenizer | None) -> tuple[int, ...]:
 
 def _chat_message(message: Any, index: int) -> dict:
     if not isinstance(message, dict) or not STRING.accepts(message.get("role")):
-        raise invalid_request("Each message must be an object with a string role.",
-                              param=f"messages[{index}].role")
+        raise invalid_request(
+            "Each message must be an object with a string role.", param=f"messages[{index}].role"
+        )
     if message["role"] not in CHAT_ROLES:
-        raise invalid_request(f"Unknown role {message['role']!r}; the roles are "
-                              f"{', '.join(CHAT_ROLES)}.", param=f"messages[{index}].role")
+        raise invalid_request(
+            f"Unknown role {message['role']!r}; the roles are {', '.join(CHAT_ROLES)}.",
+            param=f"messages[{index}].role",
+        )
     return {"role": message["role"], "content": _chat_content(message.get("content"), index)}
 
 
@@ -238,29 +287,37 @@ def _chat_content(content: Any, index: int) -> str:
         return content
     if isinstance(content, list) and content and all(map(_is_text_part, content)):
         return "\n".join(part["text"] for part in content)  # joined as vLLM joins text parts
-    raise invalid_request("content must be a string or a list of {\"type\": \"text\", "
-                          "\"text\": ...} parts.", param=f"messages[{index}].content")
+    raise invalid_request(
+        'content must be a string or a list of {"type": "text", "text": ...} parts.',
+        param=f"messages[{index}].content",
+    )
 
 
 def _is_text_part(part: Any) -> bool:
-    return (isinstance(part, dict) and part.get("type") == "text"
-            and isinstance(part.get("text"), str))
+    return (
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    )
 
 
 def _tokenizer_for(what: str, tokenizer: Tokenizer | None) -> Tokenizer:
     if tokenizer is None:
-        raise invalid_request(f"This model has no tokenizer, so {what} cannot be used; "
-                              "send the prompt as a list of token ids.", param="prompt")
+        raise invalid_request(
+            f"This model has no tokenizer, so {what} cannot be used; "
+            "send the prompt as a list of token ids.",
+            param="prompt",
+        )
     return tokenizer
 
 
-def _checked_ids(ids: list, tokenizer: Tokenizer | None, limits: GatewayLimits,
-                 param: str) -> tuple[int, ...]:
+def _checked_ids(
+    ids: list, tokenizer: Tokenizer | None, limits: GatewayLimits, param: str
+) -> tuple[int, ...]:
     vocab_size = tokenizer.vocab_size if tokenizer is not None else limits.vocab_size
     bad = next((i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)), None)
     if bad is not None:
-        raise invalid_request(f"Token id {bad} is out of vocabulary (size {vocab_size}).",
-                              param=param)
+        raise invalid_request(
+            f"Token id {bad} is out of vocabulary (size {vocab_size}).", param=param
+        )
     return tuple(ids)
 
 
@@ -271,10 +328,13 @@ def _check_prompt_length(num_tokens: int, limits: GatewayLimits, param: str) -> 
         raise invalid_request(
             f"This model's maximum context length is {limits.max_model_len} tokens; your "
             f"prompt has {num_tokens} tokens, which leaves no room for output.",
-            param=param, code="context_length_exceeded")
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 # -- sampling ------------------------------------------------------------------------------------
+
 
 def _chat_max_tokens(body: dict) -> tuple[int | None, str]:
     newer = _read(body, "max_completion_tokens", INT)
@@ -283,8 +343,13 @@ def _chat_max_tokens(body: dict) -> tuple[int | None, str]:
     return _read(body, "max_tokens", INT), "max_tokens"
 
 
-def _max_tokens(requested: int | None, param: str, default: int | None,
-                prompt: tuple[int, str], limits: GatewayLimits) -> int:
+def _max_tokens(
+    requested: int | None,
+    param: str,
+    default: int | None,
+    prompt: tuple[int, str],
+    limits: GatewayLimits,
+) -> int:
     """The output budget. A requested one must fit beside the prompt (`prompt`: its length
     and its field) in the context, as in vLLM; the default is cut to what fits."""
     num_prompt_tokens, prompt_param = prompt
@@ -292,14 +357,19 @@ def _max_tokens(requested: int | None, param: str, default: int | None,
     if requested is None:
         return min(room, limits.max_tokens_limit, default or limits.max_tokens_limit)
     if not 1 <= requested <= limits.max_tokens_limit:
-        raise invalid_request(f"{param} must be between 1 and {limits.max_tokens_limit}, got "
-                              f"{requested}.", param=param)
+        raise invalid_request(
+            f"{param} must be between 1 and {limits.max_tokens_limit}, got {requested}.",
+            param=param,
+        )
     if requested > room:
         raise invalid_request(
             f"This model's maximum context length is {limits.max_model_len} tokens; you "
             f"requested {num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the "
             f"{prompt_param}, {requested} in the completion). Reduce the {prompt_param} or "
-            f"{param}.", param=param, code="context_length_exceeded")
+            f"{param}.",
+            param=param,
+            code="context_length_exceeded",
+        )
     return requested
 
 
@@ -311,11 +381,18 @@ def _chat_logprobs(body: dict) -> int | None:
     return (top or 0) if wanted else None
 
 
-def _sampling_params(body: dict, tokenizer: Tokenizer | None, limits: GatewayLimits,
-                     max_tokens: int, logprobs: int | None, logprobs_param: str) \
-        -> SamplingParams:
+def _sampling_params(
+    body: dict,
+    tokenizer: Tokenizer | None,
+    limits: GatewayLimits,
+    max_tokens: int,
+    logprobs: int | None,
+    logprobs_param: str,
+) -> SamplingParams:
     settings = dict(
-        max_tokens=max_tokens, stop=_stop_strings(body, tokenizer), logprobs=logprobs,
+        max_tokens=max_tokens,
+        stop=_stop_strings(body, tokenizer),
+        logprobs=logprobs,
         stop_token_ids=_stop_token_ids(body, tokenizer, limits),
         temperature=_temperature(body),
         top_p=_read(body, "top_p", NUMBER),
@@ -323,7 +400,8 @@ def _sampling_params(body: dict, tokenizer: Tokenizer | None, limits: GatewayLim
         min_p=_read(body, "min_p", NUMBER),
         seed=_seed(body),
         ignore_eos=_read(body, "ignore_eos", BOOL),
-        skip_special_tokens=_read(body, "skip_special_tokens", BOOL))
+        skip_special_tokens=_read(body, "skip_special_tokens", BOOL),
+    )
     given = {name: value for name, value in settings.items() if value is not None}
     try:
         return SamplingParams(**given)
@@ -342,53 +420,71 @@ def _stop_strings(body: dict, tokenizer: Tokenizer | None) -> tuple[str, ...]:
     stop = _read(body, "stop", STOP)
     stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if stop and tokenizer is None:
-        raise invalid_request("Stop strings need a tokenizer, and this model has none.",
-                              param="stop")
+        raise invalid_request(
+            "Stop strings need a tokenizer, and this model has none.", param="stop"
+        )
     longest = max(map(len, stop), default=0)
     if longest > MAX_STOP_STRING_CHARS:
-        raise invalid_request(f"stop strings may have at most {MAX_STOP_STRING_CHARS} "
-                              f"characters each, got {longest}.", param="stop")
+        raise invalid_request(
+            f"stop strings may have at most {MAX_STOP_STRING_CHARS} "
+            f"characters each, got {longest}.",
+            param="stop",
+        )
     return stop
 
 
-def _stop_token_ids(body: dict, tokenizer: Tokenizer | None,
-                    limits: GatewayLimits) -> tuple[int, ...]:
+def _stop_token_ids(
+    body: dict, tokenizer: Tokenizer | None, limits: GatewayLimits
+) -> tuple[int, ...]:
     ids = _read(body, "stop_token_ids", INT_LIST) or []
     if len(ids) > MAX_STOP_TOKEN_IDS:
-        raise invalid_request(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got "
-                              f"{len(ids)}.", param="stop_token_ids")
+        raise invalid_request(
+            f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}.",
+            param="stop_token_ids",
+        )
     return _checked_ids(ids, tokenizer, limits, "stop_token_ids")
 
 
 def _temperature(body: dict) -> float | None:
     temperature = _read(body, "temperature", NUMBER)
     if temperature is not None and not 0 <= temperature <= MAX_TEMPERATURE:
-        raise invalid_request(f"temperature must be between 0 and {MAX_TEMPERATURE:g} "
-                              f"(OpenAI's documented range), got {temperature}.",
-                              param="temperature")
+        raise invalid_request(
+            f"temperature must be between 0 and {MAX_TEMPERATURE:g} "
+            f"(OpenAI's documented range), got {temperature}.",
+            param="temperature",
+        )
     return temperature
 
 
 def _seed(body: dict) -> int | None:
     seed = _read(body, "seed", INT)
     if seed is not None and seed not in SEED_RANGE:
-        raise invalid_request(f"seed must be between {SEED_RANGE.start} and "
-                              f"{SEED_RANGE.stop - 1}.", param="seed")
+        raise invalid_request(
+            f"seed must be between {SEED_RANGE.start} and {SEED_RANGE.stop - 1}.", param="seed"
+        )
     return seed
 
 
 # -- typed field reading ---------------------------------------------------------------------------
 
+
 def _read(body: dict, name: str, kind: FieldKind, prefix: str = "") -> Any:
     """`body[name]`, None when absent or null; a 400 naming the field when of the wrong type."""
     value = body.get(name)
     if value is not None and not kind.accepts(value):
-        raise invalid_request(f"{prefix}{name} must be {kind.expected}, got "
-                              f"{_json_type(value)}.", param=prefix + name)
+        raise invalid_request(
+            f"{prefix}{name} must be {kind.expected}, got {_json_type(value)}.", param=prefix + name
+        )
     return value
 
 
 def _json_type(value: Any) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-             list: "a list", dict: "an object"}
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }
     return names.get(type(value), type(value).__name__)

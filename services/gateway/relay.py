@@ -1,4 +1,5 @@
 """From a request's token events to what its client sees: text, logprobs, finish, usage."""
+
 from __future__ import annotations
 
 import time
@@ -17,8 +18,8 @@ from shared.model.tokenizer import Tokenizer
 @dataclass
 class Piece:
     text: str
-    logprobs: dict | None                 # formatted for the endpoint
-    entries: tuple[TokenLogprob, ...]     # raw, for the non-streaming answer
+    logprobs: dict | None  # formatted for the endpoint
+    entries: tuple[TokenLogprob, ...]  # raw, for the non-streaming answer
     finish_reason: str | None
 
 
@@ -46,21 +47,27 @@ class Relay:
             async for event in events:
                 self._clock(len(event.token_ids))
                 self.num_cached_tokens = event.num_cached_tokens
-                piece = self._piece(event.token_ids, event.logprobs, event.finished,
-                                    event.finish_reason)
+                piece = self._piece(
+                    event.token_ids, event.logprobs, event.finished, event.finish_reason
+                )
                 if piece is not None:
                     yield piece
                 if piece is not None and piece.finish_reason:
                     return
         finally:
-            await events.aclose()   # an unfinished request is aborted on the workers
+            await events.aclose()  # an unfinished request is aborted on the workers
 
     def usage(self) -> dict:
-        return usage(self.req.num_prompt_tokens, self.stream.num_tokens, self.num_cached_tokens,
-                     self.migrations)
+        return usage(
+            self.req.num_prompt_tokens,
+            self.stream.num_tokens,
+            self.num_cached_tokens,
+            self.migrations,
+        )
 
-    def _piece(self, token_ids, logprobs, finished: bool,
-               finish_reason: str | None) -> Piece | None:
+    def _piece(
+        self, token_ids, logprobs, finished: bool, finish_reason: str | None
+    ) -> Piece | None:
         update = self.stream.push(token_ids, logprobs)
         finish = "stop" if update.stopped else (finish_reason if finished else None)
         text = update.text + (self.stream.finish() if finish else "")

@@ -7,6 +7,7 @@ Streaming, in the order a client sees it:
 - the last content chunk carries `finish_reason`.
 - with `req.include_usage`: every chunk has `"usage": null`, then `usage_chunk` (no choices).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -21,66 +22,127 @@ MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 OWNED_BY = "kvstack"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-          migrations: int = 0) -> dict:
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, migrations: int = 0
+) -> dict:
     """OpenAI's usage; kvstack adds `migrations` when a lost worker's request moved on."""
-    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    body = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
     return {**body, "migrations": migrations} if migrations else body
 
 
 def models_response(served_model: str, created: int, max_model_len: int) -> dict:
     """GET /v1/models; `vllm bench serve` reads data[0]["id"] and data[0]["root"]."""
-    card = {"id": served_model, "object": "model", "created": created, "owned_by": OWNED_BY,
-            "root": served_model, "parent": None, "max_model_len": max_model_len}
+    card = {
+        "id": served_model,
+        "object": "model",
+        "created": created,
+        "owned_by": OWNED_BY,
+        "root": served_model,
+        "parent": None,
+        "max_model_len": max_model_len,
+    }
     return {"object": "list", "data": [card]}
 
 
 # -- whole responses ---------------------------------------------------------------------------
 
-def final_response(req: GenerateRequest, text: str, finish_reason: str, token_usage: dict,
-                   logprobs: dict | None = None) -> dict:
+
+def final_response(
+    req: GenerateRequest,
+    text: str,
+    finish_reason: str,
+    token_usage: dict,
+    logprobs: dict | None = None,
+) -> dict:
     build = chat_response if req.endpoint == "chat" else completion_response
     return build(req, text, finish_reason, token_usage, logprobs)
 
 
-def completion_response(req: GenerateRequest, text: str, finish_reason: str, token_usage: dict,
-                        logprobs: dict | None = None) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": logprobs,
-              "finish_reason": _checked(finish_reason)}
+def completion_response(
+    req: GenerateRequest,
+    text: str,
+    finish_reason: str,
+    token_usage: dict,
+    logprobs: dict | None = None,
+) -> dict:
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": _checked(finish_reason),
+    }
     return {**_envelope(req, "text_completion", [choice]), "usage": token_usage}
 
 
-def chat_response(req: GenerateRequest, text: str, finish_reason: str, token_usage: dict,
-                  logprobs: dict | None = None) -> dict:
-    choice = {"index": 0, "message": {"role": "assistant", "content": text},
-              "logprobs": logprobs, "finish_reason": _checked(finish_reason)}
+def chat_response(
+    req: GenerateRequest,
+    text: str,
+    finish_reason: str,
+    token_usage: dict,
+    logprobs: dict | None = None,
+) -> dict:
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": logprobs,
+        "finish_reason": _checked(finish_reason),
+    }
     return {**_envelope(req, "chat.completion", [choice]), "usage": token_usage}
 
 
 # -- stream chunks -------------------------------------------------------------------------------
 
-def stream_chunk(req: GenerateRequest, text: str, *, first: bool, logprobs: dict | None = None,
-                 finish_reason: str | None = None) -> dict:
+
+def stream_chunk(
+    req: GenerateRequest,
+    text: str,
+    *,
+    first: bool,
+    logprobs: dict | None = None,
+    finish_reason: str | None = None,
+) -> dict:
     """A content chunk of either endpoint; `first`: no chunk was sent before this one."""
     if req.endpoint == "chat":
         return chat_chunk(req, text, first=first, logprobs=logprobs, finish_reason=finish_reason)
     return completion_chunk(req, text, logprobs=logprobs, finish_reason=finish_reason)
 
 
-def completion_chunk(req: GenerateRequest, text: str, *, logprobs: dict | None = None,
-                     finish_reason: str | None = None) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": logprobs,
-              "finish_reason": _checked_or_none(finish_reason)}
+def completion_chunk(
+    req: GenerateRequest,
+    text: str,
+    *,
+    logprobs: dict | None = None,
+    finish_reason: str | None = None,
+) -> dict:
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": _checked_or_none(finish_reason),
+    }
     return _chunk(req, [choice])
 
 
-def chat_chunk(req: GenerateRequest, text: str, *, first: bool, logprobs: dict | None = None,
-               finish_reason: str | None = None) -> dict:
+def chat_chunk(
+    req: GenerateRequest,
+    text: str,
+    *,
+    first: bool,
+    logprobs: dict | None = None,
+    finish_reason: str | None = None,
+) -> dict:
     """`first` puts the role in this chunk's delta, next to its text (never on its own)."""
-    choice = {"index": 0, "delta": _delta(text, first), "logprobs": logprobs,
-              "finish_reason": _checked_or_none(finish_reason)}
+    choice = {
+        "index": 0,
+        "delta": _delta(text, first),
+        "logprobs": logprobs,
+        "finish_reason": _checked_or_none(finish_reason),
+    }
     return _chunk(req, [choice])
 
 
@@ -105,14 +167,20 @@ def _chunk_object(req: GenerateRequest) -> str:
 
 
 def _envelope(req: GenerateRequest, obj: str, choices: list[dict]) -> dict:
-    return {"id": req.response_id, "object": obj, "created": req.created, "model": req.model,
-            "choices": choices}
+    return {
+        "id": req.response_id,
+        "object": obj,
+        "created": req.created,
+        "model": req.model,
+        "choices": choices,
+    }
 
 
 def _checked(finish_reason: str) -> str:
     if finish_reason not in FINISH_REASONS:
-        raise ValueError(f"finish_reason sent to clients must be stop or length, "
-                         f"got {finish_reason!r}")
+        raise ValueError(
+            f"finish_reason sent to clients must be stop or length, got {finish_reason!r}"
+        )
     return finish_reason
 
 
@@ -122,8 +190,13 @@ def _checked_or_none(finish_reason: str | None) -> str | None:
 
 # -- logprobs ------------------------------------------------------------------------------------
 
-def format_logprobs(req: GenerateRequest, tokenizer: Tokenizer | None,
-                    entries: Sequence[TokenLogprob] | None, text_offset: int = 0) -> dict | None:
+
+def format_logprobs(
+    req: GenerateRequest,
+    tokenizer: Tokenizer | None,
+    entries: Sequence[TokenLogprob] | None,
+    text_offset: int = 0,
+) -> dict | None:
     """Logprobs in the endpoint's format, or None when the request did not ask for them."""
     if req.logprobs is None or entries is None:
         return None
@@ -132,14 +205,17 @@ def format_logprobs(req: GenerateRequest, tokenizer: Tokenizer | None,
     return completion_logprobs(tokenizer, entries, text_offset)
 
 
-def completion_logprobs(tokenizer: Tokenizer | None, entries: Sequence[TokenLogprob],
-                        text_offset: int = 0) -> dict:
+def completion_logprobs(
+    tokenizer: Tokenizer | None, entries: Sequence[TokenLogprob], text_offset: int = 0
+) -> dict:
     """Legacy format; `text_offset`: characters of reply text before the first entry."""
     tokens = [token_text(tokenizer, entry.token_id) for entry in entries]
-    return {"tokens": tokens,
-            "token_logprobs": [_finite(entry.logprob) for entry in entries],
-            "top_logprobs": [_top_by_text(tokenizer, entry) for entry in entries],
-            "text_offset": list(accumulate(map(len, tokens), initial=text_offset))[:-1]}
+    return {
+        "tokens": tokens,
+        "token_logprobs": [_finite(entry.logprob) for entry in entries],
+        "top_logprobs": [_top_by_text(tokenizer, entry) for entry in entries],
+        "text_offset": list(accumulate(map(len, tokens), initial=text_offset))[:-1],
+    }
 
 
 def chat_logprobs(tokenizer: Tokenizer | None, entries: Sequence[TokenLogprob]) -> dict:

@@ -1,7 +1,9 @@
 """The gateway service: OpenAI-compatible HTTP in front, NATS behind."""
+
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -30,16 +32,16 @@ from shared.service import Service, ServiceConfig
 class GatewayConfig(ServiceConfig):
     http_port: int = 8000
     model: str = "SmolLM2-135M-Instruct"
-    served_model_name: str = ""           # default: the model's name
+    served_model_name: str = ""  # default: the model's name
     api_key: str = ""
-    max_tokens_limit: int = 0             # 0: the context size
+    max_tokens_limit: int = 0  # 0: the context size
     max_body_bytes: int = 4 << 20
-    block_size: int = 16                  # must match the workers' (for block hashes)
-    dtype: str = "auto"                   # the workers' dtype (names their KV blocks)
-    mock: MockSpec | None = None          # the workers' mock model (names their KV blocks)
-    max_model_len: int = 0                # 0: the model's (the mock model's) context size
+    block_size: int = 16  # must match the workers' (for block hashes)
+    dtype: str = "auto"  # the workers' dtype (names their KV blocks)
+    mock: MockSpec | None = None  # the workers' mock model (names their KV blocks)
+    max_model_len: int = 0  # 0: the model's (the mock model's) context size
     timeouts: BackendTimeouts = BackendTimeouts()
-    edge: EdgeConfig = EdgeConfig()       # HTTP timeouts, header limits, per-key limit, CORS
+    edge: EdgeConfig = EdgeConfig()  # HTTP timeouts, header limits, per-key limit, CORS
 
 
 class GatewayService(Service):
@@ -54,13 +56,15 @@ class GatewayService(Service):
         self.served_model = config.served_model_name or config.model
         self.model_aliases = {config.model, model_dir.name}
         self.namespace = kv_namespace(model_dir, resolve_dtype(config.dtype))
-        if config.mock is not None:   # the workers' KV blocks and context are the mock model's
+        if config.mock is not None:  # the workers' KV blocks and context are the mock model's
             self.namespace = config.mock.namespace
             model_config = config.mock.model_config(model_config, None)
         self.limits = GatewayLimits(
             max_model_len=config.max_model_len or model_config.max_position_embeddings,
             max_tokens_limit=config.max_tokens_limit or None,
-            max_body_bytes=config.max_body_bytes, vocab_size=model_config.vocab_size)
+            max_body_bytes=config.max_body_bytes,
+            vocab_size=model_config.vocab_size,
+        )
         self.max_body_bytes = config.max_body_bytes
         self.app = GatewayApp(self)
         self._metrics()
@@ -73,20 +77,29 @@ class GatewayService(Service):
         self.idle = asyncio.Event()
         self.idle.set()
         self.migrations = m.counter(
-            "migrations", "requests placed again after tokens arrived (a worker was lost)",
-            ("reason",))
+            "migrations",
+            "requests placed again after tokens arrived (a worker was lost)",
+            ("reason",),
+        )
         self.retries = m.counter(
-            "retries", "requests placed again before their first token", ("reason",))
-        self.ttft = m.histogram("time_to_first_token_seconds", "time to first token",
-                                TTFT_BUCKETS)
+            "retries", "requests placed again before their first token", ("reason",)
+        )
+        self.ttft = m.histogram("time_to_first_token_seconds", "time to first token", TTFT_BUCKETS)
         self.itl = m.histogram("inter_token_latency_seconds", "time between tokens", ITL_BUCKETS)
-        self.e2e = m.histogram("e2e_request_latency_seconds", "request latency",
-                               REQUEST_LATENCY_BUCKETS)
+        self.e2e = m.histogram(
+            "e2e_request_latency_seconds", "request latency", REQUEST_LATENCY_BUCKETS
+        )
 
     async def start(self, bus: Bus) -> None:
         self.liveness = Liveness()
-        self.backend = Backend(bus, self.config.timeouts, self.config.block_size, self.namespace,
-                               self.liveness, self._on_lost)
+        self.backend = Backend(
+            bus,
+            self.config.timeouts,
+            self.config.block_size,
+            self.namespace,
+            self.liveness,
+            self._on_lost,
+        )
         await subscribe_heartbeats(bus, self._on_heartbeat)
         bus.on_reconnect.append(self._on_reconnect)
 
@@ -140,16 +153,23 @@ class GatewayService(Service):
             return
         self.ttft.observe(relay.first_token_at - relay.started)
         times = relay.token_times
-        for earlier, later in zip(times, times[1:]):
+        for earlier, later in itertools.pairwise(times):
             self.itl.observe(later - earlier)
         self.e2e.observe(times[-1] - relay.started)
-        self.tasks.spawn(self.bus.publish(subjects.request_done(), self._done(relay)),
-                         "publishing a finished request")
+        self.tasks.spawn(
+            self.bus.publish(subjects.request_done(), self._done(relay)),
+            "publishing a finished request",
+        )
 
     def _done(self, relay: Relay) -> RequestDone:
         """What the conductor learns output lengths and decode times from."""
         req, num_tokens = relay.req, relay.stream.num_tokens if relay.stream else 0
         tbt = (relay.token_times[-1] - relay.first_token_at) / max(1, num_tokens - 1)
-        return RequestDone(req.request_id, self.backend.first_block_hash(req),
-                           req.num_prompt_tokens, num_tokens,
-                           relay.first_token_at - relay.started, tbt)
+        return RequestDone(
+            req.request_id,
+            self.backend.first_block_hash(req),
+            req.num_prompt_tokens,
+            num_tokens,
+            relay.first_token_at - relay.started,
+            tbt,
+        )

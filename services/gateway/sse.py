@@ -1,4 +1,5 @@
 """Server-sent events framing for streamed replies: `data: <json>\\n\\n`, then `[DONE]`."""
+
 from __future__ import annotations
 
 import orjson

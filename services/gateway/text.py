@@ -3,6 +3,7 @@
 Workers send token ids only; the gateway owns detokenization and stop strings, so a stop
 string is cut here, and the caller aborts the backend request once one has matched.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -18,11 +19,12 @@ from shared.model.tokenizer import Tokenizer
 @dataclass(frozen=True)
 class TextUpdate:
     """What one `push` adds to the reply."""
-    text: str                                   # may be "" while text is held back
-    token_ids: tuple[int, ...]                  # the pushed tokens that belong to the output
-    logprobs: tuple[TokenLogprob, ...] | None   # one per token in token_ids, when sent
-    text_offset: int                            # characters of reply text before `text`
-    stopped: bool                               # a stop string has ended the reply
+
+    text: str  # may be "" while text is held back
+    token_ids: tuple[int, ...]  # the pushed tokens that belong to the output
+    logprobs: tuple[TokenLogprob, ...] | None  # one per token in token_ids, when sent
+    text_offset: int  # characters of reply text before `text`
+    stopped: bool  # a stop string has ended the reply
 
     @property
     def empty(self) -> bool:
@@ -37,18 +39,23 @@ class TextStream:
     empty updates. `num_tokens` counts the output tokens, up to and including that one.
     """
 
-    def __init__(self, tokenizer: Tokenizer | None, prompt_token_ids: Sequence[int],
-                 params: SamplingParams) -> None:
-        self._detokenizer = None if tokenizer is None else IncrementalDetokenizer(
-            tokenizer, prompt_token_ids, params.skip_special_tokens)
+    def __init__(
+        self, tokenizer: Tokenizer | None, prompt_token_ids: Sequence[int], params: SamplingParams
+    ) -> None:
+        self._detokenizer = (
+            None
+            if tokenizer is None
+            else IncrementalDetokenizer(tokenizer, prompt_token_ids, params.skip_special_tokens)
+        )
         self._stops = StopStringMatcher(params.stop)
         self._silent_ids = _silent_ids(tokenizer, params)
         self.text = ""
         self.num_tokens = 0
         self.stopped = False
 
-    def push(self, token_ids: Sequence[int],
-             logprobs: Sequence[TokenLogprob] | None = None) -> TextUpdate:
+    def push(
+        self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob] | None = None
+    ) -> TextUpdate:
         text_offset = len(self.text)
         taken, text = self._take(token_ids)
         self.text += text

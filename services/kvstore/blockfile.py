@@ -11,6 +11,7 @@ Files are written under a temporary name and renamed into place, so a complete-l
 name never holds a half-written file. Nothing is fsynced: this is a cache, and a file torn
 by a crash fails its size or checksum test and is dropped, never served.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,8 @@ class BlockHeader:
     block_hash: int
     layout: BlockLayout
     flags: int
-    payload_len: int     # bytes after the header (compressed size when FLAG_LZ4)
-    checksum: int        # xxh3_64 of the uncompressed block bytes
+    payload_len: int  # bytes after the header (compressed size when FLAG_LZ4)
+    checksum: int  # xxh3_64 of the uncompressed block bytes
 
     @property
     def compressed(self) -> bool:
@@ -53,9 +54,17 @@ class BlockHeader:
 
     def pack(self) -> bytes:
         layout = self.layout
-        fields = _FIELDS.pack(MAGIC, VERSION, self.flags, self.block_hash, layout.num_layers,
-                              layout.block_size, layout.half_bytes, self.payload_len,
-                              self.checksum)
+        fields = _FIELDS.pack(
+            MAGIC,
+            VERSION,
+            self.flags,
+            self.block_hash,
+            layout.num_layers,
+            layout.block_size,
+            layout.half_bytes,
+            self.payload_len,
+            self.checksum,
+        )
         return fields + _HEADER_CHECKSUM.pack(xxhash.xxh3_64_intdigest(fields))
 
     @classmethod
@@ -63,12 +72,13 @@ class BlockHeader:
         """The header in `data`, or None when it is short, foreign or damaged."""
         if len(data) < HEADER_SIZE:
             return None
-        fields = data[:_FIELDS.size]
+        fields = data[: _FIELDS.size]
         (stored_checksum,) = _HEADER_CHECKSUM.unpack_from(data, _FIELDS.size)
         if stored_checksum != xxhash.xxh3_64_intdigest(fields):
             return None
         magic, version, flags, block_hash, layers, size, half, payload_len, checksum = (
-            _FIELDS.unpack(fields))
+            _FIELDS.unpack(fields)
+        )
         if magic != MAGIC or version != VERSION or min(layers, size, half) < 1:
             return None
         return cls(block_hash, BlockLayout(layers, size, half), flags, payload_len, checksum)
@@ -94,14 +104,14 @@ def encode_payload(data: memoryview, compress: bool) -> tuple[int, bytes | memor
     if not compress:
         return 0, data
     import lz4.block  # NOTE: imported only when compression is on; it is an optional package
+
     packed = lz4.block.compress(data, store_size=False)
     if len(packed) >= len(data):
         return 0, data
     return FLAG_LZ4, packed
 
 
-def write_block_file(directory: Path, header: BlockHeader,
-                     payload: bytes | memoryview) -> bool:
+def write_block_file(directory: Path, header: BlockHeader, payload: bytes | memoryview) -> bool:
     """Write a block file atomically (temporary name, then rename); False on any OS error,
     leaving no temporary file behind."""
     final = directory / block_file_name(header.block_hash)

@@ -6,6 +6,7 @@ index and deletes files. Deleting under the store's lock is deliberate: a block 
 here may be demoted again at once under the same name, and a late unlink would remove
 the new file.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,6 +27,7 @@ from services.kvstore.blockfile import (
 @dataclass(slots=True)
 class ScanResult:
     """What a start-up scan found: blocks indexed, bad files deleted, temp files removed."""
+
     stored: list[int] = field(default_factory=list)
     bad: list[int] = field(default_factory=list)
     temp_files: int = 0
@@ -108,8 +110,9 @@ class DiskTier:
         result.stored = list(self.entries)
         return result
 
-    def _scan_one(self, entry: os.DirEntry, result: ScanResult,
-                  found: list[tuple[int, BlockHeader]]) -> None:
+    def _scan_one(
+        self, entry: os.DirEntry, result: ScanResult, found: list[tuple[int, BlockHeader]]
+    ) -> None:
         if entry.name.endswith(TEMP_SUFFIX):
             os.unlink(entry.path)
             result.temp_files += 1

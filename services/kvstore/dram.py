@@ -3,6 +3,7 @@
 Nothing here locks: `BlockStore` holds its lock around every call. The tier only keeps
 books; buffers are allocated, filled and read by the store's callers outside the lock.
 """
+
 from __future__ import annotations
 
 import enum
@@ -15,8 +16,8 @@ from shared.kvblocks import BlockLayout
 
 
 class BlockState(enum.Enum):
-    RESERVED = "reserved"    # a receiver is writing it; invisible until committed
-    LOADING = "loading"      # being promoted from SSD; readers wait for it
+    RESERVED = "reserved"  # a receiver is writing it; invisible until committed
+    LOADING = "loading"  # being promoted from SSD; readers wait for it
     COMMITTED = "committed"  # complete and visible
 
 
@@ -24,13 +25,14 @@ class BlockState(enum.Enum):
 class DramBlock:
     """Bookkeeping of one DRAM buffer. `pins` counts its writer or readers; a pinned or
     evicting block is outside the LRU and is never chosen as a victim."""
+
     block_hash: int
     layout: BlockLayout
     state: BlockState
     buffer: np.ndarray | None = None  # allocated by the reserving caller, outside the lock
     pins: int = 1
     checksum: int = 0
-    evicting: bool = False            # being demoted; its evictor decides its fate
+    evicting: bool = False  # being demoted; its evictor decides its fate
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -40,6 +42,7 @@ class BlockRef:
     The memory stays valid and unchanged until the ref is committed, abandoned or released;
     after that its views must not be used.
     """
+
     block_hash: int
     layout: BlockLayout
     buffer: np.ndarray
@@ -109,8 +112,11 @@ class DramTier:
     def committed_oldest_first(self) -> list[DramBlock]:
         """Committed blocks, least recently used first (the ones in use now last)."""
         idle = [self.blocks[block_hash] for block_hash in self._lru]
-        busy = [b for b in self.blocks.values()
-                if b.state is BlockState.COMMITTED and b.block_hash not in self._lru]
+        busy = [
+            b
+            for b in self.blocks.values()
+            if b.state is BlockState.COMMITTED and b.block_hash not in self._lru
+        ]
         return idle + busy
 
     def pin(self, block: DramBlock) -> None:

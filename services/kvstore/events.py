@@ -1,4 +1,5 @@
 """Stored/removed block events between two drains, reduced to each block's last change."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -4,6 +4,7 @@ A put reserves one store buffer per block (a *slot*); frames land layer by layer
 the sender's END each block whose every layer arrived intact is committed, the rest
 abandoned. Nothing half-written ever becomes visible.
 """
+
 from __future__ import annotations
 
 import threading
@@ -17,11 +18,11 @@ from shared.transfer.base import BlockSpan
 
 @dataclass
 class _Put:
-    refs: list[BlockRef | None]           # by slot; None: the sender was told to skip it
+    refs: list[BlockRef | None]  # by slot; None: the sender was told to skip it
     expires: float
     layers_ok: list[set[int]] = field(default_factory=list)
-    bad: set[int] = field(default_factory=set)   # slots with a refused or damaged frame
-    staged: dict = field(default_factory=dict)   # (layer, first slot) -> a run's staging
+    bad: set[int] = field(default_factory=set)  # slots with a refused or damaged frame
+    staged: dict = field(default_factory=dict)  # (layer, first slot) -> a run's staging
 
     def slots(self, span: BlockSpan) -> range:
         """The slots a span covers: one, or a run of consecutive ones."""
@@ -32,8 +33,9 @@ class _Put:
     def run(self, span: BlockSpan) -> list[BlockRef] | None:
         """The blocks a span covers, if it is whole blocks and every one is open."""
         refs = [self.refs[s] for s in self.slots(span)]
-        whole = span.offset == 0 and span.num_tokens == len(refs) * (refs[0].layout.block_size
-                                                                     if refs and refs[0] else 0)
+        whole = span.offset == 0 and span.num_tokens == len(refs) * (
+            refs[0].layout.block_size if refs and refs[0] else 0
+        )
         return refs if whole and None not in refs else None
 
 
@@ -61,8 +63,9 @@ class PutInbox:
 
     # -- KVSink (receiver threads) ---------------------------------------------------------
 
-    def destination(self, request_id: str, layer: int, span: BlockSpan,
-                    nbytes: int) -> tuple[memoryview, memoryview] | None:
+    def destination(
+        self, request_id: str, layer: int, span: BlockSpan, nbytes: int
+    ) -> tuple[memoryview, memoryview] | None:
         with self._lock:
             put = self._puts.get(request_id)
             refs = put.run(span) if put is not None else None
@@ -77,8 +80,9 @@ class PutInbox:
             put.staged[(layer, span.block_id)] = (staging, refs)
         return staging
 
-    def on_frame(self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool,
-                 error: str) -> None:
+    def on_frame(
+        self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str
+    ) -> None:
         with self._lock:
             put = self._puts.get(request_id)
             if put is None:

@@ -2,6 +2,7 @@
 blocks that are consecutive at the client travels through one staging buffer per layer
 (one copy) instead of as one small span per block: per-span work, not bytes, is what
 limits the data plane."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -22,12 +23,13 @@ def consecutive(ids: Sequence[int]) -> list[tuple[int, int]]:
     return [tuple(run) for run in runs]
 
 
-def get_spans(layer: int, dest_ids: Sequence[int], refs: Sequence[BlockRef],
-              layout: BlockLayout) -> list[SpanBytes]:
+def get_spans(
+    layer: int, dest_ids: Sequence[int], refs: Sequence[BlockRef], layout: BlockLayout
+) -> list[SpanBytes]:
     """One layer of a get: a span per run of consecutive destination blocks."""
     spans = []
     for start, length in consecutive(dest_ids):
-        run = refs[start:start + length]
+        run = refs[start : start + length]
         tokens = length * layout.block_size
         span = BlockSpan(dest_ids[start], 0, tokens, run[0].block_hash if length == 1 else 0)
         spans.append((span, *(_joined([r.view(layer, h) for r in run]) for h in (0, 1))))
@@ -40,7 +42,7 @@ def _joined(views: list[memoryview]) -> memoryview:
     staging = bytearray(sum(v.nbytes for v in views))
     at = 0
     for view in views:
-        staging[at:at + view.nbytes] = view
+        staging[at : at + view.nbytes] = view
         at += view.nbytes
     return memoryview(staging)
 
@@ -51,5 +53,5 @@ def scatter(staging: tuple[memoryview, memoryview], refs: Sequence[BlockRef], la
         at = 0
         for ref in refs:
             view = ref.view(layer, half)
-            view[:] = joined[at:at + view.nbytes]
+            view[:] = joined[at : at + view.nbytes]
             at += view.nbytes

@@ -4,6 +4,7 @@ Control over NATS (lookup, get, put); bytes over the data plane; KV events so th
 conductor knows which blocks live here. Several instances split the blocks by
 consistent hashing (shared/hash_ring.py), which their clients compute.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,16 +14,26 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import subjects
-from shared.bus import Bus
-from shared.kv_events import publish_kv_events
-from shared.messages import (Ack, BlockGet, BlockLookup, BlockPresence, BlockPut, Heartbeat,
-                             KVResync, PutSlots, StatsRequest, StoreStats)
-from shared.service import Service, ServiceConfig
-from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from services.kvstore.inbox import PutInbox
 from services.kvstore.runs import get_spans
 from services.kvstore.store import BlockStore
+from shared import subjects
+from shared.bus import Bus
+from shared.kv_events import publish_kv_events
+from shared.messages import (
+    Ack,
+    BlockGet,
+    BlockLookup,
+    BlockPresence,
+    BlockPut,
+    Heartbeat,
+    KVResync,
+    PutSlots,
+    StatsRequest,
+    StoreStats,
+)
+from shared.service import Service, ServiceConfig
+from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 
 log = logging.getLogger("kvstack.kvstore")
 PUT_TTL = 30.0
@@ -33,7 +44,7 @@ EVENT_INTERVAL = 0.2
 @dataclass(frozen=True)
 class KvstoreConfig(ServiceConfig):
     dram_bytes: int = 4 << 30
-    disk_dir: str = ""              # empty: DRAM only
+    disk_dir: str = ""  # empty: DRAM only
     disk_bytes: int = 0
     compress: bool = False
     data_host: str = "127.0.0.1"
@@ -57,16 +68,21 @@ class KvstoreService(Service):
 
     async def start(self, bus: Bus) -> None:
         token = self.config.data_token or None
-        self.receiver = TcpKVReceiver(self.inbox, self.config.data_host, self.config.data_port,
-                                      token)
-        bound = self.receiver.start()   # listen even when peers dial another address
+        self.receiver = TcpKVReceiver(
+            self.inbox, self.config.data_host, self.config.data_port, token
+        )
+        bound = self.receiver.start()  # listen even when peers dial another address
         self.data_addr = self.config.advertise_data_addr or bound
         self.sender = TcpKVSender(auth_token=token)
-        for op, handler, kind in (("lookup", self._lookup, BlockLookup),
-                                  ("get", self._get, BlockGet), ("put", self._put, BlockPut)):
+        for op, handler, kind in (
+            ("lookup", self._lookup, BlockLookup),
+            ("get", self._get, BlockGet),
+            ("put", self._put, BlockPut),
+        ):
             await bus.serve(subjects.kvstore_op(self.worker_id, op), handler, expected=kind)
-        await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
-                        expected=StatsRequest)
+        await bus.serve(
+            subjects.worker_stats(self.name, self.worker_id), self._stats, expected=StatsRequest
+        )
         await bus.subscribe(subjects.kv_resync(), self._resync, expected=KVResync)
         self.tasks.every(EVENT_INTERVAL, self._housekeeping, "housekeeping")
 
@@ -77,11 +93,12 @@ class KvstoreService(Service):
         deadline = time.monotonic() + PUT_DRAIN_WAIT
         while len(self.inbox) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        self.inbox.expire(math.inf)    # what has not landed by now is dropped, never half-kept
+        self.inbox.expire(math.inf)  # what has not landed by now is dropped, never half-kept
         written = await asyncio.to_thread(self.store.flush)
         if written:
-            log.info("%s: wrote %d blocks to the SSD tier for the next start", self.worker_id,
-                     written)
+            log.info(
+                "%s: wrote %d blocks to the SSD tier for the next start", self.worker_id, written
+            )
 
     async def stop(self) -> None:
         self.receiver.stop()
@@ -91,22 +108,36 @@ class KvstoreService(Service):
         stats = self.store.stats()
         for tier in ("dram", "disk"):
             self.stored_bytes.labels(tier).set(stats.get(f"{tier}_bytes", 0))
-        return Heartbeat(self.name, self.worker_id, time.time(), self.config.heartbeat_interval,
-                         http_addr=self.http_addr, data_addr=self.data_addr,
-                         draining=self.draining)
+        return Heartbeat(
+            self.name,
+            self.worker_id,
+            time.time(),
+            self.config.heartbeat_interval,
+            http_addr=self.http_addr,
+            data_addr=self.data_addr,
+            draining=self.draining,
+        )
 
     async def _stats(self, _: StatsRequest) -> StoreStats:
         s = self.store.stats()
-        return StoreStats(self.worker_id, s["dram_blocks"], s["disk_blocks"], s["dram_bytes"],
-                          s["disk_bytes"], s["dram_hits"] + s["disk_hits"], self.num_get_misses)
+        return StoreStats(
+            self.worker_id,
+            s["dram_blocks"],
+            s["disk_blocks"],
+            s["dram_bytes"],
+            s["disk_bytes"],
+            s["dram_hits"] + s["disk_hits"],
+            self.num_get_misses,
+        )
 
     async def _lookup(self, msg: BlockLookup) -> BlockPresence:
         return BlockPresence(tuple(self.store.lookup(msg.block_hashes)))
 
     async def _get(self, msg: BlockGet) -> Ack:
         if len(msg.block_hashes) != len(msg.dest_block_ids):
-            return Ack(msg.request_id, False, "block_hashes and dest_block_ids differ in length",
-                       400)
+            return Ack(
+                msg.request_id, False, "block_hashes and dest_block_ids differ in length", 400
+            )
         refs = await asyncio.to_thread(self.store.acquire, msg.block_hashes, msg.layout)
         self.num_gets += 1
         if any(ref is None for ref in refs):
@@ -123,12 +154,14 @@ class KvstoreService(Service):
             spans = get_spans(layer, msg.dest_block_ids, refs, layout)
             self.sender.send(msg.dest_addr, msg.request_id, layer, spans)
         self.served_bytes.inc(layout.block_bytes * len(refs))
-        self.sender.finish(msg.dest_addr, msg.request_id,
-                           lambda ok, frames, error: self.store.release(refs))
+        self.sender.finish(
+            msg.dest_addr, msg.request_id, lambda ok, frames, error: self.store.release(refs)
+        )
 
     async def _put(self, msg: BlockPut) -> PutSlots:
         refs = await asyncio.to_thread(
-            lambda: [self.store.reserve(h, msg.layout) for h in msg.block_hashes])
+            lambda: [self.store.reserve(h, msg.layout) for h in msg.block_hashes]
+        )
         self.inbox.open(msg.request_id, refs, PUT_TTL)
         slots = tuple(slot if ref is not None else -1 for slot, ref in enumerate(refs))
         return PutSlots(msg.request_id, True, slots, self.data_addr)

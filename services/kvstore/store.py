@@ -10,6 +10,7 @@ byte budgets are hard limits.
 The SSD tier exists when `disk_dir` is set and `disk_bytes` > 0. It is inclusive: a
 promoted block keeps its file, so demoting it again costs no write.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -40,8 +41,13 @@ class BlockStore:
     under it. Pinned blocks (being written or read) are never evicted or deleted.
     """
 
-    def __init__(self, dram_bytes: int, disk_dir: Path | None = None, disk_bytes: int = 0,
-                 compress: bool = False) -> None:
+    def __init__(
+        self,
+        dram_bytes: int,
+        disk_dir: Path | None = None,
+        disk_bytes: int = 0,
+        compress: bool = False,
+    ) -> None:
         if dram_bytes < 0 or disk_bytes < 0:
             raise ValueError("capacities must not be negative")
         if compress and importlib.util.find_spec("lz4") is None:
@@ -99,8 +105,9 @@ class BlockStore:
             tiers = self._tiers
             if tiers.disk is None:
                 return 0
-            blocks = [b for b in tiers.dram.committed_oldest_first()
-                      if not tiers.on_disk(b.block_hash)]
+            blocks = [
+                b for b in tiers.dram.committed_oldest_first() if not tiers.on_disk(b.block_hash)
+            ]
             for block in blocks:
                 tiers.dram.pin(block)
             writes = tiers.plan_demotions(blocks)
@@ -161,8 +168,10 @@ class BlockStore:
         # NOTE: pin what DRAM holds first, so promoting the rest cannot evict it.
         with self._cond:
             resident = [self._pin_resident(block_hash, layout) for block_hash in block_hashes]
-        return [ref if ref is not None else self._acquire_one(block_hash, layout)
-                for ref, block_hash in zip(resident, block_hashes)]
+        return [
+            ref if ref is not None else self._acquire_one(block_hash, layout)
+            for ref, block_hash in zip(resident, block_hashes)
+        ]
 
     def release(self, refs: Sequence[BlockRef | None]) -> None:
         """Unpin acquired blocks (None entries are skipped); the views must not be used after."""
@@ -234,8 +243,7 @@ class BlockStore:
             pass
         return True
 
-    def _settle_promotion(self, block: DramBlock, header: BlockHeader,
-                          ok: bool) -> BlockRef | None:
+    def _settle_promotion(self, block: DramBlock, header: BlockHeader, ok: bool) -> BlockRef | None:
         self._tiers.disk.unpin(header.block_hash)
         self._cond.notify_all()
         if not ok:
@@ -252,8 +260,9 @@ class BlockStore:
 
     # ---- making room: eviction and demotion ----
 
-    def _make_room(self, block_hash: int, layout: BlockLayout,
-                   state: BlockState) -> DramBlock | None:
+    def _make_room(
+        self, block_hash: int, layout: BlockLayout, state: BlockState
+    ) -> DramBlock | None:
         """Add a pinned DRAM block (buffer not yet allocated) for `block_hash`, evicting
         unpinned LRU blocks as needed. None when the hash is taken or nothing makes room.
         Takes the lock itself and drops it while demoted blocks are written."""

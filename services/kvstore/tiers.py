@@ -3,6 +3,7 @@
 Not thread-safe: every method runs under `BlockStore`'s lock, except `write_files`, which
 runs outside it on victims that are pinned against change (marked evicting).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,17 +16,17 @@ from services.kvstore.events import NetEvents
 
 @dataclass(slots=True)
 class Counters:
-    dram_hits: int = 0           # acquires served from DRAM
-    dram_misses: int = 0         # acquires DRAM could not serve (= disk_hits + disk_misses)
-    disk_hits: int = 0           # ... served by promoting from SSD
-    disk_misses: int = 0         # ... not served at all
-    dram_evictions: int = 0      # blocks that left DRAM to make room
-    demotions: int = 0           # ... of which stayed on SSD
-    disk_evictions: int = 0      # files deleted to make room
-    promotions: int = 0          # blocks read back from SSD into DRAM
-    corrupt_dropped: int = 0     # files deleted for a bad header, size or checksum
-    disk_write_errors: int = 0   # demotions that failed to write (the block was dropped)
-    no_room: int = 0             # reservations and promotions refused for lack of DRAM
+    dram_hits: int = 0  # acquires served from DRAM
+    dram_misses: int = 0  # acquires DRAM could not serve (= disk_hits + disk_misses)
+    disk_hits: int = 0  # ... served by promoting from SSD
+    disk_misses: int = 0  # ... not served at all
+    dram_evictions: int = 0  # blocks that left DRAM to make room
+    demotions: int = 0  # ... of which stayed on SSD
+    disk_evictions: int = 0  # files deleted to make room
+    promotions: int = 0  # blocks read back from SSD into DRAM
+    corrupt_dropped: int = 0  # files deleted for a bad header, size or checksum
+    disk_write_errors: int = 0  # demotions that failed to write (the block was dropped)
+    no_room: int = 0  # reservations and promotions refused for lack of DRAM
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,16 +72,20 @@ class Tiers:
         """Everything lookups report as stored, clearing pending events (superseded)."""
         self.events.take()
         on_disk = list(self.disk.entries) if self.disk is not None else []
-        return list(dict.fromkeys(
-            [h for h, b in self.dram.blocks.items() if b.state is BlockState.COMMITTED]
-            + on_disk))
+        return list(
+            dict.fromkeys(
+                [h for h, b in self.dram.blocks.items() if b.state is BlockState.COMMITTED]
+                + on_disk
+            )
+        )
 
     # ---- bookkeeping ----
 
     def forget_if_gone(self, block_hashes: list[int]) -> None:
         """Report as removed the blocks no tier holds any more."""
-        self.events.removed(h for h in block_hashes
-                            if not self.dram.holds(h) and not self.on_disk(h))
+        self.events.removed(
+            h for h in block_hashes if not self.dram.holds(h) and not self.on_disk(h)
+        )
 
     def drop_corrupt(self, block_hash: int) -> None:
         if self.disk.remove(block_hash):
@@ -117,8 +122,9 @@ class Tiers:
         for write in writes:
             block = write.block
             flags, payload = encode_payload(memoryview(block.buffer), self.compress)
-            header = BlockHeader(block.block_hash, block.layout, flags, len(payload),
-                                 block.checksum)
+            header = BlockHeader(
+                block.block_hash, block.layout, flags, len(payload), block.checksum
+            )
             if write_block_file(self.disk.directory, header, payload):
                 written[block.block_hash] = header
         return written
@@ -133,8 +139,9 @@ class Tiers:
             else:
                 self.disk.add(header, write.claimed)
 
-    def finish_demotions(self, victims: list[DramBlock], writes: list[PendingWrite],
-                         written: dict[int, BlockHeader]) -> None:
+    def finish_demotions(
+        self, victims: list[DramBlock], writes: list[PendingWrite], written: dict[int, BlockHeader]
+    ) -> None:
         """Index the files written, then drop the victims no reader pinned meanwhile."""
         self.index_files(writes, written)
         for victim in victims:

@@ -5,6 +5,7 @@ layer of every fetched block has landed intact, so loading layer l + 1 overlaps
 computing layer l. A fetch that fails mid-step invalidates the request (its KV is never
 used or named) and the attempt fails as retryable.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,53 +26,66 @@ log = logging.getLogger("kvstack.prefill")
 @dataclass
 class PrefixLoad:
     """What one request fetches, from where, and how it went."""
+
     request_id: str
     num_local_blocks: int
     fetched_hashes: list[int]
-    source: str                                   # "kvstore" or a peer's worker id
+    source: str  # "kvstore" or a peer's worker id
     expectations: list[Expected] = field(default_factory=list)
     failed: bool = False
 
 
 class PrefixLoader:
-    def __init__(self, engine_loop: EngineLoop, pool: KvstorePool, inbox: KVInbox,
-                 layer_timeout: float = 10.0, tasks: Tasks | None = None) -> None:
+    def __init__(
+        self,
+        engine_loop: EngineLoop,
+        pool: KvstorePool,
+        inbox: KVInbox,
+        layer_timeout: float = 10.0,
+        tasks: Tasks | None = None,
+    ) -> None:
         self.engine_loop = engine_loop
         self.pool = pool
         self.inbox = inbox
         self.layer_timeout = layer_timeout
         self.tasks = tasks or Tasks("prefix loader")
-        self.loads: dict[str, PrefixLoad] = {}      # fetches in flight, or failed (until forget)
+        self.loads: dict[str, PrefixLoad] = {}  # fetches in flight, or failed (until forget)
         self.blocks_loaded = {"kvstore": 0, "peer": 0}
 
     async def prepare(self, req: PrefillRequest, hashes: list[int]) -> int:
         """Reserve and start fetching what is cached elsewhere; returns the prompt tokens
         whose KV needs no compute (0: nothing remote, the engine matches locally)."""
-        if not req.load_prefix:     # the conductor found recomputing cheaper than loading
+        if not req.load_prefix:  # the conductor found recomputing cheaper than loading
             return 0
         block_size = self.pool.layout.block_size
-        usable = (len(req.prompt_token_ids) - 1) // block_size   # one token is always computed
+        usable = (len(req.prompt_token_ids) - 1) // block_size  # one token is always computed
         local = await self.engine_loop.call(lambda e: len(e.kv.match_prefix(hashes, usable)))
         source, upto = await self._source(req, hashes[:usable], local)
         if upto <= local:
             return 0
         reserved = await self.engine_loop.call(
-            lambda e: e.reserve_prefix(req.request_id, hashes, upto))
+            lambda e: e.reserve_prefix(req.request_id, hashes, upto)
+        )
         if reserved is None:
             return 0
         num_local, new_ids = reserved
         load = PrefixLoad(req.request_id, num_local, hashes[num_local:upto], source)
         started = await self._fetch(req, load, new_ids)
-        log.info("request %s: %d prefix blocks local, %d from %s%s", req.request_id, num_local,
-                 len(load.fetched_hashes), source, "" if started else " (refused: computing)")
+        log.info(
+            "request %s: %d prefix blocks local, %d from %s%s",
+            req.request_id,
+            num_local,
+            len(load.fetched_hashes),
+            source,
+            "" if started else " (refused: computing)",
+        )
         if not started:
             return num_local * block_size
         self.loads[req.request_id] = load
         self.tasks.spawn(self._settle(load), f"settling the prefix load of {req.request_id}")
         return upto * block_size
 
-    async def _source(self, req: PrefillRequest, hashes: list[int], local: int
-                      ) -> tuple[str, int]:
+    async def _source(self, req: PrefillRequest, hashes: list[int], local: int) -> tuple[str, int]:
         pool_blocks = local
         if self.pool.ring():
             pool_blocks += await self.pool.longest_prefix(hashes[local:])
@@ -85,8 +99,9 @@ class PrefixLoader:
         if load.source == "kvstore":
             started = await self.pool.get(transfer, load.fetched_hashes, dest_ids)
         else:
-            one = await self.pool.fetch(subjects.prefill_get(load.source), transfer,
-                                        load.fetched_hashes, dest_ids)
+            one = await self.pool.fetch(
+                subjects.prefill_get(load.source), transfer, load.fetched_hashes, dest_ids
+            )
             started = None if one is None else [one]
         load.expectations = started or []
         return started is not None
@@ -122,8 +137,9 @@ class PrefixLoader:
             for expected in load.expectations:
                 if not self.inbox.wait_layer(expected, layer, self.layer_timeout):
                     reason = expected.error or f"layer {layer} did not arrive in time"
-                    log.warning("request %s: loading the prefix failed: %s", load.request_id,
-                                reason)
+                    log.warning(
+                        "request %s: loading the prefix failed: %s", load.request_id, reason
+                    )
                     engine.invalidate(chunk.request_id, f"loading the prefix failed: {reason}")
                     load.failed = True
                     break

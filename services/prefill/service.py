@@ -1,5 +1,6 @@
 """The prefill worker: computes a prompt's KV, streams it layer by layer to the decode
 worker chosen by the conductor, and produces the first token."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,6 +8,9 @@ import dataclasses
 import logging
 import time
 
+from services.prefill.prefix import PrefixLoader
+from services.prefill.sharing import EVENT_INTERVAL, CacheSharing
+from services.prefill.streaming import Target, layer_spans
 from shared import subjects
 from shared.bus import Bus, ServiceUnavailable
 from shared.engine.engine import LLMEngine
@@ -18,15 +22,24 @@ from shared.hashing import block_hashes
 from shared.heartbeats import subscribe_heartbeats
 from shared.kv_inbox import KVInbox
 from shared.kvstore_client import KvstorePool, write_back
-from shared.messages import (Abort, Ack, BlockGet, Heartbeat, KVCommit, KVReservation,
-                             KVReserve, KVResync, PrefillRequest, StatsRequest, TokenEvent, WorkerStats)
+from shared.messages import (
+    Abort,
+    Ack,
+    BlockGet,
+    Heartbeat,
+    KVCommit,
+    KVReservation,
+    KVReserve,
+    KVResync,
+    PrefillRequest,
+    StatsRequest,
+    TokenEvent,
+    WorkerStats,
+)
 from shared.service import Service
 from shared.transfer.factory import make_sender
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
-from services.prefill.prefix import PrefixLoader
-from services.prefill.sharing import EVENT_INTERVAL, CacheSharing
-from services.prefill.streaming import Target, layer_spans
 
 log = logging.getLogger("kvstack.prefill")
 
@@ -37,8 +50,8 @@ class PrefillService(Service):
     def __init__(self, config: WorkerConfig) -> None:
         super().__init__(config)
         self.config: WorkerConfig = config
-        self.targets: dict[str, list[Target]] = {}   # one per decode worker or KV shard
-        self.started: dict[str, float] = {}   # for debug timing of each request's stages
+        self.targets: dict[str, list[Target]] = {}  # one per decode worker or KV shard
+        self.started: dict[str, float] = {}  # for debug timing of each request's stages
         self.requests: dict[str, PrefillRequest] = {}
         self.num_done = 0
         self.prompt_tokens = self.metrics.counter("prompt_tokens", "prompt tokens prefilled")
@@ -48,26 +61,36 @@ class PrefillService(Service):
         loop = asyncio.get_running_loop()
         self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
         token = self.config.data_token or None
-        self.sender = TcpKVSender(auth_token=token)       # pool and peers
-        self.kv_out = make_sender(self.config.transport, token)   # the stream to decode
+        self.sender = TcpKVSender(auth_token=token)  # pool and peers
+        self.kv_out = make_sender(self.config.transport, token)  # the stream to decode
         self.inbox = KVInbox(self.engine.runner.storage, loop)
-        self.receiver = TcpKVReceiver(self.inbox, self.config.data_host, self.config.data_port,
-                                      token)
-        bound = self.receiver.start()   # listen even when peers dial another address
+        self.receiver = TcpKVReceiver(
+            self.inbox, self.config.data_host, self.config.data_port, token
+        )
+        bound = self.receiver.start()  # listen even when peers dial another address
         self.data_addr = self.config.advertise_data_addr or bound
         self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs, step=self._step)
-        self.pool = KvstorePool(bus, self.sender, self.engine.runner.storage, self.inbox,
-                                self.data_addr, self.config.request_timeout)
+        self.pool = KvstorePool(
+            bus,
+            self.sender,
+            self.engine.runner.storage,
+            self.inbox,
+            self.data_addr,
+            self.config.request_timeout,
+        )
         self.loader = PrefixLoader(self.engine_loop, self.pool, self.inbox, tasks=self.tasks)
         self.sharing = CacheSharing(self.worker_id, bus, self.engine_loop, self.sender)
         self.engine_loop.on_broken = lambda reason: self.fail(f"engine broken: {reason}")
         self.engine_loop.start()
-        await bus.serve(subjects.prefill_submit(self.worker_id), self._submit,
-                        expected=PrefillRequest)
-        await bus.serve(subjects.prefill_get(self.worker_id), self.sharing.serve_get,
-                        expected=BlockGet)
-        await bus.serve(subjects.worker_stats(self.name, self.worker_id), self._stats,
-                        expected=StatsRequest)
+        await bus.serve(
+            subjects.prefill_submit(self.worker_id), self._submit, expected=PrefillRequest
+        )
+        await bus.serve(
+            subjects.prefill_get(self.worker_id), self.sharing.serve_get, expected=BlockGet
+        )
+        await bus.serve(
+            subjects.worker_stats(self.name, self.worker_id), self._stats, expected=StatsRequest
+        )
         await bus.subscribe(subjects.abort(), self._on_abort, expected=Abort)
         await subscribe_heartbeats(bus, self._on_heartbeat)
         await bus.subscribe(subjects.kv_resync(), self.sharing.resync, expected=KVResync)
@@ -78,8 +101,15 @@ class PrefillService(Service):
 
     def heartbeat(self) -> Heartbeat:
         self.kv_bytes.set(self.kv_out.bytes_sent)
-        return worker_heartbeat(self.name, self.worker_id, self.config, self.engine,
-                                self.http_addr, self.data_addr, self.draining)
+        return worker_heartbeat(
+            self.name,
+            self.worker_id,
+            self.config,
+            self.engine,
+            self.http_addr,
+            self.data_addr,
+            self.draining,
+        )
 
     async def drain(self) -> None:
         """Prefill what was accepted to its first token (new submits get a retryable 503)."""
@@ -108,8 +138,9 @@ class PrefillService(Service):
         except KvstackError as e:
             return Ack(req.request_id, False, str(e), 400)
         self.requests[req.request_id] = req
-        self.tasks.spawn(self._run(req), f"request {req.request_id}",
-                         on_error=lambda e: self._crashed(req, e))
+        self.tasks.spawn(
+            self._run(req), f"request {req.request_id}", on_error=lambda e: self._crashed(req, e)
+        )
         return Ack(req.request_id, True)
 
     async def _crashed(self, req: PrefillRequest, error: BaseException) -> None:
@@ -129,8 +160,9 @@ class PrefillService(Service):
         self._trace(req.request_id, "decode reserved blocks")
         if req.request_id not in self.requests:  # aborted while reserving
             if reservation.ok:
-                await self._tell_decode(req.decode_id, KVCommit(req.request_id, False,
-                                                                reason="aborted"))
+                await self._tell_decode(
+                    req.decode_id, KVCommit(req.request_id, False, reason="aborted")
+                )
             return
         if not reservation.ok:
             return await self._fail(req, reservation.reason, reservation.code)
@@ -139,17 +171,34 @@ class PrefillService(Service):
         external = await self.loader.prepare(req, hashes)
         self._trace(req.request_id, f"prefix planned ({external} tokens not computed)")
         prefill_only = dataclasses.replace(req.params, max_tokens=1)
-        await self.engine_loop.call(lambda e: e.add_request(
-            req.request_id, req.prompt_token_ids, prefill_only, hold_kv=True,
-            external_tokens=external))
+        await self.engine_loop.call(
+            lambda e: e.add_request(
+                req.request_id,
+                req.prompt_token_ids,
+                prefill_only,
+                hold_kv=True,
+                external_tokens=external,
+            )
+        )
 
     async def _reserve(self, req: PrefillRequest) -> KVReservation:
-        message = KVReserve(req.request_id, req.prompt_token_ids, req.params,
-                            self.config.block_size, self.engine.namespace, req.deadline,
-                            self.worker_id, req.stage_tbt_slo)
+        message = KVReserve(
+            req.request_id,
+            req.prompt_token_ids,
+            req.params,
+            self.config.block_size,
+            self.engine.namespace,
+            req.deadline,
+            self.worker_id,
+            req.stage_tbt_slo,
+        )
         try:
-            return await self.bus.request(subjects.decode_reserve(req.decode_id), message,
-                                          self.config.request_timeout, expected=KVReservation)
+            return await self.bus.request(
+                subjects.decode_reserve(req.decode_id),
+                message,
+                self.config.request_timeout,
+                expected=KVReservation,
+            )
         except ServiceUnavailable as e:
             return KVReservation(req.request_id, False, reason=f"decode worker: {e}", code=503)
 
@@ -159,8 +208,10 @@ class PrefillService(Service):
     # -- engine thread ----------------------------------------------------------------
 
     def _step(self, engine: LLMEngine) -> list[RequestOutput]:
-        return engine.step(layer_hook=self._send_layer,
-                           layer_gate=lambda layer, chunks: self.loader.gate(engine, layer, chunks))
+        return engine.step(
+            layer_hook=self._send_layer,
+            layer_gate=lambda layer, chunks: self.loader.gate(engine, layer, chunks),
+        )
 
     def _send_layer(self, layer: int, chunks: list[SeqChunk]) -> None:
         last_layer = layer == self.engine.model_config.num_layers - 1
@@ -192,10 +243,12 @@ class PrefillService(Service):
             if len(results) == len(targets):
                 ok, num_frames, error = _all_sent(results)
                 req = self.requests.get(targets[0].request_id)
-                self.tasks.spawn(self._commit(out, targets[0], ok, num_frames, error),
-                                 f"committing {targets[0].request_id}",
-                                 on_error=None if req is None else
-                                 lambda e: self._crashed(req, e))
+                self.tasks.spawn(
+                    self._commit(out, targets[0], ok, num_frames, error),
+                    f"committing {targets[0].request_id}",
+                    on_error=None if req is None else lambda e: self._crashed(req, e),
+                )
+
         self._trace(targets[0].request_id, "computed; ending the KV stream")
         for target in targets:
             self._stream(target).finish(target.peer, target.request_id, on_done)
@@ -204,15 +257,19 @@ class PrefillService(Service):
         """Attention workers take KV over TCP only; a decode worker over --transport."""
         return self.kv_out if target.kv_heads is None else self.sender
 
-    async def _commit(self, out: RequestOutput | None, target: Target, sent: bool,
-                      num_frames: int, error: str) -> None:
+    async def _commit(
+        self, out: RequestOutput | None, target: Target, sent: bool, num_frames: int, error: str
+    ) -> None:
         rid = target.request_id
         self.targets.pop(rid, None)
         self.loader.forget(rid)
         ok = out is not None and out.finish_reason not in ("abort", "error") and sent
-        if ok:   # in the background: the first token does not wait for the write-back
-            self.tasks.spawn(self._write_back(rid, target), f"writing {rid} back to the pool",
-                             on_error=lambda _: self.engine_loop.call(lambda e: e.release(rid)))
+        if ok:  # in the background: the first token does not wait for the write-back
+            self.tasks.spawn(
+                self._write_back(rid, target),
+                f"writing {rid} back to the pool",
+                on_error=lambda _: self.engine_loop.call(lambda e: e.release(rid)),
+            )
         else:
             await self.engine_loop.call(lambda e: e.release(rid))
         req = self.requests.get(rid)
@@ -221,22 +278,32 @@ class PrefillService(Service):
         if out.finish_reason in ("abort", "error") or not sent:
             cancel = KVCommit(rid, False, reason=error or "failed")
             await self._tell_decode(target.decode_id, cancel)
-            code = 500 if out.error_kind == "request" else 503   # 503: retried elsewhere
+            code = 500 if out.error_kind == "request" else 503  # 503: retried elsewhere
             return await self._fail(req, f"prefill failed: {error or out.stop_reason}", code)
         token = out.new_token_ids[0]
         logprob = out.new_logprobs[0] if out.new_logprobs else None
         self.prompt_tokens.inc(out.num_prompt_tokens - out.num_cached_tokens)
         done_here = self._finishes_at_first_token(req, token)
-        commit = KVCommit(rid, not done_here, num_frames, token, logprob, out.num_cached_tokens,
-                          reason="finished at the first token" if done_here else "")
+        commit = KVCommit(
+            rid,
+            not done_here,
+            num_frames,
+            token,
+            logprob,
+            out.num_cached_tokens,
+            reason="finished at the first token" if done_here else "",
+        )
         self._trace(rid, "KV stream sent")
         reply = await self._tell_decode(target.decode_id, commit)
         self._trace(rid, "decode adopted it")
         if done_here:
             return await self._emit_first(req, out, token, logprob, done_here)
         if not reply.ok:
-            return await self._fail(req, reply.error or "decode worker refused the KV",
-                                    reply.code if reply.code != 200 else 503)
+            return await self._fail(
+                req,
+                reply.error or "decode worker refused the KV",
+                reply.code if reply.code != 200 else 503,
+            )
         await self._emit_first(req, out, token, logprob, None)
 
     async def _write_back(self, rid: str, target: Target) -> None:
@@ -252,23 +319,38 @@ class PrefillService(Service):
 
     async def _tell_decode(self, decode_id: str, commit: KVCommit) -> Ack:
         try:
-            return await self.bus.request(subjects.decode_commit(decode_id), commit,
-                                          self.config.request_timeout, expected=Ack)
+            return await self.bus.request(
+                subjects.decode_commit(decode_id), commit, self.config.request_timeout, expected=Ack
+            )
         except ServiceUnavailable as e:
             return Ack(commit.request_id, False, f"decode worker: {e}", 503)
 
-    async def _emit_first(self, req: PrefillRequest, out: RequestOutput, token: int, logprob,
-                          finish_reason: str | None) -> None:
-        event = TokenEvent(req.request_id, 0, (token,), (logprob,) if logprob else None,
-                           finish_reason is not None, finish_reason, out.num_prompt_tokens,
-                           out.num_cached_tokens)
+    async def _emit_first(
+        self,
+        req: PrefillRequest,
+        out: RequestOutput,
+        token: int,
+        logprob,
+        finish_reason: str | None,
+    ) -> None:
+        event = TokenEvent(
+            req.request_id,
+            0,
+            (token,),
+            (logprob,) if logprob else None,
+            finish_reason is not None,
+            finish_reason,
+            out.num_prompt_tokens,
+            out.num_cached_tokens,
+        )
         await self.bus.publish(subjects.tokens(req.request_id), event)
         self._done(req.request_id)
 
     async def _fail(self, req: PrefillRequest, error: str, code: int) -> None:
         log.info("request %s failed: %s", req.request_id, error)
-        event = TokenEvent(req.request_id, 0, finished=True, finish_reason="error",
-                           error=error, code=code)
+        event = TokenEvent(
+            req.request_id, 0, finished=True, finish_reason="error", error=error, code=code
+        )
         await self.bus.publish(subjects.tokens(req.request_id), event)
         self._done(req.request_id)
 
@@ -288,24 +370,33 @@ class PrefillService(Service):
         aborted = await self.engine_loop.call(lambda e: e.abort(msg.request_id))
         targets = self.targets.get(msg.request_id)
         if aborted and targets:
-            self._finish_transfer(targets, None)   # blocks are freed once the sends are done
+            self._finish_transfer(targets, None)  # blocks are freed once the sends are done
 
     async def _stats(self, _: StatsRequest) -> WorkerStats:
         stats = worker_stats(self.worker_id, self.engine, len(self.targets), self.num_done)
         loaded = self.loader.blocks_loaded
-        return dataclasses.replace(stats, blocks_from_kvstore=loaded["kvstore"],
-                                   blocks_from_peers=loaded["peer"],
-                                   blocks_served=self.sharing.blocks_served)
+        return dataclasses.replace(
+            stats,
+            blocks_from_kvstore=loaded["kvstore"],
+            blocks_from_peers=loaded["peer"],
+            blocks_served=self.sharing.blocks_served,
+        )
 
 
 def _targets(req: PrefillRequest, reservation: KVReservation) -> list[Target]:
     """One stream to the decode worker, or one per KV shard of its attention group."""
     if not reservation.shards:
-        return [Target(req.request_id, reservation.data_addr, req.decode_id,
-                       reservation.block_ids)]
-    return [Target(req.request_id, shard.data_addr, req.decode_id, reservation.block_ids,
-                   kv_heads=(shard.kv_head_start, shard.kv_head_end))
-            for shard in reservation.shards]
+        return [Target(req.request_id, reservation.data_addr, req.decode_id, reservation.block_ids)]
+    return [
+        Target(
+            req.request_id,
+            shard.data_addr,
+            req.decode_id,
+            reservation.block_ids,
+            kv_heads=(shard.kv_head_start, shard.kv_head_end),
+        )
+        for shard in reservation.shards
+    ]
 
 
 def _all_sent(results: list[tuple[bool, int, str]]) -> tuple[bool, int, str]:

@@ -1,5 +1,6 @@
 """A prefill worker's cache, shared: blocks served to peers on request (hot-spot
 replication), and KV events so the conductor knows what this worker holds."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,8 +18,7 @@ EVENT_INTERVAL = 0.2
 
 
 class CacheSharing:
-    def __init__(self, worker_id: str, bus: Bus, engine_loop: EngineLoop,
-                 sender: KVSender) -> None:
+    def __init__(self, worker_id: str, bus: Bus, engine_loop: EngineLoop, sender: KVSender) -> None:
         self.worker_id, self.bus = worker_id, bus
         self.engine_loop, self.sender = engine_loop, sender
         self.layout = BlockLayout.of(engine_loop.engine.runner.storage)
@@ -27,17 +27,24 @@ class CacheSharing:
     async def serve_get(self, msg: BlockGet) -> Ack:
         """Send blocks of my prefix cache; they stay pinned until the send is done."""
         if msg.layout != self.layout:
-            return Ack(msg.request_id, False, "a different KV layout (model, dtype or block size)",
-                       400)
+            return Ack(
+                msg.request_id, False, "a different KV layout (model, dtype or block size)", 400
+            )
         blocks = await self.engine_loop.call(lambda e: _pin(e, msg.block_hashes))
         if blocks is None:
             return Ack(msg.request_id, False, "some blocks are not cached here (any more)", 404)
         loop = asyncio.get_running_loop()
         unpin = lambda *_: loop.call_soon_threadsafe(
-            lambda: self.engine_loop.call(lambda e: e.kv.pool.free(blocks[::-1])))
-        send_blocks(self.sender, self.engine_loop.engine.runner.storage, msg.dest_addr,
-                    msg.request_id, [(dest, b.block_id, b.block_hash)
-                                     for dest, b in zip(msg.dest_block_ids, blocks)], unpin)
+            lambda: self.engine_loop.call(lambda e: e.kv.pool.free(blocks[::-1]))
+        )
+        send_blocks(
+            self.sender,
+            self.engine_loop.engine.runner.storage,
+            msg.dest_addr,
+            msg.request_id,
+            [(dest, b.block_id, b.block_hash) for dest, b in zip(msg.dest_block_ids, blocks)],
+            unpin,
+        )
         self.blocks_served += len(blocks)
         return Ack(msg.request_id, True)
 
@@ -45,13 +52,15 @@ class CacheSharing:
         """What the cache stored and removed since the last round (every EVENT_INTERVAL)."""
         events = await self.engine_loop.call(lambda e: e.kv.pool.take_events())
         if events:
-            await publish_kv_events(self.bus, self.worker_id, "prefill", events.stored,
-                                    events.removed)
+            await publish_kv_events(
+                self.bus, self.worker_id, "prefill", events.stored, events.removed
+            )
 
     async def resync(self, _: KVResync) -> None:
         """A (re)started conductor asks: all this worker caches, as one snapshot."""
         hashes = await self.engine_loop.call(lambda e: e.kv.pool.snapshot())
         await publish_kv_events(self.bus, self.worker_id, "prefill", hashes, snapshot=True)
+
 
 def _pin(engine: LLMEngine, block_hashes) -> list | None:
     blocks = [engine.kv.pool.lookup(h) for h in block_hashes]

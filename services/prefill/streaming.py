@@ -1,4 +1,5 @@
 """Layer-wise KV streaming: which bytes of a request go out after each layer."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,11 +15,12 @@ from shared.transfer.base import BlockSpan, SpanBytes, coalesce, tensor_bytes
 class Target:
     """Where one request's KV goes: a decode worker's (or one attention worker's) data
     address and reserved blocks; with `kv_heads`, only those KV heads go there."""
+
     request_id: str
     peer: str
     decode_id: str
     block_ids: tuple[int, ...]
-    sent_upto: int = 0            # tokens whose KV went out in every layer
+    sent_upto: int = 0  # tokens whose KV went out in every layer
     kv_heads: tuple[int, int] | None = None
     # Copies of head slices queued for sending: the sender needs them alive until the end.
     staged: list[torch.Tensor] = field(default_factory=list)
@@ -37,13 +39,18 @@ def layer_spans(storage: KVStorage, layer: int, chunk: SeqChunk, target: Target)
         num_tokens = min(bs - offset, chunk.context_len - pos)
         pieces.append((target.block_ids[index], chunk.block_ids[index], offset, num_tokens))
         pos += num_tokens
-    return [(BlockSpan(dest, offset, num_tokens), *_source(storage, layer, src, offset,
-                                                          num_tokens, target))
-            for dest, src, offset, num_tokens in coalesce(pieces, bs)]
+    return [
+        (
+            BlockSpan(dest, offset, num_tokens),
+            *_source(storage, layer, src, offset, num_tokens, target),
+        )
+        for dest, src, offset, num_tokens in coalesce(pieces, bs)
+    ]
 
 
-def _source(storage: KVStorage, layer: int, block_id: int, offset: int, num_tokens: int,
-            target: Target):
+def _source(
+    storage: KVStorage, layer: int, block_id: int, offset: int, num_tokens: int, target: Target
+):
     if target.kv_heads is None:
         return storage.span_bytes(layer, block_id, offset, num_tokens)
     # A head slice is strided in the cache: copy it out once, to send without another copy.
@@ -52,7 +59,7 @@ def _source(storage: KVStorage, layer: int, block_id: int, offset: int, num_toke
     k_cache, v_cache = storage.layer(layer)
     views = []
     for cache in (k_cache, v_cache):
-        tokens = cache[block_id:block_id + num_blocks].flatten(0, 1)[offset:offset + num_tokens]
+        tokens = cache[block_id : block_id + num_blocks].flatten(0, 1)[offset : offset + num_tokens]
         staged = tokens[:, heads].contiguous()
         target.staged.append(staged)
         views.append(tensor_bytes(staged))

@@ -9,6 +9,7 @@
 finds the same credentials; deleting the directory (or `kvstack auth init --rotate`)
 rotates them all.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,7 +33,7 @@ ADMIN = "admin"
 @dataclass(frozen=True)
 class Identity:
     role: str
-    worker: str = ANY       # ANY: credentials shared by every worker of the role
+    worker: str = ANY  # ANY: credentials shared by every worker of the role
 
     @property
     def user(self) -> str:
@@ -65,13 +66,16 @@ class Secrets:
 
     def child_env(self, identity: Identity) -> dict[str, str]:
         """What a service started with these secrets finds in its environment."""
-        env = {"KVSTACK_NATS_CREDS": str(self.creds_path(identity)),
-               "KVSTACK_DATA_TOKEN_FILE": str(self.data_token_path)}
+        env = {
+            "KVSTACK_NATS_CREDS": str(self.creds_path(identity)),
+            "KVSTACK_DATA_TOKEN_FILE": str(self.data_token_path),
+        }
         return {**env, "KVSTACK_NATS_TLS_CA": self.tls_ca} if self.tls_ca else env
 
 
-def ensure_secrets(directory: Path, identities: Iterable[Identity], tls: bool = False,
-                   rotate: bool = False) -> Secrets:
+def ensure_secrets(
+    directory: Path, identities: Iterable[Identity], tls: bool = False, rotate: bool = False
+) -> Secrets:
     """Make the credentials of `identities` (and the admin's) that do not exist yet, the
     data token, with `tls` a CA and server certificate; then nats-server's config."""
     found = Secrets(Path(directory))
@@ -95,8 +99,9 @@ def _ensure_creds(found: Secrets, identity: Identity, rotate: bool) -> None:
     path = found.creds_path(identity)
     if path.is_file() and not rotate:
         return
-    NatsCredentials(identity.user, secrets.token_urlsafe(32), identity.role,
-                    identity.worker).save(path)
+    NatsCredentials(identity.user, secrets.token_urlsafe(32), identity.role, identity.worker).save(
+        path
+    )
 
 
 def read_data_token(path: str | Path) -> str:

@@ -10,6 +10,7 @@ serve requests only under its own name; credentials shared by every worker of a 
 Replies need no row: a service may answer the requests it receives (`allow_responses`),
 and a requester hears answers on its own inbox (`_INBOX.<user>.>`, see credentials.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ ANY = "*"
 @dataclass(frozen=True)
 class Role:
     name: str
-    publish: tuple[str, ...]      # events it sends and requests it makes
-    subscribe: tuple[str, ...]    # events it hears and requests it serves
+    publish: tuple[str, ...]  # events it sends and requests it makes
+    subscribe: tuple[str, ...]  # events it hears and requests it serves
 
     def for_worker(self, worker_id: str) -> Role:
         """This role's subjects for one worker id (or ANY: every worker of the role)."""
@@ -35,43 +36,85 @@ class Role:
 def _service(name: str, publish: tuple[str, ...], subscribe: tuple[str, ...]) -> Role:
     """What every service does besides its own work: beat under its own id, beat again
     when a conductor asks for a resync, answer `nats micro` discovery."""
-    return Role(name,
-                (subjects.heartbeat(name, ID), *publish),
-                (subjects.kv_resync(), "$SRV.>", f"{subjects.PREFIX}.{name}.{ID}.status",
-                 *subscribe))
+    return Role(
+        name,
+        (subjects.heartbeat(name, ID), *publish),
+        (subjects.kv_resync(), "$SRV.>", f"{subjects.PREFIX}.{name}.{ID}.status", *subscribe),
+    )
 
 
-ROLES: dict[str, Role] = {role.name: role for role in (
-    _service("gateway",
-             publish=(subjects.place(), subjects.prefill_submit(ANY), subjects.abort(),
-                      subjects.request_done()),
-             subscribe=(subjects.tokens(ANY), subjects.all_heartbeats())),
-    _service("conductor",
-             publish=(subjects.kv_resync(),),
-             subscribe=(subjects.place(), subjects.conductor_stats(), subjects.all_heartbeats(),
-                        subjects.all_kv_events(), subjects.request_done())),
-    _service("prefill",
-             publish=(subjects.tokens(ANY), subjects.decode_reserve(ANY),
-                      subjects.decode_commit(ANY), subjects.kvstore_op(ANY, ANY),
-                      subjects.prefill_get(ANY), subjects.kv_events(ID)),
-             subscribe=(subjects.prefill_submit(ID), subjects.prefill_get(ID),
-                        subjects.worker_stats("prefill", ID), subjects.abort(),
-                        subjects.all_heartbeats())),
-    _service("decode",
-             publish=(subjects.tokens(ANY), subjects.attention_op(ANY, ANY),
-                      subjects.worker_stats("attention-worker", ANY),
-                      subjects.kvstore_op(ANY, ANY), subjects.kv_events(ID)),
-             subscribe=(subjects.decode_reserve(ID), subjects.decode_commit(ID),
-                        subjects.worker_stats("decode", ID), subjects.abort(),
-                        subjects.all_heartbeats())),
-    _service("kvstore",
-             publish=(subjects.kv_events(ID),),
-             subscribe=(subjects.kvstore_op(ID, ANY),)),   # its stats subject included
-    _service("attention-worker",
-             publish=(),
-             subscribe=(subjects.attention_op(ID, ANY),
-                        subjects.worker_stats("attention-worker", ID))),
-    # The operator's own tools (kvstack up's readiness check, bench, loadgen chaos, tests):
-    # everything. Keep its credentials where only the operator can read them.
-    Role("admin", publish=(">",), subscribe=(">",)),
-)}
+ROLES: dict[str, Role] = {
+    role.name: role
+    for role in (
+        _service(
+            "gateway",
+            publish=(
+                subjects.place(),
+                subjects.prefill_submit(ANY),
+                subjects.abort(),
+                subjects.request_done(),
+            ),
+            subscribe=(subjects.tokens(ANY), subjects.all_heartbeats()),
+        ),
+        _service(
+            "conductor",
+            publish=(subjects.kv_resync(),),
+            subscribe=(
+                subjects.place(),
+                subjects.conductor_stats(),
+                subjects.all_heartbeats(),
+                subjects.all_kv_events(),
+                subjects.request_done(),
+            ),
+        ),
+        _service(
+            "prefill",
+            publish=(
+                subjects.tokens(ANY),
+                subjects.decode_reserve(ANY),
+                subjects.decode_commit(ANY),
+                subjects.kvstore_op(ANY, ANY),
+                subjects.prefill_get(ANY),
+                subjects.kv_events(ID),
+            ),
+            subscribe=(
+                subjects.prefill_submit(ID),
+                subjects.prefill_get(ID),
+                subjects.worker_stats("prefill", ID),
+                subjects.abort(),
+                subjects.all_heartbeats(),
+            ),
+        ),
+        _service(
+            "decode",
+            publish=(
+                subjects.tokens(ANY),
+                subjects.attention_op(ANY, ANY),
+                subjects.worker_stats("attention-worker", ANY),
+                subjects.kvstore_op(ANY, ANY),
+                subjects.kv_events(ID),
+            ),
+            subscribe=(
+                subjects.decode_reserve(ID),
+                subjects.decode_commit(ID),
+                subjects.worker_stats("decode", ID),
+                subjects.abort(),
+                subjects.all_heartbeats(),
+            ),
+        ),
+        _service(
+            "kvstore", publish=(subjects.kv_events(ID),), subscribe=(subjects.kvstore_op(ID, ANY),)
+        ),  # its stats subject included
+        _service(
+            "attention-worker",
+            publish=(),
+            subscribe=(
+                subjects.attention_op(ID, ANY),
+                subjects.worker_stats("attention-worker", ID),
+            ),
+        ),
+        # The operator's own tools (kvstack up's readiness check, bench, loadgen chaos, tests):
+        # everything. Keep its credentials where only the operator can read them.
+        Role("admin", publish=(">",), subscribe=(">",)),
+    )
+}

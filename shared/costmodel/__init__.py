@@ -7,6 +7,7 @@ instances takes. `roofline` derives the answers from a model shape and a hardwar
 profile; `fitted` from measurements of the real engine (`kvstack profile`, with `measure`
 and `overhead`, which this package does not import: they need torch and a running stack).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -52,10 +53,22 @@ def from_spec(spec: str) -> CostModel:
         return load(spec)
     parts = spec.split(":")
     if len(parts) != 3:
-        raise KvstackError(f"bad cost model {spec!r}: expected roofline:<model>:<hardware>, "
-                           f"e.g. roofline:llama3-70b:a800")
+        raise KvstackError(
+            f"bad cost model {spec!r}: expected roofline:<model>:<hardware>, "
+            f"e.g. roofline:llama3-70b:a800"
+        )
     return roofline(parts[1], parts[2])
 
 
-__all__ = ["HARDWARE", "MODELS", "CostModel", "FittedCostModel", "Hardware", "ModelShape",
-           "RooflineCostModel", "from_spec", "load", "roofline"]
+__all__ = [
+    "HARDWARE",
+    "MODELS",
+    "CostModel",
+    "FittedCostModel",
+    "Hardware",
+    "ModelShape",
+    "RooflineCostModel",
+    "from_spec",
+    "load",
+    "roofline",
+]

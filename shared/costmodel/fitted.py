@@ -1,6 +1,7 @@
 """Predictions from measurements of the real engine (`kvstack profile`), fitted as in the
 paper: a low-degree polynomial in the prompt's new and cached lengths for prefill, and a
 linear model in batch size and total context for a decode step."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ import numpy as np
 
 from shared.errors import KvstackError
 
-PREFILL_TERMS = ("1", "n", "n^2", "n*c", "c")     # n new tokens, c cached tokens
-DECODE_TERMS = ("1", "batch", "context")          # context: KV tokens of the whole batch
+PREFILL_TERMS = ("1", "n", "n^2", "n*c", "c")  # n new tokens, c cached tokens
+DECODE_TERMS = ("1", "batch", "context")  # context: KV tokens of the whole batch
 
 
 def prefill_features(num_new: float, num_cached: float) -> list[float]:
@@ -24,8 +25,9 @@ def decode_features(batch_size: float, total_context: float) -> list[float]:
     return [1.0, batch_size, total_context]
 
 
-def fit(rows: Sequence[tuple[float, ...]], features: Callable[..., list[float]]
-        ) -> tuple[float, ...]:
+def fit(
+    rows: Sequence[tuple[float, ...]], features: Callable[..., list[float]]
+) -> tuple[float, ...]:
     """Least squares on (x..., seconds) rows, weighted so that relative error counts: a
     20 ms prompt off by 10 ms matters as much as a 2 s one off by 1 s."""
     x = np.array([features(*row[:-1]) for row in rows], dtype=np.float64)
@@ -38,27 +40,32 @@ def fit(rows: Sequence[tuple[float, ...]], features: Callable[..., list[float]]
 @dataclass(frozen=True)
 class FittedCostModel:
     model: str
-    prefill_coef: tuple[float, ...]     # over PREFILL_TERMS
-    decode_coef: tuple[float, ...]      # over DECODE_TERMS
-    link_bw: float                      # bytes/s of the data plane
-    link_latency: float                 # seconds per transfer
+    prefill_coef: tuple[float, ...]  # over PREFILL_TERMS
+    decode_coef: tuple[float, ...]  # over DECODE_TERMS
+    link_bw: float  # bytes/s of the data plane
+    link_latency: float  # seconds per transfer
     kv_bytes_per_token: int
     # Seconds a served request spends outside the engine before its first token (HTTP,
     # placement, dispatch over the bus, token relay); `kvstack profile --gateway` measures it.
     request_overhead: float = 0.0
-    dtype: str = ""                     # what the engine was measured with: predictions hold
-    threads: int = 0                    # for workers that run the same way
+    dtype: str = ""  # what the engine was measured with: predictions hold
+    threads: int = 0  # for workers that run the same way
 
     def __post_init__(self) -> None:
         if len(self.prefill_coef) != len(PREFILL_TERMS):
-            raise KvstackError(f"prefill_coef needs {len(PREFILL_TERMS)} coefficients "
-                               f"({', '.join(PREFILL_TERMS)}), got {len(self.prefill_coef)}")
+            raise KvstackError(
+                f"prefill_coef needs {len(PREFILL_TERMS)} coefficients "
+                f"({', '.join(PREFILL_TERMS)}), got {len(self.prefill_coef)}"
+            )
         if len(self.decode_coef) != len(DECODE_TERMS):
-            raise KvstackError(f"decode_coef needs {len(DECODE_TERMS)} coefficients "
-                               f"({', '.join(DECODE_TERMS)}), got {len(self.decode_coef)}")
+            raise KvstackError(
+                f"decode_coef needs {len(DECODE_TERMS)} coefficients "
+                f"({', '.join(DECODE_TERMS)}), got {len(self.decode_coef)}"
+            )
         if self.link_bw <= 0 or self.link_latency < 0 or self.kv_bytes_per_token <= 0:
-            raise KvstackError("link_bw and kv_bytes_per_token must be positive, "
-                               "link_latency not negative")
+            raise KvstackError(
+                "link_bw and kv_bytes_per_token must be positive, link_latency not negative"
+            )
 
     # NOTE: plain Python sums: the conductor calls these per worker and per placement, and
     # np.dot on five numbers costs several times more than the arithmetic.

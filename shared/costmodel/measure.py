@@ -4,6 +4,7 @@ of a decode step, and of moving KV over the TCP data plane.
 The caller repeats each measurement (`kvstack profile` in rounds over its grid).
 Not imported by the package: it needs torch and the engine, the conductor does not.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,7 +26,7 @@ class Prompts:
     """Random token ids, never the same twice, so nothing hits the prefix cache by chance."""
 
     def __init__(self, vocab_size: int, seed: int | None = 0) -> None:
-        self.vocab_size = vocab_size    # None: a seed from the OS, new every run
+        self.vocab_size = vocab_size  # None: a seed from the OS, new every run
         self.rng = random.Random(seed)
 
     def fresh(self, num_tokens: int) -> list[int]:
@@ -46,14 +47,16 @@ class EngineProbe:
         if num_cached not in self.prefixes:
             self.prefixes[num_cached] = self.prompts.fresh(num_cached)
         prefix = self.prefixes[num_cached]
-        if num_cached:   # cached by an earlier run unless evicted since: then computed here
+        if num_cached:  # cached by an earlier run unless evicted since: then computed here
             self.engine.generate([prefix + self.prompts.fresh(1)], FIRST_TOKEN)
         start = time.perf_counter()
         done = self.engine.generate([prefix + self.prompts.fresh(num_new)], FIRST_TOKEN)[0]
         elapsed = time.perf_counter() - start
         if done.num_cached_tokens != num_cached:
-            raise KvstackError(f"profile expected {num_cached} cached tokens, the engine "
-                               f"found {done.num_cached_tokens}; is the prefix cache on?")
+            raise KvstackError(
+                f"profile expected {num_cached} cached tokens, the engine "
+                f"found {done.num_cached_tokens}; is the prefix cache on?"
+            )
         return elapsed
 
     def decode_step(self, batch_size: int, context: int, steps: int = 6) -> float:
@@ -88,12 +91,14 @@ def link_seconds(source: KVStorage, num_blocks: int, repeats: int = 3) -> tuple[
 
 async def _link_seconds(source: KVStorage, num_blocks: int, repeats: int) -> tuple[float, float]:
     layers, _, _, block_size, heads, dim = source.kv.shape
-    inbox = KVInbox(KVStorage(layers, num_blocks, block_size, heads, dim, source.kv.dtype),
-                    asyncio.get_running_loop())
+    inbox = KVInbox(
+        KVStorage(layers, num_blocks, block_size, heads, dim, source.kv.dtype),
+        asyncio.get_running_loop(),
+    )
     receiver, sender = TcpKVReceiver(inbox, "127.0.0.1", 0), TcpKVSender()
     link = _Link(source, inbox, sender, receiver.start())
     try:
-        await link.send(num_blocks)     # connects, and warms both ends up
+        await link.send(num_blocks)  # connects, and warms both ends up
         # NOTE: the least of a few: these take milliseconds, and a hiccup can double one.
         small = min([await link.send(1) for _ in range(repeats)])
         large = min([await link.send(num_blocks) for _ in range(repeats)])
@@ -108,8 +113,7 @@ async def _link_seconds(source: KVStorage, num_blocks: int, repeats: int) -> tup
 class _Link:
     """Sends the first blocks of `source`, every layer, as one request, and waits for them."""
 
-    def __init__(self, source: KVStorage, inbox: KVInbox, sender: TcpKVSender,
-                 peer: str) -> None:
+    def __init__(self, source: KVStorage, inbox: KVInbox, sender: TcpKVSender, peer: str) -> None:
         self.source, self.inbox, self.sender, self.peer = source, inbox, sender, peer
         self.num_layers = source.kv.shape[0]
         self.block_bytes = 2 * source.block_size * source.token_bytes * self.num_layers

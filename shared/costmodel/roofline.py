@@ -1,5 +1,6 @@
 """Predictions from first principles: each step is bound by compute or by memory traffic,
 whichever takes longer, at the achievable share of the hardware's peak."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,7 @@ class RooflineCostModel:
         return self.shape.kv_bytes_per_token
 
     def prefill_time(self, num_new: int, num_cached: int = 0) -> float:
-        flops = 2.0 * self.shape.params * num_new + self.shape.attention_flops(num_new,
-                                                                               num_cached)
+        flops = 2.0 * self.shape.params * num_new + self.shape.attention_flops(num_new, num_cached)
         kv_read = self.shape.kv_bytes_per_token * num_cached
         return self._bound(flops, self.shape.weight_bytes + kv_read)
 
@@ -37,8 +37,10 @@ class RooflineCostModel:
     def _decode_work(self, batch, context):
         """(compute seconds, memory seconds) of a step; scalars or arrays alike."""
         shape, hw = self.shape, self.hardware
-        flops = 2.0 * shape.params * batch + \
-            4.0 * shape.num_layers * shape.num_heads * shape.head_dim * context
+        flops = (
+            2.0 * shape.params * batch
+            + 4.0 * shape.num_layers * shape.num_heads * shape.head_dim * context
+        )
         traffic = shape.weight_bytes + shape.kv_bytes_per_token * context
         return flops / (hw.flops * hw.mfu), traffic / (hw.mem_bw * hw.bw_efficiency)
 

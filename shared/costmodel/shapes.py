@@ -1,5 +1,6 @@
 """What a model costs per token: its shape, from presets (cluster-scale models the mock
 engine and the simulator stand in for) or from a real model's config."""
+
 from __future__ import annotations
 
 import functools
@@ -18,7 +19,7 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     vocab_size: int
-    bytes_per_element: int = 2          # bf16 weights and KV
+    bytes_per_element: int = 2  # bf16 weights and KV
 
     @functools.cached_property
     def params(self) -> int:
@@ -44,15 +45,26 @@ class ModelShape:
 
     @classmethod
     def of(cls, config: ModelConfig, name: str, bytes_per_element: int = 2) -> ModelShape:
-        return cls(name, config.num_layers, config.hidden_size, config.intermediate_size,
-                   config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size,
-                   bytes_per_element)
+        return cls(
+            name,
+            config.num_layers,
+            config.hidden_size,
+            config.intermediate_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            config.vocab_size,
+            bytes_per_element,
+        )
 
 
-MODELS = {shape.name: shape for shape in (
-    ModelShape("llama3-70b", 80, 8192, 28672, 64, 8, 128, 128256),
-    ModelShape("llama2-70b", 80, 8192, 28672, 64, 8, 128, 32000),
-    ModelShape("llama3-8b", 32, 4096, 14336, 32, 8, 128, 128256),
-    ModelShape("qwen2-7b", 28, 3584, 18944, 28, 4, 128, 152064),
-    ModelShape("smollm2-135m", 30, 576, 1536, 9, 3, 64, 49152),
-)}
+MODELS = {
+    shape.name: shape
+    for shape in (
+        ModelShape("llama3-70b", 80, 8192, 28672, 64, 8, 128, 128256),
+        ModelShape("llama2-70b", 80, 8192, 28672, 64, 8, 128, 32000),
+        ModelShape("llama3-8b", 32, 4096, 14336, 32, 8, 128, 128256),
+        ModelShape("qwen2-7b", 28, 3584, 18944, 28, 4, 128, 152064),
+        ModelShape("smollm2-135m", 30, 576, 1536, 9, 3, 64, 49152),
+    )
+}

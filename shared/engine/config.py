@@ -1,4 +1,5 @@
 """Engine configuration: model, precision, KV cache size and batching limits."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ DTYPE_CHOICES = ("auto", *DTYPES)
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> str:
-    """"auto" is bfloat16 where the hardware computes it natively, float32 elsewhere."""
+    """ "auto" is bfloat16 where the hardware computes it natively, float32 elsewhere."""
     if name != "auto":
         return name
     if device.startswith("cuda"):
@@ -32,37 +33,39 @@ def cpu_has_native_bf16() -> bool:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "SmolLM2-135M-Instruct"   # a known name, an HF directory or a .gguf file
-    dtype: str = "auto"                    # "auto": bfloat16 where native, else float32
+    model: str = "SmolLM2-135M-Instruct"  # a known name, an HF directory or a .gguf file
+    dtype: str = "auto"  # "auto": bfloat16 where native, else float32
     device: str = "cpu"
     block_size: int = 16
-    kv_cache_bytes: int = 1 << 30          # ignored when num_blocks is set
+    kv_cache_bytes: int = 1 << 30  # ignored when num_blocks is set
     num_blocks: int | None = None
-    max_model_len: int | None = None       # default: the model's own limit
+    max_model_len: int | None = None  # default: the model's own limit
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     enable_prefix_cache: bool = True
     enable_chunked_prefill: bool = True
     long_prefill_tokens: int | None = None  # a prompt's chunk while others prefill too
-                                            # (SchedulerConfig); None: the default, 0: off
-    num_threads: int | None = None         # torch threads for this process
-    detokenize: bool = True                # False: token ids only (the gateway makes text)
-    local_kv: bool = True                  # False: KV lives elsewhere (attention offload);
-                                           # num_blocks then counts the remote pool's blocks
+    # (SchedulerConfig); None: the default, 0: off
+    num_threads: int | None = None  # torch threads for this process
+    detokenize: bool = True  # False: token ids only (the gateway makes text)
+    local_kv: bool = True  # False: KV lives elsewhere (attention offload);
+    # num_blocks then counts the remote pool's blocks
     seed: int = 0
-    mock: MockSpec | None = None           # no model: the mock engine (shared/engine/mock.py)
+    mock: MockSpec | None = None  # no model: the mock engine (shared/engine/mock.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
             raise KvstackError(
-                f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPE_CHOICES)}")
+                f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPE_CHOICES)}"
+            )
         positives = ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs")
         for name in positives:
             if getattr(self, name) < 1:
                 raise KvstackError(f"{name} must be positive, got {getattr(self, name)}")
         if (self.long_prefill_tokens or 0) < 0:
-            raise KvstackError(f"long_prefill_tokens must not be negative, got "
-                               f"{self.long_prefill_tokens}")
+            raise KvstackError(
+                f"long_prefill_tokens must not be negative, got {self.long_prefill_tokens}"
+            )
 
     @property
     def resolved_dtype(self) -> str:

@@ -4,6 +4,7 @@
 and the results (sampled tokens, text, stops) are folded back. Services call it
 from a worker thread so their event loops stay free.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -18,8 +19,8 @@ from shared.engine.config import EngineConfig
 from shared.engine.isolation import LayerHook, execute_isolated
 from shared.engine.mock_runner import mock_runner
 from shared.engine.output import ENGINE_ERROR, REQUEST_ERROR, Completion, RequestOutput
-from shared.engine.sampler import (SAMPLING_FAILED, TokenLogprob, sampling_failure,
-                                   seeded_generator)
+from shared.engine.runner import ModelRunner, SeqChunk
+from shared.engine.sampler import SAMPLING_FAILED, TokenLogprob, sampling_failure, seeded_generator
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from shared.engine.sequence import Sequence
@@ -34,12 +35,12 @@ from shared.model.kernels import cpu_ops
 from shared.model.loader import load_model, weight_files
 from shared.model.registry import resolve_model
 from shared.model.tokenizer import Tokenizer, has_tokenizer
-from shared.engine.runner import ModelRunner, SeqChunk
 
 
 @dataclass
 class _Extras:
     """Per-request state beside the Sequence: text and stops."""
+
     detokenizer: IncrementalDetokenizer | None
     stops: StopStringMatcher
 
@@ -49,22 +50,30 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.model_dir = resolve_model(config.model)   # the mock engine uses its tokenizer
-        self.tokenizer = (Tokenizer.from_dir(self.model_dir) if has_tokenizer(self.model_dir)
-                          else None)
+        self.model_dir = resolve_model(config.model)  # the mock engine uses its tokenizer
+        self.tokenizer = (
+            Tokenizer.from_dir(self.model_dir) if has_tokenizer(self.model_dir) else None
+        )
         if config.mock is None:
             self.runner, self.model_config, num_blocks = self._torch_runner(config)
             self.namespace = kv_namespace(self.model_dir, config.resolved_dtype)
         else:
             special = self.tokenizer.all_special_ids if self.tokenizer is not None else ()
             self.runner, self.model_config, num_blocks = mock_runner(
-                config, ModelConfig.from_dir(self.model_dir), special)
+                config, ModelConfig.from_dir(self.model_dir), special
+            )
             self.namespace = config.mock.namespace
         mc = self.model_config
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
-        self.scheduler = Scheduler(SchedulerConfig(
-            config.max_num_batched_tokens, config.max_num_seqs, config.enable_chunked_prefill,
-            config.long_prefill_tokens), self.kv)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                config.max_num_batched_tokens,
+                config.max_num_seqs,
+                config.enable_chunked_prefill,
+                config.long_prefill_tokens,
+            ),
+            self.kv,
+        )
         limit = config.max_model_len or mc.max_position_embeddings
         self.max_model_len = min(limit, mc.max_position_embeddings, num_blocks * config.block_size)
         self.eos_token_ids = set(mc.eos_token_ids)
@@ -72,7 +81,7 @@ class LLMEngine:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self._extras: dict[str, _Extras] = {}
         self._hold_kv: set[str] = set()
-        self._held: dict[str, Sequence] = {}    # finished, blocks kept until `release`
+        self._held: dict[str, Sequence] = {}  # finished, blocks kept until `release`
         self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
         self._ids = itertools.count()
 
@@ -81,20 +90,40 @@ class LLMEngine:
             cpu_ops()  # build (once per machine) before serving, not in a first request
         model = load_model(self.model_dir, config.torch_dtype, config.device)
         mc = model.config
-        num_blocks = config.num_blocks or max(1, config.kv_cache_bytes // KVStorage.bytes_per_block(
-            mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype))
-        storage = KVStorage(mc.num_layers, num_blocks if config.local_kv else 0,
-                            config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype,
-                            config.device)
-        return ModelRunner(model, storage, TorchPagedAttention(storage, mc.head_dim)), mc, num_blocks
+        num_blocks = config.num_blocks or max(
+            1,
+            config.kv_cache_bytes
+            // KVStorage.bytes_per_block(
+                mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype
+            ),
+        )
+        storage = KVStorage(
+            mc.num_layers,
+            num_blocks if config.local_kv else 0,
+            config.block_size,
+            mc.num_kv_heads,
+            mc.head_dim,
+            config.torch_dtype,
+            config.device,
+        )
+        return (
+            ModelRunner(model, storage, TorchPagedAttention(storage, mc.head_dim)),
+            mc,
+            num_blocks,
+        )
 
     @property
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
 
-    def add_request(self, request_id: str, prompt_token_ids: Seq[int],
-                    params: SamplingParams, hold_kv: bool = False,
-                    external_tokens: int = 0) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        hold_kv: bool = False,
+        external_tokens: int = 0,
+    ) -> None:
         """Queue a request. With hold_kv its blocks outlive it until `release` (KV to send).
 
         `external_tokens`: the prompt's first tokens whose KV is (or is being) placed in the
@@ -103,8 +132,7 @@ class LLMEngine:
         self.validate_prompt(prompt_token_ids)
         if request_id in self._extras:
             raise InvalidRequest(f"request id {request_id!r} is already running")
-        seq = Sequence(request_id, prompt_token_ids, params, self.config.block_size,
-                       self.namespace)
+        seq = Sequence(request_id, prompt_token_ids, params, self.config.block_size, self.namespace)
         seq.num_external_tokens = min(external_tokens, seq.num_tokens - 1)
         self._extras[request_id] = self._make_extras(seq)
         if hold_kv:
@@ -124,15 +152,16 @@ class LLMEngine:
         self.kv.allocate_slots(request_id, num_tokens)
         return self.kv.block_ids(request_id)
 
-    def reserve_prefix(self, request_id: str, block_hashes: Seq[int],
-                       num_blocks: int) -> tuple[int, list[int]] | None:
+    def reserve_prefix(
+        self, request_id: str, block_hashes: Seq[int], num_blocks: int
+    ) -> tuple[int, list[int]] | None:
         """Blocks for a prompt's first `num_blocks` blocks: the ones the local prefix cache
         holds (a hit), then new ones to fill from elsewhere. Returns (number of local
         blocks, ids of the new blocks), or None when the pool is short."""
         cached = self.kv.match_prefix(list(block_hashes), num_blocks)
         if not self.kv.allocate_slots(request_id, num_blocks * self.config.block_size, cached):
             return None
-        return len(cached), self.kv.block_ids(request_id)[len(cached):]
+        return len(cached), self.kv.block_ids(request_id)[len(cached) :]
 
     def invalidate(self, request_id: str, reason: str) -> None:
         """Its KV cannot be trusted (a load failed mid-step): the step ends it with an
@@ -142,12 +171,17 @@ class LLMEngine:
         if seq is not None:
             seq.invalidate(reason, ENGINE_ERROR)
 
-    def install(self, request_id: str, prompt_token_ids: Seq[int], first_token: int,
-                params: SamplingParams, num_cached_tokens: int = 0,
-                hold_kv: bool = False) -> None:
+    def install(
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        first_token: int,
+        params: SamplingParams,
+        num_cached_tokens: int = 0,
+        hold_kv: bool = False,
+    ) -> None:
         """Adopt a reserved request whose prompt KV has arrived, and decode it from here."""
-        seq = Sequence(request_id, prompt_token_ids, params, self.config.block_size,
-                       self.namespace)
+        seq = Sequence(request_id, prompt_token_ids, params, self.config.block_size, self.namespace)
         seq.num_computed_tokens = seq.num_prompt_tokens
         seq.num_cached_tokens = num_cached_tokens
         seq.append(first_token)
@@ -182,7 +216,9 @@ class LLMEngine:
         self.scheduler.preempt_all()
         for request_id in [*self._held, *self.kv.block_tables]:
             self.release(request_id)
-        self.kv = KVCacheManager(num_blocks, self.config.block_size, self.config.enable_prefix_cache)
+        self.kv = KVCacheManager(
+            num_blocks, self.config.block_size, self.config.enable_prefix_cache
+        )
         self.scheduler.kv = self.kv
 
     def fail_all(self, message: str) -> list[RequestOutput]:
@@ -208,7 +244,8 @@ class LLMEngine:
         if len(prompt_token_ids) >= self.max_model_len:
             raise InvalidRequest(
                 f"the prompt has {len(prompt_token_ids)} tokens; the context limit is "
-                f"{self.max_model_len} (prompt plus at least one generated token)")
+                f"{self.max_model_len} (prompt plus at least one generated token)"
+            )
 
     def abort(self, request_id: str) -> bool:
         seq = self.scheduler.find(request_id)
@@ -219,8 +256,9 @@ class LLMEngine:
         self._extras.pop(request_id, None)
         return True
 
-    def step(self, layer_hook: LayerHook | None = None,
-             layer_gate: LayerHook | None = None) -> list[RequestOutput]:
+    def step(
+        self, layer_hook: LayerHook | None = None, layer_gate: LayerHook | None = None
+    ) -> list[RequestOutput]:
         """One forward pass. `layer_hook(layer, chunks)` runs as each layer's KV is written;
         `layer_gate(layer, chunks)` before each layer computes (wait for loaded KV there).
 
@@ -233,16 +271,22 @@ class LLMEngine:
         logits = execute_isolated(self.runner, chunks, layer_hook, layer_gate)
         for s, row in zip(out.scheduled, logits):
             if isinstance(row, Exception):
-                s.seq.invalidate(f"engine step failed for this request: {type(row).__name__}: "
-                                 f"{row}", REQUEST_ERROR)
+                s.seq.invalidate(
+                    f"engine step failed for this request: {type(row).__name__}: {row}",
+                    REQUEST_ERROR,
+                )
         failed = [s.seq for s in out.scheduled if s.seq.invalid_reason]
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
             if not s.seq.invalid_reason:
-                self.kv.name_full_blocks(s.seq.request_id, s.seq.block_hashes,
-                                         s.seq.num_computed_tokens)
-        ready = [(s.seq, row) for s, row in zip(out.scheduled, logits)
-                 if not s.seq.invalid_reason and row.shape[0]]
+                self.kv.name_full_blocks(
+                    s.seq.request_id, s.seq.block_hashes, s.seq.num_computed_tokens
+                )
+        ready = [
+            (s.seq, row)
+            for s, row in zip(out.scheduled, logits)
+            if not s.seq.invalid_reason and row.shape[0]
+        ]
         failures = [self._fail(seq, seq.invalid_reason, seq.error_kind) for seq in failed]
         return [*failures, *(self._sample(ready) if ready else [])]
 
@@ -268,17 +312,26 @@ class LLMEngine:
     def _chunk(self, s: ScheduledSeq) -> SeqChunk:
         seq, start = s.seq, s.seq.num_computed_tokens
         end = start + s.num_new_tokens
-        return SeqChunk(seq.request_id, seq.token_ids[start:end], start,
-                        self.kv.block_ids(seq.request_id), int(end == seq.num_tokens))
+        return SeqChunk(
+            seq.request_id,
+            seq.token_ids[start:end],
+            start,
+            self.kv.block_ids(seq.request_id),
+            int(end == seq.num_tokens),
+        )
 
     def _sample(self, ready: list[tuple[Sequence, torch.Tensor]]) -> list[RequestOutput]:
         rows = torch.cat([row for _, row in ready])
         seqs = [seq for seq, _ in ready]
-        token_ids, token_logprobs = self.runner.sample(rows, [s.params for s in seqs],
-                                                       [self._generator_for(s) for s in seqs])
-        return [self._fail(seq, sampling_failure(seq.params), REQUEST_ERROR)
-                if t == SAMPLING_FAILED else self._append(seq, t, lp)
-                for seq, t, lp in zip(seqs, token_ids, token_logprobs)]
+        token_ids, token_logprobs = self.runner.sample(
+            rows, [s.params for s in seqs], [self._generator_for(s) for s in seqs]
+        )
+        return [
+            self._fail(seq, sampling_failure(seq.params), REQUEST_ERROR)
+            if t == SAMPLING_FAILED
+            else self._append(seq, t, lp)
+            for seq, t, lp in zip(seqs, token_ids, token_logprobs)
+        ]
 
     def _generator_for(self, seq: Sequence) -> torch.Generator | None:
         """A seeded request's randomness depends on the token's position alone (so a
@@ -307,23 +360,39 @@ class LLMEngine:
             del self._extras[seq.request_id]
         return self._output(seq, (token_id,), text, None if logprob is None else (logprob,))
 
-    def _output(self, seq: Sequence, token_ids: tuple[int, ...], text: str,
-                logprobs: tuple[TokenLogprob, ...] | None) -> RequestOutput:
+    def _output(
+        self,
+        seq: Sequence,
+        token_ids: tuple[int, ...],
+        text: str,
+        logprobs: tuple[TokenLogprob, ...] | None,
+    ) -> RequestOutput:
         return RequestOutput(
-            seq.request_id, token_ids, text, logprobs, seq.is_finished, seq.finish_reason,
-            seq.stop_reason, seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_output_tokens,
-            seq.error_kind)
+            seq.request_id,
+            token_ids,
+            text,
+            logprobs,
+            seq.is_finished,
+            seq.finish_reason,
+            seq.stop_reason,
+            seq.num_prompt_tokens,
+            seq.num_cached_tokens,
+            seq.num_output_tokens,
+            seq.error_kind,
+        )
 
     def stop_reason(self, params: SamplingParams, token_id: int) -> tuple[str, int] | None:
         """("stop", token) when `token_id` ends a request with these params (not length)."""
         if token_id in params.stop_token_ids or (
-                not params.ignore_eos and token_id in self.eos_token_ids):
+            not params.ignore_eos and token_id in self.eos_token_ids
+        ):
             return "stop", token_id
         return None
 
     def _length_stop(self, seq: Sequence) -> tuple[str] | None:
-        full = (seq.num_output_tokens >= seq.params.max_tokens
-                or seq.num_tokens >= self.max_model_len)
+        full = (
+            seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
+        )
         return ("length",) if full else None
 
     def _make_extras(self, seq: Sequence) -> _Extras:
@@ -331,7 +400,8 @@ class LLMEngine:
         detokenizer = None
         if self.tokenizer is not None and self.config.detokenize:
             detokenizer = IncrementalDetokenizer(
-                self.tokenizer, seq.token_ids, params.skip_special_tokens)
+                self.tokenizer, seq.token_ids, params.skip_special_tokens
+            )
         return _Extras(detokenizer, StopStringMatcher(params.stop))
 
 

@@ -5,6 +5,7 @@ are idempotent and nothing has advanced yet, so re-running is safe. A chunk that
 alone is that request's fault; the rest go on with their logits. Only when every chunk
 fails alone is the engine itself broken.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,12 @@ Runner = ModelRunner | MockRunner
 PEER_ERRORS = (ConnectionError, TimeoutError)
 
 
-def execute_isolated(runner: Runner, chunks: list[SeqChunk], layer_hook: LayerHook | None,
-                     layer_gate: LayerHook | None) -> list[torch.Tensor | Exception]:
+def execute_isolated(
+    runner: Runner,
+    chunks: list[SeqChunk],
+    layer_hook: LayerHook | None,
+    layer_gate: LayerHook | None,
+) -> list[torch.Tensor | Exception]:
     """Logits [num_logits, vocab] per chunk, in order, or the exception of a chunk that
     failed alone. Raises the step's exception when it is not a request's to take: one
     chunk, a peer failure, or every chunk failing alone."""
@@ -44,8 +49,9 @@ def execute_isolated(runner: Runner, chunks: list[SeqChunk], layer_hook: LayerHo
         return results
 
 
-def _execute_alone(runner: Runner, chunk: SeqChunk, layer_hook: LayerHook | None,
-                   layer_gate: LayerHook | None) -> torch.Tensor | Exception:
+def _execute_alone(
+    runner: Runner, chunk: SeqChunk, layer_hook: LayerHook | None, layer_gate: LayerHook | None
+) -> torch.Tensor | Exception:
     try:
         return _execute(runner, [chunk], layer_hook, layer_gate)[0]
     except PEER_ERRORS:
@@ -55,7 +61,11 @@ def _execute_alone(runner: Runner, chunk: SeqChunk, layer_hook: LayerHook | None
         return e
 
 
-def _execute(runner: Runner, chunks: list[SeqChunk], layer_hook: LayerHook | None,
-             layer_gate: LayerHook | None) -> list[torch.Tensor]:
+def _execute(
+    runner: Runner,
+    chunks: list[SeqChunk],
+    layer_hook: LayerHook | None,
+    layer_gate: LayerHook | None,
+) -> list[torch.Tensor]:
     bind = lambda hook: None if hook is None else (lambda layer: hook(layer, chunks))
     return runner.execute(chunks, on_layer_done=bind(layer_hook), before_layer=bind(layer_gate))

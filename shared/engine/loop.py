@@ -8,6 +8,7 @@ A step that raises ends every request on the engine (a failure of one request al
 only that one, inside `LLMEngine.step`). After BROKEN_AFTER such steps in a row the loop
 is `broken`, and `on_broken` tells the service, which should stop taking work.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,13 +24,17 @@ from shared.engine.output import RequestOutput
 
 log = logging.getLogger("kvstack.engine")
 
-BROKEN_AFTER = 3   # engine-wide step failures in a row
+BROKEN_AFTER = 3  # engine-wide step failures in a row
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop,
-                 on_outputs: Callable[[list[RequestOutput]], None],
-                 step: Callable[[LLMEngine], list[RequestOutput]] | None = None) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        loop: asyncio.AbstractEventLoop,
+        on_outputs: Callable[[list[RequestOutput]], None],
+        step: Callable[[LLMEngine], list[RequestOutput]] | None = None,
+    ) -> None:
         self.engine = engine
         self.loop = loop
         self.on_outputs = on_outputs
@@ -40,9 +45,9 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
         self.num_steps = 0
         self.step_seconds = 0.0
-        self.mean_step_seconds = 0.0    # moving average: the TBT this worker gives now
-        self.on_step: Callable[[float], None] | None = None   # e.g. a histogram's observe
-        self.num_failed_steps = 0       # engine-wide step failures since the last good step
+        self.mean_step_seconds = 0.0  # moving average: the TBT this worker gives now
+        self.on_step: Callable[[float], None] | None = None  # e.g. a histogram's observe
+        self.num_failed_steps = 0  # engine-wide step failures since the last good step
         # Called on the event loop, once each time the loop becomes broken, with the reason.
         self.on_broken: Callable[[str], None] | None = None
 

@@ -3,6 +3,7 @@
 Built from the step's chunks alone (no model, no tokens), so an attention worker that
 holds a shard of the KV builds the same metadata from the chunk layout it is sent.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from shared.model.attention import AttentionMetadata, PrefillSpan, causal_mask
 
 class ChunkLayout(Protocol):
     """What metadata needs of a chunk: its KV position and block table."""
+
     start_pos: int
     block_ids: Sequence[int]
 
@@ -25,8 +27,9 @@ class ChunkLayout(Protocol):
     def context_len(self) -> int: ...
 
 
-def attention_metadata(chunks: Sequence[ChunkLayout], block_size: int,
-                       device: torch.device | str) -> tuple[torch.Tensor, AttentionMetadata]:
+def attention_metadata(
+    chunks: Sequence[ChunkLayout], block_size: int, device: torch.device | str
+) -> tuple[torch.Tensor, AttentionMetadata]:
     """Positions [T] and metadata of chunks laid out in order; decode chunks must come first."""
     positions, slots = [], []
     for chunk in chunks:
@@ -52,13 +55,15 @@ def _add_decode(meta: AttentionMetadata, decodes: list[ChunkLayout], device) -> 
     meta.num_decode_tokens = len(decodes)
     meta.decode_block_table = torch.tensor(table, dtype=torch.long, device=device)
     meta.decode_context_lens = torch.tensor(
-        [c.context_len for c in decodes], dtype=torch.long, device=device)
+        [c.context_len for c in decodes], dtype=torch.long, device=device
+    )
 
 
-def _add_prefills(meta: AttentionMetadata, chunks: Sequence[ChunkLayout], block_size: int,
-                  device) -> None:
+def _add_prefills(
+    meta: AttentionMetadata, chunks: Sequence[ChunkLayout], block_size: int, device
+) -> None:
     row = meta.num_decode_tokens
-    for chunk in chunks[meta.num_decode_tokens:]:
+    for chunk in chunks[meta.num_decode_tokens :]:
         span = PrefillSpan(row, chunk.num_tokens, chunk.context_len)
         if chunk.start_pos:
             _add_context(span, chunk, block_size, device)
@@ -67,7 +72,7 @@ def _add_prefills(meta: AttentionMetadata, chunks: Sequence[ChunkLayout], block_
 
 
 def _add_context(span: PrefillSpan, chunk: ChunkLayout, block_size: int, device) -> None:
-    blocks = list(chunk.block_ids[:-(-chunk.context_len // block_size)])
+    blocks = list(chunk.block_ids[: -(-chunk.context_len // block_size)])
     span.context_blocks = torch.tensor(blocks, dtype=torch.long, device=device)
     if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
         span.first_block = blocks[0]

@@ -7,6 +7,7 @@ cache, data plane and kvstore run at cluster scale on one machine. The pool hold
 blocks as the real hardware would (its HBM minus the weights), unless the worker's KV
 cache size in scaled bytes bounds it first.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,16 +28,17 @@ MOCK_MAX_MODEL_LEN = 131072
 
 @dataclass(frozen=True)
 class MockSpec:
-    model: str = "llama3-70b"        # a cost model shape (shared/costmodel/shapes.py)
-    hardware: str = "a800"           # a cost model hardware profile (an 8-GPU node)
-    kv_scale: float = DEFAULT_KV_SCALE   # KV bytes moved and stored, relative to the real
+    model: str = "llama3-70b"  # a cost model shape (shared/costmodel/shapes.py)
+    hardware: str = "a800"  # a cost model hardware profile (an 8-GPU node)
+    kv_scale: float = DEFAULT_KV_SCALE  # KV bytes moved and stored, relative to the real
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise KvstackError(f"unknown mock model {self.model!r}; known: {', '.join(MODELS)}")
         if self.hardware not in HARDWARE:
-            raise KvstackError(f"unknown mock hardware {self.hardware!r}; known: "
-                               f"{', '.join(HARDWARE)}")
+            raise KvstackError(
+                f"unknown mock hardware {self.hardware!r}; known: {', '.join(HARDWARE)}"
+            )
         if not 0 < self.kv_scale <= 1:
             raise KvstackError(f"the mock KV scale must be in (0, 1], got {self.kv_scale}")
 
@@ -78,8 +80,10 @@ class MockSpec:
         usable = Pool(self.hardware, GPUS_PER_NODE).usable_bytes(Assumptions())
         free = usable - self.shape.weight_bytes
         if free < self.shape.kv_bytes_per_token * block_size:
-            raise KvstackError(f"{self.model} on {self.hardware}: the weights leave no room "
-                               f"for one KV block of {block_size} tokens")
+            raise KvstackError(
+                f"{self.model} on {self.hardware}: the weights leave no room "
+                f"for one KV block of {block_size} tokens"
+            )
         return int(free // (self.shape.kv_bytes_per_token * block_size))
 
     def num_blocks(self, block_size: int, kv_cache_bytes: int) -> int:
@@ -94,7 +98,12 @@ class MockSpec:
         model's, so the gateway's tokenizer reads every token."""
         shape = self.shape
         return dataclasses.replace(
-            tokenizer_model, hidden_size=shape.hidden_size,
-            intermediate_size=shape.intermediate_size, num_layers=shape.num_layers,
-            num_heads=1, num_kv_heads=1, head_dim=self.token_half_bytes,
-            max_position_embeddings=max_model_len or MOCK_MAX_MODEL_LEN)
+            tokenizer_model,
+            hidden_size=shape.hidden_size,
+            intermediate_size=shape.intermediate_size,
+            num_layers=shape.num_layers,
+            num_heads=1,
+            num_kv_heads=1,
+            head_dim=self.token_half_bytes,
+            max_position_embeddings=max_model_len or MOCK_MAX_MODEL_LEN,
+        )

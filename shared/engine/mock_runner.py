@@ -4,6 +4,7 @@ from a hash, over a real (scaled-down) KV storage that the data plane reads and 
 It stands where `ModelRunner` does, with the same `execute` and `sample`, so the engine's
 scheduler, block pool and prefix cache, and the services' layer hooks, run unchanged.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,19 +47,24 @@ def step_seconds(cost: CostModel, chunks: Sequence[SeqChunk]) -> float:
 class MockRunner:
     """Owns the KV storage; knows nothing of requests or scheduling (as ModelRunner)."""
 
-    def __init__(self, storage: KVStorage, cost: CostModel, vocab_size: int,
-                 avoid: Iterable[int] = ()) -> None:
+    def __init__(
+        self, storage: KVStorage, cost: CostModel, vocab_size: int, avoid: Iterable[int] = ()
+    ) -> None:
         self.storage = storage
         self.cost = cost
         self.block_size = storage.block_size
         self.num_layers = storage.kv.shape[0]
         self.vocab_size = vocab_size
-        self.avoid = frozenset(avoid)     # never answered: stop and special tokens
+        self.avoid = frozenset(avoid)  # never answered: stop and special tokens
         self.device = storage.kv.device
 
-    def execute(self, chunks: Sequence[SeqChunk], backend: object = None,
-                on_layer_done: Callable[[int], None] | None = None,
-                before_layer: Callable[[int], None] | None = None) -> list[torch.Tensor]:
+    def execute(
+        self,
+        chunks: Sequence[SeqChunk],
+        backend: object = None,
+        on_layer_done: Callable[[int], None] | None = None,
+        before_layer: Callable[[int], None] | None = None,
+    ) -> list[torch.Tensor]:
         """Take the step's modelled time, calling the layer hooks as a model would; return
         the chosen token ids [num_logits] per chunk, in order. Time the hooks take (KV
         streaming out, waits for loaded KV) is part of that time, not added to it."""
@@ -69,9 +75,13 @@ class MockRunner:
         _sleep_until(started + duration)
         return [self._tokens(chunk) for chunk in chunks]
 
-    def _pace_layers(self, started: float, duration: float,
-                     on_layer_done: Callable[[int], None] | None,
-                     before_layer: Callable[[int], None] | None) -> None:
+    def _pace_layers(
+        self,
+        started: float,
+        duration: float,
+        on_layer_done: Callable[[int], None] | None,
+        before_layer: Callable[[int], None] | None,
+    ) -> None:
         for layer in range(self.num_layers):
             if before_layer is not None:
                 before_layer(layer)
@@ -79,14 +89,18 @@ class MockRunner:
             if on_layer_done is not None:
                 on_layer_done(layer)
 
-    def sample(self, rows: torch.Tensor, params: Sequence[SamplingParams],
-               generators: Sequence[torch.Generator | None]
-               ) -> tuple[list[int], list[TokenLogprob | None]]:
+    def sample(
+        self,
+        rows: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> tuple[list[int], list[TokenLogprob | None]]:
         """The rows are the tokens already chosen; the mock model is sure of each one."""
         token_ids = rows.tolist()
-        return token_ids, [None if p.logprobs is None else
-                           TokenLogprob(t, 0.0, ((t, 0.0),) if p.logprobs else ())
-                           for t, p in zip(token_ids, params)]
+        return token_ids, [
+            None if p.logprobs is None else TokenLogprob(t, 0.0, ((t, 0.0),) if p.logprobs else ())
+            for t, p in zip(token_ids, params)
+        ]
 
     def next_token(self, token_id: int, position: int) -> int:
         """The token after `token_id` when `position` tokens precede the new one: a hash of
@@ -98,13 +112,16 @@ class MockRunner:
 
     def _tokens(self, chunk: SeqChunk) -> torch.Tensor:
         first = chunk.num_tokens - chunk.num_logits
-        ids = [self.next_token(chunk.token_ids[i], chunk.start_pos + i + 1)
-               for i in range(first, chunk.num_tokens)]
+        ids = [
+            self.next_token(chunk.token_ids[i], chunk.start_pos + i + 1)
+            for i in range(first, chunk.num_tokens)
+        ]
         return torch.tensor(ids, dtype=torch.long)
 
 
-def mock_runner(config: EngineConfig, tokenizer_model: ModelConfig,
-                special_ids: Iterable[int] = ()) -> tuple[MockRunner, ModelConfig, int]:
+def mock_runner(
+    config: EngineConfig, tokenizer_model: ModelConfig, special_ids: Iterable[int] = ()
+) -> tuple[MockRunner, ModelConfig, int]:
     """The runner of `config.mock`, the model config workers see, and the pool's blocks.
 
     KV is one-byte elements (`token_half_bytes` of them per token, layer, K or V); the
@@ -113,14 +130,31 @@ def mock_runner(config: EngineConfig, tokenizer_model: ModelConfig,
     spec = config.mock
     model_config = spec.model_config(tokenizer_model, config.max_model_len)
     num_blocks = config.num_blocks or spec.num_blocks(config.block_size, config.kv_cache_bytes)
-    storage = KVStorage(model_config.num_layers, num_blocks if config.local_kv else 0,
-                        config.block_size, 1, spec.token_half_bytes, torch.uint8)
+    storage = KVStorage(
+        model_config.num_layers,
+        num_blocks if config.local_kv else 0,
+        config.block_size,
+        1,
+        spec.token_half_bytes,
+        torch.uint8,
+    )
     avoid = {*model_config.eos_token_ids, *special_ids}
-    log.info("mock engine: %s on %s; KV %d B per token (%d real), %d blocks of %d tokens "
-             "(the hardware holds %s)", spec.model, spec.hardware, spec.kv_bytes_per_token,
-             spec.shape.kv_bytes_per_token, num_blocks, config.block_size,
-             spec.real_capacity_blocks(config.block_size) or "an unknown number")
-    return MockRunner(storage, spec.cost(), model_config.vocab_size, avoid), model_config, num_blocks
+    log.info(
+        "mock engine: %s on %s; KV %d B per token (%d real), %d blocks of %d tokens "
+        "(the hardware holds %s)",
+        spec.model,
+        spec.hardware,
+        spec.kv_bytes_per_token,
+        spec.shape.kv_bytes_per_token,
+        num_blocks,
+        config.block_size,
+        spec.real_capacity_blocks(config.block_size) or "an unknown number",
+    )
+    return (
+        MockRunner(storage, spec.cost(), model_config.vocab_size, avoid),
+        model_config,
+        num_blocks,
+    )
 
 
 def _sleep_until(deadline: float, min_sleep: float = 0.0) -> None:

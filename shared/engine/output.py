@@ -1,4 +1,5 @@
 """What the engine reports about a request after each step."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,29 +7,31 @@ from dataclasses import dataclass
 from shared.engine.sampler import TokenLogprob
 
 # Why a request ended with finish_reason "error" (RequestOutput.error_kind):
-REQUEST_ERROR = "request"   # its own fault (its sampling, its chunk): a retry fails again
-ENGINE_ERROR = "engine"     # the engine or a transfer failed: retry it elsewhere
+REQUEST_ERROR = "request"  # its own fault (its sampling, its chunk): a retry fails again
+ENGINE_ERROR = "engine"  # the engine or a transfer failed: retry it elsewhere
 
 
 @dataclass(frozen=True, slots=True)
 class RequestOutput:
     """The tokens (and text) a request gained in one step, and whether it is done."""
+
     request_id: str
     new_token_ids: tuple[int, ...]
     new_text: str
     new_logprobs: tuple[TokenLogprob, ...] | None
     finished: bool
-    finish_reason: str | None        # "stop", "length", "abort" or "error"
-    stop_reason: str | int | None    # the stop string or token id that ended it; the error
+    finish_reason: str | None  # "stop", "length", "abort" or "error"
+    stop_reason: str | int | None  # the stop string or token id that ended it; the error
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
-    error_kind: str = ""             # with "error": REQUEST_ERROR or ENGINE_ERROR
+    error_kind: str = ""  # with "error": REQUEST_ERROR or ENGINE_ERROR
 
 
 @dataclass
 class Completion:
     """A whole request's result, gathered from its step outputs."""
+
     request_id: str
     prompt_token_ids: list[int]
     token_ids: list[int]

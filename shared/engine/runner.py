@@ -1,4 +1,5 @@
 """Turns a step's sequence chunks into one forward pass over the paged cache."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -6,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.kvcache.storage import KVStorage
 from shared.engine.metadata import attention_metadata
 from shared.engine.sampler import TokenLogprob, logprobs, sample
 from shared.engine.sampling_params import SamplingParams
+from shared.kvcache.storage import KVStorage
 from shared.model.attention import AttentionBackend
 from shared.model.llama import ForwardBatch, LlamaModel
 
@@ -17,11 +18,12 @@ from shared.model.llama import ForwardBatch, LlamaModel
 @dataclass(frozen=True, slots=True)
 class SeqChunk:
     """One sequence's share of a step: tokens to compute and where their KV lives."""
+
     request_id: str
-    token_ids: Sequence[int]    # the tokens computed in this step
-    start_pos: int              # tokens of the sequence already in the KV cache
-    block_ids: Sequence[int]    # block table covering start_pos + len(token_ids)
-    num_logits: int = 1         # logits wanted for this many trailing tokens
+    token_ids: Sequence[int]  # the tokens computed in this step
+    start_pos: int  # tokens of the sequence already in the KV cache
+    block_ids: Sequence[int]  # block table covering start_pos + len(token_ids)
+    num_logits: int = 1  # logits wanted for this many trailing tokens
 
     @property
     def num_tokens(self) -> int:
@@ -43,22 +45,32 @@ class ModelRunner:
         self.device = storage.kv.device
 
     @torch.inference_mode()
-    def execute(self, chunks: Sequence[SeqChunk], backend: AttentionBackend | None = None,
-                on_layer_done: Callable[[int], None] | None = None,
-                before_layer: Callable[[int], None] | None = None) -> list[torch.Tensor]:
+    def execute(
+        self,
+        chunks: Sequence[SeqChunk],
+        backend: AttentionBackend | None = None,
+        on_layer_done: Callable[[int], None] | None = None,
+        before_layer: Callable[[int], None] | None = None,
+    ) -> list[torch.Tensor]:
         """Run the chunks; return float32 logits [num_logits, vocab] per chunk, in order."""
         order, ordered = decode_first(chunks)
         input_ids, positions, meta = self.prepare(ordered)
         backend = backend or self.backend
         batch = ForwardBatch(
-            positions=positions, on_layer_done=on_layer_done, before_layer=before_layer,
-            attention=lambda layer, q, k, v: backend.forward(layer, q, k, v, meta))
+            positions=positions,
+            on_layer_done=on_layer_done,
+            before_layer=before_layer,
+            attention=lambda layer, q, k, v: backend.forward(layer, q, k, v, meta),
+        )
         hidden = self.model(input_ids, batch)
         return in_order(order, self._logits(hidden, ordered))
 
-    def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams],
-               generators: Sequence[torch.Generator | None]
-               ) -> tuple[list[int], list[TokenLogprob | None]]:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> tuple[list[int], list[TokenLogprob | None]]:
         """logits [B, vocab] -> a token id per row, and its logprob where one is asked for."""
         token_ids = sample(logits, params, generators)
         return token_ids, logprobs(logits, token_ids, [p.logprobs for p in params])

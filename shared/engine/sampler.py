@@ -4,6 +4,7 @@ A row that cannot be sampled (its logits or probabilities are not finite, or no 
 left with any probability) gets SAMPLING_FAILED instead of a token: the engine ends that
 request alone, and every other row of the batch is sampled as usual.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -14,7 +15,7 @@ import xxhash
 
 from shared.engine.sampling_params import SamplingParams
 
-SAMPLING_FAILED = -1   # in place of a token id: this row's distribution is unusable
+SAMPLING_FAILED = -1  # in place of a token id: this row's distribution is unusable
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,26 +24,37 @@ class TokenLogprob:
 
     Taken from the model's own distribution (before temperature, top-k and top-p).
     """
+
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
 
 
-def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
-           generators: Sequence[torch.Generator | None]) -> list[int]:
+def sample(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> list[int]:
     """logits [B, vocab] float32 -> one token id per row, or SAMPLING_FAILED."""
     finite = torch.isfinite(logits).all(dim=-1).tolist()
     greedy = logits.argmax(dim=-1).tolist()
-    return [SAMPLING_FAILED if not finite[i] else
-            greedy[i] if p.greedy else _sample_row(logits[i], p, generators[i])
-            for i, p in enumerate(params)]
+    return [
+        SAMPLING_FAILED
+        if not finite[i]
+        else greedy[i]
+        if p.greedy
+        else _sample_row(logits[i], p, generators[i])
+        for i, p in enumerate(params)
+    ]
 
 
 def sampling_failure(params: SamplingParams) -> str:
     """Why a request got SAMPLING_FAILED: what its client sees."""
-    return (f"sampling failed: the next-token distribution is not finite or empty "
-            f"(temperature={params.temperature}, top_p={params.top_p}, top_k={params.top_k}, "
-            f"min_p={params.min_p})")
+    return (
+        f"sampling failed: the next-token distribution is not finite or empty "
+        f"(temperature={params.temperature}, top_p={params.top_p}, top_k={params.top_k}, "
+        f"min_p={params.min_p})"
+    )
 
 
 def seeded_generator(seed: int, position: int, device: str = "cpu") -> torch.Generator:
@@ -55,8 +67,9 @@ def seeded_generator(seed: int, position: int, device: str = "cpu") -> torch.Gen
     return torch.Generator(device=device).manual_seed(mixed)
 
 
-def _sample_row(logits: torch.Tensor, params: SamplingParams,
-                generator: torch.Generator | None) -> int:
+def _sample_row(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> int:
     probs = _distribution(logits, params)
     if not (torch.isfinite(probs).all() and probs.sum() > 0):
         return SAMPLING_FAILED
@@ -87,15 +100,15 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_probs, order = probs.sort(descending=True)
     # Keep the smallest head whose mass reaches top_p (the first token always stays).
     outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p
-    outside[0] = False   # also when top_p is below float32's range (it reads as 0 there)
+    outside[0] = False  # also when top_p is below float32's range (it reads as 0 there)
     sorted_probs = sorted_probs.masked_fill(outside, 0.0)
     return torch.zeros_like(probs).scatter_(0, order, sorted_probs)
 
 
-def logprobs(logits: torch.Tensor, token_ids: Sequence[int],
-             num_top: Sequence[int | None]) -> list[TokenLogprob | None]:
-    wanted = [i for i, n in enumerate(num_top)
-              if n is not None and token_ids[i] != SAMPLING_FAILED]
+def logprobs(
+    logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int | None]
+) -> list[TokenLogprob | None]:
+    wanted = [i for i, n in enumerate(num_top) if n is not None and token_ids[i] != SAMPLING_FAILED]
     result: list[TokenLogprob | None] = [None] * len(token_ids)
     if not wanted:
         return result

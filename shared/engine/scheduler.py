@@ -1,16 +1,17 @@
 """Continuous batching: which sequences run in the next step, and how many tokens each."""
+
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
 
-from shared.engine.sequence import Sequence, SeqStatus
+from shared.engine.sequence import SeqStatus, Sequence
 from shared.kvcache.manager import KVCacheManager
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_batched_tokens: int = 2048   # token budget of one step (prefill chunks + decodes)
+    max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
     max_num_seqs: int = 64
     enable_chunked_prefill: bool = True
     # The most prompt tokens one request computes in a step while other requests prefill
@@ -65,7 +66,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        if self.prefill_chunk_cap:   # decodes first (stable: each kind keeps its order)
+        if self.prefill_chunk_cap:  # decodes first (stable: each kind keeps its order)
             self.running.sort(key=_is_prefilling)
         limit = self._chunk_limit()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens, limit)
@@ -82,8 +83,9 @@ class Scheduler:
         prefilling = admissible + sum(map(_is_prefilling, self.running))
         return self.prefill_chunk_cap if prefilling > 1 else budget
 
-    def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None,
-               free_kv: bool = True) -> None:
+    def finish(
+        self, seq: Sequence, reason: str, stop_reason: str | int | None = None, free_kv: bool = True
+    ) -> None:
         """End a sequence; with free_kv=False its blocks stay held until `kv.free`."""
         seq.finish(reason, stop_reason)
         if seq in self.running:
@@ -134,7 +136,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq.request_id)
         seq.num_computed_tokens = 0
-        seq.num_external_tokens = 0   # freed with the table; recomputed (or re-hit) later
+        seq.num_external_tokens = 0  # freed with the table; recomputed (or re-hit) later
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
 
@@ -154,7 +156,7 @@ class Scheduler:
 
     def _prefix(self, seq: Sequence) -> tuple[list, int]:
         """Blocks to attach from the prefix cache, and how many tokens need no compute."""
-        if seq.num_external_tokens:   # its table already holds them (see LLMEngine.reserve_prefix)
+        if seq.num_external_tokens:  # its table already holds them (see LLMEngine.reserve_prefix)
             return [], seq.num_external_tokens
         # NOTE: at least one token is always computed, for the logits of the next one.
         max_blocks = (seq.num_tokens - 1) // self.kv.block_size

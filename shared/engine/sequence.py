@@ -1,4 +1,5 @@
 """A request as the engine tracks it: its tokens, progress and KV naming."""
+
 from __future__ import annotations
 
 import enum
@@ -15,17 +16,23 @@ class SeqStatus(enum.Enum):
 
 
 class Sequence:
-    def __init__(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
-                 block_size: int, namespace: str) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        block_size: int,
+        namespace: str,
+    ) -> None:
         self.request_id = request_id
         self.params = params
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
-        self.num_computed_tokens = 0    # tokens whose KV is in the cache
-        self.num_cached_tokens = 0      # prompt tokens served by the prefix cache
-        self.num_external_tokens = 0    # prompt tokens whose KV is placed in its blocks for it
-        self.invalid_reason = ""        # set when its KV cannot be trusted: no token, no reuse
-        self.error_kind = ""            # how it failed, when it did (output.py's kinds)
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache
+        self.num_external_tokens = 0  # prompt tokens whose KV is placed in its blocks for it
+        self.invalid_reason = ""  # set when its KV cannot be trusted: no token, no reuse
+        self.error_kind = ""  # how it failed, when it did (output.py's kinds)
         self.block_size = block_size
         self.root_hash = root_hash(namespace)
         self.block_hashes = block_hashes(self.token_ids, block_size, namespace)
@@ -43,7 +50,7 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def is_finished(self) -> bool:
@@ -53,7 +60,7 @@ class Sequence:
         self.token_ids.append(token_id)
         if self.num_tokens % self.block_size == 0:
             parent = self.block_hashes[-1] if self.block_hashes else self.root_hash
-            self.block_hashes.append(chain_hash(parent, self.token_ids[-self.block_size:]))
+            self.block_hashes.append(chain_hash(parent, self.token_ids[-self.block_size :]))
 
     def invalidate(self, reason: str, error_kind: str) -> None:
         """It ends with an error at the end of this step: no token, none of its KV named."""

@@ -1,4 +1,5 @@
 """Stop strings over streamed text."""
+
 from __future__ import annotations
 
 
@@ -22,7 +23,7 @@ class StopStringMatcher:
         self.text += delta
         hit = self._first_hit(search_from)
         if hit is not None:
-            self.matched, self.text = hit[1], self.text[:hit[0]]
+            self.matched, self.text = hit[1], self.text[: hit[0]]
             return self._emit(len(self.text))
         return self._emit(len(self.text) - self.holdback)
 
@@ -37,6 +38,6 @@ class StopStringMatcher:
     def _emit(self, end: int) -> str:
         if end <= self.num_emitted:
             return ""
-        out = self.text[self.num_emitted:end]
+        out = self.text[self.num_emitted : end]
         self.num_emitted = end
         return out

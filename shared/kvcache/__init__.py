@@ -1,4 +1,5 @@
 """Paged KV cache: fixed-size blocks, per-request block tables and a prefix cache."""
+
 from shared.kvcache.block import FreeBlockQueue, KVBlock
 from shared.kvcache.block_pool import BlockPool, KVEvents
 from shared.kvcache.manager import KVCacheManager

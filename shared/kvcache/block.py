@@ -1,4 +1,5 @@
 """A KV block's bookkeeping and the free queue that doubles as the LRU of cached blocks."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable

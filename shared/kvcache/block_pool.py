@@ -1,4 +1,5 @@
 """The pool of KV blocks of one worker, with its prefix cache."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from shared.kvcache.block import FreeBlockQueue, KVBlock
 @dataclass(slots=True)
 class KVEvents:
     """Block hashes named (stored) and forgotten (removed) since the last drain."""
+
     stored: list[int] = field(default_factory=list)
     removed: list[int] = field(default_factory=list)
 
@@ -60,8 +62,9 @@ class BlockPool:
         """The `num_blocks` least recently used free blocks, ordered by id: a request's
         blocks then tend to be consecutive, and consecutive blocks move as one span."""
         assert num_blocks <= self.num_free_blocks, "allocate without checking num_free_blocks"
-        blocks = sorted((self.free_queue.popleft() for _ in range(num_blocks)),
-                        key=lambda block: block.block_id)
+        blocks = sorted(
+            (self.free_queue.popleft() for _ in range(num_blocks)), key=lambda block: block.block_id
+        )
         for block in blocks:
             self._forget(block)
             block.ref_cnt = 1

@@ -1,4 +1,5 @@
 """Block tables of the requests a worker holds, over one BlockPool."""
+
 from __future__ import annotations
 
 from shared.kvcache.block import KVBlock

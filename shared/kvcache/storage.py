@@ -1,4 +1,5 @@
 """The KV tensors: one pool of blocks per layer, addressed by block id and slot."""
+
 from __future__ import annotations
 
 import torch
@@ -11,8 +12,16 @@ class KVStorage:
     then the same for V), so layer-wise streaming sends it without a copy.
     """
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+    ) -> None:
         self.block_size = block_size
         shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
         self.kv = torch.zeros(shape, dtype=dtype, device=device)
@@ -26,8 +35,9 @@ class KVStorage:
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.kv[layer_idx, 0], self.kv[layer_idx, 1]
 
-    def span_bytes(self, layer: int, block_id: int, offset: int,
-                   num_tokens: int) -> tuple[memoryview, memoryview]:
+    def span_bytes(
+        self, layer: int, block_id: int, offset: int, num_tokens: int
+    ) -> tuple[memoryview, memoryview]:
         """K and V bytes of tokens [offset, offset + num_tokens) of one block of one layer.
 
         Plain arithmetic on one memoryview of the whole tensor: the data plane asks for
@@ -38,7 +48,7 @@ class KVStorage:
         k = ((layer * 2) * self.num_blocks + block_id) * half + offset * self.token_bytes
         v = k + self.num_blocks * half
         n = num_tokens * self.token_bytes
-        return flat[k:k + n], flat[v:v + n]
+        return flat[k : k + n], flat[v : v + n]
 
     def flat_bytes(self) -> memoryview:
         if self._bytes is None:
@@ -46,7 +56,8 @@ class KVStorage:
         return self._bytes
 
     @staticmethod
-    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                        dtype: torch.dtype) -> int:
+    def bytes_per_block(
+        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
         element = torch.empty((), dtype=dtype).element_size()
         return num_layers * 2 * block_size * num_kv_heads * head_dim * element

@@ -5,6 +5,7 @@ batched together), then prefill chunks (each attends over its cached prefix and
 itself, causally). A backend stores the new k, v at `slot_mapping` and computes
 attention for both groups.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,36 +20,42 @@ from shared.model import ops
 
 @dataclass
 class PrefillSpan:
-    token_start: int            # first row of the chunk in the step's flat token batch
-    num_tokens: int             # tokens computed in this chunk
-    context_len: int            # tokens in the KV once the chunk is written
+    token_start: int  # first row of the chunk in the step's flat token batch
+    num_tokens: int  # tokens computed in this chunk
+    context_len: int  # tokens in the KV once the chunk is written
     # With a cached prefix: the blocks holding the whole context, and the causal mask
     # (built once per step, used by every layer). None: no prefix, attend to the chunk.
     context_blocks: torch.Tensor | None = None
-    first_block: int | None = None       # set when context_blocks are consecutive: a view
+    first_block: int | None = None  # set when context_blocks are consecutive: a view
     mask: torch.Tensor | None = None
 
     def context(self, cache: torch.Tensor) -> torch.Tensor:
         """[context_len, H_kv, D] of one layer's K or V cache, copying only if scattered."""
         if self.first_block is not None:
-            blocks = cache[self.first_block:self.first_block + len(self.context_blocks)]
+            blocks = cache[self.first_block : self.first_block + len(self.context_blocks)]
         else:
             blocks = cache.index_select(0, self.context_blocks)
-        return blocks.flatten(0, 1)[:self.context_len]
+        return blocks.flatten(0, 1)[: self.context_len]
 
 
 @dataclass
 class AttentionMetadata:
-    slot_mapping: torch.Tensor              # [T] where each new token's k, v go
+    slot_mapping: torch.Tensor  # [T] where each new token's k, v go
     num_decode_tokens: int = 0
-    decode_block_table: torch.Tensor | None = None   # [B, max_blocks]
+    decode_block_table: torch.Tensor | None = None  # [B, max_blocks]
     decode_context_lens: torch.Tensor | None = None  # [B] tokens each sequence attends over
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 
 class AttentionBackend(Protocol):
-    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         """q [T, H, D], k and v [T, H_kv, D] -> [T, H, D]; writes k, v into the cache."""
 
 
@@ -57,38 +64,58 @@ class TorchPagedAttention:
 
     def __init__(self, storage: KVStorage, head_dim: int) -> None:
         self.storage = storage
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
 
-    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         k_cache, v_cache = self.storage.layer(layer_idx)
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         num_decode = meta.num_decode_tokens
         if not meta.prefills:
-            return ops.decode_attention(q, k_cache, v_cache, meta.decode_block_table,
-                                        meta.decode_context_lens, self.scale)
+            return ops.decode_attention(
+                q, k_cache, v_cache, meta.decode_block_table, meta.decode_context_lens, self.scale
+            )
         out = torch.empty_like(q)
         if num_decode:
             out[:num_decode] = ops.decode_attention(
-                q[:num_decode], k_cache, v_cache, meta.decode_block_table,
-                meta.decode_context_lens, self.scale)
+                q[:num_decode],
+                k_cache,
+                v_cache,
+                meta.decode_block_table,
+                meta.decode_context_lens,
+                self.scale,
+            )
         for span in meta.prefills:
             rows = slice(span.token_start, span.token_start + span.num_tokens)
             if span.context_blocks is None:
                 out[rows] = self._prefill(q[rows], k[rows], v[rows], None)
             else:
-                out[rows] = self._prefill(q[rows], span.context(k_cache), span.context(v_cache),
-                                          span.mask)
+                out[rows] = self._prefill(
+                    q[rows], span.context(k_cache), span.context(v_cache), span.mask
+                )
         return out
 
-    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 mask: torch.Tensor | None) -> torch.Tensor:
+    def _prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """Causal attention: over the chunk itself (mask None) or over prefix + chunk."""
         # NOTE: 4-D inputs reach torch's fused CPU kernel; 3-D ones fall back to the slow path.
         as_4d = lambda x: x.transpose(0, 1).unsqueeze(0)
         out = F.scaled_dot_product_attention(
-            as_4d(q), as_4d(k), as_4d(v), attn_mask=mask, is_causal=mask is None,
-            scale=self.scale, enable_gqa=True)
+            as_4d(q),
+            as_4d(k),
+            as_4d(v),
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=self.scale,
+            enable_gqa=True,
+        )
         return out[0].transpose(0, 1)
 
 

@@ -1,4 +1,5 @@
 """Model configuration, read from a Hugging Face `config.json`."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ class RopeConfig:
         params.update(hf.get("rope_parameters") or {})
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type not in ROPE_TYPES:
-            raise UnsupportedModel(f"unsupported rope scaling type {rope_type!r}; "
-                                   f"supported: {', '.join(ROPE_TYPES)}")
+            raise UnsupportedModel(
+                f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
+            )
         return cls(
             theta=float(params.get("rope_theta", hf.get("rope_theta", 10000.0))),
             type=rope_type,
@@ -36,7 +38,8 @@ class RopeConfig:
             low_freq_factor=float(params.get("low_freq_factor", 1.0)),
             high_freq_factor=float(params.get("high_freq_factor", 4.0)),
             original_max_position_embeddings=int(
-                params.get("original_max_position_embeddings", 8192)),
+                params.get("original_max_position_embeddings", 8192)
+            ),
         )
 
 
@@ -60,8 +63,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise UnsupportedModel(f"num_attention_heads {self.num_heads} is not a multiple "
-                                   f"of num_key_value_heads {self.num_kv_heads}")
+            raise UnsupportedModel(
+                f"num_attention_heads {self.num_heads} is not a multiple "
+                f"of num_key_value_heads {self.num_kv_heads}"
+            )
 
     @property
     def q_size(self) -> int:
@@ -105,12 +110,16 @@ class ModelConfig:
 
 def _architecture(hf: dict) -> str:
     archs = hf.get("architectures") or []
-    by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-               "qwen2": "Qwen2ForCausalLM"}
+    by_type = {
+        "llama": "LlamaForCausalLM",
+        "mistral": "MistralForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+    }
     arch = archs[0] if archs else by_type.get(hf.get("model_type", ""), hf.get("model_type"))
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModel(f"unsupported architecture {arch!r}; "
-                               f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        raise UnsupportedModel(
+            f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     return arch
 
 

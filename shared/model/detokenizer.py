@@ -6,6 +6,7 @@ as vLLM does, each step decodes a short window twice -- from `prefix_offset` up 
 (text already emitted) and up to the newest token -- and emits the difference, holding it back
 while it ends in an incomplete character.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -18,8 +19,12 @@ REPLACEMENT_CHAR = "\ufffd"  # what decoding yields for an incomplete UTF-8 sequ
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int],
-                 skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_token_ids: Sequence[int],
+        skip_special_tokens: bool = True,
+    ) -> None:
         self._tokenizer = tokenizer
         self._skipped = frozenset(tokenizer.all_special_ids if skip_special_tokens else ())
         self._ids = _tail(prompt_token_ids, self._skipped, CONTEXT_TOKENS)
@@ -41,7 +46,7 @@ class IncrementalDetokenizer:
         current = self._decode(self._prefix_offset, len(self._ids))
         if len(current) <= len(emitted) or current.endswith(REPLACEMENT_CHAR):
             return ""
-        delta = current[len(emitted):]
+        delta = current[len(emitted) :]
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         self._text += delta
         return delta

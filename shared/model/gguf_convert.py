@@ -5,6 +5,7 @@ package), `tokenizer.json` rebuilt from the vocabulary and merges the file store
 `tokenizer_config.json` with the chat template. Only the `llama` architecture with a byte-level
 BPE (`gpt2`) vocabulary is supported; anything else is refused with `UnsupportedModel`.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,27 +23,39 @@ from shared.errors import UnsupportedModel
 ARCHITECTURE = "llama"
 VOCAB_TYPE = "gpt2"
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types of added tokens
-SPECIAL_TOKEN_KEYS = {"bos_token": "tokenizer.ggml.bos_token_id",
-                      "eos_token": "tokenizer.ggml.eos_token_id",
-                      "unk_token": "tokenizer.ggml.unknown_token_id",
-                      "pad_token": "tokenizer.ggml.padding_token_id"}
+SPECIAL_TOKEN_KEYS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
 
-GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
-                  "output": "lm_head"}
+GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
 LAYER_TENSORS = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
 
 
 def _smollm_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
     # NOTE: SmolLM's vocabulary was trained on single digits; GPT-2's regex alone groups them.
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
 
 
 def _gpt2_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
@@ -64,8 +77,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     config = hf_config(meta, {tensor.name for tensor in reader.tensors})
     _write_json(out_dir / "config.json", config)
     _log(f"dequantizing {len(reader.tensors)} tensors to float32")
-    save_file(hf_weights(reader, config), str(out_dir / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        hf_weights(reader, config), str(out_dir / "model.safetensors"), metadata={"format": "pt"}
+    )
     build_tokenizer(meta).save(str(out_dir / "tokenizer.json"))
     _write_json(out_dir / "tokenizer_config.json", tokenizer_config(meta))
     _log(f"wrote {out_dir}")
@@ -83,19 +97,25 @@ def _open(gguf_path: Path) -> GGUFReader:
 def _check_supported(gguf_path: Path, meta: dict, reader: GGUFReader) -> None:
     arch = meta.get("general.architecture")
     if arch != ARCHITECTURE:
-        raise UnsupportedModel(f"{gguf_path.name}: GGUF architecture {arch!r} is not supported; "
-                               f"only {ARCHITECTURE!r}")
+        raise UnsupportedModel(
+            f"{gguf_path.name}: GGUF architecture {arch!r} is not supported; only {ARCHITECTURE!r}"
+        )
     vocab = meta.get("tokenizer.ggml.model")
     if vocab != VOCAB_TYPE:
-        raise UnsupportedModel(f"{gguf_path.name}: GGUF tokenizer {vocab!r} is not supported; "
-                               f"only {VOCAB_TYPE!r} (byte-level BPE)")
+        raise UnsupportedModel(
+            f"{gguf_path.name}: GGUF tokenizer {vocab!r} is not supported; "
+            f"only {VOCAB_TYPE!r} (byte-level BPE)"
+        )
     pre = meta.get("tokenizer.ggml.pre", "gpt-2")
     if pre not in PRE_TOKENIZERS:
-        raise UnsupportedModel(f"{gguf_path.name}: GGUF pre-tokenizer {pre!r} is not supported; "
-                               f"supported: {', '.join(PRE_TOKENIZERS)}")
+        raise UnsupportedModel(
+            f"{gguf_path.name}: GGUF pre-tokenizer {pre!r} is not supported; "
+            f"supported: {', '.join(PRE_TOKENIZERS)}"
+        )
     if any(tensor.name == "rope_freqs.weight" for tensor in reader.tensors):
-        raise UnsupportedModel(f"{gguf_path.name}: GGUF rope frequency factors (rope_freqs) "
-                               "are not supported")
+        raise UnsupportedModel(
+            f"{gguf_path.name}: GGUF rope frequency factors (rope_freqs) are not supported"
+        )
 
 
 def hf_config(meta: dict, tensor_names: set[str]) -> dict:
@@ -122,8 +142,10 @@ def hf_config(meta: dict, tensor_names: set[str]) -> dict:
         "torch_dtype": "float32",
     }
     if meta.get(f"{arch}.rope.scaling.type") == "linear":
-        config["rope_scaling"] = {"rope_type": "linear",
-                                  "factor": meta[f"{arch}.rope.scaling.factor"]}
+        config["rope_scaling"] = {
+            "rope_type": "linear",
+            "factor": meta[f"{arch}.rope.scaling.factor"],
+        }
     return config
 
 
@@ -167,8 +189,10 @@ def build_tokenizer(meta: dict) -> Tokenizer:
     """A byte-level BPE tokenizer equal to the one llama.cpp builds from this metadata."""
     spelling = byte_spelling()
     alphabet = frozenset(spelling.values())
-    vocab = {_spelled(token, spelling, alphabet): index
-             for index, token in enumerate(meta["tokenizer.ggml.tokens"])}
+    vocab = {
+        _spelled(token, spelling, alphabet): index
+        for index, token in enumerate(meta["tokenizer.ggml.tokens"])
+    }
     merges = [tuple(merge.split(" ", 1)) for merge in meta["tokenizer.ggml.merges"]]
     tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
     tokenizer.pre_tokenizer = PRE_TOKENIZERS[meta.get("tokenizer.ggml.pre", "gpt-2")]()
@@ -182,8 +206,11 @@ def build_tokenizer(meta: dict) -> Tokenizer:
 def byte_spelling() -> dict[int, str]:
     """GPT-2's map from each byte to a printable character, in which byte-level vocabularies
     are written."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     spelling = {byte: chr(byte) for byte in printable}
     others = (byte for byte in range(256) if byte not in spelling)
     spelling.update({byte: chr(256 + n) for n, byte in enumerate(others)})
@@ -200,9 +227,11 @@ def _spelled(token: str, spelling: dict[int, str], alphabet: frozenset[str]) -> 
 def _added_tokens(meta: dict, token_type: int, alphabet: frozenset[str]) -> list[AddedToken]:
     # NOTE: one outside the byte alphabet would get a new id past the model's vocabulary.
     types = meta.get("tokenizer.ggml.token_type") or []
-    return [AddedToken(token, special=token_type == CONTROL, normalized=False)
-            for token, kind in zip(meta["tokenizer.ggml.tokens"], types)
-            if kind == token_type and alphabet.issuperset(token)]
+    return [
+        AddedToken(token, special=token_type == CONTROL, normalized=False)
+        for token, kind in zip(meta["tokenizer.ggml.tokens"], types)
+        if kind == token_type and alphabet.issuperset(token)
+    ]
 
 
 def _post_processor(meta: dict) -> processors.PostProcessor:
@@ -210,18 +239,21 @@ def _post_processor(meta: dict) -> processors.PostProcessor:
     if not meta.get("tokenizer.ggml.add_bos_token", False) or bos_id is None:
         return processors.ByteLevel(trim_offsets=False)
     bos = meta["tokenizer.ggml.tokens"][bos_id]
-    return processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                         special_tokens=[(bos, bos_id)])
+    return processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+    )
 
 
 def tokenizer_config(meta: dict) -> dict:
     """`tokenizer_config.json`: special tokens, BOS handling and the chat template."""
     tokens = meta["tokenizer.ggml.tokens"]
-    config = {"tokenizer_class": "PreTrainedTokenizerFast",
-              "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-              "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-              "clean_up_tokenization_spaces": False,
-              "model_max_length": meta.get(f"{meta['general.architecture']}.context_length", 2048)}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": meta.get(f"{meta['general.architecture']}.context_length", 2048),
+    }
     for name, key in SPECIAL_TOKEN_KEYS.items():
         token_id = meta.get(key)
         if token_id is not None and token_id < len(tokens):

@@ -1,4 +1,5 @@
 """The dense parts of a Llama-family layer."""
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ The model sees tokens of many sequences concatenated ([T]); where each token's K
 goes and what it attends to is the business of the attention backend, reached
 through the per-forward `ForwardBatch`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -26,10 +27,11 @@ class ForwardBatch:
     [T, heads, head_dim]; swapping it is how attention is offloaded. `on_layer_done`
     runs after each layer has written its KV (layer-wise streaming of prefill KV).
     """
+
     positions: torch.Tensor
     attention: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     on_layer_done: Callable[[int], None] | None = None
-    before_layer: Callable[[int], None] | None = None   # e.g. wait for that layer's loaded KV
+    before_layer: Callable[[int], None] | None = None  # e.g. wait for that layer's loaded KV
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
 
@@ -50,9 +52,11 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         ops.rotary_(qkv, batch.cos, batch.sin, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split(self.split, dim=-1)
-        return (q.view(num_tokens, self.num_heads, self.head_dim),
-                k.view(num_tokens, self.num_kv_heads, self.head_dim),
-                v.view(num_tokens, self.num_kv_heads, self.head_dim))
+        return (
+            q.view(num_tokens, self.num_heads, self.head_dim),
+            k.view(num_tokens, self.num_kv_heads, self.head_dim),
+            v.view(num_tokens, self.num_kv_heads, self.head_dim),
+        )
 
     def output(self, attention_out: torch.Tensor) -> torch.Tensor:
         return self.o_proj(attention_out.reshape(attention_out.shape[0], -1))
@@ -66,15 +70,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
-                batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream travels beside x so that each add fuses into the next norm."""
         (q, k, v), residual = self.before_attention(x, residual, batch)
         out = batch.attention(self.self_attn.layer_idx, q, k, v)
         return self.after_attention(out, residual)
 
-    def before_attention(self, x: torch.Tensor, residual: torch.Tensor | None,
-                         batch: ForwardBatch) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    def before_attention(
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """The layer up to attention: (q, k, v) and the residual stream. Split from
         `after_attention` so attention can run elsewhere (offloaded) in between."""
         if residual is None:
@@ -83,8 +89,9 @@ class DecoderLayer(nn.Module):
             x, residual = self.input_layernorm.add_norm(x, residual)
         return self.self_attn.project(x, batch), residual
 
-    def after_attention(self, attention_out: torch.Tensor,
-                        residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def after_attention(
+        self, attention_out: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.self_attn.output(attention_out)
         x, residual = self.post_attention_layernorm.add_norm(x, residual)
         return self.mlp(x), residual
@@ -97,8 +104,11 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else Linear(
-            config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

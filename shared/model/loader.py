@@ -3,6 +3,7 @@
 Checkpoints keep q/k/v and gate/up as separate tensors; the model keeps them fused
 (one matmul each), so names are mapped and rows placed at load time.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,9 @@ from shared.model.llama import LlamaModel
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
-               device: str = "cpu") -> LlamaModel:
+def load_model(
+    model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> LlamaModel:
     config = ModelConfig.from_dir(model_dir)
     files = weight_files(Path(model_dir))
     with torch.device("meta"):
@@ -50,7 +52,7 @@ def load_weights(model: LlamaModel, files: list[Path]) -> None:
         name, row = _param_slot(model.config, ckpt_name)
         if name not in params:
             raise ModelNotFound(f"unexpected weight {ckpt_name!r} in checkpoint")
-        params[name].data[row:row + tensor.shape[0]].copy_(tensor)
+        params[name].data[row : row + tensor.shape[0]].copy_(tensor)
         unfilled[name] -= tensor.shape[0]
     missing = [name for name, rows in unfilled.items() if rows > 0]
     if missing:
@@ -60,7 +62,7 @@ def load_weights(model: LlamaModel, files: list[Path]) -> None:
 def _tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     for path in files:
         with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 yield name, f.get_tensor(name)
 
 

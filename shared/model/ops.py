@@ -2,6 +2,7 @@
 
 The torch version of each op is the reference; the native one must match it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,8 +31,9 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """residual + x becomes the new residual; returns (its norm, the new residual)."""
     native = _native(x)
     if native is not None and x.is_contiguous() and residual.is_contiguous():
@@ -62,8 +64,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def rotary_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
-            head_dim: int) -> None:
+def rotary_(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, head_dim: int
+) -> None:
     """Rotate the first `num_heads` heads of each row of qkv [T, width] in place.
 
     cos, sin: float32 [T, head_dim / 2] (rotate-half layout: dims i and i + D/2 pair up).
@@ -75,9 +78,10 @@ def rotary_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: 
     rotary_torch_(qkv, cos, sin, num_heads, head_dim)
 
 
-def rotary_torch_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
-                  head_dim: int) -> None:
-    x = qkv[:, :num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
+def rotary_torch_(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, head_dim: int
+) -> None:
+    x = qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
     full_cos = torch.cat((cos, cos), dim=-1)[:, None, :].to(qkv.dtype)
     full_sin = torch.cat((sin, sin), dim=-1)[:, None, :].to(qkv.dtype)
     half = head_dim // 2
@@ -85,8 +89,13 @@ def rotary_torch_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_h
     x.copy_(x * full_cos + rotated * full_sin)
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slots: torch.Tensor) -> None:
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
     """k, v [T, H_kv, D] into caches [blocks, block_size, H_kv, D] at flat slot indices."""
     native = _native(k)
     if native is not None and k.stride(1) == k.shape[2] and k.stride(2) == 1:
@@ -96,9 +105,14 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     v_cache.flatten(0, 1).index_copy_(0, slots, v)
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     block_table: torch.Tensor, context_lens: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """One query token per sequence, q [B, H, D], over its blocks; returns [B, H, D]."""
     native = _native(q)
     if native is not None and q.stride(1) == q.shape[2] and q.stride(2) == 1:
@@ -111,11 +125,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def decode_attention_torch(q, k_cache, v_cache, block_table, context_lens, scale):
     num_seqs, num_heads, head_dim = q.shape
     # index_select on a flat table is much faster on CPU than 2-D advanced indexing.
-    gather = lambda cache: cache.index_select(0, block_table.flatten()).view(
-        num_seqs, -1, *cache.shape[2:]).transpose(1, 2)   # [B, H_kv, L, D]
+    gather = lambda cache: (
+        cache.index_select(0, block_table.flatten())
+        .view(num_seqs, -1, *cache.shape[2:])
+        .transpose(1, 2)
+    )  # [B, H_kv, L, D]
     keys, values = gather(k_cache), gather(v_cache)
     visible = torch.arange(keys.shape[2], device=q.device)
     mask = (visible[None, :] < context_lens[:, None])[:, None, None, :]
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+    )
     return out.view(num_seqs, num_heads, head_dim)

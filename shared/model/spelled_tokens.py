@@ -10,6 +10,7 @@ template renders the marked messages once more; the markers then show where the 
 spellings lie in the prompt. The prompt is tokenized with those spellings as plain text and the
 template's tokens as tokens, cut at the same places as a normal encode would cut it.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,10 @@ class SpelledTokens:
         text = _replace_spans(prompt, [span for span, _ in template], SEPARATOR)
         plain, separator_id = self._plain_text_copy
         template_ids = iter([token_id for _, token_id in template])
-        return [next(template_ids) if token_id == separator_id else token_id
-                for token_id in plain.encode(text, add_special_tokens=False).ids]
+        return [
+            next(template_ids) if token_id == separator_id else token_id
+            for token_id in plain.encode(text, add_special_tokens=False).ids
+        ]
 
     def _mark_text(self, text: str) -> str:
         return self._spelling.sub(lambda spelled: OPEN + spelled.group() + CLOSE, text)
@@ -64,8 +67,11 @@ class SpelledTokens:
     def _template_tokens(self, prompt: str, spelled: list[Span]) -> list[tuple[Span, int]]:
         """The added tokens a normal encode finds in `prompt`, less those the client spelled."""
         encoding = self._backend.encode(prompt, add_special_tokens=False)
-        return [(span, token_id) for token_id, span in zip(encoding.ids, encoding.offsets)
-                if token_id in self._added_ids and not _overlaps(span, spelled)]
+        return [
+            (span, token_id)
+            for token_id, span in zip(encoding.ids, encoding.offsets)
+            if token_id in self._added_ids and not _overlaps(span, spelled)
+        ]
 
     @cached_property
     def _plain_text_copy(self) -> tuple[tokenizers.Tokenizer, int]:
@@ -104,14 +110,18 @@ def _map_strings(value, change: Callable[[str], str]):
 def _marked_spans(marked: str, prompt: str) -> list[Span]:
     """Where `marked`'s marked stretches lie in `prompt`, which is `marked` unmarked."""
     if MARKERS.search(prompt):
-        raise InvalidRequest("message text may not contain the noncharacters U+FDD0 or U+FDD1 "
-                             "together with the text of one of the model's control tokens")
+        raise InvalidRequest(
+            "message text may not contain the noncharacters U+FDD0 or U+FDD1 "
+            "together with the text of one of the model's control tokens"
+        )
     # NOTE: a template that cuts or reorders a message's text can lose a marker or move text out
     # of the marks; the unmarked render then differs from the prompt, and nothing is guessed.
     if MARKED.sub(r"\1", marked) != prompt:
-        raise InvalidRequest("a message contains the text of one of the model's control tokens "
-                             "where the chat template rewrites it, so it cannot be kept as plain "
-                             "text")
+        raise InvalidRequest(
+            "a message contains the text of one of the model's control tokens "
+            "where the chat template rewrites it, so it cannot be kept as plain "
+            "text"
+        )
     spans = []
     for count, pair in enumerate(MARKED.finditer(marked)):
         start = pair.start() - 2 * count  # two markers gone for every pair before this one

@@ -5,6 +5,7 @@ import); chat templates render the way transformers renders them, so prompts mat
 training format token for token. Control-token text inside messages stays plain text
 (`spelled_tokens`), so only the template's own markup yields control tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,9 @@ def has_tokenizer(model_dir: str | Path) -> bool:
 class Tokenizer:
     has_tokenizer = staticmethod(has_tokenizer)
 
-    def __init__(self, backend: tokenizers.Tokenizer, config: dict,
-                 chat_template: str | None) -> None:
+    def __init__(
+        self, backend: tokenizers.Tokenizer, config: dict, chat_template: str | None
+    ) -> None:
         self._backend = backend
         self._config = config
         self._chat_template = chat_template
@@ -42,8 +44,10 @@ class Tokenizer:
     def from_dir(cls, model_dir: str | Path) -> Tokenizer:
         model_dir = Path(model_dir)
         if not has_tokenizer(model_dir):
-            raise ModelNotFound(f"no {TOKENIZER_FILE} in {model_dir}; kvstack needs a fast "
-                                "(tokenizers library) tokenizer file")
+            raise ModelNotFound(
+                f"no {TOKENIZER_FILE} in {model_dir}; kvstack needs a fast "
+                "(tokenizers library) tokenizer file"
+            )
         config_path = model_dir / CONFIG_FILE
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         backend = tokenizers.Tokenizer.from_file(str(model_dir / TOKENIZER_FILE))
@@ -59,8 +63,12 @@ class Tokenizer:
         _check_messages(messages)
         try:
             return self._compiled_template.render(
-                messages=messages, tools=None, documents=None,
-                add_generation_prompt=add_generation_prompt, **self.special_tokens)
+                messages=messages,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self.special_tokens,
+            )
         except jinja2.TemplateError as exc:
             raise InvalidRequest(f"chat template rejected the messages: {exc}") from None
 
@@ -95,8 +103,11 @@ class Tokenizer:
     @cached_property
     def special_tokens(self) -> dict[str, str]:
         """`bos_token`, `eos_token`, ... as text, the way chat templates see them."""
-        return {name: _token_text(value) for name, value in self._config.items()
-                if name.endswith("_token") and _token_text(value) is not None}
+        return {
+            name: _token_text(value)
+            for name, value in self._config.items()
+            if name.endswith("_token") and _token_text(value) is not None
+        }
 
     def _token_id(self, name: str) -> int | None:
         text = self.special_tokens.get(name)
@@ -109,8 +120,9 @@ class Tokenizer:
     @cached_property
     def _compiled_template(self) -> jinja2.Template:
         if not self._chat_template:
-            raise InvalidRequest("this model has no chat template; send a plain completion "
-                                 "prompt instead")
+            raise InvalidRequest(
+                "this model has no chat template; send a plain completion prompt instead"
+            )
         try:
             return _template_environment().from_string(self._chat_template)
         except jinja2.TemplateSyntaxError as exc:
@@ -142,8 +154,9 @@ def _check_messages(messages: list[dict]) -> None:
 
 def _template_environment() -> ImmutableSandboxedEnvironment:
     """The jinja2 set-up transformers renders chat templates with (templates rely on it)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -152,8 +165,9 @@ def _template_environment() -> ImmutableSandboxedEnvironment:
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
     # NOTE: jinja's own tojson escapes HTML characters, which would change the prompt.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _raise_exception(message: str) -> None:

@@ -6,6 +6,7 @@ chose and reports every frame as good or bad. Control (which blocks, which peer)
 over NATS elsewhere; implementations here only move bytes. `tcp.py` is the default;
 others (Mooncake Transfer Engine) implement the same two ABCs.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -31,8 +32,9 @@ class BlockSpan:
     block_hash: int = 0  # chained hash of a full block; 0 when the block is not full
 
     def block_ids(self, block_size: int) -> range:
-        return range(self.block_id, self.block_id + -(-(self.offset + self.num_tokens)
-                                                       // block_size))
+        return range(
+            self.block_id, self.block_id + -(-(self.offset + self.num_tokens) // block_size)
+        )
 
 
 # (span, K bytes, V bytes): what a sender reads for one span of one layer.
@@ -75,13 +77,15 @@ class KVSink(Protocol):
     """The receiving worker's side. Callbacks run on the receiver's threads (one per
     connection, so in order per sender); the sink does its own locking."""
 
-    def destination(self, request_id: str, layer: int, span: BlockSpan,
-                    nbytes: int) -> tuple[memoryview, memoryview] | None:
+    def destination(
+        self, request_id: str, layer: int, span: BlockSpan, nbytes: int
+    ) -> tuple[memoryview, memoryview] | None:
         """Where this span's K and V bytes (`nbytes` each) go; None refuses the span
         (its bytes are read and dropped, and the frame is reported bad)."""
 
-    def on_frame(self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool,
-                 error: str) -> None:
+    def on_frame(
+        self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str
+    ) -> None:
         """A frame has landed. When `ok` is False (checksum, size or refusal), the bytes
         written into its destinations must never be used."""
 
@@ -130,20 +134,29 @@ def kv_span_bytes(kv: torch.Tensor, layer: int, span: BlockSpan) -> tuple[memory
     """K and V bytes of `span` in a KV tensor laid out as KVStorage's
     `kv[layer, k/v, block, offset, kv_head, head_dim]` (token runs are contiguous)."""
     tokens = slice(span.offset, span.offset + span.num_tokens)
-    return (tensor_bytes(kv[layer, 0, span.block_id, tokens]),
-            tensor_bytes(kv[layer, 1, span.block_id, tokens]))
+    return (
+        tensor_bytes(kv[layer, 0, span.block_id, tokens]),
+        tensor_bytes(kv[layer, 1, span.block_id, tokens]),
+    )
 
 
-def coalesce(blocks: Sequence[tuple[int, int, int, int]], block_size: int
-             ) -> list[tuple[int, int, int, int]]:
+def coalesce(
+    blocks: Sequence[tuple[int, int, int, int]], block_size: int
+) -> list[tuple[int, int, int, int]]:
     """Merge (dest block, source block, offset, num_tokens) pieces into runs where both
     sides are consecutive whole blocks; a run keeps the first block's id on each side."""
     runs: list[list[int]] = []
     for dest, src, offset, num_tokens in blocks:
         last = runs[-1] if runs else None
         whole = offset == 0 and num_tokens == block_size
-        if last and whole and last[2] == 0 and last[3] % block_size == 0 and \
-                dest == last[0] + last[3] // block_size and src == last[1] + last[3] // block_size:
+        if (
+            last
+            and whole
+            and last[2] == 0
+            and last[3] % block_size == 0
+            and dest == last[0] + last[3] // block_size
+            and src == last[1] + last[3] // block_size
+        ):
             last[3] += num_tokens
         else:
             runs.append([dest, src, offset, num_tokens])

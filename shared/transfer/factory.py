@@ -1,5 +1,6 @@
 """Pick a data-plane implementation by name: `tcp` (default) or `mooncake` (the Mooncake
 Transfer Engine, extra `rdma`: its `tcp` protocol here, `rdma` where NICs exist)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -20,21 +21,32 @@ def make_sender(kind: str, auth_token: str | None, protocol: str = "tcp") -> KVS
     return TcpKVSender(auth_token=auth_token)
 
 
-def make_receiver(kind: str, sink: KVSink, host: str, port: int, auth_token: str | None,
-                  memory: Sequence[torch.Tensor] = (), protocol: str = "tcp",
-                  limits: ConnectionLimits = ConnectionLimits()) -> KVReceiver:
+def make_receiver(
+    kind: str,
+    sink: KVSink,
+    host: str,
+    port: int,
+    auth_token: str | None,
+    memory: Sequence[torch.Tensor] = (),
+    protocol: str = "tcp",
+    limits: ConnectionLimits = ConnectionLimits(),
+) -> KVReceiver:
     """`memory`: what the sink hands out destinations in (registered up front by engines
     that write one-sidedly into registered memory); `limits`: connections at once and how
     long each may keep the receiver waiting."""
     if kind == "mooncake":
-        return _mooncake().MooncakeKVReceiver(sink, host, port, auth_token, protocol=protocol,
-                                              memory=memory, limits=limits)
+        return _mooncake().MooncakeKVReceiver(
+            sink, host, port, auth_token, protocol=protocol, memory=memory, limits=limits
+        )
     return TcpKVReceiver(sink, host, port, auth_token, limits=limits)
 
 
 def _mooncake():
     from shared.transfer import mooncake
+
     if not mooncake.available():
-        raise KvstackError("--transport mooncake needs the Mooncake Transfer Engine: apt-get "
-                           "install libibverbs1 librdmacm1; pip install -e '.[rdma]'")
+        raise KvstackError(
+            "--transport mooncake needs the Mooncake Transfer Engine: apt-get "
+            "install libibverbs1 librdmacm1; pip install -e '.[rdma]'"
+        )
     return mooncake

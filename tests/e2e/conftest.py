@@ -1,4 +1,5 @@
 """End-to-end fixtures: real nats-server, real service processes, real model."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from services.cli.stack import Stack, StackConfig
 from shared import subjects
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.messages import ConductorStats, StatsRequest, WorkerStats
-from services.cli.stack import Stack, StackConfig
 
 API_KEY = "test-key"
 # float32 everywhere, so outputs compare with `kvstack generate --dtype float32` exactly.
@@ -31,8 +32,13 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_stack(log_dir: Path, **overrides) -> Iterator[Stack]:
-    config = dict(port=free_port(), worker_args=WORKER_ARGS, gateway_args=GATEWAY_ARGS,
-                  log_dir=log_dir, ready_timeout=240)
+    config = dict(
+        port=free_port(),
+        worker_args=WORKER_ARGS,
+        gateway_args=GATEWAY_ARGS,
+        log_dir=log_dir,
+        ready_timeout=240,
+    )
     stack = Stack(StackConfig(**{**config, **overrides}))
     try:
         stack.start()
@@ -60,36 +66,48 @@ def worker_stats(stack: Stack, service: str, worker_id: str, expected: type = Wo
     async def ask():
         bus = await stack.bus("test-stats")
         try:
-            return await bus.request(subjects.worker_stats(service, worker_id), StatsRequest(),
-                                     5.0, expected=expected)
+            return await bus.request(
+                subjects.worker_stats(service, worker_id), StatsRequest(), 5.0, expected=expected
+            )
         finally:
             await bus.drain()
+
     return asyncio.run(ask())
 
 
 async def ask_conductor(stack: Stack) -> ConductorStats:
     bus = await stack.bus("test-conductor-stats")
     try:
-        return await bus.request(subjects.conductor_stats(), StatsRequest(), 5.0,
-                                 expected=ConductorStats)
+        return await bus.request(
+            subjects.conductor_stats(), StatsRequest(), 5.0, expected=ConductorStats
+        )
     finally:
         await bus.drain()
 
 
-def assert_chats_equal_reference(stack: Stack, reference: LLMEngine, prompts: list[str],
-                                 max_tokens: int) -> None:
+def assert_chats_equal_reference(
+    stack: Stack, reference: LLMEngine, prompts: list[str], max_tokens: int
+) -> None:
     """All `prompts` as concurrent greedy chat requests: each answer is what the reference
     engine generates for it alone."""
     import openai
+
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
-    wants = [reference.generate([reference.tokenizer.encode_chat(
-        [{"role": "user", "content": p}])], params)[0].text for p in prompts]
+    wants = [
+        reference.generate(
+            [reference.tokenizer.encode_chat([{"role": "user", "content": p}])], params
+        )[0].text
+        for p in prompts
+    ]
     client = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0)
 
     def ask(prompt: str) -> str:
         result = client.chat.completions.create(
-            model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": prompt}],
-            max_tokens=max_tokens, temperature=0)
+            model="SmolLM2-135M-Instruct",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            temperature=0,
+        )
         return result.choices[0].message.content
 
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:

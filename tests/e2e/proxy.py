@@ -1,4 +1,5 @@
 """A TCP proxy that damages bytes on their way to the server: the data plane's adversary."""
+
 from __future__ import annotations
 
 import socket
@@ -48,8 +49,9 @@ class CorruptingProxy:
 
     def _damage(self, data: bytearray, seen: int) -> bytes:
         for position in range(seen, seen + len(data)):
-            if position == self.offset or (self.every and position > self.offset
-                                           and (position - self.offset) % self.every == 0):
+            if position == self.offset or (
+                self.every and position > self.offset and (position - self.offset) % self.every == 0
+            ):
                 data[position - seen] ^= 0xFF
                 self.num_flipped += 1
         return bytes(data)
@@ -80,8 +82,9 @@ class CuttingProxy:
             server = socket.create_connection(("127.0.0.1", self.target_port))
             self.links += 1
             cut_this = self.links == 1
-            threading.Thread(target=self._pump, args=(client, server, cut_this),
-                             daemon=True).start()
+            threading.Thread(
+                target=self._pump, args=(client, server, cut_this), daemon=True
+            ).start()
             threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, cut_this: bool) -> None:
@@ -89,13 +92,13 @@ class CuttingProxy:
         try:
             while data := src.recv(1 << 14):
                 if cut_this and seen + len(data) >= self.cut_after:
-                    dst.sendall(data[:max(0, self.cut_after - seen)])
+                    dst.sendall(data[: max(0, self.cut_after - seen)])
                     self.cut = True
                     self.on_cut()
                     break
                 seen += len(data)
                 dst.sendall(data)
-        except Exception as e:  # noqa: BLE001 - kept for the test to see
+        except Exception as e:
             self.error = e
         finally:
             for s in (src, dst):

@@ -6,6 +6,7 @@ One supervised stack (2 prefill, 2 decode workers, a kvstore; real processes, th
 model); each test kills or stops something under load and checks every answer token for
 token against the reference engine.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,16 +30,21 @@ GATEWAY_ARGS = ("--dtype", "float32", "--placement-wait", "60")
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, smollm2_dir):
-    with running_stack(tmp_path_factory.mktemp("chaos"), num_prefill=2, num_decode=2,
-                       num_kvstore=1, restart=RestartPolicy(first_backoff=0.5),
-                       drain_timeout=2.0, gateway_args=GATEWAY_ARGS) as s:
+    with running_stack(
+        tmp_path_factory.mktemp("chaos"),
+        num_prefill=2,
+        num_decode=2,
+        num_kvstore=1,
+        restart=RestartPolicy(first_backoff=0.5),
+        drain_timeout=2.0,
+        gateway_args=GATEWAY_ARGS,
+    ) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
 def client(stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0,
-                         timeout=180)
+    return openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0, timeout=180)
 
 
 def prompt_ids(reference, topic: str) -> list[int]:
@@ -47,8 +53,7 @@ def prompt_ids(reference, topic: str) -> list[int]:
 
 def wanted(reference, prompts: list[list[int]], max_tokens: int, **params) -> list[str]:
     """The reference engine's answers (greedy unless `params` say otherwise), as one batch."""
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
-                            **{"temperature": 0, **params})
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **{"temperature": 0, **params})
     return [c.text for c in reference.generate(prompts, params)]
 
 
@@ -56,26 +61,29 @@ class Stream:
     """One streaming completion (greedy unless `params` say otherwise) read in a thread;
     `chunks` grows as text arrives."""
 
-    def __init__(self, client: openai.OpenAI, prompt: list[int], max_tokens: int,
-                 **params) -> None:
+    def __init__(self, client: openai.OpenAI, prompt: list[int], max_tokens: int, **params) -> None:
         self.chunks: list[str] = []
         self.usage = None
         self.error: Exception | None = None
-        self.thread = threading.Thread(target=self._read,
-                                       args=(client, prompt, max_tokens, params))
+        self.thread = threading.Thread(target=self._read, args=(client, prompt, max_tokens, params))
         self.thread.start()
 
     def _read(self, client, prompt, max_tokens, params) -> None:
         try:
             for chunk in client.completions.create(
-                    model=MODEL, prompt=prompt, max_tokens=max_tokens, stream=True,
-                    **{"temperature": 0, **params}, stream_options={"include_usage": True},
-                    extra_body={"ignore_eos": True}):
+                model=MODEL,
+                prompt=prompt,
+                max_tokens=max_tokens,
+                stream=True,
+                **{"temperature": 0, **params},
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            ):
                 if chunk.choices:
                     self.chunks.append(chunk.choices[0].text)
                 if chunk.usage:
                     self.usage = chunk.usage
-        except Exception as e:  # noqa: BLE001 - the test reports it
+        except Exception as e:
             self.error = e
 
     def wait_for(self, num_chunks: int, timeout: float = 120) -> None:
@@ -112,27 +120,29 @@ def wait_restarted(stack, name: str, count: int, timeout: float = 120) -> None:
             try:
                 worker_stats(stack, service, name)
                 return
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:
                 pass
         time.sleep(0.5)
     raise AssertionError(f"{name} was not restarted")
 
 
-def test_a_decode_worker_killed_mid_stream_the_stream_goes_on_elsewhere(stack, client,
-                                                                        reference) -> None:
+def test_a_decode_worker_killed_mid_stream_the_stream_goes_on_elsewhere(
+    stack, client, reference
+) -> None:
     prompt = prompt_ids(reference, "the sea")
     [want] = wanted(reference, [prompt], 64)
     stream = Stream(client, prompt, 64)
     stream.wait_for(6)
     victim = busiest(stack, "decode", ["decode-0", "decode-1"])
     signal_child(stack, victim, signal.SIGKILL)
-    assert stream.result() == want                  # nothing lost, nothing repeated
+    assert stream.result() == want  # nothing lost, nothing repeated
     assert stream.migrations == 1
     wait_restarted(stack, victim, 1)
 
 
 def test_with_every_decode_worker_killed_a_seeded_stream_waits_and_stays_reproducible(
-        stack, client, reference) -> None:
+    stack, client, reference
+) -> None:
     """No decode worker left: the migration waits for a restarted one (--placement-wait),
     and a seeded stream goes on exactly as an uninterrupted run (draws depend on the seed
     and the token's position, not on the worker)."""
@@ -152,8 +162,9 @@ def test_with_every_decode_worker_killed_a_seeded_stream_waits_and_stays_reprodu
 
 
 def test_a_prefill_worker_killed_before_its_first_token_the_request_is_retried(
-        stack, client, reference) -> None:
-    prompt = prompt_ids(reference, " ".join(["the history of bread"] * 150))   # ~1k tokens
+    stack, client, reference
+) -> None:
+    prompt = prompt_ids(reference, " ".join(["the history of bread"] * 150))  # ~1k tokens
     [want] = wanted(reference, [prompt], 16)
     stream = Stream(client, prompt, 16)
     deadline = time.monotonic() + 60
@@ -162,7 +173,7 @@ def test_a_prefill_worker_killed_before_its_first_token_the_request_is_retried(
         time.sleep(0.02)
     signal_child(stack, victim, signal.SIGKILL)
     assert stream.result() == want
-    assert stream.migrations == 0                   # nothing had reached the client: a retry
+    assert stream.migrations == 0  # nothing had reached the client: a retry
     wait_restarted(stack, victim, 1)
 
 
@@ -186,9 +197,8 @@ def test_a_decode_worker_stopped_under_load_loses_no_request(stack, client, refe
     process = stack.process(victim).popen
     signal_child(stack, victim, signal.SIGTERM)
     assert [s.result() for s in streams] == wants
-    assert process.wait(30) == 0                    # a clean exit after its drain
+    assert process.wait(30) == 0  # a clean exit after its drain
     assert sum(s.migrations for s in streams) >= 1  # a 2 s drain cannot finish 80 tokens
-
 
 
 def test_nats_conductor_and_kvstore_restarts_lose_nothing(stack, reference) -> None:
@@ -197,8 +207,14 @@ def test_nats_conductor_and_kvstore_restarts_lose_nothing(stack, reference) -> N
     stack serves afterwards and KV blocks in use return to where they were."""
     prompts = [prompt_ids(reference, t) for t in ("rain", "a river", "stars", "coffee")]
     cases = [Case(tuple(p), w) for p, w in zip(prompts, wanted(reference, prompts, 16))]
-    config = ChaosConfig(faults=("nats", "conductor", "kvstore"), concurrency=3, max_tokens=16,
-                         settle_seconds=2.0, phase_seconds=8.0, request_timeout=120.0)
+    config = ChaosConfig(
+        faults=("nats", "conductor", "kvstore"),
+        concurrency=3,
+        max_tokens=16,
+        settle_seconds=2.0,
+        phase_seconds=8.0,
+        request_timeout=120.0,
+    )
     report = run_chaos(stack, cases, config)
     rows = {r.fault: r for r in report.rows}
     assert all(r.lost == 0 and r.hung == 0 for r in report.rows), report.rows

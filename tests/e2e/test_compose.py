@@ -5,6 +5,7 @@ started as a local process against a local nats-server run with the file's own a
 and the secrets `kvstack auth init` makes, with only what a container would differ in
 replaced: host names, ports and where the secrets are mounted.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,7 +66,7 @@ def test_compose_has_no_default_secret_and_says_how_to_make_them() -> None:
         service = spec["services"][name]
         assert service["environment"]["KVSTACK_NATS_CREDS"] == f"/run/secrets/{name}.creds"
         assert f"{name}.creds" in service["secrets"]
-    for secret in spec["secrets"].values():   # ${VAR:?message}: compose stops with it
+    for secret in spec["secrets"].values():  # ${VAR:?message}: compose stops with it
         assert re.match(r"\$\{KVSTACK_SECRETS:\?[^}]*kvstack auth init[^}]*\}/", secret["file"])
     assert spec["services"]["nats"]["command"][-2:] == ["-c", "/run/secrets/nats-auth.conf"]
 
@@ -73,8 +74,10 @@ def test_compose_has_no_default_secret_and_says_how_to_make_them() -> None:
 def environment(service: dict, secrets: Path) -> dict[str, str]:
     """The service's environment with secrets where `kvstack auth init` wrote them; NATS
     is the local server."""
-    env = {k: str(v).replace("/run/secrets", str(secrets))
-           for k, v in service.get("environment", {}).items()}
+    env = {
+        k: str(v).replace("/run/secrets", str(secrets))
+        for k, v in service.get("environment", {}).items()
+    }
     return {k: v for k, v in env.items() if k != "KVSTACK_NATS"}
 
 
@@ -101,8 +104,11 @@ def test_the_stack_compose_describes_serves_a_chat_request(tmp_path, smollm2_dir
         stack.wait_ready()
         client = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0)
         result = client.chat.completions.create(
-            model="SmolLM2-135M-Instruct", max_tokens=30, temperature=0,
-            messages=[{"role": "user", "content": "What is the capital of France?"}])
+            model="SmolLM2-135M-Instruct",
+            max_tokens=30,
+            temperature=0,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+        )
         assert "Paris" in result.choices[0].message.content
     finally:
         stack.stop()

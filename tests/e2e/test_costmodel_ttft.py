@@ -5,6 +5,7 @@ against a running stack, and its predictions are checked on prompts it never saw
 A timed check (`pytest -m timed tests/e2e/test_costmodel_ttft.py -rP`), not part of the
 default suite: its result depends on the machine staying as fast as when it was profiled.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -25,8 +26,8 @@ from tests.e2e.conftest import WORKER_ARGS, running_stack
 
 pytestmark = pytest.mark.timed
 
-LENGTHS = (64, 128, 256, 384, 512, 768, 1024, 1500)   # prompt tokens
-ROUNDS = 2                                            # single requests of each length
+LENGTHS = (64, 128, 256, 384, 512, 768, 1024, 1500)  # prompt tokens
+ROUNDS = 2  # single requests of each length
 TOLERANCE = 0.25
 
 
@@ -42,9 +43,26 @@ def calibrated(tmp_path_factory, smollm2_dir) -> Iterator[tuple[Stack, FittedCos
 def profile(stack: Stack, out: Path) -> FittedCostModel:
     dtype, threads = worker_arg("--dtype"), worker_arg("--threads")
     result = subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "profile", "--quick", "--dtype", dtype,
-         "--threads", threads, "--gateway", stack.api_url, "--out", str(out)],
-        check=False, capture_output=True, text=True, timeout=400)
+        [
+            sys.executable,
+            "-m",
+            "services.cli.main",
+            "profile",
+            "--quick",
+            "--dtype",
+            dtype,
+            "--threads",
+            threads,
+            "--gateway",
+            stack.api_url,
+            "--out",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     print(result.stdout)
     cost = costmodel.load(out)
@@ -56,11 +74,10 @@ def worker_arg(name: str) -> str:
     return WORKER_ARGS[WORKER_ARGS.index(name) + 1]
 
 
-def test_predicted_ttft_of_single_requests_is_within_25_percent(calibrated,
-                                                                 smollm2_dir) -> None:
+def test_predicted_ttft_of_single_requests_is_within_25_percent(calibrated, smollm2_dir) -> None:
     stack, cost = calibrated
     prompts = Prompts(ModelConfig.from_dir(smollm2_dir).vocab_size, seed=None)
-    first_token_seconds(stack.api_url, prompts.fresh(32))    # warm-up
+    first_token_seconds(stack.api_url, prompts.fresh(32))  # warm-up
     measured = measure_ttft(stack.api_url, prompts)
     rows = [(n, measured[n], cost.prefill_time(n, 0) + cost.request_overhead) for n in LENGTHS]
     errors = [abs(predicted - seconds) / seconds for _, seconds, predicted in rows]
@@ -79,8 +96,7 @@ def measure_ttft(api_url: str, prompts: Prompts) -> dict[int, float]:
     return {n: statistics.mean(seconds) for n, seconds in runs.items()}
 
 
-def print_table(rows: list[tuple[int, float, float]], errors: list[float],
-                overhead: float) -> None:
+def print_table(rows: list[tuple[int, float, float]], errors: list[float], overhead: float) -> None:
     print(f"\nTTFT, single requests (request overhead {overhead * 1000:.1f} ms)")
     print(" tokens  measured ms  predicted ms   error")
     for (n, measured, predicted), error in zip(rows, errors):

@@ -1,4 +1,5 @@
 """Bad input and missing services get the documented status and an OpenAI error object."""
+
 from __future__ import annotations
 
 import http.client
@@ -14,8 +15,14 @@ from tests.e2e.conftest import API_KEY, running_stack, worker_stats
 MODEL = "SmolLM2-135M-Instruct"
 
 
-def call(base_url: str, method: str, path: str, body=None, key: str | None = API_KEY,
-         raw: bytes | None = None) -> tuple[int, dict, dict]:
+def call(
+    base_url: str,
+    method: str,
+    path: str,
+    body=None,
+    key: str | None = API_KEY,
+    raw: bytes | None = None,
+) -> tuple[int, dict, dict]:
     url = urllib.parse.urlparse(base_url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
     headers = {"Content-Type": "application/json"}
@@ -44,8 +51,9 @@ def completion(**overrides) -> dict:
 
 @pytest.mark.parametrize("key", [None, "wrong-key"])
 def test_missing_or_wrong_key_is_401(stack, key) -> None:
-    error = assert_error(call(stack.api_url, "POST", "/v1/completions", completion(), key=key),
-                         401, "API key")
+    error = assert_error(
+        call(stack.api_url, "POST", "/v1/completions", completion(), key=key), 401, "API key"
+    )
     assert error["type"] == "authentication_error"
 
 
@@ -86,11 +94,15 @@ def test_client_disconnect_frees_the_request_on_the_decode_worker(stack) -> None
     url = urllib.parse.urlparse(stack.api_url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
     body = completion(max_tokens=400, stream=True, ignore_eos=True, temperature=0)
-    conn.request("POST", "/v1/completions", json.dumps(body).encode(),
-                 {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+    conn.request(
+        "POST",
+        "/v1/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+    )
     response = conn.getresponse()
     assert response.status == 200
-    assert response.readline().startswith(b"data: {")   # decoding now
+    assert response.readline().startswith(b"data: {")  # decoding now
     busy = worker_stats(stack, "decode", "decode-0")
     assert busy.num_running == 1 and busy.free_blocks < busy.total_blocks
     conn.sock.shutdown(socket.SHUT_RDWR)  # the client goes away mid-stream
@@ -103,7 +115,7 @@ def test_client_disconnect_frees_the_request_on_the_decode_worker(stack) -> None
             break
         time.sleep(0.2)
     assert stats.num_running == 0 and stats.num_reserved == 0
-    assert stats.num_requests_done == busy.num_requests_done   # aborted, not run to the end
+    assert stats.num_requests_done == busy.num_requests_done  # aborted, not run to the end
 
 
 # No worker or conductor will come: answer after a short wait, not the default 15 s.
@@ -118,8 +130,10 @@ def test_no_workers_gives_503_with_retry_after(tmp_path) -> None:
 
 
 def test_no_conductor_gives_503(tmp_path) -> None:
-    with running_stack(tmp_path, num_prefill=0, num_decode=0, with_conductor=False,
-                       gateway_args=QUICK) as bare:
-        error = assert_error(call(bare.api_url, "POST", "/v1/completions", completion()), 503,
-                             "conductor")
+    with running_stack(
+        tmp_path, num_prefill=0, num_decode=0, with_conductor=False, gateway_args=QUICK
+    ) as bare:
+        error = assert_error(
+            call(bare.api_url, "POST", "/v1/completions", completion()), 503, "conductor"
+        )
         assert error["type"] == "service_unavailable_error"

@@ -8,6 +8,7 @@ a 2 s read timeout, so slow clients are cut off quickly, and at most 8 output to
 64-token context, so the fuzzed requests that do generate are short. Its document is the
 same as every gateway's; only the limits the document leaves to flags differ.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -32,9 +33,15 @@ from tests.e2e.conftest import API_KEY, GATEWAY_ARGS, free_port
 
 MODEL = "SmolLM2-135M-Instruct"
 READ_TIMEOUT_S = 2.0
-FUZZ_GATEWAY = ("--read-timeout", f"{READ_TIMEOUT_S:g}", "--max-tokens-limit", "8",
-                "--max-model-len", "64")
-MAX_EXAMPLES = 60            # per operation and mode: ~350 cases, about a minute here
+FUZZ_GATEWAY = (
+    "--read-timeout",
+    f"{READ_TIMEOUT_S:g}",
+    "--max-tokens-limit",
+    "8",
+    "--max-model-len",
+    "64",
+)
+MAX_EXAMPLES = 60  # per operation and mode: ~350 cases, about a minute here
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +53,21 @@ def baseline(stack) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def gateway(stack, baseline) -> Iterator[str]:
     port = free_port()
-    args = ["gateway", "--worker-id", "gateway-fuzz", "--model", MODEL, "--host",
-            stack.config.host, "--http-port", str(port), *GATEWAY_ARGS, "--api-key", API_KEY,
-            *FUZZ_GATEWAY]
+    args = [
+        "gateway",
+        "--worker-id",
+        "gateway-fuzz",
+        "--model",
+        MODEL,
+        "--host",
+        stack.config.host,
+        "--http-port",
+        str(port),
+        *GATEWAY_ARGS,
+        "--api-key",
+        API_KEY,
+        *FUZZ_GATEWAY,
+    ]
     process = stack.spawn("gateway-fuzz", args)
     url = f"http://{stack.config.host}:{port}"
     try:
@@ -77,10 +96,14 @@ def status_of(url: str) -> int | None:
         return None
 
 
-def call(url: str, path: str, body: bytes, headers: dict[str, str] | None = None,
-         method: str = "POST") -> tuple[int, dict, bytes]:
-    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json",
-               **(headers or {})}
+def call(
+    url: str, path: str, body: bytes, headers: dict[str, str] | None = None, method: str = "POST"
+) -> tuple[int, dict, bytes]:
+    headers = {
+        "Authorization": f"Bearer {API_KEY}",
+        "Content-Type": "application/json",
+        **(headers or {}),
+    }
     request = urllib.request.Request(url + path, data=body, headers=headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
@@ -102,8 +125,9 @@ def assert_serving(stack: Stack, urls: list[str], baseline: dict[str, int]) -> N
 
 
 def validator(name: str) -> OAS31Validator:
-    return OAS31Validator({"$ref": f"#/components/schemas/{name}",
-                           "components": OPENAPI["components"]})
+    return OAS31Validator(
+        {"$ref": f"#/components/schemas/{name}", "components": OPENAPI["components"]}
+    )
 
 
 def assert_fits(name: str, body) -> None:
@@ -113,18 +137,29 @@ def assert_fits(name: str, body) -> None:
 
 # -- the document against real answers ---------------------------------------------------------
 
+
 def sse_events(raw: bytes) -> list:
     lines = [line for line in raw.decode().split("\n\n") if line]
     assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
-    return [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    return [json.loads(line[len("data: ") :]) for line in lines[:-1]]
 
 
-@pytest.mark.parametrize("path,request_body,schema", [
-    ("/v1/completions", {"prompt": "Hello", "max_tokens": 3, "logprobs": 2}, "Completion"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                              "max_tokens": 3, "logprobs": True, "top_logprobs": 2},
-     "ChatCompletion"),
-])
+@pytest.mark.parametrize(
+    "path,request_body,schema",
+    [
+        ("/v1/completions", {"prompt": "Hello", "max_tokens": 3, "logprobs": 2}, "Completion"),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 3,
+                "logprobs": True,
+                "top_logprobs": 2,
+            },
+            "ChatCompletion",
+        ),
+    ],
+)
 def test_real_answers_fit_the_document(gateway, path, request_body, schema) -> None:
     status, headers, body = call(gateway, path, json.dumps(request_body).encode())
     assert status == 200 and headers["Content-Type"].startswith("application/json")
@@ -149,6 +184,7 @@ def test_the_other_routes_fit_the_document(gateway) -> None:
 
 # -- schemathesis ---------------------------------------------------------------------------------
 
+
 def test_schemathesis_finds_nothing(stack, gateway, baseline) -> None:
     began = time.monotonic()
     reports = fuzz(FuzzConfig(gateway, API_KEY, max_examples=MAX_EXAMPLES, seed=0))
@@ -158,22 +194,40 @@ def test_schemathesis_finds_nothing(stack, gateway, baseline) -> None:
     assert not failures, f"{summary}\n\n" + "\n".join(failures[:3])
     assert sum(report.cases for report in reports) >= 4 * MAX_EXAMPLES
     generated = sum(r.statuses[200] for r in reports if r.operation.startswith("POST"))
-    assert generated >= MAX_EXAMPLES // 2     # the fuzz reached the workers too
+    assert generated >= MAX_EXAMPLES // 2  # the fuzz reached the workers too
     assert_serving(stack, [gateway, stack.api_url], baseline)
 
 
 def test_the_fuzz_command_prints_its_table(gateway, capsys) -> None:
-    argv = ["fuzz", "--base-url", gateway, "--api-key", API_KEY, "--max-examples", "3",
-            "--seed", "1"]
+    argv = [
+        "fuzz",
+        "--base-url",
+        gateway,
+        "--api-key",
+        API_KEY,
+        "--max-examples",
+        "3",
+        "--seed",
+        "1",
+    ]
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["operation", "mode", "cases", "2xx", "4xx", "5xx", "failed",
-                                "seconds"]
+    assert lines[0].split() == [
+        "operation",
+        "mode",
+        "cases",
+        "2xx",
+        "4xx",
+        "5xx",
+        "failed",
+        "seconds",
+    ]
     assert any(line.startswith("POST /v1/chat/completions") for line in lines)
-    assert lines[-1].startswith("total") and lines[-1].split()[2] == "0"   # nothing failed
+    assert lines[-1].startswith("total") and lines[-1].split()[2] == "0"  # nothing failed
 
 
 # -- known-bad inputs ----------------------------------------------------------------------------
+
 
 def completion(**fields) -> bytes:
     return json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 2, **fields}).encode()
@@ -200,13 +254,17 @@ KNOWN_BAD = [
     ("NaN", COMPLETIONS, b'{"prompt": "Hello", "temperature": NaN}', {}, 400),
     ("Infinity", COMPLETIONS, b'{"prompt": "Hello", "top_p": Infinity}', {}, 400),
     ("-Infinity", COMPLETIONS, b'{"prompt": "Hello", "min_p": -Infinity}', {}, 400),
-    ("a number past double range", COMPLETIONS, b'{"prompt": "Hello", "seed": 1e999}', {},
-     400),
+    ("a number past double range", COMPLETIONS, b'{"prompt": "Hello", "seed": 1e999}', {}, 400),
     ("invalid UTF-8 in a string", COMPLETIONS, b'{"prompt": "\xff\xfe"}', {}, 400),
     ("invalid UTF-8 as the body", COMPLETIONS, b"\xc3\x28\xa0\xa1", {}, 400),
     ("a lone surrogate escape", COMPLETIONS, b'{"prompt": "\\ud800"}', {}, 400),
-    ("JSON nested 10000 deep", COMPLETIONS, b'{"prompt": ' + b"[" * 10000 + b"]" * 10000
-     + b"}", {}, 400),
+    (
+        "JSON nested 10000 deep",
+        COMPLETIONS,
+        b'{"prompt": ' + b"[" * 10000 + b"]" * 10000 + b"}",
+        {},
+        400,
+    ),
     ("a JSON array as the body", COMPLETIONS, b"[]", {}, 400),
     ("an empty body", COMPLETIONS, b"", {}, 400),
     ("an unknown role", CHAT, chat([{"role": "wizard", "content": "hi"}]), {}, 400),
@@ -214,30 +272,37 @@ KNOWN_BAD = [
     ("an empty message", CHAT, chat([{}]), {}, 400),
     ("null content", CHAT, chat([{"role": "user", "content": None}]), {}, 400),
     ("thousands of stop strings", COMPLETIONS, completion(stop=["a"] * 5000), {}, 400),
-    ("a stop string of 100k characters", COMPLETIONS, completion(stop="a" * 100_000), {},
-     400),
-    ("thousands of stop token ids", COMPLETIONS, completion(stop_token_ids=[1] * 5000), {},
-     400),
+    ("a stop string of 100k characters", COMPLETIONS, completion(stop="a" * 100_000), {}, 400),
+    ("thousands of stop token ids", COMPLETIONS, completion(stop_token_ids=[1] * 5000), {}, 400),
     ("a prompt past the context", COMPLETIONS, completion(prompt="word " * 200), {}, 400),
     ("token ids past the context", COMPLETIONS, completion(prompt=[1] * 64), {}, 400),
     ("a token id out of vocabulary", COMPLETIONS, completion(prompt=[1, 49152]), {}, 400),
     ("a token id past 64 bits", COMPLETIONS, completion(prompt=[2**64]), {}, 400),
     ("a negative token id", COMPLETIONS, completion(prompt=[-1]), {}, 400),
-    ("a stop token id out of vocabulary", COMPLETIONS, completion(stop_token_ids=[10**9]),
-     {}, 400),
-    ("a gzip header on a plain body", COMPLETIONS, completion(), {"Content-Encoding": "gzip"},
-     400),
-    ("a truncated gzip body", COMPLETIONS, gzip.compress(completion())[:20],
-     {"Content-Encoding": "gzip"}, 400),
+    ("a stop token id out of vocabulary", COMPLETIONS, completion(stop_token_ids=[10**9]), {}, 400),
+    ("a gzip header on a plain body", COMPLETIONS, completion(), {"Content-Encoding": "gzip"}, 400),
+    (
+        "a truncated gzip body",
+        COMPLETIONS,
+        gzip.compress(completion())[:20],
+        {"Content-Encoding": "gzip"},
+        400,
+    ),
     ("an unknown encoding", COMPLETIONS, completion(), {"Content-Encoding": "compress"}, 415),
     ("a body over the limit", COMPLETIONS, completion(prompt="a" * (5 << 20)), {}, 413),
-    ("an x-request-id full of odd characters", COMPLETIONS, completion(),
-     {"x-request-id": "../\u00ff*>.$ " * 40}, 200),
+    (
+        "an x-request-id full of odd characters",
+        COMPLETIONS,
+        completion(),
+        {"x-request-id": "../\u00ff*>.$ " * 40},
+        200,
+    ),
 ]
 
 
-@pytest.mark.parametrize("name,path,body,headers,status", KNOWN_BAD,
-                         ids=[case[0] for case in KNOWN_BAD])
+@pytest.mark.parametrize(
+    "name,path,body,headers,status", KNOWN_BAD, ids=[case[0] for case in KNOWN_BAD]
+)
 def test_known_bad_input(gateway, name, path, body, headers, status) -> None:
     got, answer_headers, answer = call(gateway, path, body, headers)
     assert got == status, answer[:500]
@@ -249,13 +314,17 @@ def test_known_bad_input(gateway, name, path, body, headers, status) -> None:
 def test_slow_clients_are_cut_off_at_the_read_timeout(gateway) -> None:
     url = urllib.parse.urlparse(gateway)
     began = time.monotonic()
-    with socket.create_connection((url.hostname, url.port), timeout=30) as headers_only, \
-            socket.create_connection((url.hostname, url.port), timeout=30) as body_stalled:
+    with (
+        socket.create_connection((url.hostname, url.port), timeout=30) as headers_only,
+        socket.create_connection((url.hostname, url.port), timeout=30) as body_stalled,
+    ):
         headers_only.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-        body_stalled.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: "
-                             f"Bearer {API_KEY}\r\nContent-Length: 100\r\n\r\n{{".encode())
-        assert read_to_end(headers_only) == b""                   # closed, nothing said
-        answer = read_to_end(body_stalled)                        # 408, then closed
+        body_stalled.sendall(
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: "
+            f"Bearer {API_KEY}\r\nContent-Length: 100\r\n\r\n{{".encode()
+        )
+        assert read_to_end(headers_only) == b""  # closed, nothing said
+        answer = read_to_end(body_stalled)  # 408, then closed
         assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
     assert time.monotonic() - began < READ_TIMEOUT_S + 3
 

@@ -1,4 +1,5 @@
 """The kvstore pool lets any prefill worker reuse a prefix another one computed."""
+
 from __future__ import annotations
 
 import time
@@ -9,93 +10,114 @@ import pytest
 from shared.engine.sampling_params import SamplingParams
 from tests.e2e.conftest import running_stack, worker_stats
 
-STORY = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps "
-         "as his father had taught him, and each night the sea below answered with a "
-         "different voice. ") * 12
+STORY = (
+    "The lighthouse keeper climbed the spiral stairs every evening, counting the steps "
+    "as his father had taught him, and each night the sea below answered with a "
+    "different voice. "
+) * 12
 
 
 @pytest.fixture(scope="module")
 def stack_with_pool(tmp_path_factory, smollm2_dir):
-    with running_stack(tmp_path_factory.mktemp("pool"), num_prefill=2, num_kvstore=1,
-                       conductor_args=("--policy", "round-robin")) as stack:
+    with running_stack(
+        tmp_path_factory.mktemp("pool"),
+        num_prefill=2,
+        num_kvstore=1,
+        conductor_args=("--policy", "round-robin"),
+    ) as stack:
         yield stack
 
 
 def ask(stack, prompt: str) -> openai.types.Completion:
     client = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0)
-    return client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt,
-                                     max_tokens=16, temperature=0)
+    return client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=16, temperature=0
+    )
 
 
 def test_a_prefix_computed_on_one_worker_is_loaded_by_another(stack_with_pool, reference):
     first = ask(stack_with_pool, STORY + " Question one: what did he count?")
     assert worker_stats(stack_with_pool, "prefill", "prefill-0").num_requests_done == 1
-    time.sleep(1.0)   # the write-back to the pool runs after the first token
+    time.sleep(1.0)  # the write-back to the pool runs after the first token
     prompt = STORY + " Question two: what answered him?"
     second = ask(stack_with_pool, prompt)
     stats = worker_stats(stack_with_pool, "prefill", "prefill-1")
     assert stats.num_requests_done == 1 and stats.blocks_from_kvstore > 0
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached == stats.blocks_from_kvstore * 16 and cached > 300
-    want = reference.generate([reference.tokenizer.encode(prompt)],
-                              SamplingParams(max_tokens=16, temperature=0))[0]
+    want = reference.generate(
+        [reference.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
+    )[0]
     assert second.choices[0].text == want.text
     assert first.usage.prompt_tokens_details.cached_tokens == 0
 
 
 def test_a_kvstore_killed_mid_transfer_means_recompute_not_failure(tmp_path, reference):
     import signal
+
     from tests.e2e.conftest import free_port
     from tests.e2e.proxy import CuttingProxy
 
     data_port = free_port()
     stack_ref = {}
-    kill = lambda: next(p for p in stack_ref["s"].processes
-                        if p.name == "kvstore-0").popen.send_signal(signal.SIGKILL)
+    kill = lambda: next(
+        p for p in stack_ref["s"].processes if p.name == "kvstore-0"
+    ).popen.send_signal(signal.SIGKILL)
     proxy = CuttingProxy(data_port, cut_after=200_000, on_cut=kill)
-    prefill_args = ("--no-prefix-cache", "--data-port", str(data_port),
-                    "--advertise-data-addr", f"127.0.0.1:{proxy.port}")
+    prefill_args = (
+        "--no-prefix-cache",
+        "--data-port",
+        str(data_port),
+        "--advertise-data-addr",
+        f"127.0.0.1:{proxy.port}",
+    )
     with running_stack(tmp_path, num_kvstore=1, prefill_args=prefill_args) as stack:
         stack_ref["s"] = stack
         ask(stack, STORY + " Question one: what did he count?")
-        time.sleep(1.0)   # the prompt's blocks reach the pool
+        time.sleep(1.0)  # the prompt's blocks reach the pool
         prompt = STORY + " Question two: what answered him?"
         second = ask(stack, prompt)
-        assert proxy.cut and proxy.error is None, proxy.error   # cut half way, sender killed
+        assert proxy.cut and proxy.error is None, proxy.error  # cut half way, sender killed
         stack.processes[:] = [p for p in stack.processes if p.name != "kvstore-0"]
     proxy.close()
-    want = reference.generate([reference.tokenizer.encode(prompt)],
-                              SamplingParams(max_tokens=16, temperature=0))[0]
+    want = reference.generate(
+        [reference.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
+    )[0]
     assert second.choices[0].text == want.text
-    assert second.usage.prompt_tokens_details.cached_tokens == 0   # recomputed
+    assert second.usage.prompt_tokens_details.cached_tokens == 0  # recomputed
 
 
 def test_the_next_turn_of_a_conversation_hits_the_blocks_of_the_last(stack_with_pool):
-    client = openai.OpenAI(base_url=f"{stack_with_pool.api_url}/v1", api_key="none",
-                           max_retries=0)
+    client = openai.OpenAI(base_url=f"{stack_with_pool.api_url}/v1", api_key="none", max_retries=0)
     history = [{"role": "user", "content": STORY + " Tell me more about the keeper."}]
-    first = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=history,
-                                           max_tokens=64, temperature=0)
-    time.sleep(1.0)   # decode writes prompt + answer back to the pool when the turn ends
-    history += [{"role": "assistant", "content": first.choices[0].message.content},
-                {"role": "user", "content": "And the sea?"}]
-    second = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=history,
-                                            max_tokens=8, temperature=0)
+    first = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=history, max_tokens=64, temperature=0
+    )
+    time.sleep(1.0)  # decode writes prompt + answer back to the pool when the turn ends
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And the sea?"},
+    ]
+    second = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=history, max_tokens=8, temperature=0
+    )
     # More than the first turn's prompt is cached: its answer's blocks came back too.
     assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens + 16
 
 
 def test_a_peer_prefill_worker_serves_its_cache_when_no_pool_has_it(tmp_path, reference):
-    with running_stack(tmp_path, num_prefill=2, num_kvstore=0,
-                       conductor_args=("--policy", "round-robin")) as stack:
-        ask(stack, STORY + " Question one: what did he count?")          # on prefill-0
-        time.sleep(1.0)   # its KV events reach the conductor's index
+    with running_stack(
+        tmp_path, num_prefill=2, num_kvstore=0, conductor_args=("--policy", "round-robin")
+    ) as stack:
+        ask(stack, STORY + " Question one: what did he count?")  # on prefill-0
+        time.sleep(1.0)  # its KV events reach the conductor's index
         prompt = STORY + " Question two: what answered him?"
-        second = ask(stack, prompt)                                       # on prefill-1
+        second = ask(stack, prompt)  # on prefill-1
         taker = worker_stats(stack, "prefill", "prefill-1")
         giver = worker_stats(stack, "prefill", "prefill-0")
     assert taker.blocks_from_peers > 0 and giver.blocks_served == taker.blocks_from_peers
     assert second.usage.prompt_tokens_details.cached_tokens == taker.blocks_from_peers * 16
-    want = reference.generate([reference.tokenizer.encode(prompt)],
-                              SamplingParams(max_tokens=16, temperature=0))[0]
+    want = reference.generate(
+        [reference.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
+    )[0]
     assert second.choices[0].text == want.text

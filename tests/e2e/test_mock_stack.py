@@ -1,5 +1,6 @@
 """A real stack of mock workers (llama3-70b on an 8xA800 node, KV scaled to 1e-3): the real
 gateway, conductor, kvstore and data plane, with no model computing anything."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,23 +19,33 @@ from tests.e2e.conftest import running_stack, worker_stats
 
 SPEC = MockSpec("llama3-70b", "a800", 1e-3)
 MAX_TOKENS = 8
-PREFIX_TOKENS = 650     # 40 full blocks and 10 tokens
+PREFIX_TOKENS = 650  # 40 full blocks and 10 tokens
 
 
 @pytest.fixture(scope="module")
 def mock_stack(tmp_path_factory, smollm2_dir):
-    with running_stack(tmp_path_factory.mktemp("mock"), num_prefill=2, num_decode=2,
-                       num_kvstore=1, mock=SPEC, kvstore_args=("--dram-gib", "0.1"),
-                       worker_args=("--threads", "1", "--kv-cache-gib", "0.02"),
-                       gateway_args=()) as stack:
+    with running_stack(
+        tmp_path_factory.mktemp("mock"),
+        num_prefill=2,
+        num_decode=2,
+        num_kvstore=1,
+        mock=SPEC,
+        kvstore_args=("--dram-gib", "0.1"),
+        worker_args=("--threads", "1", "--kv-cache-gib", "0.02"),
+        gateway_args=(),
+    ) as stack:
         yield stack
 
 
 def complete(stack, prompt: list[int]) -> openai.types.Completion:
     client = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0)
-    return client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt,
-                                     max_tokens=MAX_TOKENS, temperature=0.8,
-                                     extra_body={"ignore_eos": True})
+    return client.completions.create(
+        model="SmolLM2-135M-Instruct",
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0.8,
+        extra_body={"ignore_eos": True},
+    )
 
 
 def token_prompt(seed: int, length: int) -> list[int]:
@@ -44,6 +55,7 @@ def token_prompt(seed: int, length: int) -> list[int]:
 
 def http_addrs(stack, service: str, count: int) -> list[str]:
     """The HTTP (metrics) addresses of `count` workers of a service, from their heartbeats."""
+
     async def listen() -> list[str]:
         seen: dict[str, str] = {}
         bus = await stack.bus("test-heartbeats")
@@ -52,12 +64,14 @@ def http_addrs(stack, service: str, count: int) -> list[str]:
             beat = codec.decode(msg.data, Heartbeat)
             if beat.service == service:
                 seen[beat.worker_id] = beat.http_addr
+
         sub = await bus.nc.subscribe(subjects.all_heartbeats(), cb=on_beat)
         while len(seen) < count:
             await asyncio.sleep(0.1)
         await sub.unsubscribe()
         await bus.drain()
         return list(seen.values())
+
     return asyncio.run(asyncio.wait_for(listen(), 10))
 
 
@@ -67,8 +81,9 @@ def kv_bytes_sent(stack) -> int:
     for addr in http_addrs(stack, "prefill", 2):
         with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as response:
             text = response.read().decode()
-        line = next(l for l in text.splitlines()
-                    if l.startswith("kvstack_prefill_kv_transfer_bytes "))
+        line = next(
+            row for row in text.splitlines() if row.startswith("kvstack_prefill_kv_transfer_bytes ")
+        )
         total += int(float(line.split()[1]))
     return total
 
@@ -77,11 +92,13 @@ def indexed_blocks(stack) -> int:
     async def ask() -> int:
         bus = await stack.bus("test-index")
         try:
-            stats = await bus.request(subjects.conductor_stats(), StatsRequest(), 5.0,
-                                      expected=ConductorStats)
+            stats = await bus.request(
+                subjects.conductor_stats(), StatsRequest(), 5.0, expected=ConductorStats
+            )
             return stats.num_indexed_blocks
         finally:
             await bus.drain()
+
     return asyncio.run(ask())
 
 
@@ -110,16 +127,16 @@ def test_a_shared_prefix_is_served_from_cache_and_answers_repeat(mock_stack) -> 
     prefix = token_prompt(4, PREFIX_TOKENS)
     first = complete(mock_stack, prefix)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
-    wait_until(lambda: indexed_blocks(mock_stack) >= 40)   # the conductor knows the prefix
+    wait_until(lambda: indexed_blocks(mock_stack) >= 40)  # the conductor knows the prefix
     longer = complete(mock_stack, prefix + token_prompt(5, 20))
     assert longer.usage.prompt_tokens_details.cached_tokens == 640
     again = complete(mock_stack, prefix)
-    assert again.choices[0].text == first.choices[0].text       # deterministic tokens
+    assert again.choices[0].text == first.choices[0].text  # deterministic tokens
     assert again.usage.prompt_tokens_details.cached_tokens == 640
 
 
 def test_the_kvstore_holds_blocks_of_the_scaled_size(mock_stack) -> None:
-    complete(mock_stack, token_prompt(6, 200))   # 12 full blocks written back after it
+    complete(mock_stack, token_prompt(6, 200))  # 12 full blocks written back after it
     stats = lambda: worker_stats(mock_stack, "kvstore", "kvstore-0", StoreStats)
     wait_until(lambda: stats().dram_blocks >= 12)
     held = stats()

@@ -1,6 +1,7 @@
 """Attention offloaded to attention workers (Lamina), through the whole stack: prefill sends
 each shard its KV heads, the decode worker sends q, k, v per layer, outputs match local
 decode, and a dead attention worker's requests are rebuilt and go on."""
+
 from __future__ import annotations
 
 import http.client
@@ -19,8 +20,12 @@ from tests.e2e.conftest import assert_chats_equal_reference, running_stack, work
 
 # Attention workers sized like the other workers (WORKER_ARGS): one thread, a small pool.
 OFFLOAD = dict(num_kvstore=0, attention_args=("--threads", "1", "--kv-cache-gib", "0.25"))
-PROMPTS = ["What is the capital of France?", "Count from one to five.",
-           "Name a colour of the sky.", "Write one word about the sea."]
+PROMPTS = [
+    "What is the capital of France?",
+    "Count from one to five.",
+    "Name a colour of the sky.",
+    "Write one word about the sea.",
+]
 
 
 def attention_stats(stack, worker_id: str) -> AttentionStats:
@@ -36,12 +41,13 @@ def test_offloaded_outputs_equal_local_decode(tmp_path, reference, group_size):
         for i in range(group_size):
             stats = attention_stats(stack, f"attention-0-{i}")
             assert stats.decode_id == "decode-0"
-            assert stats.kv_bytes_received > 0      # prefill sent this shard its heads
+            assert stats.kv_bytes_received > 0  # prefill sent this shard its heads
             assert stats.num_attention_calls > 0
-            assert stats.num_requests == 0 and stats.used_blocks == 0   # freed on finish
+            assert stats.num_requests == 0 and stats.used_blocks == 0  # freed on finish
             heads.append(stats.kv_heads)
-        assert heads == [(i * 3 // group_size, (i + 1) * 3 // group_size)
-                         for i in range(group_size)]
+        assert heads == [
+            (i * 3 // group_size, (i + 1) * 3 // group_size) for i in range(group_size)
+        ]
         if supervised:
             _restart_while_idle(stack, reference)
 
@@ -51,8 +57,10 @@ def _restart_while_idle(stack, reference) -> None:
     unattached: its decode worker sees the new process beat and attaches it again."""
     os.killpg(stack.process("attention-0-0").popen.pid, signal.SIGKILL)
     deadline = time.monotonic() + 60
-    while attention_stats_or_none(stack, "attention-0-0") is None or \
-            attention_stats(stack, "attention-0-0").decode_id != "decode-0":
+    while (
+        attention_stats_or_none(stack, "attention-0-0") is None
+        or attention_stats(stack, "attention-0-0").decode_id != "decode-0"
+    ):
         assert time.monotonic() < deadline, "the restarted attention worker was not attached"
         time.sleep(0.3)
     assert stack.restarts("attention-0-0") == 1
@@ -62,21 +70,31 @@ def _restart_while_idle(stack, reference) -> None:
 def attention_stats_or_none(stack, worker_id: str) -> AttentionStats | None:
     try:
         return attention_stats(stack, worker_id)
-    except Exception:  # noqa: BLE001 - not up yet
+    except Exception:
         return None
 
 
 def test_a_group_that_does_not_divide_the_kv_heads_is_refused_clearly(tmp_path):
-    with pytest.raises(KvstackError, match="cannot split 3 KV heads evenly"):
-        with running_stack(tmp_path, num_attention=2, **OFFLOAD, with_gateway=False,
-                           with_conductor=False, num_prefill=0):
-            pass
+    with (
+        pytest.raises(KvstackError, match="cannot split 3 KV heads evenly"),
+        running_stack(
+            tmp_path,
+            num_attention=2,
+            **OFFLOAD,
+            with_gateway=False,
+            with_conductor=False,
+            num_prefill=0,
+        ),
+    ):
+        pass
 
 
 def test_a_dead_attention_worker_is_rebuilt_and_the_stream_goes_on(tmp_path, reference):
     prompt, max_tokens = "Once upon a time", 96
-    want = reference.generate([reference.tokenizer.encode(prompt)], SamplingParams(
-        max_tokens=max_tokens, temperature=0, ignore_eos=True))[0].text
+    want = reference.generate(
+        [reference.tokenizer.encode(prompt)],
+        SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+    )[0].text
     with running_stack(tmp_path, num_attention=3, **OFFLOAD) as stack:
         response = _stream(stack, prompt, max_tokens)
         pieces = [_next_text(response) for _ in range(8)]
@@ -85,18 +103,23 @@ def test_a_dead_attention_worker_is_rebuilt_and_the_stream_goes_on(tmp_path, ref
         stack.processes.remove(victim)
         while (piece := _next_text(response)) is not None:
             pieces.append(piece)
-        assert "".join(pieces) == want    # no token lost or repeated across the rebuild
+        assert "".join(pieces) == want  # no token lost or repeated across the rebuild
         survivor = attention_stats(stack, "attention-0-0")
-        assert survivor.kv_heads == (0, 3)   # the group re-formed as one worker with all heads
+        assert survivor.kv_heads == (0, 3)  # the group re-formed as one worker with all heads
 
 
 def _stream(stack, prompt: str, max_tokens: int):
     host, port = stack.api_url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=120)
-    body = {"model": "SmolLM2-135M-Instruct", "prompt": prompt, "stream": True,
-            "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
-    conn.request("POST", "/v1/completions", json.dumps(body),
-                 {"Content-Type": "application/json"})
+    body = {
+        "model": "SmolLM2-135M-Instruct",
+        "prompt": prompt,
+        "stream": True,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     response = conn.getresponse()
     assert response.status == 200
     return response

@@ -1,5 +1,6 @@
 """The control bus is closed to strangers: a real nats-server started with the config the
 stack generated (per-service users and permissions), real services, real clients."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,8 @@ async def violations(url: str, auth: NatsAuth, act) -> list[str]:
 
     async def on_error(e: Exception) -> None:
         errors.append(str(e))
-    nc = await nats.connect(url, error_cb=on_error, allow_reconnect=False,
-                            **auth.connect_options())
+
+    nc = await nats.connect(url, error_cb=on_error, allow_reconnect=False, **auth.connect_options())
     try:
         await act(nc)
         await nc.flush()
@@ -59,8 +60,9 @@ async def test_the_gateway_cannot_beat_for_a_worker_or_read_kv_events(stack) -> 
         await nc.publish(subjects.heartbeat("prefill", "prefill-0"), beat("prefill-0"))
         await nc.subscribe(subjects.all_kv_events())
         await nc.publish(subjects.prefill_get("prefill-0"), b"{}")  # a worker's own request
-        await nc.publish(subjects.request_done(), b"{}")              # its own: allowed
-        await nc.subscribe(subjects.tokens("some-request"))            # its own: allowed
+        await nc.publish(subjects.request_done(), b"{}")  # its own: allowed
+        await nc.subscribe(subjects.tokens("some-request"))  # its own: allowed
+
     refused = await violations(stack.nats_url, auth_of(stack, "gateway", "gateway-0"), act)
     assert len(refused) == 3, refused
     assert any("publish" in e and "heartbeat.prefill" in e for e in refused)
@@ -71,22 +73,26 @@ async def test_a_worker_can_speak_only_for_itself(stack) -> None:
     async def act(nc) -> None:
         await nc.publish(subjects.heartbeat("prefill", "prefill-9"), beat("prefill-9"))
         await nc.publish(subjects.kv_events("kvstore-0"), b"{}")
-        await nc.subscribe(subjects.prefill_submit("prefill-9"))   # steal another's work
-        await nc.subscribe(subjects.tokens("some-request"))        # read users' answers
-        await nc.publish(subjects.place(), b"{}")                  # skip the gateway's key
-        await nc.publish(subjects.abort(), b"{}")                  # abort users' requests
+        await nc.subscribe(subjects.prefill_submit("prefill-9"))  # steal another's work
+        await nc.subscribe(subjects.tokens("some-request"))  # read users' answers
+        await nc.publish(subjects.place(), b"{}")  # skip the gateway's key
+        await nc.publish(subjects.abort(), b"{}")  # abort users' requests
         await nc.publish(subjects.heartbeat("prefill", "prefill-0"), beat("prefill-0"))
+
     refused = await violations(stack.nats_url, auth_of(stack, "prefill", "prefill-0"), act)
     assert len(refused) == 6, refused
 
 
 async def test_a_message_that_names_another_worker_than_its_subject_is_dropped(stack) -> None:
-    admin = stack.auth.admin()       # even with every permission
+    admin = stack.auth.admin()  # even with every permission
 
     async def act(nc) -> None:
         await nc.publish(subjects.heartbeat("prefill", "prefill-0"), beat("prefill-evil"))
-        await nc.publish(subjects.kv_events("prefill-0"),
-                         codec.encode(KVEvent("prefill-evil", "prefill", stored=(1, 2))))
+        await nc.publish(
+            subjects.kv_events("prefill-0"),
+            codec.encode(KVEvent("prefill-evil", "prefill", stored=(1, 2))),
+        )
+
     assert await violations(stack.nats_url, admin, act) == []
     await asyncio.sleep(0.5)
     stats = await ask_conductor(stack)
@@ -96,9 +102,13 @@ async def test_a_message_that_names_another_worker_than_its_subject_is_dropped(s
 async def test_a_beat_dated_in_the_future_keeps_no_dead_worker_alive(stack) -> None:
     """A worker that beat once, dated an hour ahead, is dead 3 intervals after the conductor
     heard it: liveness runs on the conductor's clock, not the sender's."""
+
     async def act(nc) -> None:
-        await nc.publish(subjects.heartbeat("prefill", "prefill-ghost"),
-                         beat("prefill-ghost", time=time.time() + 3600, instance="ghost"))
+        await nc.publish(
+            subjects.heartbeat("prefill", "prefill-ghost"),
+            beat("prefill-ghost", time=time.time() + 3600, instance="ghost"),
+        )
+
     assert await violations(stack.nats_url, stack.auth.admin(), act) == []
     await asyncio.sleep(0.5)
     assert "prefill-ghost" in (await ask_conductor(stack)).live_prefill
@@ -107,8 +117,13 @@ async def test_a_beat_dated_in_the_future_keeps_no_dead_worker_alive(stack) -> N
 
 
 def kvstack(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli.main", *args], text=True,
-                          capture_output=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli.main", *args],
+        text=True,
+        capture_output=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def test_a_service_refuses_an_open_bus_or_missing_credentials(tmp_path) -> None:
@@ -134,7 +149,7 @@ async def test_nats_over_tls_with_the_deployments_own_ca(tmp_path) -> None:
         bus = await Bus.connect(server.url, "tls-client", gateway)
         assert bus.nc.connected_url is not None and bus.connected
         await bus.drain()
-        with pytest.raises(KvstackError):    # a server certificate nobody vouches for
+        with pytest.raises(KvstackError):  # a server certificate nobody vouches for
             await Bus.connect(server.url, "no-ca", replace(gateway, tls_ca=""), 2.0)
     finally:
         server.stop()

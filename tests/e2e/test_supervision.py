@@ -1,6 +1,7 @@
 """Supervision with real processes: a killed service or nats-server comes back and the stack
 serves again; a service that keeps dying is given up with its log; `kvstack up` drains on
 Ctrl-C and leaves no process, temp dir or traceback behind, and rotates its logs."""
+
 from __future__ import annotations
 
 import http.client
@@ -24,23 +25,42 @@ from shared.errors import KvstackError
 from tests.e2e.conftest import free_port, running_stack, worker_stats
 
 QUICK = RestartPolicy(first_backoff=0.2, max_restarts=2)
-UP_ARGS = ("--prefill", "1", "--decode", "1", "--kvstore", "0", "--dtype", "float32",
-           "--threads", "1", "--kv-cache-gib", "0.25", "--drain-timeout", "20")
+UP_ARGS = (
+    "--prefill",
+    "1",
+    "--decode",
+    "1",
+    "--kvstore",
+    "0",
+    "--dtype",
+    "float32",
+    "--threads",
+    "1",
+    "--kv-cache-gib",
+    "0.25",
+    "--drain-timeout",
+    "20",
+)
 
 
 @pytest.fixture(scope="module")
 def supervised(tmp_path_factory, smollm2_dir):
-    with running_stack(tmp_path_factory.mktemp("supervised"), restart=QUICK,
-                       metrics_port=0) as stack:
+    with running_stack(
+        tmp_path_factory.mktemp("supervised"), restart=QUICK, metrics_port=0
+    ) as stack:
         yield stack
 
 
 def ask(stack: Stack) -> str:
-    client = openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0,
-                           timeout=60)
+    client = openai.OpenAI(
+        base_url=f"{stack.api_url}/v1", api_key="none", max_retries=0, timeout=60
+    )
     result = client.chat.completions.create(
-        model="SmolLM2-135M-Instruct", max_tokens=8, temperature=0,
-        messages=[{"role": "user", "content": "What is the capital of France?"}])
+        model="SmolLM2-135M-Instruct",
+        max_tokens=8,
+        temperature=0,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
     return result.choices[0].message.content
 
 
@@ -95,9 +115,19 @@ def test_nats_server_restarted_or_killed_comes_back_on_the_same_url(supervised):
 
 def kvstore_stack(log_dir: Path, *kvstore_args: str, restart: RestartPolicy) -> Stack:
     """A stack of one kvstore: no model to load, so it starts in seconds."""
-    return Stack(StackConfig(num_prefill=0, num_decode=0, num_kvstore=1, with_conductor=False,
-                             with_gateway=False, kvstore_args=kvstore_args, log_dir=log_dir,
-                             restart=restart, ready_timeout=120))
+    return Stack(
+        StackConfig(
+            num_prefill=0,
+            num_decode=0,
+            num_kvstore=1,
+            with_conductor=False,
+            with_gateway=False,
+            kvstore_args=kvstore_args,
+            log_dir=log_dir,
+            restart=restart,
+            ready_timeout=120,
+        )
+    )
 
 
 def test_a_service_that_keeps_dying_is_given_up_with_its_log(tmp_path) -> None:
@@ -105,8 +135,12 @@ def test_a_service_that_keeps_dying_is_given_up_with_its_log(tmp_path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        stack = kvstore_stack(tmp_path, "--http-port", str(port),
-                              restart=RestartPolicy(first_backoff=0.1, max_restarts=2))
+        stack = kvstore_stack(
+            tmp_path,
+            "--http-port",
+            str(port),
+            restart=RestartPolicy(first_backoff=0.1, max_restarts=2),
+        )
         try:
             stack.start()
             with pytest.raises(KvstackError) as failure:
@@ -115,7 +149,7 @@ def test_a_service_that_keeps_dying_is_given_up_with_its_log(tmp_path) -> None:
             stack.stop()
     message = str(failure.value)
     assert message.startswith("kvstore-0 keeps dying (2 restarts within 120s")
-    assert f"cannot listen on 127.0.0.1:{port}" in message     # the tail of its log
+    assert f"cannot listen on 127.0.0.1:{port}" in message  # the tail of its log
     assert stack.restarts("kvstore-0") == 2
 
 
@@ -140,17 +174,35 @@ def test_kill_ends_every_child_and_nats_at_once_and_restarts_nothing(tmp_path) -
 
 def start_up(log_dir: Path, port: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "up", *UP_ARGS, "--port", str(port),
-         "--log-dir", str(log_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "services.cli.main",
+            "up",
+            *UP_ARGS,
+            "--port",
+            str(port),
+            "--log-dir",
+            str(log_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def open_stream(port: int, max_tokens: int) -> http.client.HTTPResponse:
     """A streamed completion, once its first event arrived: in flight."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    body = {"model": "SmolLM2-135M-Instruct", "prompt": "Once upon a time", "stream": True,
-            "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
-    conn.request("POST", "/v1/completions", json.dumps(body),
-                 {"Content-Type": "application/json"})
+    body = {
+        "model": "SmolLM2-135M-Instruct",
+        "prompt": "Once upon a time",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     response = conn.getresponse()
     assert response.status == 200 and response.readline().startswith(b"data: {")
     return response
@@ -185,8 +237,9 @@ def left_behind(pids: list[int]) -> set[int]:
 
 
 def children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True
+    ).stdout
     return [int(p) for p in out.split()]
 
 
@@ -212,11 +265,11 @@ def test_up_drains_on_ctrl_c_leaves_nothing_behind_and_rotates_its_logs(tmp_path
         assert up.wait(timeout=40) == 0
     finally:
         up.kill()
-    assert events[-1] == b"data: [DONE]"               # the drain let the stream finish
+    assert events[-1] == b"data: [DONE]"  # the drain let the stream finish
     assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
     stderr = up.stderr.read()
     assert "draining (Ctrl-C again to force)" in stderr and "stopped" in stderr
-    assert len(pids) == 5            # nats-server, conductor, prefill, decode, gateway
+    assert len(pids) == 5  # nats-server, conductor, prefill, decode, gateway
     assert not left_behind(pids)
     assert not store.exists()
     logs = sorted(log_dir.glob("*.log"))

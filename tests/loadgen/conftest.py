@@ -4,6 +4,7 @@
 It streams `max_tokens` one-token chunks `delay` seconds apart, then a usage chunk and
 `[DONE]`, as the kvstack gateway does; `max_tokens == REJECT_MAX_TOKENS` is answered 503,
 requests without the key 401, and requests for another model 404."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,9 +34,13 @@ class FakeServer:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self.auth])
-        app.add_routes([web.get("/v1/models", self.models),
-                        web.post("/v1/completions", self.generate),
-                        web.post("/v1/chat/completions", self.generate)])
+        app.add_routes(
+            [
+                web.get("/v1/models", self.models),
+                web.post("/v1/completions", self.generate),
+                web.post("/v1/chat/completions", self.generate),
+            ]
+        )
         return app
 
     @web.middleware
@@ -54,8 +59,7 @@ class FakeServer:
             return web.json_response({"error": {"message": "no such model"}}, status=404)
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         if max_tokens == REJECT_MAX_TOKENS:
-            return web.json_response({"error": {"message": "overloaded: queue full"}},
-                                     status=503)
+            return web.json_response({"error": {"message": "overloaded: queue full"}}, status=503)
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
@@ -63,17 +67,20 @@ class FakeServer:
         finally:
             self.in_flight -= 1
 
-    async def _stream(self, request: web.Request, body: dict,
-                      max_tokens: int) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, body: dict, max_tokens: int
+    ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for _ in range(max_tokens):
             await asyncio.sleep(self.delay)
-            await response.write(event({"choices": [{"index": 0, "text": "tok"}],
-                                        "usage": None}))
+            await response.write(event({"choices": [{"index": 0, "text": "tok"}], "usage": None}))
         prompt_tokens = len(body.get("prompt") or [])
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                 "prompt_tokens_details": {"cached_tokens": 3}}
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": max_tokens,
+            "prompt_tokens_details": {"cached_tokens": 3},
+        }
         await response.write(event({"choices": [], "usage": usage}) + b"data: [DONE]\n\n")
         self.num_finished += 1
         return response

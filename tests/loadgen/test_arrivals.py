@@ -1,4 +1,5 @@
 """Arrival schedules: vLLM's rescaling to N/rate and the gamma burstiness."""
+
 from __future__ import annotations
 
 import itertools
@@ -34,13 +35,14 @@ def gap_cv(burstiness: float) -> float:
 
 def test_burstiness_sets_the_spread_of_the_gaps() -> None:
     # Gamma with shape k has a coefficient of variation of 1/sqrt(k).
-    assert gap_cv(1.0) == pytest.approx(1.0, abs=0.05)     # Poisson
-    assert gap_cv(0.25) == pytest.approx(2.0, abs=0.15)    # burstier
-    assert gap_cv(4.0) == pytest.approx(0.5, abs=0.05)     # more even
+    assert gap_cv(1.0) == pytest.approx(1.0, abs=0.05)  # Poisson
+    assert gap_cv(0.25) == pytest.approx(2.0, abs=0.15)  # burstier
+    assert gap_cv(4.0) == pytest.approx(0.5, abs=0.05)  # more even
 
 
-@pytest.mark.parametrize("rate, burstiness", [(0.0, 1.0), (-1.0, 1.0), (1.0, 0.0),
-                                              (1.0, float("inf"))])
+@pytest.mark.parametrize(
+    "rate, burstiness", [(0.0, 1.0), (-1.0, 1.0), (1.0, 0.0), (1.0, float("inf"))]
+)
 def test_bad_rates_are_clear_errors(rate, burstiness) -> None:
     with pytest.raises(KvstackError):
         arrival_times(3, rate, burstiness)

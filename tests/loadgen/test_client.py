@@ -1,4 +1,5 @@
 """SSE parsing and what one request records (TTFT, ITL, usage, failures)."""
+
 from __future__ import annotations
 
 import time
@@ -18,12 +19,15 @@ PROMPT = Prompt(7, np.array([1001, 1002, 1003], dtype=np.int32), 3, 4)
 
 # -- SSE framing ------------------------------------------------------------------------------
 
+
 def test_events_split_across_chunks_are_put_back_together() -> None:
     decoder = SSEDecoder()
-    wire = event({"a": 1}) + b": keepalive\n\n" + event({"b": "\u00e9t\u00e9"}) + b"data: [DONE]\n\n"
+    wire = (
+        event({"a": 1}) + b": keepalive\n\n" + event({"b": "\u00e9t\u00e9"}) + b"data: [DONE]\n\n"
+    )
     got = []
-    for i in range(0, len(wire), 3):   # splits lines, events and the UTF-8 of "é"
-        got += decoder.feed(wire[i:i + 3])
+    for i in range(0, len(wire), 3):  # splits lines, events and the UTF-8 of "é"
+        got += decoder.feed(wire[i : i + 3])
     assert got == ['{"a":1}', '{"b":"\u00e9t\u00e9"}', "[DONE]"]
 
 
@@ -33,6 +37,7 @@ def test_crlf_framing_and_multiline_data() -> None:
 
 
 # -- the clock --------------------------------------------------------------------------------
+
 
 def chunk(text: str | None = None, role: bool = False, usage: dict | None = None) -> str:
     choices = []
@@ -46,10 +51,10 @@ def chunk(text: str | None = None, role: bool = False, usage: dict | None = None
 
 def test_ttft_itl_and_e2el_from_token_events() -> None:
     clock = StreamClock(sent=10.0)
-    clock.on_data(chunk(role=True), 10.1)            # role alone is not a token
+    clock.on_data(chunk(role=True), 10.1)  # role alone is not a token
     clock.on_data(chunk("Hel"), 10.5)
     clock.on_data(chunk("lo"), 10.75)
-    clock.on_data(chunk(""), 10.8)                   # empty text is not a token
+    clock.on_data(chunk(""), 10.8)  # empty text is not a token
     clock.on_data(chunk(" you"), 11.25)
     clock.on_data(chunk(usage={"prompt_tokens": 5, "completion_tokens": 3}), 12.0)
     clock.on_data("[DONE]", 12.0)
@@ -57,7 +62,7 @@ def test_ttft_itl_and_e2el_from_token_events() -> None:
     assert record.success and clock.done
     assert record.ttft == pytest.approx(0.5)
     assert record.itl == pytest.approx((0.25, 0.5))
-    assert record.latency == pytest.approx(1.25)     # the usage chunk does not extend it
+    assert record.latency == pytest.approx(1.25)  # the usage chunk does not extend it
     assert (record.input_len, record.output_len) == (5, 3)
     assert record.tpot == pytest.approx((1.25 - 0.5) / 2)
     assert (record.start_time, record.queue_time, record.index) == (2.0, 0.5, 7)
@@ -74,8 +79,17 @@ def test_counts_token_events_when_the_server_sends_no_usage() -> None:
 def test_cached_tokens_from_prompt_tokens_details() -> None:
     clock = StreamClock(sent=0.0)
     clock.on_event({"choices": [{"text": "x"}]}, 0.1)
-    clock.on_event({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 1,
-                                             "prompt_tokens_details": {"cached_tokens": 8}}}, 0.2)
+    clock.on_event(
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 9,
+                "completion_tokens": 1,
+                "prompt_tokens_details": {"cached_tokens": 8},
+            },
+        },
+        0.2,
+    )
     assert clock.record(PROMPT, 0.0, 0.0, 200, 0.2).cached_tokens == 8
 
 
@@ -104,14 +118,18 @@ def test_carries_text() -> None:
 
 # -- request bodies -----------------------------------------------------------------------------
 
+
 def test_completion_and_chat_bodies() -> None:
     target = Target("http://h:1", "m", "completions", "k")
     body = target.body([1, 2], 5)
     assert body["prompt"] == [1, 2] and body["max_tokens"] == 5 and body["ignore_eos"]
     assert body["stream"] and body["stream_options"] == {"include_usage": True}
     assert target.url == "http://h:1/v1/completions"
-    assert target.headers(3) == {"Content-Type": "application/json",
-                                 "Authorization": "Bearer k", "x-request-id": "loadgen-3"}
+    assert target.headers(3) == {
+        "Content-Type": "application/json",
+        "Authorization": "Bearer k",
+        "x-request-id": "loadgen-3",
+    }
     chat = Target("http://h:1", "m", "chat").body("hi", 5, stream=False)
     assert chat["messages"] == [{"role": "user", "content": "hi"}]
     assert chat["max_completion_tokens"] == 5 and "stream_options" not in chat
@@ -120,10 +138,10 @@ def test_completion_and_chat_bodies() -> None:
 
 # -- over a socket ------------------------------------------------------------------------------
 
+
 async def send_one(url: str, prompt: Prompt, api_key: str = API_KEY):
     async with aiohttp.ClientSession() as session:
-        return await send(session, Target(url, MODEL, api_key=api_key), prompt,
-                          time.perf_counter())
+        return await send(session, Target(url, MODEL, api_key=api_key), prompt, time.perf_counter())
 
 
 async def test_a_streamed_request_over_http(fake_server) -> None:
@@ -132,7 +150,7 @@ async def test_a_streamed_request_over_http(fake_server) -> None:
     assert record.status == 200 and record.output_len == 4 and len(record.itl) == 3
     assert 0 < record.ttft <= record.latency
     assert record.input_len == 3 and record.cached_tokens == 3
-    assert fake_server.bodies[0]["prompt"] == [1001, 1002, 1003]   # int32 ids as JSON ints
+    assert fake_server.bodies[0]["prompt"] == [1001, 1002, 1003]  # int32 ids as JSON ints
 
 
 async def test_503_is_a_rejection_with_the_servers_message(fake_server) -> None:

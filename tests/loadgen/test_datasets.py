@@ -1,4 +1,5 @@
 """Datasets: lengths, token ranges, shared prefixes, and trace blocks per hash id."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,22 +42,26 @@ def test_text_prompts_for_chat_have_one_word_per_token() -> None:
 
 
 def test_shared_prefix_groups() -> None:
-    prompts = datasets.shared_prefix_prompts(3, 4, prefix_len=20, suffix_len=5, output_len=7,
-                                             space=SPACE, seed=0)
+    prompts = datasets.shared_prefix_prompts(
+        3, 4, prefix_len=20, suffix_len=5, output_len=7, space=SPACE, seed=0
+    )
     assert len(prompts) == 12 and {p.input_len for p in prompts} == {25}
     prefixes = {tuple(p.prompt[:20]) for p in prompts}
     suffixes = {tuple(p.prompt[20:]) for p in prompts}
     assert len(prefixes) == 3 and len(suffixes) == 12
     groups = [tuple(p.prompt[:20]) for p in prompts]
-    assert groups != sorted(groups, key=groups.index)   # shuffled: groups interleave
+    assert groups != sorted(groups, key=groups.index)  # shuffled: groups interleave
 
 
-@pytest.mark.parametrize("call", [
-    lambda: datasets.random_prompts(0, 8, 8, 0.0, SPACE, 0),
-    lambda: datasets.random_prompts(2, 8, 8, 1.0, SPACE, 0),
-    lambda: datasets.shared_prefix_prompts(1, 1, 0, 1, 1, SPACE, 0),
-    lambda: TokenSpace(vocab_size=500),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: datasets.random_prompts(0, 8, 8, 0.0, SPACE, 0),
+        lambda: datasets.random_prompts(2, 8, 8, 1.0, SPACE, 0),
+        lambda: datasets.shared_prefix_prompts(1, 1, 0, 1, 1, SPACE, 0),
+        lambda: TokenSpace(vocab_size=500),
+    ],
+)
 def test_bad_sizes_are_clear_errors(call) -> None:
     with pytest.raises(KvstackError):
         call()
@@ -64,9 +69,11 @@ def test_bad_sizes_are_clear_errors(call) -> None:
 
 # -- traces ---------------------------------------------------------------------------------------
 
-ROWS = [TraceRow(0.0, 1100, 40, (1, 2, 3)),      # 512 + 512 + 76
-        TraceRow(0.5, 1030, 3, (1, 2, 9)),       # shares blocks 1 and 2, last block 6 tokens
-        TraceRow(1.0, 700, 10, ())]              # no ids: shares nothing
+ROWS = [
+    TraceRow(0.0, 1100, 40, (1, 2, 3)),  # 512 + 512 + 76
+    TraceRow(0.5, 1030, 3, (1, 2, 9)),  # shares blocks 1 and 2, last block 6 tokens
+    TraceRow(1.0, 700, 10, ()),
+]  # no ids: shares nothing
 
 
 def test_equal_hash_ids_give_equal_blocks_at_full_length() -> None:
@@ -81,11 +88,11 @@ def test_equal_hash_ids_give_equal_blocks_at_full_length() -> None:
 def test_length_scale_shrinks_blocks_and_keeps_sharing() -> None:
     a, b, c = datasets.trace_prompts(ROWS, 0.05, SPACE, seed=0)
     block = datasets.scaled_block_size(0.05)
-    assert block == 26                                # round(512 * 0.05)
-    assert a.input_len == 2 * block + 4               # last block: round(76 * 0.05) = 4
-    assert b.input_len == 2 * block + 1               # round(6 * 0.05) = 0, at least 1
-    assert np.array_equal(a.prompt[:2 * block], b.prompt[:2 * block])
-    assert (a.output_len, b.output_len, c.output_len) == (2, 1, 1)   # at least 1
+    assert block == 26  # round(512 * 0.05)
+    assert a.input_len == 2 * block + 4  # last block: round(76 * 0.05) = 4
+    assert b.input_len == 2 * block + 1  # round(6 * 0.05) = 0, at least 1
+    assert np.array_equal(a.prompt[: 2 * block], b.prompt[: 2 * block])
+    assert (a.output_len, b.output_len, c.output_len) == (2, 1, 1)  # at least 1
     assert c.input_len == 35 == len(c.prompt)
 
 

@@ -1,4 +1,5 @@
 """vLLM's metric formulas against numbers worked out by hand."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,11 +10,20 @@ from shared.errors import KvstackError
 
 RECORDS = [
     # token events at 0.10, 0.12, 0.16
-    RequestRecord(0, start_time=0.0, input_len=10, output_len=3, ttft=0.1, itl=(0.02, 0.04),
-                  latency=0.16, cached_tokens=4),
+    RequestRecord(
+        0,
+        start_time=0.0,
+        input_len=10,
+        output_len=3,
+        ttft=0.1,
+        itl=(0.02, 0.04),
+        latency=0.16,
+        cached_tokens=4,
+    ),
     # token events at 0.35, 0.45
-    RequestRecord(1, start_time=0.05, input_len=20, output_len=2, ttft=0.3, itl=(0.1,),
-                  latency=0.4),
+    RequestRecord(
+        1, start_time=0.05, input_len=20, output_len=2, ttft=0.3, itl=(0.1,), latency=0.4
+    ),
     # one token at 1.2
     RequestRecord(2, start_time=1.0, input_len=5, output_len=1, ttft=0.2, latency=0.2),
     RequestRecord(3, start_time=1.5, input_len=7, status=503, error="HTTP 503: overloaded"),
@@ -34,7 +44,7 @@ def test_totals_and_throughputs() -> None:
 def test_latency_formulas() -> None:
     s = summarize(RECORDS, duration=2.0, percentiles=[50, 99])
     assert s["mean_ttft_ms"] == pytest.approx(200.0)
-    assert s["p99_ttft_ms"] == pytest.approx(298.0)      # 200 + 0.98 * (300 - 200)
+    assert s["p99_ttft_ms"] == pytest.approx(298.0)  # 200 + 0.98 * (300 - 200)
     # TPOT = (E2EL - TTFT) / (out - 1), only requests with out > 1: 30 ms and 100 ms
     assert s["mean_tpot_ms"] == pytest.approx(65.0)
     # ITL pools every gap of every request: 20, 40, 100 ms
@@ -46,8 +56,8 @@ def test_latency_formulas() -> None:
 
 def test_peaks() -> None:
     s = summarize(RECORDS, duration=2.0)
-    assert s["max_concurrent_requests"] == 2     # requests 0 and 1 overlap, 2 starts later
-    assert s["max_output_tokens_per_s"] == 5     # five token events in [0 s, 1 s)
+    assert s["max_concurrent_requests"] == 2  # requests 0 and 1 overlap, 2 starts later
+    assert s["max_output_tokens_per_s"] == 5  # five token events in [0 s, 1 s)
 
 
 def test_goodput_and_slo_attainment() -> None:

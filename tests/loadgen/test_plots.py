@@ -1,4 +1,5 @@
 """PNG plots of one run and of several overlaid."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,10 +14,18 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def make_result(label: str, scale: float = 1.0, failed: bool = False) -> dict:
-    records = [RequestRecord(i, start_time=0.1 * i, input_len=8, output_len=4,
-                             ttft=0.05 * scale * (i + 1), itl=(0.01 * scale,) * 3,
-                             latency=0.05 * scale * (i + 1) + 0.03 * scale)
-               for i in range(10)]
+    records = [
+        RequestRecord(
+            i,
+            start_time=0.1 * i,
+            input_len=8,
+            output_len=4,
+            ttft=0.05 * scale * (i + 1),
+            itl=(0.01 * scale,) * 3,
+            latency=0.05 * scale * (i + 1) + 0.03 * scale,
+        )
+        for i in range(10)
+    ]
     if failed:
         records = [RequestRecord(i, 0.1 * i, 8, status=503, error="HTTP 503") for i in range(3)]
     return build_result(summarize(records, 2.0), records, {"label": label})
@@ -30,29 +39,34 @@ def assert_pngs(paths, names) -> None:
 
 def test_plot_run_writes_three_pngs(tmp_path) -> None:
     paths = plot_run(make_result("a"), tmp_path / "plots", prefix="run1-")
-    assert_pngs(paths, ["run1-latency-cdf.png", "run1-throughput.png",
-                        "run1-ttft-over-time.png"])
+    assert_pngs(paths, ["run1-latency-cdf.png", "run1-throughput.png", "run1-ttft-over-time.png"])
 
 
 def test_a_run_where_everything_failed_still_plots(tmp_path) -> None:
-    assert_pngs(plot_run(make_result("bad", failed=True), tmp_path),
-                ["latency-cdf.png", "throughput.png", "ttft-over-time.png"])
+    assert_pngs(
+        plot_run(make_result("bad", failed=True), tmp_path),
+        ["latency-cdf.png", "throughput.png", "ttft-over-time.png"],
+    )
 
 
 def test_plot_compare_overlays_runs(tmp_path) -> None:
     runs = [("fast", make_result("fast")), ("slow", make_result("slow", scale=3.0))]
-    assert_pngs(plot_compare(runs, tmp_path, "compare-"),
-                ["compare-latency-cdf.png", "compare-throughput.png"])
+    assert_pngs(
+        plot_compare(runs, tmp_path, "compare-"),
+        ["compare-latency-cdf.png", "compare-throughput.png"],
+    )
 
 
 def test_series_behind_the_plots() -> None:
-    records = [RequestRecord(0, 0.0, 1, 3, ttft=0.5, itl=(0.5, 1.0), latency=2.0),
-               RequestRecord(1, 1.0, 1, 1, ttft=0.25, latency=0.25)]
+    records = [
+        RequestRecord(0, 0.0, 1, 3, ttft=0.5, itl=(0.5, 1.0), latency=2.0),
+        RequestRecord(1, 1.0, 1, 1, ttft=0.25, latency=0.25),
+    ]
     values = latencies_ms(records)
     assert values["ttft"].tolist() == [250.0, 500.0]
-    assert values["tpot"].tolist() == [750.0]          # one-token answers have no TPOT
+    assert values["tpot"].tolist() == [750.0]  # one-token answers have no TPOT
     assert values["itl"].tolist() == [500.0, 1000.0]
-    edges, rates = throughput_series(records)         # token events at 0.5, 1.0, 1.25, 2.0
+    edges, rates = throughput_series(records)  # token events at 0.5, 1.0, 1.25, 2.0
     width = edges[1]
     assert width == pytest.approx(0.1) and edges.size == rates.size + 1
     assert rates.sum() * width == pytest.approx(4)

@@ -1,4 +1,5 @@
 """Before a run: base URLs, the model list, the key, and the model's name."""
+
 from __future__ import annotations
 
 import aiohttp
@@ -11,8 +12,9 @@ from tests.e2e.conftest import free_port
 from tests.loadgen.conftest import API_KEY, MODEL
 
 
-@pytest.mark.parametrize("url", ["http://h:8000", "http://h:8000/", "http://h:8000/v1",
-                                 "http://h:8000/v1/"])
+@pytest.mark.parametrize(
+    "url", ["http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/"]
+)
 def test_base_urls_lose_a_trailing_v1(url) -> None:
     assert normalize_base_url(url) == "http://h:8000"
 
@@ -38,14 +40,13 @@ async def test_the_first_listed_model_is_taken_when_none_is_given(fake_server) -
 
 async def test_an_unlisted_model_is_tried_once_and_a_404_stops_the_run(fake_server) -> None:
     async with aiohttp.ClientSession() as session:
-        with pytest.raises(KvstackError, match="does not serve model 'other'.*lists: fake-model"):
-            await resolve_model(session, Target(fake_server.url, "other", api_key=API_KEY),
-                                [MODEL])
+        with pytest.raises(KvstackError, match=r"does not serve model 'other'.*lists: fake-model"):
+            await resolve_model(session, Target(fake_server.url, "other", api_key=API_KEY), [MODEL])
 
 
 async def test_a_wrong_key_says_so(fake_server) -> None:
     async with aiohttp.ClientSession() as session:
-        with pytest.raises(KvstackError, match="refused the API key.*--api-key"):
+        with pytest.raises(KvstackError, match=r"refused the API key.*--api-key"):
             await served_models(session, fake_server.url, "wrong")
 
 

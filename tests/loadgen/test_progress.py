@@ -1,4 +1,5 @@
 """The progress line: counts, failures, and rate-limited redraws."""
+
 from __future__ import annotations
 
 import io
@@ -13,7 +14,7 @@ def test_lines_show_completed_total_and_failures() -> None:
         progress.update(success)
     progress.close("interrupted")
     lines = out.getvalue().splitlines()
-    assert len(lines) == 4                     # not a terminal: one line per redraw
+    assert len(lines) == 4  # not a terminal: one line per redraw
     assert lines[1].startswith("[############............] 2/4 done, 1 failed")
     assert lines[-1].endswith("(interrupted)") and "3/4 done, 1 failed" in lines[-1]
 
@@ -25,5 +26,5 @@ def test_redraws_are_rate_limited() -> None:
         progress.update(True)
     progress.close()
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2                     # the first update and the final line
+    assert len(lines) == 2  # the first update and the final line
     assert "1000/1000 done, 0 failed" in lines[-1]

@@ -1,4 +1,5 @@
 """`loadgen report`: the side-by-side table and the overlaid plots."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,8 +12,10 @@ from loadgen.report import column_labels, markdown_table, table_rows, text_table
 
 
 def make_result(label: str | None, ttft: float, percentiles=(50, 99)) -> dict:
-    records = [RequestRecord(i, 0.1 * i, 8, 2, ttft=ttft, itl=(0.01,), latency=ttft + 0.01)
-               for i in range(4)]
+    records = [
+        RequestRecord(i, 0.1 * i, 8, 2, ttft=ttft, itl=(0.01,), latency=ttft + 0.01)
+        for i in range(4)
+    ]
     meta = {"label": label, "request_rate": 2.0, "max_concurrency": None}
     return build_result(summarize(records, 1.0, percentiles=percentiles), records, meta)
 
@@ -28,8 +31,8 @@ def test_rows_are_metrics_and_columns_are_runs() -> None:
     rows = dict(table_rows([make_result("a", 0.1), make_result("b", 0.3, percentiles=(90,))]))
     assert rows["Successful requests"] == [4, 4]
     assert rows["Mean TTFT (ms)"] == [100.0, 300.0]
-    assert rows["P90 TTFT (ms)"] == [None, 300.0]          # a percentile only one run has
-    assert "Request goodput (req/s)" not in rows            # no run has it
+    assert rows["P90 TTFT (ms)"] == [None, 300.0]  # a percentile only one run has
+    assert "Request goodput (req/s)" not in rows  # no run has it
     assert "Max concurrency" not in rows
 
 

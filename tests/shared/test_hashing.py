@@ -1,7 +1,6 @@
 from shared.hashing import block_hashes, chain_hash, root_hash
 
 
-
 def test_golden_vectors() -> None:
     # Changing these renames every block in a running cluster and in every kvstore.
     assert root_hash("kvstack") == 0x822967E5C9EE97D1

@@ -1,4 +1,5 @@
 """Every message survives the wire; anything malformed is one clear MessageError."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,9 +7,20 @@ import pytest
 from shared import codec
 from shared.engine.sampler import TokenLogprob
 from shared.engine.sampling_params import SamplingParams
-from shared.messages import (Abort, Ack, Heartbeat, KVCommit, KVReservation, KVReserve,
-                             Placement, PlacementRequest, PrefillRequest, StatsRequest,
-                             TokenEvent, WorkerStats)
+from shared.messages import (
+    Abort,
+    Ack,
+    Heartbeat,
+    KVCommit,
+    KVReservation,
+    KVReserve,
+    Placement,
+    PlacementRequest,
+    PrefillRequest,
+    StatsRequest,
+    TokenEvent,
+    WorkerStats,
+)
 
 PARAMS = SamplingParams(max_tokens=5, temperature=0.5, stop=("x", "y"), seed=3, logprobs=2)
 LOGPROB = TokenLogprob(7, -0.25, ((7, -0.25), (9, -1.5)))

@@ -1,4 +1,5 @@
 """The permission table: what docs/security.md says is what nats-server is told."""
+
 from __future__ import annotations
 
 from pathlib import Path

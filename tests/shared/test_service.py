@@ -1,5 +1,6 @@
 """The service runner against a real nats-server: health, metrics, heartbeats, discovery,
 drain on stop."""
+
 from __future__ import annotations
 
 import asyncio
@@ -55,8 +56,11 @@ def get(url: str) -> tuple[int, str]:
 
 
 async def test_a_service_lives_beats_answers_and_drains(nats_url, admin) -> None:
-    service = Echo(ServiceConfig(nats_url=nats_url, worker_id="echo-1", heartbeat_interval=0.1,
-                                 nats_auth=admin))
+    service = Echo(
+        ServiceConfig(
+            nats_url=nats_url, worker_id="echo-1", heartbeat_interval=0.1, nats_auth=admin
+        )
+    )
     client = await Bus.connect(nats_url, "test", admin)
     beats: list[Heartbeat] = []
     await client.subscribe(subjects.heartbeat("echo", "echo-1"), lambda hb: _append(beats, hb))
@@ -96,8 +100,9 @@ class Stuck(Echo):
 
 
 async def test_a_drain_past_its_timeout_hands_off_what_is_left(nats_url, admin) -> None:
-    service = Stuck(ServiceConfig(nats_url=nats_url, worker_id="stuck-1", drain_timeout=0.3,
-                                  nats_auth=admin))
+    service = Stuck(
+        ServiceConfig(nats_url=nats_url, worker_id="stuck-1", drain_timeout=0.3, nats_auth=admin)
+    )
     ready = asyncio.Event()
     task = asyncio.ensure_future(serve(service, ready))
     await asyncio.wait_for(ready.wait(), 10)

@@ -1,4 +1,5 @@
 """Owned background tasks: a failure is logged and ends what the task was doing."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +16,7 @@ async def test_a_failed_task_is_logged_and_its_owner_told(caplog) -> None:
 
     async def end_request(error: BaseException) -> None:
         told.append(str(error))
+
     with caplog.at_level(logging.ERROR, "kvstack.tasks"):
         tasks.spawn(boom(), "request r1", on_error=end_request)
         await asyncio.sleep(0.05)
@@ -28,6 +30,7 @@ async def test_a_task_that_ends_well_calls_nothing() -> None:
 
     async def fine() -> int:
         return 1
+
     await tasks.spawn(fine(), "fine", on_error=told.append)
     assert told == [] and len(tasks) == 0
 
@@ -39,6 +42,7 @@ async def test_a_failed_round_does_not_end_the_periodic_work(caplog) -> None:
         rounds.append(1)
         if len(rounds) == 1:
             raise RuntimeError("NATS hiccup")
+
     with caplog.at_level(logging.ERROR, "kvstack.tasks"):
         tasks.every(0.01, round_, "publishing events")
         await asyncio.sleep(0.2)

@@ -1,4 +1,5 @@
 """Native CPU kernels, compiled once per machine on first use (torch C++ extension)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -32,13 +33,17 @@ def cpu_ops():
     try:
         return _build()
     except Exception as e:  # no compiler, no ninja, a failed build: run the torch path
-        print(f"kvstack: native CPU kernels unavailable ({type(e).__name__}: "
-              f"{str(e).splitlines()[0] if str(e) else ''}); using torch ops", file=sys.stderr)
+        print(
+            f"kvstack: native CPU kernels unavailable ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); using torch ops",
+            file=sys.stderr,
+        )
         return None
 
 
 def _build():
     from torch.utils.cpp_extension import load
+
     directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
     with _exclusive(directory / "build.flock"):
@@ -46,12 +51,15 @@ def _build():
         # would wait on it forever; under our flock no other builder is alive, so it is stale.
         (directory / "lock").unlink(missing_ok=True)
         if not any(directory.glob("*.so")):
-            print("kvstack: compiling native CPU kernels once (about a minute)...",
-                  file=sys.stderr)
-        return load(name="kvstack_cpu_ops", sources=[str(SOURCE)],
-                    build_directory=str(directory), extra_cflags=["-O3", "-march=native",
-                                                                  "-fopenmp"],
-                    extra_ldflags=["-fopenmp"], verbose=False)
+            print("kvstack: compiling native CPU kernels once (about a minute)...", file=sys.stderr)
+        return load(
+            name="kvstack_cpu_ops",
+            sources=[str(SOURCE)],
+            build_directory=str(directory),
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
 
 
 @contextlib.contextmanager
@@ -72,4 +80,4 @@ def _cpu_model() -> str:
     except OSError:
         return platform.processor()
     wanted = ("model name", "flags")
-    return "\n".join(next((l for l in lines if l.startswith(key)), "") for key in wanted)
+    return "\n".join(next((line for line in lines if line.startswith(key)), "") for key in wanted)

@@ -1,6 +1,7 @@
 """The decode worker's side of the link to one attention worker: frames go out from the
 engine thread; a reader thread lands each output as it arrives and stamps its arrival,
 so the engine knows how much of the round trip it spent waiting."""
+
 from __future__ import annotations
 
 import socket
@@ -11,9 +12,17 @@ from collections.abc import Sequence
 import orjson
 import torch
 
-from shared.transfer.attention.wire import (GREETING, KIND_ERROR, KIND_OUT, KIND_QKV,
-                                            KIND_RELEASE, KIND_STEP, encode_step, read_header,
-                                            send_frame)
+from shared.transfer.attention.wire import (
+    GREETING,
+    KIND_ERROR,
+    KIND_OUT,
+    KIND_QKV,
+    KIND_RELEASE,
+    KIND_STEP,
+    encode_step,
+    read_header,
+    send_frame,
+)
 from shared.transfer.base import tensor_bytes
 from shared.transfer.common.counters import Counters
 from shared.transfer.common.frames import ProtocolError
@@ -27,8 +36,15 @@ class AttentionLost(ConnectionError):
 
 
 class AttentionLink:
-    def __init__(self, peer: str, num_heads: int, head_dim: int, dtype: torch.dtype,
-                 auth_token: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        peer: str,
+        num_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        auth_token: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
         self.peer = peer
         self.row_shape = (num_heads, head_dim)
         self.dtype = dtype
@@ -56,8 +72,9 @@ class AttentionLink:
     def begin_step(self, micro_batch: int, chunks: Sequence) -> None:
         self._send(KIND_STEP, micro_batch, 0, "control_bytes", encode_step(chunks))
 
-    def send_qkv(self, micro_batch: int, layer: int, q: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> None:
+    def send_qkv(
+        self, micro_batch: int, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         views = [tensor_bytes(t.contiguous()) for t in (q, k, v)]
         self._send(KIND_QKV, micro_batch, layer, "qkv_bytes", *views)
 
@@ -68,10 +85,10 @@ class AttentionLink:
         """The output of (micro-batch, layer) and when it arrived (perf_counter seconds)."""
         key = (micro_batch, layer)
         with self._ready:
-            if not self._ready.wait_for(lambda: key in self._results or self.error,
-                                        self.timeout):
-                raise AttentionLost(f"attention worker at {self.peer}: no answer in "
-                                    f"{self.timeout:g}s")
+            if not self._ready.wait_for(lambda: key in self._results or self.error, self.timeout):
+                raise AttentionLost(
+                    f"attention worker at {self.peer}: no answer in {self.timeout:g}s"
+                )
             if key not in self._results:
                 raise AttentionLost(f"attention worker at {self.peer}: {self.error}")
             return self._results.pop(key)

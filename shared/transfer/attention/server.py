@@ -1,5 +1,6 @@
 """The attention worker's side of the link: a listener and one thread per decode worker
 that reads q, k, v straight into tensors, has its handler compute, and sends the output."""
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -7,9 +8,18 @@ from typing import Protocol
 import orjson
 import torch
 
-from shared.transfer.attention.wire import (GREETING, KIND_ERROR, KIND_OUT, KIND_QKV,
-                                            KIND_RELEASE, KIND_STEP, ChunkSpec, decode_step,
-                                            read_header, send_frame)
+from shared.transfer.attention.wire import (
+    GREETING,
+    KIND_ERROR,
+    KIND_OUT,
+    KIND_QKV,
+    KIND_RELEASE,
+    KIND_STEP,
+    ChunkSpec,
+    decode_step,
+    read_header,
+    send_frame,
+)
 from shared.transfer.base import tensor_bytes
 from shared.transfer.common.counters import Counters
 from shared.transfer.common.frames import ProtocolError
@@ -28,8 +38,9 @@ class AttentionHandler(Protocol):
     def qkv_buffers(self, micro_batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Empty q, k, v tensors shaped for that micro-batch's tokens and this shard's heads."""
 
-    def attend(self, micro_batch: int, layer: int, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self, micro_batch: int, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         """Append k, v to the cache and return the attention output [T, H_w, D]."""
 
     def release(self, request_ids: list[str]) -> None: ...
@@ -64,8 +75,10 @@ class _LinkConnection(Connection):
         buffers = handler.qkv_buffers(micro_batch)
         views = [tensor_bytes(b) for b in buffers]
         if size != sum(v.nbytes for v in views):
-            raise ValueError(f"QKV of {size} bytes; micro-batch {micro_batch} needs "
-                             f"{sum(v.nbytes for v in views)}")
+            raise ValueError(
+                f"QKV of {size} bytes; micro-batch {micro_batch} needs "
+                f"{sum(v.nbytes for v in views)}"
+            )
         recv_hashed(self.sock, [(view, None) for view in views])
         out = handler.attend(micro_batch, layer, *buffers)
         sent = send_frame(self.sock, KIND_OUT, micro_batch, layer, tensor_bytes(out.contiguous()))
@@ -81,10 +94,12 @@ def _request_ids(payload: bytes) -> list[str]:
 
 class AttentionServer(ListeningReceiver):
     """Serves decode workers' attention links with one handler (the worker's KV shard)."""
+
     connection_class = _LinkConnection
 
-    def __init__(self, handler: AttentionHandler, host: str, port: int,
-                 auth_token: str | None) -> None:
+    def __init__(
+        self, handler: AttentionHandler, host: str, port: int, auth_token: str | None
+    ) -> None:
         super().__init__(handler, host, port, auth_token)
         self.counters = Counters("bytes", "frames", "rejected", "sent")
 

@@ -9,6 +9,7 @@ and a payload.
 
 Tensors travel raw in the dtype both ends agreed at attach; T comes from the STEP.
 """
+
 from __future__ import annotations
 
 import socket
@@ -23,8 +24,8 @@ from shared.transfer.common.handshake import Greeting
 from shared.transfer.common.sockets import recv_exact
 from shared.transfer.tcp.sockets import send_all
 
-GREETING = Greeting(0x4B564154, 1, "kvstack attention link")   # "KVAT"
-HEADER = struct.Struct("<BBHI")   # kind, micro-batch, layer, payload bytes
+GREETING = Greeting(0x4B564154, 1, "kvstack attention link")  # "KVAT"
+HEADER = struct.Struct("<BBHI")  # kind, micro-batch, layer, payload bytes
 KIND_STEP, KIND_QKV, KIND_OUT, KIND_RELEASE, KIND_ERROR = range(1, 6)
 MAX_PAYLOAD = 1 << 30
 MAX_MICRO_BATCHES = 255
@@ -33,6 +34,7 @@ MAX_MICRO_BATCHES = 255
 @dataclass(frozen=True, slots=True)
 class ChunkSpec:
     """What an attention worker knows of one sequence's chunk in a step (no tokens)."""
+
     request_id: str
     start_pos: int
     num_tokens: int
@@ -44,8 +46,9 @@ class ChunkSpec:
 
 
 def encode_step(chunks: Sequence) -> bytes:
-    return orjson.dumps([[c.request_id, c.start_pos, c.num_tokens, list(c.block_ids)]
-                         for c in chunks])
+    return orjson.dumps(
+        [[c.request_id, c.start_pos, c.num_tokens, list(c.block_ids)] for c in chunks]
+    )
 
 
 def decode_step(payload: bytes) -> list[ChunkSpec]:
@@ -55,8 +58,12 @@ def decode_step(payload: bytes) -> list[ChunkSpec]:
     except (orjson.JSONDecodeError, TypeError, ValueError) as e:
         raise ProtocolError(f"malformed STEP: {e}") from None
     for c in chunks:
-        if not (isinstance(c.request_id, str) and _ints(c.start_pos, c.num_tokens, *c.block_ids)
-                and c.num_tokens > 0 and c.block_ids):
+        if not (
+            isinstance(c.request_id, str)
+            and _ints(c.start_pos, c.num_tokens, *c.block_ids)
+            and c.num_tokens > 0
+            and c.block_ids
+        ):
             raise ProtocolError(f"malformed STEP chunk {c}")
     return chunks
 
@@ -65,12 +72,14 @@ def _ints(*values: object) -> bool:
     return all(type(v) is int and v >= 0 for v in values)
 
 
-def send_frame(sock: socket.socket, kind: int, micro_batch: int, layer: int,
-               *payload: memoryview | bytes) -> int:
+def send_frame(
+    sock: socket.socket, kind: int, micro_batch: int, layer: int, *payload: memoryview | bytes
+) -> int:
     """Send one frame; returns its payload bytes."""
     size = sum(memoryview(p).nbytes for p in payload)
-    send_all(sock, [memoryview(HEADER.pack(kind, micro_batch, layer, size)),
-                    *map(memoryview, payload)])
+    send_all(
+        sock, [memoryview(HEADER.pack(kind, micro_batch, layer, size)), *map(memoryview, payload)]
+    )
     return size
 
 

@@ -1,4 +1,5 @@
 """Thread-safe byte and frame totals shared by a sender's or receiver's I/O threads."""
+
 from __future__ import annotations
 
 import threading

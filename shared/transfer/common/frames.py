@@ -1,5 +1,6 @@
 """A frame as the sender queues it: the checks both wire formats need before anything is
 queued, and the checksum both send along."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -52,7 +53,10 @@ def checked_frame(request_id: str, layer: int, spans: Sequence[SpanBytes]) -> Fr
     for span, k, v in frame.spans:
         if k.nbytes != v.nbytes or k.nbytes > MAX_HALF_BYTES:
             raise ValueError(f"{span}: K has {k.nbytes} bytes, V has {v.nbytes}")
-        if not (max(span.block_id, span.offset, span.num_tokens) < U32 and span.block_hash < U64
-                and min(span.block_id, span.offset, span.num_tokens, span.block_hash) >= 0):
+        if not (
+            max(span.block_id, span.offset, span.num_tokens) < U32
+            and span.block_hash < U64
+            and min(span.block_id, span.offset, span.num_tokens, span.block_hash) >= 0
+        ):
             raise ValueError(f"{span} does not fit the wire format")
     return frame

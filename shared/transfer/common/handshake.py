@@ -7,6 +7,7 @@ its own magic, so a sender of one is refused by a receiver of the other.
     receiver -> sender   verdict  one byte: 1 accepted (then the transport's own extra);
                                   0, or a close, refused
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,8 +59,9 @@ def answer_hello(sock: socket.socket, token: str | None, greeting: Greeting) -> 
         raise AuthenticationError("authentication failed")
 
 
-def challenge(sock: socket.socket, token: str | None, greeting: Greeting,
-              welcome: bytes = b"") -> None:
+def challenge(
+    sock: socket.socket, token: str | None, greeting: Greeting, welcome: bytes = b""
+) -> None:
     """Receiver side of the handshake; raises AuthenticationError on a wrong proof.
     `welcome` follows the verdict, so only an accepted sender learns it. The socket's
     timeout bounds the whole handshake, not each read (TimeoutError once it has passed)."""

@@ -1,5 +1,6 @@
 """What a receiver allows its peers: how many connections at once and how long each may keep
 it waiting, plus a warning that a flood of refusals cannot turn into a flood of log lines."""
+
 from __future__ import annotations
 
 import logging

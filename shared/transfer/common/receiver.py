@@ -1,5 +1,6 @@
 """The receiving side both transports share: a listener, one thread per accepted sender, and
 what every connection does with the sink (destinations, frames, ends, losses)."""
+
 from __future__ import annotations
 
 import logging
@@ -88,8 +89,9 @@ class Connection:
         timeout between frames, the read timeout while a frame's parts are still due. The
         rest of the message then has the read timeout for each read."""
         self.waiting_for = "idle" if self.frame is None else "message"
-        self.sock.settimeout(self.limits.idle_timeout_s if self.frame is None
-                             else self.limits.read_timeout_s)
+        self.sock.settimeout(
+            self.limits.idle_timeout_s if self.frame is None else self.limits.read_timeout_s
+        )
         begun = self.sock.recv(1, socket.MSG_PEEK) != b""
         self.waiting_for = "message"
         self.sock.settimeout(self.limits.read_timeout_s)
@@ -123,17 +125,23 @@ class Connection:
         self.frame = frame
         self.open_requests[frame.request_id] = None
 
-    def _destination(self, request_id: str, layer: int, span: BlockSpan,
-                     nbytes: int) -> tuple[memoryview, memoryview] | None:
-        return writable(call_sink(self.sink.destination, request_id, layer, span, nbytes),
-                        nbytes)
+    def _destination(
+        self, request_id: str, layer: int, span: BlockSpan, nbytes: int
+    ) -> tuple[memoryview, memoryview] | None:
+        return writable(call_sink(self.sink.destination, request_id, layer, span, nbytes), nbytes)
 
     def _complete(self) -> None:
         """The frame in progress has been checked to its end: count it, report it."""
         frame, self.frame = self.frame, None
         self.receiver.counters.add(frames=1, rejected=int(bool(frame.error)))
-        call_sink(self.sink.on_frame, frame.request_id, frame.layer, tuple(frame.spans),
-                  not frame.error, frame.error)
+        call_sink(
+            self.sink.on_frame,
+            frame.request_id,
+            frame.layer,
+            tuple(frame.spans),
+            not frame.error,
+            frame.error,
+        )
 
     def _end(self, request_id: str, num_frames: int) -> None:
         self.open_requests.pop(request_id, None)
@@ -155,8 +163,14 @@ class ListeningReceiver(KVReceiver):
     connection_class: type[Connection]
     socket_buffer_bytes: int | None = None  # per accepted socket; None keeps the system's
 
-    def __init__(self, sink: KVSink, host: str, port: int, auth_token: str | None,
-                 limits: ConnectionLimits = NO_IDLE_TIMEOUT) -> None:
+    def __init__(
+        self,
+        sink: KVSink,
+        host: str,
+        port: int,
+        auth_token: str | None,
+        limits: ConnectionLimits = NO_IDLE_TIMEOUT,
+    ) -> None:
         self.sink = sink
         self.host, self.port = host, port
         self.auth_token = auth_token
@@ -245,8 +259,11 @@ class ListeningReceiver(KVReceiver):
                 self._sockets.add(sock)
                 self._accepted += 1
         if not admitted and not stopping:
-            self._over_cap("refused a connection from %s: %d already open (max_connections)",
-                           peer_name(sock), self.limits.max_connections)
+            self._over_cap(
+                "refused a connection from %s: %d already open (max_connections)",
+                peer_name(sock),
+                self.limits.max_connections,
+            )
         if not admitted:
             sock.close()
         return admitted

@@ -1,5 +1,6 @@
 """The sending side both transports share: per peer one queue, one thread and one connection,
 so that a request's frames and its END go in the order they were queued."""
+
 from __future__ import annotations
 
 import logging
@@ -117,8 +118,9 @@ class PeerChannel:
             return True
         try:
             # NOTE: self.sock is set before the handshake so that abort() can interrupt it.
-            self.sock = socket.create_connection(split_peer(self.peer),
-                                                 self.sender.connect_timeout_s)
+            self.sock = socket.create_connection(
+                split_peer(self.peer), self.sender.connect_timeout_s
+            )
             self._handshake()
             self.last_write = time.monotonic()
         except AuthenticationError as e:
@@ -165,8 +167,13 @@ class ChannelSender(KVSender):
 
     channel_class: type[PeerChannel]
 
-    def __init__(self, auth_token: str | None, connect_timeout_s: float,
-                 part_bytes: int, max_idle_s: float = MAX_IDLE_S) -> None:
+    def __init__(
+        self,
+        auth_token: str | None,
+        connect_timeout_s: float,
+        part_bytes: int,
+        max_idle_s: float = MAX_IDLE_S,
+    ) -> None:
         self.auth_token = auth_token
         self.connect_timeout_s = connect_timeout_s
         self.part_bytes = part_bytes

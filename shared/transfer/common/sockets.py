@@ -1,4 +1,5 @@
 """Socket helpers both transports use: tuning, exact reads, liveness, peer addresses."""
+
 from __future__ import annotations
 
 import socket
@@ -12,8 +13,9 @@ def tune(sock: socket.socket, buffer_bytes: int | None) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
 
 
-def recv_exact(sock: socket.socket, nbytes: int, eof_ok: bool = False,
-               deadline: float | None = None) -> bytes | None:
+def recv_exact(
+    sock: socket.socket, nbytes: int, eof_ok: bool = False, deadline: float | None = None
+) -> bytes | None:
     """`nbytes` bytes, or None when the peer closed cleanly before the first (if `eof_ok`).
     With a `deadline` (time.monotonic()), TimeoutError once it passes, however the bytes
     trickle in; without one, the socket's timeout bounds each read."""

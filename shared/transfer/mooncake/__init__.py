@@ -34,6 +34,7 @@ this package relies on about it), `control` (handshake and messages), `parts`, `
 `receiver` (the last two on the channel, listener and connection bookkeeping of `common`).
 `mooncake` itself is imported only when an engine starts, so this package imports anywhere.
 """
+
 from __future__ import annotations
 
 from shared.transfer.mooncake.engine import EngineError, available

@@ -1,5 +1,6 @@
 """The control channel: a TCP connection per sender and receiver pair that carries everything
 but the KV bytes (see the package docstring for the exchange)."""
+
 from __future__ import annotations
 
 import socket
@@ -72,8 +73,10 @@ def _header(kind: int, request_id: str, layer: int, count: int) -> bytes:
 
 
 def encode_ask(frame: Frame) -> bytes:
-    table = [ASK_SPAN.pack(s.block_id, s.offset, s.num_tokens, k.nbytes, s.block_hash)
-             for s, k, _ in frame.spans]
+    table = [
+        ASK_SPAN.pack(s.block_id, s.offset, s.num_tokens, k.nbytes, s.block_hash)
+        for s, k, _ in frame.spans
+    ]
     return _header(KIND_ASK, frame.request_id, frame.layer, len(frame.spans)) + b"".join(table)
 
 
@@ -99,8 +102,12 @@ def read_header(sock: socket.socket, eof_ok: bool = False) -> Header | None:
     if raw is None:
         return None
     magic, kind, rid_len, layer, count = HEADER.unpack(raw)
-    if magic != MAGIC or kind not in KINDS \
-            or rid_len > MAX_REQUEST_ID or (kind != KIND_END and count > MAX_SPANS):
+    if (
+        magic != MAGIC
+        or kind not in KINDS
+        or rid_len > MAX_REQUEST_ID
+        or (kind != KIND_END and count > MAX_SPANS)
+    ):
         raise ProtocolError(f"bad control message {raw.hex()}")
     request_id = recv_exact(sock, rid_len).decode(errors="replace") if rid_len else ""
     return Header(kind, request_id, layer, count)
@@ -109,8 +116,9 @@ def read_header(sock: socket.socket, eof_ok: bool = False) -> Header | None:
 def read_ask(sock: socket.socket, count: int) -> list[tuple[BlockSpan, int]]:
     """(span, bytes per half) of each span the sender asks a place for."""
     asked = []
-    for block_id, offset, num_tokens, nbytes, block_hash in \
-            ASK_SPAN.iter_unpack(recv_exact(sock, count * ASK_SPAN.size)):
+    for block_id, offset, num_tokens, nbytes, block_hash in ASK_SPAN.iter_unpack(
+        recv_exact(sock, count * ASK_SPAN.size)
+    ):
         if nbytes > MAX_HALF_BYTES:
             raise ProtocolError(f"span of {nbytes} bytes per half")
         asked.append((BlockSpan(block_id, offset, num_tokens, block_hash), nbytes))

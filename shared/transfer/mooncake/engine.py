@@ -18,6 +18,7 @@ Facts about `mooncake.engine.TransferEngine` (wheel 0.3.13) this module relies o
   `accept`), and it runs wherever the last reference drops, holding the GIL: seen here when a
   garbage collection freed an engine inside another thread. So no engine is ever destroyed.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -70,8 +71,9 @@ class Engine:
         self._engine = TransferEngine()
         _ENGINES.append(self._engine)  # NOTE: even one that fails to start
         if self._engine.initialize(hostname, P2P_HANDSHAKE, protocol, device_name) != 0:
-            raise EngineError(f"cannot start the Mooncake Transfer Engine ({protocol}) on "
-                              f"{hostname}")
+            raise EngineError(
+                f"cannot start the Mooncake Transfer Engine ({protocol}) on {hostname}"
+            )
         self.protocol = protocol
         self.session = f"{hostname}:{self._engine.get_rpc_port()}"
         self._starts: list[int] = []  # registered regions, sorted by start
@@ -117,8 +119,10 @@ class Engine:
 
     def start_writes(self, session: str, copies: Sequence[Copy]) -> Wait:
         """Start writing `copies` into the peer `session`; call the result exactly once."""
-        batch_ids = [self._engine.transfer_submit_write(session, c.source, c.target, c.nbytes)
-                     for c in copies]
+        batch_ids = [
+            self._engine.transfer_submit_write(session, c.source, c.target, c.nbytes)
+            for c in copies
+        ]
         deadline = time.monotonic() + WRITE_TIMEOUT_S + sum(c.nbytes for c in copies) / 1e9
         return lambda: self._wait(batch_ids, deadline)
 

@@ -3,6 +3,7 @@
 The Transfer Engine speaks in addresses and lengths; kvstack hands memoryviews around. Nothing
 here imports mooncake, so it is testable without the engine.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -28,8 +29,9 @@ class Copy:
 
 def views_of(memory: Sequence[torch.Tensor | memoryview]) -> tuple[memoryview, ...]:
     """Flat byte views of tensors (contiguous, CPU) and buffers to register."""
-    return tuple(tensor_bytes(m) if isinstance(m, torch.Tensor) else memoryview(m).cast("B")
-                 for m in memory)
+    return tuple(
+        tensor_bytes(m) if isinstance(m, torch.Tensor) else memoryview(m).cast("B") for m in memory
+    )
 
 
 def address_of(view: memoryview) -> int:
@@ -78,8 +80,11 @@ def coalesced(copies: Iterable[Copy]) -> list[Copy]:
         if copy.nbytes == 0:
             continue
         last = merged[-1] if merged else None
-        if last and last.source + last.nbytes == copy.source \
-                and last.target + last.nbytes == copy.target:
+        if (
+            last
+            and last.source + last.nbytes == copy.source
+            and last.target + last.nbytes == copy.target
+        ):
             merged[-1] = Copy(last.source, last.target, last.nbytes + copy.nbytes)
         else:
             merged.append(copy)

@@ -1,5 +1,6 @@
 """How the sender cuts a placed frame into parts that are written, hashed and reported together,
 so that the receiver checks one part while the engine writes the next."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -27,18 +28,22 @@ class Part:
         return sum(k.nbytes + v.nbytes for k, v, place in self.spans if place.accepted)
 
     def copies(self) -> list[Copy]:
-        return coalesced(Copy(address_of(view), target, view.nbytes)
-                         for k, v, place in self.spans if place.accepted
-                         for view, target in ((k, place.k_address), (v, place.v_address))
-                         if view.nbytes)
+        return coalesced(
+            Copy(address_of(view), target, view.nbytes)
+            for k, v, place in self.spans
+            if place.accepted
+            for view, target in ((k, place.k_address), (v, place.v_address))
+            if view.nbytes
+        )
 
     def checksums(self) -> list[int]:
         """xxh3_64 of each span's K then V as the sender holds them; 0 for a refused one."""
         return [checksum(k, v) if place.accepted else 0 for k, v, place in self.spans]
 
 
-def parts_of(spans: Sequence[tuple[memoryview, memoryview, Place]],
-             part_bytes: int = PART_BYTES) -> list[Part]:
+def parts_of(
+    spans: Sequence[tuple[memoryview, memoryview, Place]], part_bytes: int = PART_BYTES
+) -> list[Part]:
     """Consecutive parts, each closed once it holds `part_bytes` (one part at least)."""
     parts, run, nbytes = [], [], 0
     for k, v, place in spans:

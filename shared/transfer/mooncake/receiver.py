@@ -1,5 +1,6 @@
 """The receiving side: a control listener, one thread per sender that hands out places from the
 sink and checks every span once the engine has written it, and the engine those writes land in."""
+
 from __future__ import annotations
 
 import socket
@@ -49,9 +50,11 @@ class _Placed:
     def expects(self, header: Header) -> bool:
         """Whether `header` is a LANDED of this frame's next spans (all the rest, if last)."""
         end = self.checked + header.count
-        return (header.request_id, header.layer) == (self.request_id, self.layer) \
-            and end <= len(self.spans) and (header.kind == KIND_LANDED_MORE
-                                            or end == len(self.spans))
+        return (
+            (header.request_id, header.layer) == (self.request_id, self.layer)
+            and end <= len(self.spans)
+            and (header.kind == KIND_LANDED_MORE or end == len(self.spans))
+        )
 
 
 def place_of(target: Target) -> Place:
@@ -108,10 +111,12 @@ class _Connection(Connection):
         if self.frame is not None:
             raise ProtocolError(f"ASK of {header.request_id} before the last frame landed")
         asked = read_ask(self.sock, header.count)
-        targets = tuple(self._target(header.request_id, header.layer, span, nbytes)
-                        for span, nbytes in asked)
-        self._begin(_Placed(header.request_id, header.layer,
-                            tuple(span for span, _ in asked), targets))
+        targets = tuple(
+            self._target(header.request_id, header.layer, span, nbytes) for span, nbytes in asked
+        )
+        self._begin(
+            _Placed(header.request_id, header.layer, tuple(span for span, _ in asked), targets)
+        )
         self.sock.sendall(encode_places(header.layer, [place_of(t) for t in targets]))
 
     def _target(self, request_id: str, layer: int, span: BlockSpan, nbytes: int) -> Target:
@@ -127,7 +132,7 @@ class _Connection(Connection):
         if placed is None or not placed.expects(header):
             raise ProtocolError(f"LANDED {header} does not match the frame placed")
         checksums = read_checksums(self.sock, header.count)
-        targets = placed.targets[placed.checked:placed.checked + header.count]
+        targets = placed.targets[placed.checked : placed.checked + header.count]
         placed.checked += header.count
         placed.error = placed.error or verify(targets, checksums)
         self.receiver.counters.add(bytes=landed_bytes(targets))
@@ -156,11 +161,19 @@ class MooncakeKVReceiver(ListeningReceiver):
 
     connection_class = _Connection
 
-    def __init__(self, sink: KVSink, host: str = "0.0.0.0", port: int = 0,
-                 auth_token: str | None = None, protocol: str = "tcp", device_name: str = "",
-                 advertise_host: str | None = None,
-                 memory: Sequence[torch.Tensor | memoryview] = (),
-                 settle_s: float = 0.5, limits: ConnectionLimits = ConnectionLimits()) -> None:
+    def __init__(
+        self,
+        sink: KVSink,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        auth_token: str | None = None,
+        protocol: str = "tcp",
+        device_name: str = "",
+        advertise_host: str | None = None,
+        memory: Sequence[torch.Tensor | memoryview] = (),
+        settle_s: float = 0.5,
+        limits: ConnectionLimits = ConnectionLimits(),
+    ) -> None:
         super().__init__(sink, host, port, auth_token, limits)
         self.protocol, self.device_name = protocol, device_name
         self.advertise_host = advertise_host

@@ -1,5 +1,6 @@
 """The sending side: per peer one thread and one control connection, so that a request's
 frames and its END go in the order they were queued; the KV bytes go through the engine."""
+
 from __future__ import annotations
 
 import socket
@@ -56,8 +57,11 @@ class _PeerChannel(PeerChannel):
         """RDMA reads only registered memory; the tcp protocol reads any (registering there
         would only pile up stale registrations as buffers come and go)."""
         if self.engine.protocol == "tcp" or all(
-                self.engine.ensure_registered(view) for _, k, v in frame.spans for view in (k, v)
-                if view.nbytes):
+            self.engine.ensure_registered(view)
+            for _, k, v in frame.spans
+            for view in (k, v)
+            if view.nbytes
+        ):
             return True
         self.errors[frame.request_id] = "cannot register the source memory with the engine"
         return False
@@ -65,8 +69,11 @@ class _PeerChannel(PeerChannel):
     def _read_places(self, frame: Frame) -> list[Place] | None:
         try:
             header = read_header(self.sock)
-            if (header.kind, header.layer, header.count) != \
-                    (KIND_PLACES, frame.layer, len(frame.spans)):
+            if (header.kind, header.layer, header.count) != (
+                KIND_PLACES,
+                frame.layer,
+                len(frame.spans),
+            ):
                 raise ProtocolError(f"{header} does not answer the frame asked")
             return read_places(self.sock, header.count)
         except (OSError, ProtocolError) as e:
@@ -76,8 +83,10 @@ class _PeerChannel(PeerChannel):
     def _land(self, frame: Frame, places: list[Place]) -> bool:
         """Write the frame part by part, each part's write started before the previous one
         is waited on, and report each part's checksums once it has landed."""
-        parts = parts_of([(k, v, place) for (_, k, v), place in
-                          zip(frame.spans, places, strict=True)], self.sender.part_bytes)
+        parts = parts_of(
+            [(k, v, place) for (_, k, v), place in zip(frame.spans, places, strict=True)],
+            self.sender.part_bytes,
+        )
         waits = deque([self._start(parts[0])])
         for i, part in enumerate(parts):
             if i + 1 < len(parts):
@@ -122,10 +131,17 @@ class MooncakeKVSender(ChannelSender):
 
     channel_class = _PeerChannel
 
-    def __init__(self, auth_token: str | None = None, connect_timeout_s: float = 5.0,
-                 protocol: str = "tcp", device_name: str = "", local_hostname: str | None = None,
-                 memory: Sequence[torch.Tensor | memoryview] = (),
-                 part_bytes: int = PART_BYTES, max_idle_s: float = MAX_IDLE_S) -> None:
+    def __init__(
+        self,
+        auth_token: str | None = None,
+        connect_timeout_s: float = 5.0,
+        protocol: str = "tcp",
+        device_name: str = "",
+        local_hostname: str | None = None,
+        memory: Sequence[torch.Tensor | memoryview] = (),
+        part_bytes: int = PART_BYTES,
+        max_idle_s: float = MAX_IDLE_S,
+    ) -> None:
         super().__init__(auth_token, connect_timeout_s, part_bytes, max_idle_s)
         self.protocol, self.device_name = protocol, device_name
         self.local_hostname = local_hostname

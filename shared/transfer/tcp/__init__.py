@@ -23,6 +23,7 @@ from `common`; see `ConnectionLimits`).
 Modules: `wire` (frame format, encoding, decoding), `sockets` (scatter/gather I/O), `sender`,
 `receiver`.
 """
+
 from __future__ import annotations
 
 from shared.transfer.common.frames import ProtocolError
@@ -45,7 +46,23 @@ from shared.transfer.tcp.wire import (
 )
 
 __all__ = [
-    "HEADER", "HELLO", "IOV_MAX", "KIND_END", "KIND_KV", "KIND_KV_MORE", "MAGIC", "MAX_SPANS",
-    "PART_BYTES", "SOCKET_BUFFER_BYTES", "SPAN", "VERSION", "AuthenticationError",
-    "ConnectionLimits", "ProtocolError", "TcpKVReceiver", "TcpKVSender", "send_all", "tune",
+    "HEADER",
+    "HELLO",
+    "IOV_MAX",
+    "KIND_END",
+    "KIND_KV",
+    "KIND_KV_MORE",
+    "MAGIC",
+    "MAX_SPANS",
+    "PART_BYTES",
+    "SOCKET_BUFFER_BYTES",
+    "SPAN",
+    "VERSION",
+    "AuthenticationError",
+    "ConnectionLimits",
+    "ProtocolError",
+    "TcpKVReceiver",
+    "TcpKVSender",
+    "send_all",
+    "tune",
 ]

@@ -1,5 +1,6 @@
 """The receiving side: a listener, and one thread per accepted connection (up to a cap) that
 reads frames straight into the memory the sink names."""
+
 from __future__ import annotations
 
 import socket
@@ -85,16 +86,23 @@ class _Connection(Connection):
         if kind == KIND_END:
             self._end_of(request_id, count, body - len(meta))
         else:
-            self._receive_part(kind, request_id, layer, parse_spans(meta[rid_len:]),
-                               body - len(meta))
+            self._receive_part(
+                kind, request_id, layer, parse_spans(meta[rid_len:]), body - len(meta)
+            )
 
     def _end_of(self, request_id: str, num_frames: int, extra: int) -> None:
         if extra or self.frame is not None:
             raise ProtocolError(f"END of {request_id} inside a frame or with a body")
         self._end(request_id, num_frames)
 
-    def _receive_part(self, kind: int, request_id: str, layer: int,
-                      spans: list[tuple[BlockSpan, int, int]], payload: int) -> None:
+    def _receive_part(
+        self,
+        kind: int,
+        request_id: str,
+        layer: int,
+        spans: list[tuple[BlockSpan, int, int]],
+        payload: int,
+    ) -> None:
         if payload != sum(2 * nbytes for _, nbytes, _ in spans):
             raise ProtocolError("frame body size disagrees with its spans")
         frame = self._frame_of(request_id, layer)
@@ -114,8 +122,9 @@ class _Connection(Connection):
             raise ProtocolError(f"part of {request_id} inside a frame of {self.frame}")
         return self.frame
 
-    def _target(self, request_id: str, layer: int, span: BlockSpan, nbytes: int,
-                digest: int) -> _Target:
+    def _target(
+        self, request_id: str, layer: int, span: BlockSpan, nbytes: int, digest: int
+    ) -> _Target:
         dest = self._destination(request_id, layer, span, nbytes)
         if dest is None:
             return _Target(self._discard(2 * nbytes), None, digest)
@@ -132,10 +141,15 @@ class TcpKVReceiver(ListeningReceiver):
 
     connection_class = _Connection
 
-    def __init__(self, sink: KVSink, host: str = "0.0.0.0", port: int = 0,
-                 auth_token: str | None = None,
-                 socket_buffer_bytes: int | None = SOCKET_BUFFER_BYTES,
-                 limits: ConnectionLimits = ConnectionLimits()) -> None:
+    def __init__(
+        self,
+        sink: KVSink,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        auth_token: str | None = None,
+        socket_buffer_bytes: int | None = SOCKET_BUFFER_BYTES,
+        limits: ConnectionLimits = ConnectionLimits(),
+    ) -> None:
         super().__init__(sink, host, port, auth_token, limits)
         self.socket_buffer_bytes = socket_buffer_bytes
 

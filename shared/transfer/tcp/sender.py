@@ -1,5 +1,6 @@
 """The sending side: frames go over the peer's connection itself, in wire parts hashed just
 before they are sent."""
+
 from __future__ import annotations
 
 import socket
@@ -42,9 +43,14 @@ class TcpKVSender(ChannelSender):
 
     channel_class = _PeerChannel
 
-    def __init__(self, auth_token: str | None = None, connect_timeout_s: float = 5.0,
-                 socket_buffer_bytes: int | None = SOCKET_BUFFER_BYTES,
-                 part_bytes: int = PART_BYTES, max_idle_s: float = MAX_IDLE_S) -> None:
+    def __init__(
+        self,
+        auth_token: str | None = None,
+        connect_timeout_s: float = 5.0,
+        socket_buffer_bytes: int | None = SOCKET_BUFFER_BYTES,
+        part_bytes: int = PART_BYTES,
+        max_idle_s: float = MAX_IDLE_S,
+    ) -> None:
         super().__init__(auth_token, connect_timeout_s, part_bytes, max_idle_s)
         self.socket_buffer_bytes = socket_buffer_bytes
 

@@ -1,5 +1,6 @@
 """Scatter/gather I/O: sends and receives of many buffers per system call, the receive
 hashing each piece as soon as it has landed."""
+
 from __future__ import annotations
 
 import os
@@ -35,7 +36,7 @@ def first_bytes(pending: deque[Landing], limit: int) -> list[memoryview]:
     """Views of the first `limit` bytes of `pending` (at most IOV_MAX of them)."""
     views, total = [], 0
     for view, _ in islice(pending, IOV_MAX):
-        views.append(view[:limit - total])
+        views.append(view[: limit - total])
         total += views[-1].nbytes
         if total >= limit:
             break

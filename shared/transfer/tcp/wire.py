@@ -1,5 +1,6 @@
 """The frame format: constants, header and span records, and how frames are encoded and
 decoded (see the package docstring for the layout)."""
+
 from __future__ import annotations
 
 import struct
@@ -38,7 +39,7 @@ def runs_of(spans: Sequence[SpanBytes], part_bytes: int) -> list[Sequence[SpanBy
     for i, (_, k, v) in enumerate(spans):
         nbytes += k.nbytes + v.nbytes
         if nbytes >= part_bytes or i + 1 - start == MAX_SPANS:
-            runs.append(spans[start:i + 1])
+            runs.append(spans[start : i + 1])
             start, nbytes = i + 1, 0
     return runs + [spans[start:]] if start < len(spans) or not runs else runs
 
@@ -47,8 +48,16 @@ def encode_part(kind: int, rid: bytes, layer: int, spans: Sequence[SpanBytes]) -
     """Header, span table and payload views of one wire part, checksums computed now."""
     table, payload = [rid], []
     for span, k, v in spans:
-        table.append(SPAN.pack(span.block_id, span.offset, span.num_tokens, k.nbytes,
-                               span.block_hash, checksum(k, v)))
+        table.append(
+            SPAN.pack(
+                span.block_id,
+                span.offset,
+                span.num_tokens,
+                k.nbytes,
+                span.block_hash,
+                checksum(k, v),
+            )
+        )
         payload += (k, v)
     body = len(rid) + len(spans) * SPAN.size + sum(b.nbytes for b in payload)
     header = HEADER.pack(MAGIC, VERSION, kind, len(rid), layer, len(spans), body)
@@ -66,8 +75,9 @@ def encode_kv(frame: Frame, part_bytes: int = PART_BYTES) -> Iterator[list[memor
 
 def encode_end(request_id: str, num_frames: int) -> list[memoryview]:
     rid = request_id.encode()
-    return [memoryview(HEADER.pack(MAGIC, VERSION, KIND_END, len(rid), 0, num_frames, len(rid))
-                       + rid)]
+    return [
+        memoryview(HEADER.pack(MAGIC, VERSION, KIND_END, len(rid), 0, num_frames, len(rid)) + rid)
+    ]
 
 
 # --- decoding (receiver) --------------------------------------------------------------------
@@ -79,8 +89,12 @@ def check_header(raw: bytes) -> tuple[int, int, int, int, int]:
     if magic != MAGIC or version != VERSION or kind not in (KIND_KV, KIND_KV_MORE, KIND_END):
         raise ProtocolError(f"bad frame header {raw.hex()}")
     spans = 0 if kind == KIND_END else count
-    if rid_len > MAX_REQUEST_ID or spans > MAX_SPANS or body > MAX_BODY_BYTES \
-            or body < rid_len + spans * SPAN.size:
+    if (
+        rid_len > MAX_REQUEST_ID
+        or spans > MAX_SPANS
+        or body > MAX_BODY_BYTES
+        or body < rid_len + spans * SPAN.size
+    ):
         raise ProtocolError(f"absurd frame header {raw.hex()}")
     return kind, rid_len, layer, count, body
 

@@ -5,6 +5,7 @@ that expected times can be computed from the cost model by hand.
     decode step(b, ctx)      = 0.01 + 0.001 b + 0.000001 ctx      seconds
     transfer(bytes)          = 0.001 + bytes / 1e9                seconds (100 kB a token)
 """
+
 from __future__ import annotations
 
 import math
@@ -19,14 +20,20 @@ from loadgen.trace import TRACE_BLOCK_SIZE, TraceRow
 from services.conductor.config import SchedulingConfig
 from shared.costmodel import FittedCostModel
 
-COST = FittedCostModel(model="toy", prefill_coef=(0.01, 0.001, 0.0, 0.0, 0.0001),
-                       decode_coef=(0.01, 0.001, 0.000001), link_bw=1e9, link_latency=0.001,
-                       kv_bytes_per_token=100_000)
+COST = FittedCostModel(
+    model="toy",
+    prefill_coef=(0.01, 0.001, 0.0, 0.0, 0.0001),
+    decode_coef=(0.01, 0.001, 0.000001),
+    link_bw=1e9,
+    link_latency=0.001,
+    kv_bytes_per_token=100_000,
+)
 KV_TOKENS = 1_000_000
 
 
-def row(time: float, num_tokens: int, output: int, first_hash: int = 0,
-        prefix: tuple[int, ...] = ()) -> TraceRow:
+def row(
+    time: float, num_tokens: int, output: int, first_hash: int = 0, prefix: tuple[int, ...] = ()
+) -> TraceRow:
     """A request of `num_tokens` tokens: its blocks are `prefix`, then new ids counting up
     from `first_hash` (one id per 512-token block, the last one partial, as in traces)."""
     count = math.ceil(num_tokens / TRACE_BLOCK_SIZE)
@@ -47,12 +54,18 @@ def conversations(count: int = 60, rate: float = 2.0, seed: int = 0) -> list[Tra
     return rows
 
 
-def config(prefill: int = 0, decode: int = 0, colocated: int = 0, policy: str = "kvcentric",
-           admission: str = "none", slo_ttft: float = 30.0, slo_tbt: float = 1.0,
-           **kw) -> SimConfig:
+def config(
+    prefill: int = 0,
+    decode: int = 0,
+    colocated: int = 0,
+    policy: str = "kvcentric",
+    admission: str = "none",
+    slo_ttft: float = 30.0,
+    slo_tbt: float = 1.0,
+    **kw,
+) -> SimConfig:
     scheduling = SchedulingConfig(policy, admission, slo_ttft, slo_tbt)
-    return SimConfig(kw.pop("kv_tokens", KV_TOKENS), prefill, decode, colocated, scheduling,
-                     **kw)
+    return SimConfig(kw.pop("kv_tokens", KV_TOKENS), prefill, decode, colocated, scheduling, **kw)
 
 
 def simulate(rows: list[TraceRow], sim_config: SimConfig, cost=COST) -> SimRun:
@@ -61,8 +74,18 @@ def simulate(rows: list[TraceRow], sim_config: SimConfig, cost=COST) -> SimRun:
 
 def write_trace(path: Path, rows: list[TraceRow]) -> Path:
     """`rows` as a Mooncake trace file (timestamps back in milliseconds)."""
-    path.write_bytes(b"".join(orjson.dumps({
-        "timestamp": r.timestamp * 1000, "input_length": r.input_length,
-        "output_length": r.output_length, "hash_ids": list(r.hash_ids)}) + b"\n"
-        for r in rows))
+    path.write_bytes(
+        b"".join(
+            orjson.dumps(
+                {
+                    "timestamp": r.timestamp * 1000,
+                    "input_length": r.input_length,
+                    "output_length": r.output_length,
+                    "hash_ids": list(r.hash_ids),
+                }
+            )
+            + b"\n"
+            for r in rows
+        )
+    )
     return path

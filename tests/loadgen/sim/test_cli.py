@@ -12,9 +12,28 @@ def trace(tmp_path):
 
 def test_sim_writes_the_result_and_plots(trace, tmp_path, capsys):
     out, plots = tmp_path / "out.json", tmp_path / "plots"
-    code = main(["sim", "--trace", str(trace), "--prefill", "2", "--decode", "2",
-                 "--admission", "early", "--slo-tbt", "0.1", "--output-json", str(out),
-                 "--plot-dir", str(plots), "--label", "t", "--quiet"])
+    code = main(
+        [
+            "sim",
+            "--trace",
+            str(trace),
+            "--prefill",
+            "2",
+            "--decode",
+            "2",
+            "--admission",
+            "early",
+            "--slo-tbt",
+            "0.1",
+            "--output-json",
+            str(out),
+            "--plot-dir",
+            str(plots),
+            "--label",
+            "t",
+            "--quiet",
+        ]
+    )
     assert code == 0
     result = load_result(out)
     sim = result["sim"]
@@ -30,26 +49,35 @@ def test_sim_writes_the_result_and_plots(trace, tmp_path, capsys):
 
 def test_colocated_defaults_to_round_robin(trace, tmp_path):
     out = tmp_path / "c.json"
-    assert main(["sim", "--trace", str(trace), "--colocated", "3", "--output-json", str(out),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            ["sim", "--trace", str(trace), "--colocated", "3", "--output-json", str(out), "--quiet"]
+        )
+        == 0
+    )
     sim = load_result(out)["sim"]
     assert (sim["mode"], sim["policy"]) == ("colocated", "round-robin")
     assert sim["hit_ratio"]["local"] == sim["hit_ratio"]["global"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--prefill", "2", "--colocated", "2"], "either"),
-    (["--colocated", "2", "--policy", "kvcentric"], "no KV pool"),
-    (["--prefill", "1", "--decode", "1", "--hardware", "cpu"], "--kv-tokens"),
-    (["--prefill", "1", "--decode", "1", "--time-scale", "0"], "time scale"),
-    (["--prefill", "1", "--decode", "1", "--max-requests", "0"], "no requests"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prefill", "2", "--colocated", "2"], "either"),
+        (["--colocated", "2", "--policy", "kvcentric"], "no KV pool"),
+        (["--prefill", "1", "--decode", "1", "--hardware", "cpu"], "--kv-tokens"),
+        (["--prefill", "1", "--decode", "1", "--time-scale", "0"], "time scale"),
+        (["--prefill", "1", "--decode", "1", "--max-requests", "0"], "no requests"),
+    ],
+)
 def test_bad_arguments_exit_2_with_a_message(trace, capsys, args, message):
     assert main(["sim", "--trace", str(trace), "--quiet", *args]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_a_missing_trace_is_a_clear_error(tmp_path, capsys):
-    assert main(["sim", "--trace", str(tmp_path / "none.jsonl"), "--prefill", "1",
-                 "--decode", "1"]) == 2
+    assert (
+        main(["sim", "--trace", str(tmp_path / "none.jsonl"), "--prefill", "1", "--decode", "1"])
+        == 2
+    )
     assert "trace file not found" in capsys.readouterr().err

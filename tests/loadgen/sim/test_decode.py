@@ -13,12 +13,12 @@ def test_each_step_gives_every_running_request_a_token():
     node = DecodeNode("d", COST, 100_000)
     a, b = job(0, 1000, 3), job(1, 500, 4)
     node.arrive(a, 0.0)
-    node.advance(0.005)                         # mid-step: b joins at the next one
+    node.advance(0.005)  # mid-step: b joins at the next one
     node.arrive(b, 0.005)
     node.advance(10.0)
     s1 = COST.decode_step_time(1, 1001)
     s2 = s1 + COST.decode_step_time(2, 1002 + 501)
-    s3 = s2 + COST.decode_step_time(1, 501 + 1)   # a is done after two steps
+    s3 = s2 + COST.decode_step_time(1, 501 + 1)  # a is done after two steps
     s4 = s3 + COST.decode_step_time(1, 502 + 1)
     assert a.token_ends == pytest.approx([s1, s2])
     assert b.token_ends == pytest.approx([s2, s3, s4])
@@ -45,7 +45,7 @@ def test_a_request_larger_than_the_pool_runs_alone():
 
 def test_the_baseline_check_uses_the_mean_step_time_while_busy():
     node = DecodeNode("d", COST, 100_000)
-    assert node.over_tbt_slo(0.001) == ""       # idle: TBT 0
+    assert node.over_tbt_slo(0.001) == ""  # idle: TBT 0
     node.arrive(job(0, 1000, 50), 0.0)
     node.advance(0.2)
     assert node.tbt > 0.001 and "prefill wasted" in node.over_tbt_slo(0.001)

@@ -9,11 +9,17 @@ from tests.loadgen.sim.builders import COST, row
 HASHES = (1, 2, 3, 4, 5)
 
 
-def job(load_prefix: bool = True, peer: str = "", peer_blocks: int = 0,
-        tokens: int = 2200) -> Job:
+def job(load_prefix: bool = True, peer: str = "", peer_blocks: int = 0, tokens: int = 2200) -> Job:
     j = Job(0, "r", row(0.0, tokens, 2, prefix=HASHES), 0.0)
-    j.placement = Placement("r", True, "p0", "d0", prefix_peer=peer,
-                            prefix_peer_blocks=peer_blocks, load_prefix=load_prefix)
+    j.placement = Placement(
+        "r",
+        True,
+        "p0",
+        "d0",
+        prefix_peer=peer,
+        prefix_peer_blocks=peer_blocks,
+        load_prefix=load_prefix,
+    )
     return j
 
 
@@ -27,7 +33,7 @@ def caches():
 
 
 def test_one_token_is_always_computed_and_partial_blocks_are_not_named():
-    assert usable_blocks(job(tokens=2048)) == 3       # 4 full blocks, the last token computed
+    assert usable_blocks(job(tokens=2048)) == 3  # 4 full blocks, the last token computed
     assert full_blocks(job(tokens=2200)) == (1, 2, 3, 4)
 
 
@@ -45,8 +51,7 @@ def test_a_peer_that_lacks_a_block_sends_none(caches):
     mine, pool, peers = caches
     assert plan_prefix(job(peer="p1", peer_blocks=4), mine, pool, peers) == PrefixPlan(1)
     peers["p1"].touch([1, 2, 3, 4])
-    assert plan_prefix(job(peer="p1", peer_blocks=4), mine, None, peers) == \
-        PrefixPlan(1, 3, "p1")
+    assert plan_prefix(job(peer="p1", peer_blocks=4), mine, None, peers) == PrefixPlan(1, 3, "p1")
 
 
 def test_a_node_runs_its_queue_in_order_and_caches_what_it_prefilled():

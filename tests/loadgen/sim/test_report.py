@@ -5,8 +5,12 @@ from tests.loadgen.sim.builders import conversations, row
 
 
 def test_the_ceiling_counts_blocks_seen_before_in_arrival_order():
-    rows = [row(0, 1500, 1, prefix=(1, 2, 3)), row(1, 1500, 1, prefix=(1, 2, 4)),
-            row(2, 500, 1, prefix=(5,)), row(3, 2000, 1, prefix=(1, 2, 3, 6))]
+    rows = [
+        row(0, 1500, 1, prefix=(1, 2, 3)),
+        row(1, 1500, 1, prefix=(1, 2, 4)),
+        row(2, 500, 1, prefix=(5,)),
+        row(3, 2000, 1, prefix=(1, 2, 3, 6)),
+    ]
     assert infinite_cache_hit_ratio(rows) == pytest.approx(5 / 11)
 
 

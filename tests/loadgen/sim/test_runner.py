@@ -1,5 +1,6 @@
 """The simulation end to end on small traces: times from the cost model, cache reuse,
 admission under overload, and the conductor's own decisions."""
+
 from __future__ import annotations
 
 from typing import ClassVar
@@ -18,7 +19,7 @@ def test_a_lone_request_takes_the_cost_models_prefill_then_decode_steps():
     n, out = 2000, 5
     (job,) = simulate([row(0.0, n, out, 1)], config(1, 1)).jobs
     record = record_of(job)
-    stream = COST.transfer_time(n * COST.kv_bytes_per_token)   # overlaps the compute
+    stream = COST.transfer_time(n * COST.kv_bytes_per_token)  # overlaps the compute
     assert record.ttft == pytest.approx(max(COST.prefill_time(n, 0), stream))
     steps = [COST.decode_step_time(1, n + k) for k in range(1, out)]
     assert record.itl == pytest.approx(steps)
@@ -35,12 +36,10 @@ def test_a_prefix_in_the_pool_is_fetched_and_only_the_rest_computed():
     run = simulate([a, c, b], config(2, 1, policy="load-balance"))
     job = run.jobs[2]
     assert (job.prefill_id, run.jobs[1].prefill_id) == ("prefill-01", "prefill-00")
-    assert (job.plan.local_blocks, job.plan.fetched_blocks, job.plan.source) == \
-        (0, 5, "kvstore")
+    assert (job.plan.local_blocks, job.plan.fetched_blocks, job.plan.source) == (0, 5, "kvstore")
     cached = 5 * BLOCK
     fetch = COST.transfer_time(cached * COST.kv_bytes_per_token)
-    assert record_of(job).ttft == pytest.approx(fetch + COST.prefill_time(3000 - cached,
-                                                                          cached))
+    assert record_of(job).ttft == pytest.approx(fetch + COST.prefill_time(3000 - cached, cached))
 
 
 def test_without_a_pool_the_prefix_comes_from_the_peer_the_conductor_names():
@@ -59,8 +58,7 @@ def test_local_prefix_only_computes_what_the_node_lacks_whatever_the_placement_n
     a = row(0.0, 3000, 2, 1)
     c = row(50.0, 5000, 2, 100)
     b = row(50.001, 3000, 2, 200, prefix=a.hash_ids[:5])
-    run = simulate([a, c, b], config(2, 1, policy="load-balance", pool=False,
-                                     remote_prefix=False))
+    run = simulate([a, c, b], config(2, 1, policy="load-balance", pool=False, remote_prefix=False))
     job = run.jobs[2]
     assert job.placement.prefix_peer == "prefill-00" and job.prefill_id == "prefill-01"
     assert (job.plan.local_blocks, job.plan.fetched_blocks) == (0, 0)
@@ -100,10 +98,10 @@ def test_baseline_admission_wastes_prefills_the_decode_node_refuses():
 
 def test_same_inputs_same_result():
     rows = conversations()
-    runs = [simulate(rows, config(3, 2, policy="random", admission="predictive"))
-            for _ in range(2)]
-    assert [record_of(j).to_json() for j in runs[0].jobs] == \
-        [record_of(j).to_json() for j in runs[1].jobs]
+    runs = [simulate(rows, config(3, 2, policy="random", admission="predictive")) for _ in range(2)]
+    assert [record_of(j).to_json() for j in runs[0].jobs] == [
+        record_of(j).to_json() for j in runs[1].jobs
+    ]
     assert runs[0].series == runs[1].series
 
 
@@ -115,13 +113,16 @@ def test_the_seed_varies_the_random_policy():
 
 def test_policies_place_differently():
     rows = conversations()
-    placements = {policy: [j.prefill_id for j in simulate(rows, config(4, 2, policy=policy)).jobs]
-                  for policy in ("random", "kvcentric")}
+    placements = {
+        policy: [j.prefill_id for j in simulate(rows, config(4, 2, policy=policy)).jobs]
+        for policy in ("random", "kvcentric")
+    }
     assert placements["random"] != placements["kvcentric"]
 
 
 class Recording(Conductor):
     """The conductor, logging every message it is fed and every placement it makes."""
+
     log: ClassVar[list] = []
 
     def observe(self, hb):
@@ -161,5 +162,6 @@ def test_placements_are_the_conductors_for_what_it_was_told(monkeypatch):
     assert any(not p.accepted for p in placements) and any(p.accepted for p in placements)
     for job, placement in zip(run.jobs, placements):
         assert job.placement is placement
-        assert (job.prefill_id, job.decode_id) == ((placement.prefill_id, placement.decode_id)
-                                                   if placement.accepted else ("", ""))
+        assert (job.prefill_id, job.decode_id) == (
+            (placement.prefill_id, placement.decode_id) if placement.accepted else ("", "")
+        )

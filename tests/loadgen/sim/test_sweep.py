@@ -1,5 +1,6 @@
 """The capacity search: bracketing and bisection on known attainment curves, and the
 command end to end on a small trace."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,11 @@ from tests.loadgen.sim.builders import conversations, write_trace
 
 def threshold_at(limit: float, calls: list[float]):
     """A cluster that sustains every time scale from `limit` up (slower replays)."""
+
     def sustains(scale: float) -> bool:
         calls.append(scale)
         return scale >= limit
+
     return sustains
 
 
@@ -48,9 +51,31 @@ def trace(tmp_path):
 
 def test_the_command_finds_a_capacity_whose_probes_bracket_the_target(trace, tmp_path):
     out, plot = tmp_path / "sweep.json", tmp_path / "sweep.png"
-    code = main(["sim-sweep", "--trace", str(trace), "--prefill", "1", "--decode", "1",
-                 "--slo-ttft", "1", "--slo-tbt", "0.1", "0.2", "--tolerance", "0.1",
-                 "--grid", "4", "--output-json", str(out), "--plot", str(plot), "--quiet"])
+    code = main(
+        [
+            "sim-sweep",
+            "--trace",
+            str(trace),
+            "--prefill",
+            "1",
+            "--decode",
+            "1",
+            "--slo-ttft",
+            "1",
+            "--slo-tbt",
+            "0.1",
+            "0.2",
+            "--tolerance",
+            "0.1",
+            "--grid",
+            "4",
+            "--output-json",
+            str(out),
+            "--plot",
+            str(plot),
+            "--quiet",
+        ]
+    )
     assert code == 0 and plot.is_file()
     result = json.loads(out.read_text())
     by_scale = {p["time_scale"]: p for p in result["probes"]}
@@ -66,12 +91,29 @@ def test_the_command_finds_a_capacity_whose_probes_bracket_the_target(trace, tmp
     assert all(set(p["attainment"]) == {"0.1", "0.2"} for p in result["probes"])
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--target", "1.5"], "--target"),
-    (["--time-scale", "0.001"], "outside"),
-    (["--compare", "missing.json"], "no sweep result"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--target", "1.5"], "--target"),
+        (["--time-scale", "0.001"], "outside"),
+        (["--compare", "missing.json"], "no sweep result"),
+    ],
+)
 def test_bad_arguments_exit_2_with_a_message(trace, capsys, args, message):
-    assert main(["sim-sweep", "--trace", str(trace), "--prefill", "1", "--decode", "1",
-                 "--quiet", *args]) == 2
+    assert (
+        main(
+            [
+                "sim-sweep",
+                "--trace",
+                str(trace),
+                "--prefill",
+                "1",
+                "--decode",
+                "1",
+                "--quiet",
+                *args,
+            ]
+        )
+        == 2
+    )
     assert message in capsys.readouterr().err

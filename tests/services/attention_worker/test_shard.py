@@ -1,4 +1,5 @@
 """A shard holds whole KV heads and refuses layouts it cannot hold."""
+
 from __future__ import annotations
 
 import asyncio
@@ -6,15 +7,24 @@ import asyncio
 import pytest
 import torch
 
+from services.attention_worker.shard import AttentionShard, kv_head_range, usable_group_size
 from shared.errors import KvstackError
 from shared.messages import AttentionAttach
 from shared.transfer.attention.wire import ChunkSpec
-from services.attention_worker.shard import AttentionShard, kv_head_range, usable_group_size
 
 
 def attach(group_size: int = 1, shard: int = 0) -> AttentionAttach:
-    return AttentionAttach("d", group_size, shard, num_layers=2, num_heads=8, num_kv_heads=4,
-                           head_dim=16, block_size=4, dtype="float32")
+    return AttentionAttach(
+        "d",
+        group_size,
+        shard,
+        num_layers=2,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=16,
+        block_size=4,
+        dtype="float32",
+    )
 
 
 @pytest.fixture
@@ -62,13 +72,13 @@ def test_attention_appends_kv_and_matches_a_plain_softmax(loop):
     shard = AttentionShard(attach(), 1 << 20, loop)
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 8, 16), torch.randn(3, 4, 16), torch.randn(3, 4, 16)
-    shard.begin_step(0, [ChunkSpec("r", 0, 3, (5,))])          # a 3-token prefill
+    shard.begin_step(0, [ChunkSpec("r", 0, 3, (5,))])  # a 3-token prefill
     out = shard.attend(0, 1, q, k, v)
     scores = torch.einsum("thd,shd->hts", q, k.repeat_interleave(2, 1)) / 4.0
     scores = scores.masked_fill(torch.ones(3, 3).triu(1).bool(), float("-inf"))
     want = torch.einsum("hts,shd->thd", scores.softmax(-1), v.repeat_interleave(2, 1))
     assert torch.allclose(out, want, atol=1e-5)
-    assert torch.equal(shard.storage.layer(1)[1][5, :3], v)    # V landed in block 5
+    assert torch.equal(shard.storage.layer(1)[1][5, :3], v)  # V landed in block 5
     assert shard.used_blocks == 1
     shard.release(["r"])
     assert shard.used_blocks == 0

@@ -1,4 +1,5 @@
 """`kvstack bench conductor` as a user runs it, in a small configuration."""
+
 from __future__ import annotations
 
 import json
@@ -9,11 +10,28 @@ from services.conductor.config import POLICY_NAMES
 
 
 def test_json_report_has_every_row_with_positive_numbers() -> None:
-    result = subprocess.run([sys.executable, "-m", "services.cli.main", "bench", "conductor",
-                             "--workers", "4", "--blocks", "20000", "--decisions", "200",
-                             "--json"], capture_output=True, text=True, timeout=300, check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.cli.main",
+            "bench",
+            "conductor",
+            "--workers",
+            "4",
+            "--blocks",
+            "20000",
+            "--decisions",
+            "200",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
-    assert "blocks indexed" in result.stderr              # progress goes to stderr
+    assert "blocks indexed" in result.stderr  # progress goes to stderr
     report = json.loads(result.stdout)
     assert report["indexed_blocks"] == 20000 and report["prefill_workers"] == 4
     rows = {(r["policy"], r["admission"], r["match"]): r for r in report["results"]}

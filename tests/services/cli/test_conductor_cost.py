@@ -1,4 +1,5 @@
 """Which cost model a conductor predicts with when none is named (`--cost-model auto`)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """`kvstack generate` as a user runs it: a subprocess, its output and exit code."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,12 @@ from tests.conftest import make_hf_model
 
 
 def kvstack(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli.main", *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def assert_clean_error(result: subprocess.CompletedProcess, fragment: str) -> None:
@@ -23,19 +28,35 @@ def assert_clean_error(result: subprocess.CompletedProcess, fragment: str) -> No
 
 
 def test_json_output_has_ids_text_and_logprobs(smollm2_dir) -> None:
-    result = kvstack("generate", "--chat", "--prompt", "What is the capital of France?",
-                     "--max-tokens", "12", "--json")
+    result = kvstack(
+        "generate",
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "12",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert "Paris" in out["text"]
     assert len(out["logprobs"]) == len(out["token_ids"]) > 0
     assert [lp["token_id"] for lp in out["logprobs"]] == out["token_ids"]
-    assert out["prompt_token_ids"][0] == 1   # <|im_start|> opens the chat template
+    assert out["prompt_token_ids"][0] == 1  # <|im_start|> opens the chat template
 
 
 def test_prompt_ids_with_a_directory_model(tiny_llama_dir) -> None:
-    result = kvstack("generate", "--model", str(tiny_llama_dir), "--prompt-ids", "5,6,7",
-                     "--max-tokens", "4", "--ignore-eos", "--json")
+    result = kvstack(
+        "generate",
+        "--model",
+        str(tiny_llama_dir),
+        "--prompt-ids",
+        "5,6,7",
+        "--max-tokens",
+        "4",
+        "--ignore-eos",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)["token_ids"]) == 4
 
@@ -61,8 +82,10 @@ def test_bad_input_gets_one_line_errors(bad_models, tiny_llama_dir) -> None:
         (["--model", str(bad_models / "gpt2"), "--prompt", "hi"], "unsupported architecture"),
         (["--model", str(tiny_llama_dir), "--prompt-ids", "1,2,999"], "outside the vocabulary"),
         (["--model", str(tiny_llama_dir), "--prompt-ids", "1,x"], "comma-separated integers"),
-        (["--model", str(tiny_llama_dir), "--prompt-ids", ",".join(["1"] * 600)],
-         "context limit is 512"),
+        (
+            ["--model", str(tiny_llama_dir), "--prompt-ids", ",".join(["1"] * 600)],
+            "context limit is 512",
+        ),
         (["--model", str(tiny_llama_dir), "--prompt", "hi"], "no tokenizer.json"),
         (["--prompt", "hi", "--temperature", "-1"], "temperature must be >= 0"),
     ]

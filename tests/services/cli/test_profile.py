@@ -1,5 +1,6 @@
 """`kvstack profile` as a user runs it, on a small random model: a subprocess that measures
 the real engine, writes a cost model and reports how well it fits."""
+
 from __future__ import annotations
 
 import subprocess
@@ -12,15 +13,31 @@ from shared.costmodel.fitted import FittedCostModel
 
 
 def kvstack(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli.main", *args],
-                          check=False, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli.main", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
 def profiled(tiny_llama_dir, tmp_path_factory) -> tuple[subprocess.CompletedProcess, str]:
     out = tmp_path_factory.mktemp("profile") / "tiny.json"
-    result = kvstack("profile", "--model", str(tiny_llama_dir), "--grid", "tiny", "--dtype",
-                     "float32", "--threads", "1", "--out", str(out))
+    result = kvstack(
+        "profile",
+        "--model",
+        str(tiny_llama_dir),
+        "--grid",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     return result, str(out)
 
@@ -29,7 +46,7 @@ def test_the_profile_is_written_with_how_it_was_measured(profiled, tiny_llama_di
     cost = costmodel.from_spec(profiled[1])
     assert isinstance(cost, FittedCostModel)
     assert (cost.model, cost.dtype, cost.threads) == (str(tiny_llama_dir), "float32", 1)
-    assert cost.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4   # layers, K+V, kv heads, dim, fp32
+    assert cost.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4  # layers, K+V, kv heads, dim, fp32
     assert cost.link_bw > 0 and cost.request_overhead == 0.0
 
 
@@ -60,7 +77,16 @@ def test_a_grid_longer_than_the_models_context_is_a_clear_error(tiny_llama_dir) 
 
 
 def test_an_unreachable_gateway_fails_before_measuring(tiny_llama_dir) -> None:
-    result = kvstack("profile", "--model", str(tiny_llama_dir), "--grid", "tiny",
-                     "--gateway", "http://127.0.0.1:9", "--out", "/dev/null")
+    result = kvstack(
+        "profile",
+        "--model",
+        str(tiny_llama_dir),
+        "--grid",
+        "tiny",
+        "--gateway",
+        "http://127.0.0.1:9",
+        "--out",
+        "/dev/null",
+    )
     assert result.returncode == 2 and "[profile]" not in result.stderr
     assert "cannot reach the gateway at http://127.0.0.1:9" in result.stderr

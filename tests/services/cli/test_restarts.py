@@ -1,4 +1,5 @@
 """When the supervisor restarts a child, and when it gives up: plain numbers, no clock."""
+
 from __future__ import annotations
 
 from services.cli.restarts import RestartHistory, RestartPolicy, backoff
@@ -18,8 +19,8 @@ def test_a_child_that_dies_at_once_waits_longer_each_time_then_is_given_up() -> 
         delays.append(history.exited(now))
         now += delays[-1]
         history.started(now)
-    assert delays == [1, 2, 4, 8, 16]          # 5 restarts within 120 s
-    assert history.exited(now) is None         # the sixth exit gives up
+    assert delays == [1, 2, 4, 8, 16]  # 5 restarts within 120 s
+    assert history.exited(now) is None  # the sixth exit gives up
 
 
 def test_a_child_that_stayed_up_a_while_starts_its_backoff_over() -> None:
@@ -36,11 +37,11 @@ def test_restarts_older_than_the_window_do_not_count_towards_giving_up() -> None
     history = RestartHistory(policy, started_at=0.0)
     assert history.exited(0.0) is not None
     assert history.exited(10.0) is not None
-    assert history.exited(20.0) is None            # a third within 120 s
+    assert history.exited(20.0) is None  # a third within 120 s
     history = RestartHistory(policy, started_at=0.0)
     history.exited(0.0)
     history.exited(10.0)
-    assert history.exited(125.0) is not None        # the first has left the window
+    assert history.exited(125.0) is not None  # the first has left the window
 
 
 def test_an_exit_by_signal_is_named() -> None:

@@ -1,6 +1,7 @@
 """The launcher's commands: a mock stack gives every worker and the gateway the same
 engine flags, and the conductor the cost model the workers take their time from; every
 child drains as long as the stack says, they stop in order, and logs rotate per run."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,16 +43,21 @@ def test_every_child_gets_the_drain_timeout_and_parses_it() -> None:
 
 def test_the_gateway_stops_first_then_workers_then_attention_then_the_rest() -> None:
     stack = Stack(StackConfig(num_prefill=2, num_decode=1, num_kvstore=1, num_attention=1))
-    processes = [Process(name, args, popen=None, log_path=Path(name))
-                 for name, args in stack.commands()]
+    processes = [
+        Process(name, args, popen=None, log_path=Path(name)) for name, args in stack.commands()
+    ]
     tiers = [[p.name for p in tier] for tier in stop_tiers(processes)]
-    assert tiers == [["gateway-0"], ["prefill-0", "prefill-1", "decode-0"], ["attention-0-0"],
-                     ["conductor-0", "kvstore-0"]]
+    assert tiers == [
+        ["gateway-0"],
+        ["prefill-0", "prefill-1", "decode-0"],
+        ["attention-0-0"],
+        ["conductor-0", "kvstore-0"],
+    ]
 
 
 def test_a_new_run_keeps_the_previous_log_as_dot_one(tmp_path) -> None:
     log = tmp_path / "decode-0.log"
-    rotate(log)                                   # no previous run: nothing happens
+    rotate(log)  # no previous run: nothing happens
     assert not list(tmp_path.iterdir())
     log.write_text("run 1\n")
     rotate(log)

@@ -1,5 +1,6 @@
 """The supervisor's thread with children that are not processes: what it restarts, counts,
 says, and when it gives up."""
+
 from __future__ import annotations
 
 import threading
@@ -10,8 +11,9 @@ from services.cli.restarts import RestartPolicy
 from services.cli.supervisor import Supervisor
 from services.cli.up_metrics import UpMetrics
 
-FAST = RestartPolicy(first_backoff=0.01, max_backoff=0.02, max_restarts=3, window=60,
-                     poll_interval=0.01)
+FAST = RestartPolicy(
+    first_backoff=0.01, max_backoff=0.02, max_restarts=3, window=60, poll_interval=0.01
+)
 
 
 class FakeChild:

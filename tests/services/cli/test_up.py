@@ -1,5 +1,6 @@
 """`kvstack up` refuses what the mock engine cannot run before starting anything, and a
 second Ctrl-C while it drains forces the stop."""
+
 from __future__ import annotations
 
 import os
@@ -22,6 +23,7 @@ def test_an_unknown_mock_model_is_refused_with_the_known_ones(capsys) -> None:
 
 class DrainingStack:
     """Stands in for a Stack whose drain the user cuts short with a second Ctrl-C."""
+
     killed = False
 
     def stop(self) -> None:
@@ -45,11 +47,13 @@ def test_ctrl_c_while_draining_kills_every_service(capsys) -> None:
     assert stack.killed
     assert capsys.readouterr().err.splitlines() == [
         "kvstack: draining (Ctrl-C again to force) ...",
-        "kvstack: forcing the stop: killed every service", "kvstack: stopped"]
+        "kvstack: forcing the stop: killed every service",
+        "kvstack: stopped",
+    ]
 
 
 def test_an_attention_group_that_cannot_split_the_kv_heads_is_refused_at_once(capsys) -> None:
-    assert main(["up", "--attention-workers", "2"]) == 2   # SmolLM2 has 3 KV heads
+    assert main(["up", "--attention-workers", "2"]) == 2  # SmolLM2 has 3 KV heads
     assert "cannot split 3 KV heads evenly" in capsys.readouterr().err
 
 
@@ -57,8 +61,10 @@ def test_up_passes_the_reliability_and_fairness_flags_to_its_services() -> None:
     from services.cli.main import build_parser
     from services.cli.stack import Stack
     from services.cli.up import stack_config
-    args = build_parser().parse_args(["up", "--migration-limit", "5", "--placement-wait", "3",
-                                      "--long-prefill-tokens", "256"])
+
+    args = build_parser().parse_args(
+        ["up", "--migration-limit", "5", "--placement-wait", "3", "--long-prefill-tokens", "256"]
+    )
     commands = dict(Stack(stack_config(args)).commands())
     gateway = build_parser().parse_args(commands["gateway-0"])
     prefill = build_parser().parse_args(commands["prefill-0"])

@@ -4,6 +4,7 @@ One idle prefill worker and a prompt of 1000 tokens: predicted TTFT = 0.005 + pr
 = 1.015 s. The TBT SLO is 50 ms; a decode batch of b requests of 1000 tokens each steps in
 0.01 + 0.002 b seconds, so 20 fit and 21 do not.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -31,14 +32,20 @@ CHECKING = ("baseline", "early", "predictive", "predictive-request")
 
 def judge(mode: str, decode=None, req=None, ledger: Ledger | None = None, **config) -> str:
     inp = make(mode, decode, req, **config)
-    return admission.verdict(inp, kvcentric(inp), ledger or Ledger(),
-                             OutputLengths(inp.config.decode_time))
+    return admission.verdict(
+        inp, kvcentric(inp), ledger or Ledger(), OutputLengths(inp.config.decode_time)
+    )
 
 
 def make(mode: str, decode=None, req=None, **config) -> Inputs:
     config = {"slo_tbt": SLO_TBT, **config}
-    return inputs([prefill_worker("p0")], decode or [decode_worker("d0")],
-                  req or request(1000), admission=mode, **config)
+    return inputs(
+        [prefill_worker("p0")],
+        decode or [decode_worker("d0")],
+        req or request(1000),
+        admission=mode,
+        **config,
+    )
 
 
 def booked(count: int, start: float, end: float, worker: str = "d0") -> Ledger:
@@ -48,10 +55,11 @@ def booked(count: int, start: float, end: float, worker: str = "d0") -> Ledger:
     return ledger
 
 
-FULL_NOW = decode_worker("d0", running=50, context=50_000)     # TBT now 0.112 s
+FULL_NOW = decode_worker("d0", running=50, context=50_000)  # TBT now 0.112 s
 
 
 # TTFT, every mode
+
 
 def test_none_admits_whatever_the_prediction() -> None:
     assert judge("none", [FULL_NOW], slo_ttft=0.01) == ""
@@ -64,6 +72,7 @@ def test_a_predicted_ttft_over_the_slo_is_rejected(mode: str) -> None:
 
 
 # baseline and early
+
 
 def test_baseline_ignores_decode_load() -> None:
     assert judge("baseline", [FULL_NOW]) == ""
@@ -89,6 +98,7 @@ def test_other_modes_ask_decode_for_no_recheck(mode: str) -> None:
 
 # predictive: the forecast at now + TTFT
 
+
 @pytest.mark.parametrize("mode", ["predictive", "predictive-request"])
 def test_predictive_admits_when_bookings_end_before_prefill_does(mode: str) -> None:
     ledger = booked(50, start=-5.0, end=TTFT - 0.5)
@@ -103,7 +113,7 @@ def test_predictive_rejects_when_bookings_still_run_when_prefill_ends(mode: str)
 
 @pytest.mark.parametrize("mode", ["predictive", "predictive-request"])
 def test_predictive_sees_requests_still_in_prefill_that_early_misses(mode: str) -> None:
-    ledger = booked(50, start=TTFT - 0.5, end=30.0)             # admitted, not decoding yet
+    ledger = booked(50, start=TTFT - 0.5, end=30.0)  # admitted, not decoding yet
     assert "TBT 112ms" in judge(mode, ledger=ledger)
     assert judge("early", ledger=ledger) == ""
 
@@ -122,6 +132,7 @@ def test_predictive_judges_the_mean_over_decode_workers() -> None:
 
 # predictive-request: each request's own decode time
 
+
 def decode_booking(core, placement) -> float:
     [booking] = core.ledger.bookings[placement.decode_id]
     return booking.end - booking.start
@@ -129,8 +140,7 @@ def decode_booking(core, placement) -> float:
 
 def test_predictive_books_the_uniform_decode_time() -> None:
     core = conductor(admission="predictive", decode_time=7.0)
-    assert decode_booking(core, core.place(request(1000, max_tokens=5), 0.0)) == \
-        pytest.approx(7.0)
+    assert decode_booking(core, core.place(request(1000, max_tokens=5), 0.0)) == pytest.approx(7.0)
 
 
 def test_predictive_learns_the_uniform_decode_time_from_finished_requests() -> None:
@@ -167,6 +177,7 @@ def test_short_outputs_leave_room_that_uniform_bookings_do_not() -> None:
 
 
 # the request's own SLOs
+
 
 def test_a_request_ttft_slo_overrides_the_default() -> None:
     assert "TTFT" in judge("early", req=request(1000, slo_ttft=TTFT - 0.01), slo_ttft=30.0)

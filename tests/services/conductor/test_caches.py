@@ -1,6 +1,7 @@
 """What the conductor remembers between decisions (loads in the cluster state, the ranking
 of prefix matches, queue times in the views) answers exactly as computing it afresh does;
 test_reference.py checks the views and the decisions built on them."""
+
 from __future__ import annotations
 
 import random
@@ -10,15 +11,25 @@ from services.conductor.state import ClusterState
 from shared.costmodel import roofline
 from tests.services.conductor.builders import COST, beat, prefill_worker
 
-WORKERS = [("prefill", f"p{i}") for i in range(5)] + [("decode", f"d{i}") for i in range(4)] \
+WORKERS = (
+    [("prefill", f"p{i}") for i in range(5)]
+    + [("decode", f"d{i}") for i in range(4)]
     + [("kvstore", "s0")]
+)
 
 
 def afresh(state: ClusterState, now: float) -> ClusterSnapshot:
     """The snapshot as computed without caches: every live worker's beat plus pending."""
-    return ClusterSnapshot(now, *(tuple(WorkerLoad.from_heartbeat(
-        hb, state.pending.get(hb.worker_id, NO_PENDING)) for hb in state.live(s, now))
-        for s in ("prefill", "decode")))
+    return ClusterSnapshot(
+        now,
+        *(
+            tuple(
+                WorkerLoad.from_heartbeat(hb, state.pending.get(hb.worker_id, NO_PENDING))
+                for hb in state.live(s, now)
+            )
+            for s in ("prefill", "decode")
+        ),
+    )
 
 
 def test_snapshots_equal_fresh_ones_through_beats_assignments_drains_and_deaths() -> None:
@@ -28,10 +39,20 @@ def test_snapshots_equal_fresh_ones_through_beats_assignments_drains_and_deaths(
         op = rng.random()
         service, worker_id = rng.choice(WORKERS)
         if op < 0.4:
-            state.observe(beat(worker_id, service, now, interval=rng.choice((0.5, 1.0)),
-                               waiting=rng.randint(0, 3), queued=rng.randint(0, 5000),
-                               running=rng.randint(0, 8), context=rng.randint(0, 9000),
-                               free=rng.randint(0, 1000), draining=rng.random() < 0.1))
+            state.observe(
+                beat(
+                    worker_id,
+                    service,
+                    now,
+                    interval=rng.choice((0.5, 1.0)),
+                    waiting=rng.randint(0, 3),
+                    queued=rng.randint(0, 5000),
+                    running=rng.randint(0, 8),
+                    context=rng.randint(0, 9000),
+                    free=rng.randint(0, 1000),
+                    draining=rng.random() < 0.1,
+                )
+            )
         elif op < 0.7:
             state.assign(worker_id, rng.randint(1, 3000), rng.random())
         elif op < 0.8:
@@ -40,8 +61,7 @@ def test_snapshots_equal_fresh_ones_through_beats_assignments_drains_and_deaths(
         assert state.snapshot(now) == afresh(state, now)
 
 
-def test_a_silent_worker_leaves_snapshots_before_it_is_forgotten_and_returns_on_a_beat(
-        ) -> None:
+def test_a_silent_worker_leaves_snapshots_before_it_is_forgotten_and_returns_on_a_beat() -> None:
     state = ClusterState()
     state.observe(beat("p0", "prefill", 0.0))
     state.observe(beat("p1", "prefill", 2.5))
@@ -58,8 +78,7 @@ def test_best_peer_is_the_longest_other_match_lowest_id_on_ties() -> None:
         match = PrefixMatch(by_worker, rng.randint(0, 8))
         for exclude in [*by_worker, "nobody"]:
             peers = sorted((-n, w) for w, n in by_worker.items() if w != exclude and n > 0)
-            assert match.best_peer(exclude) == ((peers[0][1], -peers[0][0]) if peers
-                                                else ("", 0))
+            assert match.best_peer(exclude) == ((peers[0][1], -peers[0][0]) if peers else ("", 0))
 
 
 def test_a_views_queue_times_belong_to_its_cost_model() -> None:

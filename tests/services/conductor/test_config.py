@@ -1,4 +1,5 @@
 """SchedulingConfig validation."""
+
 from __future__ import annotations
 
 import pytest

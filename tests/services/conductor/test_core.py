@@ -1,4 +1,5 @@
 """The conductor end to end without I/O: placements, replication and counters."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -16,7 +17,7 @@ from tests.services.conductor.builders import (
     transfer_s,
 )
 
-PROMPT = tuple(range(1, 101))                       # 100 blocks: 1600 tokens
+PROMPT = tuple(range(1, 101))  # 100 blocks: 1600 tokens
 
 
 def hot_cluster(**config):
@@ -30,24 +31,27 @@ def hot_cluster(**config):
 def test_a_hot_holder_is_replicated_to_an_idle_worker() -> None:
     core = hot_cluster()
     placement = core.place(request(1600, hashes=PROMPT), 0.1)
-    assert (placement.prefill_id, placement.prefix_peer, placement.prefix_peer_blocks) == \
-        ("p1", "p0", 100)
+    assert (placement.prefill_id, placement.prefix_peer, placement.prefix_peer_blocks) == (
+        "p1",
+        "p0",
+        100,
+    )
     assert placement.load_prefix
     assert (core.counters.replications, core.counters.replicated_blocks) == (1, 100)
 
 
 def test_the_placement_carries_the_predicted_times() -> None:
     placement = hot_cluster().place(request(1600, hashes=PROMPT), 0.1)
-    assert placement.predicted_ttft == \
-        pytest.approx(OVERHEAD + transfer_s(100) + prefill_s(1, 1599))
+    assert placement.predicted_ttft == pytest.approx(
+        OVERHEAD + transfer_s(100) + prefill_s(1, 1599)
+    )
     assert placement.predicted_tbt == pytest.approx(step_s(1, 1600))
 
 
 def test_cache_aware_never_replicates() -> None:
     core = hot_cluster(policy="cache-aware")
     placement = core.place(request(1600, hashes=PROMPT), 0.1)
-    assert (placement.prefill_id, placement.prefix_peer, placement.load_prefix) == \
-        ("p1", "", False)
+    assert (placement.prefill_id, placement.prefix_peer, placement.load_prefix) == ("p1", "", False)
     assert core.counters.replications == 0
 
 
@@ -56,15 +60,18 @@ def test_a_prefix_from_the_kvstore_names_no_peer_but_is_a_replication() -> None:
     core.observe(beat("s0", "kvstore"))
     core.apply(KVEvent("s0", "kvstore", stored=PROMPT[:8]))
     placement = core.place(request(1600, hashes=PROMPT), 0.1)
-    assert (placement.prefix_peer, placement.prefix_peer_blocks, placement.load_prefix) == \
-        ("", 0, True)
+    assert (placement.prefix_peer, placement.prefix_peer_blocks, placement.load_prefix) == (
+        "",
+        0,
+        True,
+    )
     assert (core.counters.replications, core.counters.replicated_blocks) == (1, 8)
 
 
 def test_counters_split_accepted_rejected_and_unplaceable() -> None:
     core = conductor(admission="early", slo_ttft=1.0)
     core.place(request(100, "fits"), 0.0)
-    core.place(request(2000, "too-slow"), 0.0)          # TTFT 2.015 s
+    core.place(request(2000, "too-slow"), 0.0)  # TTFT 2.015 s
     core.place(request(100, "nowhere", exclude=("p0",)), 0.0)
     counters = core.counters
     assert (counters.accepted, counters.rejected, counters.unplaceable) == (1, 1, 1)
@@ -72,7 +79,8 @@ def test_counters_split_accepted_rejected_and_unplaceable() -> None:
 
 def test_a_rejection_tells_the_client_when_to_retry() -> None:
     placement = conductor(admission="early", slo_ttft=1.0, retry_after=4.0).place(
-        request(2000), 0.0)
+        request(2000), 0.0
+    )
     assert not placement.accepted and placement.retry_after == 4.0
     assert "TTFT" in placement.reason
 
@@ -87,9 +95,11 @@ def test_admitted_requests_are_booked_from_their_predicted_first_token() -> None
     core = conductor(admission="predictive", decode_time=5.0)
     placement = core.place(request(1000), 2.0)
     [booking] = core.ledger.bookings["d0"]
-    assert (booking.start, booking.end, booking.context_tokens) == \
-        (pytest.approx(2.0 + placement.predicted_ttft),
-         pytest.approx(7.0 + placement.predicted_ttft), 1000)
+    assert (booking.start, booking.end, booking.context_tokens) == (
+        pytest.approx(2.0 + placement.predicted_ttft),
+        pytest.approx(7.0 + placement.predicted_ttft),
+        1000,
+    )
 
 
 def test_ended_bookings_are_pruned_when_placing() -> None:
@@ -148,7 +158,7 @@ def test_kv_events_count_only_from_registered_workers() -> None:
     assert len(core.index) == 2
     core.apply(KVEvent("ghost", "kvstore", stored=tuple(range(100, 200))))
     core.place(request(1600, hashes=tuple(range(100, 200))), 0.2)
-    assert core.counters.replications == 0      # never placed on blocks nobody vouched for
+    assert core.counters.replications == 0  # never placed on blocks nobody vouched for
 
 
 def test_waiting_events_are_bounded() -> None:

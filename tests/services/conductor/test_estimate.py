@@ -1,4 +1,5 @@
 """Predicted times: prefill queue, prefill, transfer and decode TBT, by hand."""
+
 from __future__ import annotations
 
 import pytest

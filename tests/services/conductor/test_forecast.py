@@ -1,4 +1,5 @@
 """The decode ledger: bookings, pruning and the forecast batch at a future time."""
+
 from __future__ import annotations
 
 import pytest
@@ -38,8 +39,9 @@ def test_forget_drops_a_workers_bookings() -> None:
     assert not ledger.bookings
 
 
-@pytest.mark.parametrize("t, expected", [(0.5, (0, 0)), (2.5, (2, 300)), (3.0, (1, 200)),
-                                         (6.0, (0, 0))])
+@pytest.mark.parametrize(
+    "t, expected", [(0.5, (0, 0)), (2.5, (2, 300)), (3.0, (1, 200)), (6.0, (0, 0))]
+)
 def test_the_batch_at_t_counts_bookings_that_cover_t(t: float, expected) -> None:
     ledger = ledger_with(Booking(1, 3, 100), Booking(2, 6, 200))
     assert ledger.batch_at(decode_worker("d0"), 0.0, t) == expected
@@ -55,8 +57,8 @@ def test_running_requests_the_ledger_knows_are_not_counted_twice() -> None:
     ledger = ledger_with(Booking(-1, 10, 1000))
     worker = decode_worker("d0", running=3, context=3000)
     assert ledger.batch_at(worker, 0.0, 1.0) == (3, 3000)
-    assert ledger.batch_at(worker, 0.0, 7.0) == (3, 3000)    # two still reported running
-    assert ledger.batch_at(worker, 0.0, 12.0) == (2, 2000)   # the booked one has ended
+    assert ledger.batch_at(worker, 0.0, 7.0) == (3, 3000)  # two still reported running
+    assert ledger.batch_at(worker, 0.0, 12.0) == (2, 2000)  # the booked one has ended
 
 
 def test_an_idle_forecast_has_no_tbt() -> None:

@@ -1,4 +1,5 @@
 """The prefix index, kept from KV events, and what the conductor does with dead workers."""
+
 from __future__ import annotations
 
 from services.conductor.index import PrefixIndex
@@ -20,21 +21,22 @@ def stored(source: str, *hashes: int, service: str = "prefill") -> KVEvent:
 
 
 def test_match_counts_leading_blocks_per_worker_and_in_the_pool() -> None:
-    index = index_of(stored("p0", 1, 2, 3), stored("p1", 1, 2),
-                     stored("s0", 1, service="kvstore"))
+    index = index_of(stored("p0", 1, 2, 3), stored("p1", 1, 2), stored("s0", 1, service="kvstore"))
     match = index.match(PROMPT, ["p0", "p1"])
     assert (match.by_worker, match.pool_blocks) == ({"p0": 3, "p1": 2}, 1)
 
 
 def test_walk_stops_at_the_first_missing_block() -> None:
-    index = index_of(stored("p0", 1, 2, 4, 5))                 # block 3 evicted on its own
+    index = index_of(stored("p0", 1, 2, 4, 5))  # block 3 evicted on its own
     assert index.walk((1, 2, 3, 4, 5, 6), ["p0"]).by_worker == {"p0": 2}
 
 
 def test_match_agrees_with_walk_on_leading_runs() -> None:
     prompt = tuple(range(1, 40))
-    index = index_of(*(stored(f"p{n}", *prompt[:n]) for n in (0, 1, 2, 17, 38, 39)),
-                     stored("s0", *prompt[:23], service="kvstore"))
+    index = index_of(
+        *(stored(f"p{n}", *prompt[:n]) for n in (0, 1, 2, 17, 38, 39)),
+        stored("s0", *prompt[:23], service="kvstore"),
+    )
     workers = [f"p{n}" for n in (0, 1, 2, 17, 38, 39)]
     assert index.match(prompt, workers) == index.walk(prompt, workers)
     assert index.match(prompt, workers).by_worker["p17"] == 17
@@ -51,7 +53,7 @@ def test_a_prefill_worker_holding_a_block_does_not_put_it_in_the_pool() -> None:
 
 def test_only_the_workers_asked_for_are_matched() -> None:
     match = index_of(stored("p0", 1, 2), stored("p1", 1)).match(PROMPT, ["p1", "p9"])
-    assert match.by_worker == {"p1": 1}              # p9 holds none: left out
+    assert match.by_worker == {"p1": 1}  # p9 holds none: left out
 
 
 def test_removed_blocks_end_the_match_there() -> None:

@@ -1,4 +1,5 @@
 """Output lengths learned from finished requests, overall and per first block."""
+
 from __future__ import annotations
 
 import pytest

@@ -9,6 +9,7 @@ driver plays the decode worker's re-check on arrival (TBT with the request over
 stage_tbt_slo: refused, its prefill wasted). `python -m tests.services.conductor.test_overload`
 prints the table.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from services.conductor.core import Conductor
 from shared.messages import PlacementRequest, RequestDone
 from tests.services.conductor.builders import COST, beat
 
-DT, BEAT, TICKS = 0.02, 5, 2000      # 20 ms ticks, beats every 0.1 s, 40 s
+DT, BEAT, TICKS = 0.02, 5, 2000  # 20 ms ticks, beats every 0.1 s, 40 s
 RATE, PROMPT, OUTPUTS = 12.0, 200, {1: 50, 2: 400}
 SLO_TBT = 0.05
 
@@ -32,9 +33,9 @@ class Job:
     arrival: float
     decode_id: str
     stage_tbt: float
-    work: float = COST.prefill_time(PROMPT)   # prefill seconds left
-    tokens: float = 0.0                       # output tokens left
-    started: float = 0.0                      # when the first token came
+    work: float = COST.prefill_time(PROMPT)  # prefill seconds left
+    tokens: float = 0.0  # output tokens left
+    started: float = 0.0  # when the first token came
 
 
 @dataclass
@@ -42,9 +43,9 @@ class Outcome:
     slo_ttft: float
     admitted: int = 0
     rejected: int = 0
-    wasted: int = 0          # prefills that decode then refused
-    good: int = 0            # finished within both SLOs
-    late: int = 0            # finished, but not within them
+    wasted: int = 0  # prefills that decode then refused
+    good: int = 0  # finished within both SLOs
+    late: int = 0  # finished, but not within them
     queues: dict[str, list[Job]] = field(default_factory=lambda: {"p0": [], "p1": []}, repr=False)
     batches: dict[str, list[Job]] = field(default_factory=lambda: {"d0": [], "d1": []}, repr=False)
 
@@ -61,7 +62,8 @@ def arrive(core: Conductor, out: Outcome, i: int, now: float) -> None:
     out.rejected += not placement.accepted
     if placement.accepted:
         out.queues[placement.prefill_id].append(
-            Job(req, now, placement.decode_id, placement.stage_tbt_slo))
+            Job(req, now, placement.decode_id, placement.stage_tbt_slo)
+        )
 
 
 def prefill(out: Outcome, queue: list[Job], now: float) -> None:
@@ -75,7 +77,7 @@ def prefill(out: Outcome, queue: list[Job], now: float) -> None:
         batch = out.batches[queue.pop(0).decode_id]
         joined = len(batch) + 1
         if job.stage_tbt and COST.decode_step_time(joined, PROMPT * joined) > job.stage_tbt:
-            out.wasted += 1         # baseline: decode re-checks on arrival, prefill was spent
+            out.wasted += 1  # baseline: decode re-checks on arrival, prefill was spent
         else:
             job.tokens, job.started = job.request.max_tokens, now + DT - budget
             batch.append(job)
@@ -89,8 +91,9 @@ def decode(core: Conductor, out: Outcome, batch: list[Job], now: float) -> None:
             batch.remove(job)
             req = job.request
             ttft, tbt = job.started - job.arrival, (now + DT - job.started) / req.max_tokens
-            core.finished(RequestDone(req.request_id, req.block_hashes[0], PROMPT,
-                                      req.max_tokens, ttft, tbt))
+            core.finished(
+                RequestDone(req.request_id, req.block_hashes[0], PROMPT, req.max_tokens, ttft, tbt)
+            )
             good = ttft <= out.slo_ttft and tbt <= SLO_TBT
             out.good += good
             out.late += not good
@@ -100,8 +103,17 @@ def heartbeats(core: Conductor, out: Outcome, now: float) -> None:
     for worker, queue in out.queues.items():
         core.observe(beat(worker, "prefill", now, waiting=len(queue), queued=PROMPT * len(queue)))
     for worker, batch in out.batches.items():
-        core.observe(beat(worker, "decode", now, running=len(batch),
-                          context=PROMPT * len(batch), free=10**6, total=10**6))
+        core.observe(
+            beat(
+                worker,
+                "decode",
+                now,
+                running=len(batch),
+                context=PROMPT * len(batch),
+                free=10**6,
+                total=10**6,
+            )
+        )
 
 
 @cache
@@ -123,6 +135,7 @@ def simulate(mode: str, slo_ttft: float = 2.0) -> Outcome:
 
 
 # the paper's qualitative results
+
 
 def test_none_admits_everything_and_misses_the_slos() -> None:
     none = simulate("none")
@@ -165,8 +178,10 @@ def report() -> str:
         rows.append(f"TTFT SLO {slo_ttft} s")
         for mode in ADMISSION_MODES:
             o = simulate(mode, slo_ttft)
-            rows.append(f"{mode:20} {o.admitted:8} {o.rejected:8} {o.wasted:6} {o.good:5} "
-                        f"{o.late:5}  {o.attainment:.0%}")
+            rows.append(
+                f"{mode:20} {o.admitted:8} {o.rejected:8} {o.wasted:6} {o.good:5} "
+                f"{o.late:5}  {o.attainment:.0%}"
+            )
     return "\n".join(rows)
 
 

@@ -1,5 +1,6 @@
 """Placement policies on constructed snapshots: each decision and each predicted time is
 checked against numbers computed by hand from the builders' cost model."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,21 +38,26 @@ def chosen(choice: Choice | Rejection) -> tuple[str, str]:
 
 # random and round-robin
 
+
 def test_random_is_repeatable_for_one_request_id() -> None:
     same = inputs(PREFILL3, DECODE2, request(request_id="req-7"))
     assert chosen(random(same)) == chosen(random(same))
 
 
 def test_random_spreads_over_all_workers_across_request_ids() -> None:
-    picks = [chosen(random(inputs(PREFILL3, DECODE2, request(request_id=f"req-{i}"))))
-             for i in range(40)]
+    picks = [
+        chosen(random(inputs(PREFILL3, DECODE2, request(request_id=f"req-{i}")))) for i in range(40)
+    ]
     assert {p for p, _ in picks} == {"p0", "p1", "p2"}
     assert {d for _, d in picks} == {"d0", "d1"}
 
 
 def test_round_robin_cycles_through_prefill_workers_by_id() -> None:
-    busy_p0 = [prefill_worker("p2"), prefill_worker("p0", waiting=9, queued=9000),
-               prefill_worker("p1")]
+    busy_p0 = [
+        prefill_worker("p2"),
+        prefill_worker("p0", waiting=9, queued=9000),
+        prefill_worker("p1"),
+    ]
     seq = [chosen(round_robin(inputs(busy_p0, DECODE2)))[0] for _ in range(6)]
     start = ["p0", "p1", "p2"].index(seq[0])
     assert seq == [["p0", "p1", "p2"][(start + i) % 3] for i in range(6)]
@@ -59,10 +65,17 @@ def test_round_robin_cycles_through_prefill_workers_by_id() -> None:
 
 # load-balance
 
+
 def test_load_balance_picks_least_queued_prefill_and_most_free_decode() -> None:
-    choice = load_balance(inputs(
-        [prefill_worker("p0", waiting=1, queued=500), prefill_worker("p1", waiting=1, queued=20)],
-        [decode_worker("d0", free=10), decode_worker("d1", free=900)]))
+    choice = load_balance(
+        inputs(
+            [
+                prefill_worker("p0", waiting=1, queued=500),
+                prefill_worker("p1", waiting=1, queued=20),
+            ],
+            [decode_worker("d0", free=10), decode_worker("d1", free=900)],
+        )
+    )
     assert chosen(choice) == ("p1", "d1")
 
 
@@ -74,10 +87,12 @@ def test_load_balance_counts_pending_tokens_as_queued() -> None:
 
 # cache-aware
 
+
 def test_cache_aware_prefers_the_longest_local_prefix_and_recomputes_the_rest() -> None:
     prefix = PrefixMatch({"p0": 50, "p1": 0})
-    choice = cache_aware(inputs([prefill_worker("p0"), prefill_worker("p1")], DECODE2,
-                                prefix=prefix))
+    choice = cache_aware(
+        inputs([prefill_worker("p0"), prefill_worker("p1")], DECODE2, prefix=prefix)
+    )
     assert choice.prefill_id == "p0" and choice.prefix_tokens == 800
     assert choice.ttft == pytest.approx(OVERHEAD + prefill_s(800, 800))
     assert not choice.load_prefix and choice.fetch_from == "" and choice.fetch_blocks == 0
@@ -90,7 +105,7 @@ def test_cache_aware_ignores_prefixes_it_would_have_to_fetch() -> None:
 
 
 def test_cache_aware_leaves_the_holder_when_its_queue_makes_ttft_worse() -> None:
-    holder = prefill_worker("p0", waiting=2, queued=2000)      # 2 x prefill(1000) queued
+    holder = prefill_worker("p0", waiting=2, queued=2000)  # 2 x prefill(1000) queued
     prefix = PrefixMatch({"p0": 50, "p1": 0})
     choice = cache_aware(inputs([holder, prefill_worker("p1")], DECODE2, prefix=prefix))
     assert OVERHEAD + 2 * prefill_s(1000) + prefill_s(800, 800) > OVERHEAD + prefill_s(1600)
@@ -100,13 +115,20 @@ def test_cache_aware_leaves_the_holder_when_its_queue_makes_ttft_worse() -> None
 
 # kvcentric: the balancing threshold (Algorithm 1)
 
+
 def kv_alone(local: int, pool: int, **config) -> Choice:
-    return kvcentric(inputs([prefill_worker("p0")], DECODE2,
-                            prefix=PrefixMatch({"p0": local}, pool_blocks=pool), **config))
+    return kvcentric(
+        inputs(
+            [prefill_worker("p0")],
+            DECODE2,
+            prefix=PrefixMatch({"p0": local}, pool_blocks=pool),
+            **config,
+        )
+    )
 
 
 def test_kvcentric_recomputes_when_remote_is_below_the_threshold() -> None:
-    choice = kv_alone(local=4, pool=5)                           # 5/4 = 1.25 <= 1.5
+    choice = kv_alone(local=4, pool=5)  # 5/4 = 1.25 <= 1.5
     assert (choice.fetch_from, choice.fetch_blocks, choice.load_prefix) == ("", 0, False)
     assert choice.prefix_tokens == 64
     assert choice.ttft == pytest.approx(OVERHEAD + prefill_s(1600 - 64, 64))
@@ -120,11 +142,11 @@ def test_kvcentric_leaves_loading_on_when_no_remote_prefix_is_known() -> None:
 
 
 def test_kvcentric_threshold_is_strict() -> None:
-    assert kv_alone(local=4, pool=6).fetch_blocks == 0           # 6/4 = 1.5, not above
+    assert kv_alone(local=4, pool=6).fetch_blocks == 0  # 6/4 = 1.5, not above
 
 
 def test_kvcentric_fetches_when_remote_is_above_the_threshold() -> None:
-    choice = kv_alone(local=4, pool=8)                           # 8/4 = 2 > 1.5
+    choice = kv_alone(local=4, pool=8)  # 8/4 = 2 > 1.5
     assert (choice.fetch_from, choice.fetch_blocks, choice.source_blocks) == ("kvstore", 4, 8)
     assert choice.load_prefix and choice.prefix_tokens == 128
     assert choice.ttft == pytest.approx(OVERHEAD + transfer_s(4) + prefill_s(1600 - 128, 128))
@@ -147,7 +169,7 @@ def test_kvcentric_fetches_from_a_peer_that_holds_more_than_the_pool() -> None:
 
 
 def test_kvcentric_hot_holder_with_long_queue_loses_to_an_idle_fetcher() -> None:
-    hot = prefill_worker("p0", waiting=5, queued=5000)          # 5 x prefill(1000) queued
+    hot = prefill_worker("p0", waiting=5, queued=5000)  # 5 x prefill(1000) queued
     prefix = PrefixMatch({"p0": 100, "p1": 0})
     choice = kvcentric(inputs([hot, prefill_worker("p1")], DECODE2, prefix=prefix))
     assert (choice.prefill_id, choice.fetch_from, choice.fetch_blocks) == ("p1", "p0", 100)
@@ -166,16 +188,21 @@ def test_kvcentric_ttft_is_overhead_transfer_queue_and_prefill() -> None:
 
 # decode selection
 
+
 def test_decode_is_the_least_predicted_tbt() -> None:
-    decode = [decode_worker("d0", running=10, context=10_000),
-              decode_worker("d1", running=2, context=2000)]
+    decode = [
+        decode_worker("d0", running=10, context=10_000),
+        decode_worker("d1", running=2, context=2000),
+    ]
     choice = kvcentric(inputs([prefill_worker("p0")], decode))
     assert choice.decode_id == "d1" and choice.tbt == pytest.approx(step_s(3, 2000 + 1600))
 
 
 def test_decode_prefers_a_worker_with_room_for_the_prompt() -> None:
-    decode = [decode_worker("d0", running=10, context=10_000),
-              decode_worker("d1", running=2, context=2000, free=100)]   # 1601 tokens: 101
+    decode = [
+        decode_worker("d0", running=10, context=10_000),
+        decode_worker("d1", running=2, context=2000, free=100),
+    ]  # 1601 tokens: 101
     choice = kvcentric(inputs([prefill_worker("p0")], decode))
     assert choice.decode_id == "d0" and choice.tbt == pytest.approx(step_s(11, 11_600))
 
@@ -187,12 +214,14 @@ def test_decode_without_room_anywhere_is_still_the_least_tbt() -> None:
 
 # exclusions and rejections, for every policy
 
+
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_excluded_workers_are_skipped(name: str) -> None:
     req = request(exclude=("p0", "d1"))
     for _ in range(3):
-        assert chosen(POLICIES[name](inputs([prefill_worker("p0"), prefill_worker("p1")],
-                                            DECODE2, req))) == ("p1", "d0")
+        assert chosen(
+            POLICIES[name](inputs([prefill_worker("p0"), prefill_worker("p1")], DECODE2, req))
+        ) == ("p1", "d0")
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
@@ -204,19 +233,22 @@ def test_no_prefill_worker_is_a_rejection_with_retry_after(name: str) -> None:
 
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_all_workers_excluded_is_a_rejection(name: str) -> None:
-    rejection = POLICIES[name](inputs([prefill_worker("p0")], DECODE2,
-                                      request(exclude=("d0", "d1"))))
+    rejection = POLICIES[name](
+        inputs([prefill_worker("p0")], DECODE2, request(exclude=("d0", "d1")))
+    )
     assert isinstance(rejection, Rejection) and "decode" in rejection.reason
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_a_prompt_larger_than_any_decode_pool_is_rejected(name: str) -> None:
-    small = [decode_worker("d0", free=4, total=4)]              # 64 tokens
+    small = [decode_worker("d0", free=4, total=4)]  # 64 tokens
     rejection = POLICIES[name](inputs([prefill_worker("p0")], small, request(num_tokens=64)))
     assert isinstance(rejection, Rejection) and "decode" in rejection.reason
 
 
 def test_a_prompt_that_just_fits_the_decode_pool_is_placed() -> None:
     small = [decode_worker("d0", free=4, total=4)]
-    assert chosen(kvcentric(inputs([prefill_worker("p0")], small, request(num_tokens=63)))) \
-        == ("p0", "d0")
+    assert chosen(kvcentric(inputs([prefill_worker("p0")], small, request(num_tokens=63)))) == (
+        "p0",
+        "d0",
+    )

@@ -1,4 +1,5 @@
 """Cluster state from heartbeats, and work assigned since the last beat."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,7 +29,7 @@ def test_assigned_work_counts_until_the_next_heartbeat() -> None:
     state.observe(beat("p0", "prefill", time=0.0, queued=10))
     state.observe(beat("d0", "decode", time=0.0, free=100, total=100))
     state.assign("p0", 300)
-    state.assign("d0", 33)            # three blocks of 16
+    state.assign("d0", 33)  # three blocks of 16
     snap = state.snapshot(now=0.5)
     assert snap.prefill[0].queued_tokens == 310 and snap.prefill[0].num_waiting == 1
     assert snap.decode[0].free_blocks == 97
@@ -69,6 +70,7 @@ def test_a_forgotten_worker_that_beats_again_is_back() -> None:
 
 # the conductor's bookkeeping between beats
 
+
 def test_a_burst_between_beats_spreads_over_workers() -> None:
     core = conductor(prefill=("p0", "p1"), decode=("d0", "d1"))
     picks = [core.place(request(1000, f"r{i}"), 0.1) for i in range(4)]
@@ -82,7 +84,7 @@ def test_a_burst_books_predicted_seconds_and_tokens_as_pending() -> None:
     p0 = core.state.pending["p0"]
     assert (p0.tokens, p0.requests) == (2000, 2)
     assert p0.seconds == pytest.approx(2 * prefill_s(1000))
-    assert core.state.pending["d1"] == Pending(2002, 2, 0.0)     # decode: until its beat
+    assert core.state.pending["d1"] == Pending(2002, 2, 0.0)  # decode: until its beat
 
 
 def test_pending_prefill_work_expires_when_it_is_predicted_done() -> None:
@@ -92,7 +94,7 @@ def test_pending_prefill_work_expires_when_it_is_predicted_done() -> None:
     assert core.state.pending["p0"].until == pytest.approx(done)
     core.state.snapshot(done - 1e-3)
     assert "p0" in core.state.pending
-    second = core.place(request(1000, "r1"), done + 1e-3)      # no beat came in between
+    second = core.place(request(1000, "r1"), done + 1e-3)  # no beat came in between
     assert second.predicted_ttft == pytest.approx(first.predicted_ttft)
     assert "d0" in core.state.pending
 

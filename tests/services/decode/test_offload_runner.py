@@ -1,14 +1,15 @@
 """Attention offloaded to shards of whole KV heads gives the local engine's logits."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
+from services.decode.offload_runner import split_micro_batches
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.runner import SeqChunk
 from shared.engine.sampling_params import SamplingParams
-from services.decode.offload_runner import split_micro_batches
 from tests.services.decode.offload_helpers import offloaded_engine, record_logits
 
 PROMPTS = [[1, 17, 33, 8, 99, 4, 23, 61, 7], [5, 6, 7] * 11, [42, 11], list(range(3, 40))]
@@ -28,8 +29,14 @@ def run_steps(engine: LLMEngine) -> tuple[dict[str, list[int]], list]:
 
 def config_of(model_dir) -> EngineConfig:
     # max_num_batched_tokens small enough that prefills are chunked and mix with decodes
-    return EngineConfig(model=str(model_dir), dtype="float32", num_blocks=64,
-                        enable_prefix_cache=False, max_num_batched_tokens=24, num_threads=1)
+    return EngineConfig(
+        model=str(model_dir),
+        dtype="float32",
+        num_blocks=64,
+        enable_prefix_cache=False,
+        max_num_batched_tokens=24,
+        num_threads=1,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +47,12 @@ def local_smollm2(smollm2_dir):
 # One micro-batch runs the local step's exact matmuls: the offloaded logits must match to
 # 1e-4. Several micro-batches run the dense layers over fewer rows each, and this CPU's
 # GEMMs round differently per row count (~5e-4 on logits of magnitude ~20), not attention.
-@pytest.mark.parametrize("group_size,micro_batches,atol",
-                         [(1, 1, 1e-4), (3, 1, 1e-4), (1, 2, 3e-3), (3, 3, 3e-3)])
-def test_offloaded_logits_match_local_at_every_step(smollm2_dir, local_smollm2, group_size,
-                                                    micro_batches, atol):
+@pytest.mark.parametrize(
+    "group_size,micro_batches,atol", [(1, 1, 1e-4), (3, 1, 1e-4), (1, 2, 3e-3), (3, 3, 3e-3)]
+)
+def test_offloaded_logits_match_local_at_every_step(
+    smollm2_dir, local_smollm2, group_size, micro_batches, atol
+):
     want_tokens, want_logits = local_smollm2
     with offloaded_engine(config_of(smollm2_dir), group_size, micro_batches) as (engine, *_):
         tokens, logits = run_steps(engine)
@@ -64,7 +73,7 @@ def test_two_shards_of_a_two_kv_head_model(tiny_llama_dir):
 
 
 def test_bytes_on_the_link_equal_the_formula(smollm2_dir):
-    with offloaded_engine(config_of(smollm2_dir), 3) as (engine, group, shards, _):
+    with offloaded_engine(config_of(smollm2_dir), 3) as (engine, group, _shards, _):
         run_steps(engine)
         mc, e = engine.model_config, 4
         num_tokens = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (GREEDY.max_tokens - 1)
@@ -74,7 +83,8 @@ def test_bytes_on_the_link_equal_the_formula(smollm2_dir):
         assert group.counter("out_bytes") == num_tokens * mc.num_layers * per_token_layer_back
         # each shard carries a third of it
         assert {link.counters["qkv_bytes"] for link in group.links} == {
-            group.counter("qkv_bytes") // 3}
+            group.counter("qkv_bytes") // 3
+        }
 
 
 def test_finished_requests_leave_the_shards(smollm2_dir):
@@ -85,8 +95,12 @@ def test_finished_requests_leave_the_shards(smollm2_dir):
         # a probe after the release: once its output is back, every shard has read both
         mc = engine.model_config
         group.begin_step(0, [SeqChunk("probe", (1,), 0, (0,))])
-        group.send(0, 0, torch.zeros(1, mc.num_heads, mc.head_dim),
-                   *[torch.zeros(1, mc.num_kv_heads, mc.head_dim)] * 2)
+        group.send(
+            0,
+            0,
+            torch.zeros(1, mc.num_heads, mc.head_dim),
+            *[torch.zeros(1, mc.num_kv_heads, mc.head_dim)] * 2,
+        )
         group.wait(0, 0)
         assert [set(s.request_blocks) for s in shards] == [{"probe"}] * 3
 

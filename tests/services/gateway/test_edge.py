@@ -5,6 +5,7 @@ OpenAI error object.
 The real GatewayService serves HTTP here exactly as `kvstack gateway` does
 (`shared.service._start_http`), without NATS: every request below is decided before a
 request would reach the workers (tests/e2e/test_fuzz.py covers the whole way)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,8 +53,9 @@ def serving(config: GatewayConfig) -> Iterator[tuple[str, int]]:
 @pytest.fixture(scope="module")
 def edge(smollm2_dir) -> Iterator[tuple[str, int]]:
     """An API key, a 1 s read timeout, CORS for ORIGIN."""
-    config = GatewayConfig(http_port=0, api_key=KEY,
-                           edge=EdgeConfig(read_timeout=1.0, cors_origins=(ORIGIN,)))
+    config = GatewayConfig(
+        http_port=0, api_key=KEY, edge=EdgeConfig(read_timeout=1.0, cors_origins=(ORIGIN,))
+    )
     with serving(config) as address:
         yield address
 
@@ -61,16 +63,17 @@ def edge(smollm2_dir) -> Iterator[tuple[str, int]]:
 @pytest.fixture(scope="module")
 def limited(smollm2_dir) -> Iterator[tuple[str, int]]:
     """No API key (any bearer is a key of its own), one request in flight per key, CORS off."""
-    config = GatewayConfig(http_port=0,
-                           edge=EdgeConfig(read_timeout=2.0, max_concurrent_per_key=1))
+    config = GatewayConfig(http_port=0, edge=EdgeConfig(read_timeout=2.0, max_concurrent_per_key=1))
     with serving(config) as address:
         yield address
 
 
 # -- clients ------------------------------------------------------------------------------------
 
-def head(method: str, path: str, headers: dict[str, str] | None = None,
-         length: int | None = None) -> bytes:
+
+def head(
+    method: str, path: str, headers: dict[str, str] | None = None, length: int | None = None
+) -> bytes:
     lines = [f"{method} {path} HTTP/1.1", "Host: test"]
     lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
     if length is not None:
@@ -106,7 +109,7 @@ def seconds_until_closed(sock: socket.socket, trickle: bytes = b"") -> tuple[flo
     meanwhile) and what it sent before closing."""
     began, received = time.monotonic(), b""
     sock.settimeout(0.1)
-    for byte in [trickle[i:i + 1] for i in range(len(trickle))] + [b""] * 300:
+    for byte in [trickle[i : i + 1] for i in range(len(trickle))] + [b""] * 300:
         try:
             if byte:
                 sock.sendall(byte)
@@ -122,6 +125,7 @@ def seconds_until_closed(sock: socket.socket, trickle: bytes = b"") -> tuple[flo
 
 
 # -- slow clients ---------------------------------------------------------------------------------
+
 
 def test_a_connection_that_sends_nothing_is_closed_after_the_read_timeout(edge) -> None:
     with socket.create_connection(edge) as sock:
@@ -162,11 +166,16 @@ def test_a_keep_alive_connection_serves_again_within_the_timeout(edge) -> None:
 
 # -- header limits and malformed HTTP -------------------------------------------------------------
 
-@pytest.mark.parametrize("raw", [
-    head("GET", "/v1/models", {"X-Big": "a" * 9000}),
-    head("GET", "/v1/models", {f"X-Many-{i}": "1" for i in range(150)}),
-    head("GET", "/v1/models?q=" + "a" * 9000),
-], ids=["a header too large", "too many headers", "a request line too long"])
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        head("GET", "/v1/models", {"X-Big": "a" * 9000}),
+        head("GET", "/v1/models", {f"X-Many-{i}": "1" for i in range(150)}),
+        head("GET", "/v1/models?q=" + "a" * 9000),
+    ],
+    ids=["a header too large", "too many headers", "a request line too long"],
+)
 def test_oversized_heads_get_431(edge, raw) -> None:
     error = openai_error(exchange(edge, raw), 431, "too large")
     assert error["code"] == "request_header_fields_too_large"
@@ -187,6 +196,7 @@ def test_unknown_routes_and_methods(edge) -> None:
 
 # -- bodies and their encodings --------------------------------------------------------------------
 
+
 def completion(body: bytes, encoding: str | None = None) -> bytes:
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     if encoding is not None:
@@ -202,7 +212,7 @@ def test_a_gzip_header_on_a_body_that_is_not_gzip_is_400(edge) -> None:
 def test_a_gzip_body_is_decoded(edge) -> None:
     raw = completion(gzip.compress(b'{"prompt": "hi", "temperature": 7}'), "gzip")
     error = openai_error(exchange(edge, raw), 400, "temperature")
-    assert error["param"] == "temperature"   # parsed: the body was decoded
+    assert error["param"] == "temperature"  # parsed: the body was decoded
 
 
 @pytest.mark.parametrize("encoding", ["br", "zstd", "compress", "gzip, gzip"])
@@ -212,20 +222,26 @@ def test_encodings_not_supported_get_415(edge, encoding) -> None:
 
 
 def test_a_gzip_bomb_is_413(edge) -> None:
-    bomb = gzip.compress(b"0" * (16 << 20))   # 16 MiB of zeros in ~16 KiB
+    bomb = gzip.compress(b"0" * (16 << 20))  # 16 MiB of zeros in ~16 KiB
     openai_error(exchange(edge, completion(bomb, "gzip")), 413, "larger than the limit")
 
 
 def test_invalid_utf8_and_non_finite_numbers_are_400(edge) -> None:
-    for body in (b'{"prompt": "\xff\xfe"}', b'{"prompt": "hi", "temperature": NaN}',
-                 b'{"prompt": "hi", "top_p": Infinity}', b'{"prompt": "hi", "seed": 1e400}'):
+    for body in (
+        b'{"prompt": "\xff\xfe"}',
+        b'{"prompt": "hi", "temperature": NaN}',
+        b'{"prompt": "hi", "top_p": Infinity}',
+        b'{"prompt": "hi", "seed": 1e400}',
+    ):
         openai_error(exchange(edge, completion(body)), 400, "not valid JSON")
 
 
 # -- keys, the per-key limit, CORS ---------------------------------------------------------------
 
-@pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Bearer {KEY}x",
-                                           f"bearer {KEY}", "Bearer \u00e9"])
+
+@pytest.mark.parametrize(
+    "authorization", [None, "Bearer wrong", f"Bearer {KEY}x", f"bearer {KEY}", "Bearer \u00e9"]
+)
 def test_a_wrong_key_is_401(edge, authorization) -> None:
     headers = {} if authorization is None else {"Authorization": authorization}
     error = openai_error(exchange(edge, head("GET", "/v1/models", headers)), 401, "API key")
@@ -233,16 +249,18 @@ def test_a_wrong_key_is_401(edge, authorization) -> None:
 
 
 def test_the_openapi_document_needs_no_key(edge) -> None:
-    status, headers, body = exchange(edge, head("GET", "/openapi.json"))
+    status, _headers, body = exchange(edge, head("GET", "/openapi.json"))
     assert status == 200 and json.loads(body) == OPENAPI
 
 
 def test_one_request_in_flight_per_key(limited) -> None:
     """A request still sending its body holds its key's one slot: the same key gets 429
     meanwhile, another key does not; once it timed out, the key is free again."""
+
     def request(key: str) -> tuple[int, dict, bytes]:
-        return exchange(limited, post("/v1/completions", b'{"prompt": []}',
-                                      {"Authorization": f"Bearer {key}"}))
+        return exchange(
+            limited, post("/v1/completions", b'{"prompt": []}', {"Authorization": f"Bearer {key}"})
+        )
 
     with socket.create_connection(limited) as stalled:
         stalled.sendall(head("POST", "/v1/completions", {"Authorization": "Bearer a"}, 50))
@@ -251,19 +269,22 @@ def test_one_request_in_flight_per_key(limited) -> None:
         error = openai_error(response, 429, "in flight")
         assert error["type"] == "rate_limit_error" and headers["Retry-After"] == "1"
         openai_error(request("b"), 400, "prompt is empty")
-        seconds_until_closed(stalled)           # its read timeout (408) frees the slot
+        seconds_until_closed(stalled)  # its read timeout (408) frees the slot
     openai_error(request("a"), 400, "prompt is empty")
 
 
 def test_cors_preflight_and_headers_for_the_configured_origin(edge) -> None:
-    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization, content-type"}
+    preflight = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     status, headers, _ = exchange(edge, head("OPTIONS", "/v1/chat/completions", preflight))
     assert status == 204 and headers["Access-Control-Allow-Origin"] == ORIGIN
     assert "POST" in headers["Access-Control-Allow-Methods"]
     assert headers["Access-Control-Allow-Headers"] == "authorization, content-type"
     _, headers, _ = response = exchange(edge, head("GET", "/v1/models", {"Origin": ORIGIN}))
-    openai_error(response, 401, "API key")   # errors carry it too, so browsers can read them
+    openai_error(response, 401, "API key")  # errors carry it too, so browsers can read them
     assert headers["Access-Control-Allow-Origin"] == ORIGIN and headers["Vary"] == "Origin"
 
 
@@ -272,8 +293,7 @@ def test_cors_refuses_other_origins_and_is_off_by_default(edge, limited) -> None
     405 (no route takes OPTIONS), and never with Access-Control-Allow-Origin."""
     preflight = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
     for address, status in ((edge, 401), (limited, 405)):
-        _, headers, _ = response = exchange(address, head("OPTIONS", "/v1/completions",
-                                                          preflight))
+        _, headers, _ = response = exchange(address, head("OPTIONS", "/v1/completions", preflight))
         openai_error(response, status)
         assert "Access-Control-Allow-Origin" not in headers
     _, headers, _ = exchange(limited, head("GET", "/openapi.json", {"Origin": ORIGIN}))
@@ -282,18 +302,33 @@ def test_cors_refuses_other_origins_and_is_off_by_default(edge, limited) -> None
 
 # -- flags ---------------------------------------------------------------------------------------
 
+
 def test_the_gateway_flags() -> None:
-    args = build_parser().parse_args(["gateway", "--read-timeout", "5", "--max-concurrent-per-key",
-                                      "2", "--cors-origins", "https://a.example, https://b/"])
+    args = build_parser().parse_args(
+        [
+            "gateway",
+            "--read-timeout",
+            "5",
+            "--max-concurrent-per-key",
+            "2",
+            "--cors-origins",
+            "https://a.example, https://b/",
+        ]
+    )
     assert (args.read_timeout, args.max_concurrent_per_key) == (5.0, 2)
     assert parse_origins(args.cors_origins) == ("https://a.example", "https://b")
     defaults = build_parser().parse_args(["gateway"])
     assert (defaults.read_timeout, defaults.max_concurrent_per_key, defaults.cors_origins) == (
-        EdgeConfig.read_timeout, 0, "")
+        EdgeConfig.read_timeout,
+        0,
+        "",
+    )
 
 
-@pytest.mark.parametrize("fields", [dict(read_timeout=0), dict(read_timeout=float("nan")),
-                                    dict(max_concurrent_per_key=-1)])
+@pytest.mark.parametrize(
+    "fields",
+    [dict(read_timeout=0), dict(read_timeout=float("nan")), dict(max_concurrent_per_key=-1)],
+)
 def test_edge_settings_out_of_range_are_refused(fields) -> None:
     with pytest.raises(KvstackError):
         EdgeConfig(**fields)

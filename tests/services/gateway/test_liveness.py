@@ -1,4 +1,5 @@
 """When a request's worker counts as lost: silent, gone, or restarted under its id."""
+
 from __future__ import annotations
 
 import time
@@ -7,10 +8,10 @@ from services.gateway.liveness import Liveness
 from shared.messages import Heartbeat
 
 
-def beat(worker_id: str, instance: str = "a", interval: float = 0.05,
-         stopped: bool = False) -> Heartbeat:
-    return Heartbeat("decode", worker_id, time.time(), interval, instance=instance,
-                     stopped=stopped)
+def beat(
+    worker_id: str, instance: str = "a", interval: float = 0.05, stopped: bool = False
+) -> Heartbeat:
+    return Heartbeat("decode", worker_id, time.time(), interval, instance=instance, stopped=stopped)
 
 
 def test_a_silent_worker_is_lost_after_three_intervals() -> None:
@@ -28,7 +29,7 @@ def test_a_restart_under_the_same_id_is_a_lost_worker() -> None:
     watched = live.watch(("d0",))
     live.observe(beat("d0", instance="b"))
     assert live.lost(watched) == ("d0", "worker d0 restarted")
-    assert live.lost(live.watch(("d0",))) is None    # a new request may use it
+    assert live.lost(live.watch(("d0",))) is None  # a new request may use it
 
 
 def test_a_clean_stop_is_lost_at_once() -> None:

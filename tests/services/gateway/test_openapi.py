@@ -2,6 +2,7 @@
 schemas saying what the gateway does: the bodies protocol.py accepts are the ones the
 request schemas accept, and what responses.py and errors.py build fits the response
 schemas. tests/e2e/test_fuzz.py checks real answers of a running gateway against it."""
+
 from __future__ import annotations
 
 import inspect
@@ -38,8 +39,9 @@ def tokenizer(smollm2_dir) -> Tokenizer:
 
 def validator(name: str) -> OAS31Validator:
     """A validator of components/schemas/`name`, its references resolved in the document."""
-    return OAS31Validator({"$ref": f"#/components/schemas/{name}",
-                           "components": OPENAPI["components"]})
+    return OAS31Validator(
+        {"$ref": f"#/components/schemas/{name}", "components": OPENAPI["components"]}
+    )
 
 
 def test_the_document_is_valid_openapi_3_1() -> None:
@@ -50,14 +52,14 @@ def test_the_document_is_valid_openapi_3_1() -> None:
 def test_every_route_the_gateway_serves_is_documented(smollm2_dir) -> None:
     service = GatewayService(GatewayConfig(http_port=0))
     served = {(route.method.lower(), route.path) for route in service.routes()}
-    served |= {("get", "/health"), ("get", "/metrics")}   # every service's (shared/service.py)
+    served |= {("get", "/health"), ("get", "/metrics")}  # every service's (shared/service.py)
     documented = {(method, path) for path, item in OPENAPI["paths"].items() for method in item}
     assert documented == served
 
 
 def test_every_error_is_documented_as_an_openai_error_object() -> None:
     for path, item in OPENAPI["paths"].items():
-        for method, operation in item.items():
+        for operation in item.values():
             for status, response in operation["responses"].items():
                 if int(status) >= 400 and path != "/health":
                     schema = response["content"]["application/json"]["schema"]
@@ -72,11 +74,31 @@ COMPLETIONS = [
     ({"prompt": [1, 2, 3]}, True),
     ({"prompt": ["Hello"]}, True),
     ({"prompt": [[1, 2]]}, True),
-    ({**PROMPT, "model": MODEL, "max_tokens": None, "temperature": 2, "top_p": 1,
-      "top_k": -1, "min_p": 0, "seed": -2**63, "stop": ["a", "b", "c", "d"], "n": 1,
-      "best_of": None, "logprobs": 20, "echo": False, "stream": True,
-      "stream_options": {"include_usage": False}, "stop_token_ids": [0, 2],
-      "ignore_eos": True, "skip_special_tokens": False, "slo_ttft": 0.5, "user": "x"}, True),
+    (
+        {
+            **PROMPT,
+            "model": MODEL,
+            "max_tokens": None,
+            "temperature": 2,
+            "top_p": 1,
+            "top_k": -1,
+            "min_p": 0,
+            "seed": -(2**63),
+            "stop": ["a", "b", "c", "d"],
+            "n": 1,
+            "best_of": None,
+            "logprobs": 20,
+            "echo": False,
+            "stream": True,
+            "stream_options": {"include_usage": False},
+            "stop_token_ids": [0, 2],
+            "ignore_eos": True,
+            "skip_special_tokens": False,
+            "slo_ttft": 0.5,
+            "user": "x",
+        },
+        True,
+    ),
     ({**PROMPT, "seed": 2**64 - 1, "stop": "x" * 1000, "temperature": 0}, True),
     ({}, False),
     ({"prompt": ""}, False),
@@ -96,7 +118,7 @@ COMPLETIONS = [
     ({**PROMPT, "top_k": True}, False),
     ({**PROMPT, "min_p": 1.1}, False),
     ({**PROMPT, "seed": 2**64}, False),
-    ({**PROMPT, "seed": -2**63 - 1}, False),
+    ({**PROMPT, "seed": -(2**63) - 1}, False),
     ({**PROMPT, "stop": ""}, False),
     ({**PROMPT, "stop": [""]}, False),
     ({**PROMPT, "stop": ["a"] * 5}, False),
@@ -117,12 +139,29 @@ COMPLETIONS = [
 USER = {"messages": [{"role": "user", "content": "Hello"}]}
 CHATS = [
     (USER, True),
-    ({"messages": [{"role": role, "content": "Hi"} for role in
-                   ("system", "developer", "user", "assistant", "tool")]}, True),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}],
-                    "name": "me"}]}, True),
-    ({**USER, "max_completion_tokens": 4, "max_tokens": None, "logprobs": True,
-      "top_logprobs": 20}, True),
+    (
+        {
+            "messages": [
+                {"role": role, "content": "Hi"}
+                for role in ("system", "developer", "user", "assistant", "tool")
+            ]
+        },
+        True,
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}], "name": "me"}]},
+        True,
+    ),
+    (
+        {
+            **USER,
+            "max_completion_tokens": 4,
+            "max_tokens": None,
+            "logprobs": True,
+            "top_logprobs": 20,
+        },
+        True,
+    ),
     ({}, False),
     ({"messages": []}, False),
     ({"messages": {"role": "user", "content": "Hi"}}, False),
@@ -165,6 +204,7 @@ def test_chat_schema_accepts_what_the_gateway_accepts(tokenizer, body, valid) ->
 
 # -- responses: what the gateway builds fits the schemas ----------------------------------------
 
+
 def assert_fits(name: str, body: dict) -> None:
     errors_found = [e.message for e in validator(name).iter_errors(body)]
     assert not errors_found, (name, errors_found, body)
@@ -176,27 +216,31 @@ def entries(ids: list[int]) -> list[TokenLogprob]:
 
 @pytest.mark.parametrize("logprobs", [None, 2])
 def test_completions_and_their_chunks_fit(tokenizer, logprobs) -> None:
-    req = parse_completion({**PROMPT, "logprobs": logprobs, "stream": True,
-                            "stream_options": {}}, tokenizer, LIMITS, MODEL, "r1")
+    req = parse_completion(
+        {**PROMPT, "logprobs": logprobs, "stream": True, "stream_options": {}},
+        tokenizer,
+        LIMITS,
+        MODEL,
+        "r1",
+    )
     formatted = format_logprobs(req, tokenizer, entries([42, 43]))
     assert_fits("Completion", completion_response(req, "Hi", "length", usage(3, 2), formatted))
     assert_fits("CompletionChunk", stream_chunk(req, "Hi", first=True, logprobs=formatted))
     assert_fits("CompletionChunk", stream_chunk(req, "", first=False, finish_reason="stop"))
-    assert_fits("CompletionChunk", usage_chunk(req, usage(3, 2, cached_tokens=1,
-                                                          migrations=1)))
+    assert_fits("CompletionChunk", usage_chunk(req, usage(3, 2, cached_tokens=1, migrations=1)))
 
 
 @pytest.mark.parametrize("logprobs", [None, 2])
 def test_chat_completions_and_their_chunks_fit(tokenizer, logprobs) -> None:
     fields = {"logprobs": True, "top_logprobs": logprobs} if logprobs else {}
-    req = parse_chat({**USER, **fields, "stream": True, "stream_options": {}}, tokenizer,
-                     LIMITS, MODEL, "r1")
+    req = parse_chat(
+        {**USER, **fields, "stream": True, "stream_options": {}}, tokenizer, LIMITS, MODEL, "r1"
+    )
     formatted = format_logprobs(req, tokenizer, entries([42, 43]))
     assert_fits("ChatCompletion", chat_response(req, "Hi", "stop", usage(9, 2), formatted))
     assert_fits("ChatCompletionChunk", stream_chunk(req, "Hi", first=True, logprobs=formatted))
     assert_fits("ChatCompletionChunk", stream_chunk(req, " there", first=False))
-    assert_fits("ChatCompletionChunk", stream_chunk(req, "", first=False,
-                                                    finish_reason="length"))
+    assert_fits("ChatCompletionChunk", stream_chunk(req, "", first=False, finish_reason="length"))
     assert_fits("ChatCompletionChunk", usage_chunk(req, usage(9, 2)))
 
 
@@ -207,17 +251,19 @@ def test_the_model_list_fits() -> None:
 def every_error() -> list[ApiError]:
     """One of each error errors.py builds (made with placeholder arguments)."""
     made = []
-    for name, build in inspect.getmembers(errors, inspect.isfunction):
+    for _name, build in inspect.getmembers(errors, inspect.isfunction):
         if inspect.signature(build).return_annotation in ("ApiError", ApiError):
             made.append(build(*placeholders(build)))
     return made
 
 
 def placeholders(build) -> list:
-    kinds = {"int": 1, "float": 1.0, "str": "x", "set[str]": {"GET"},
-             "tuple[str, ...]": ("gzip",)}
-    return [kinds[p.annotation] for p in inspect.signature(build).parameters.values()
-            if p.default is inspect.Parameter.empty]
+    kinds = {"int": 1, "float": 1.0, "str": "x", "set[str]": {"GET"}, "tuple[str, ...]": ("gzip",)}
+    return [
+        kinds[p.annotation]
+        for p in inspect.signature(build).parameters.values()
+        if p.default is inspect.Parameter.empty
+    ]
 
 
 def test_every_error_object_fits() -> None:

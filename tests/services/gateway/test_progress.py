@@ -1,4 +1,5 @@
 """What a request keeps across attempts: a migrated attempt continues the same stream."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,16 @@ PROMPT = (1, 2, 3, 4)
 
 
 def progress(max_tokens: int = 10, max_attempts: int = 3, migration_limit: int = 2) -> Progress:
-    req = GenerateRequest("r1", "completions", "m", PROMPT,
-                          SamplingParams(max_tokens=max_tokens, temperature=0), True, False, None)
+    req = GenerateRequest(
+        "r1",
+        "completions",
+        "m",
+        PROMPT,
+        SamplingParams(max_tokens=max_tokens, temperature=0),
+        True,
+        False,
+        None,
+    )
     return Progress(req, max_attempts, migration_limit)
 
 

@@ -1,4 +1,5 @@
 """Request parsing: what the gateway accepts, the defaults it fills in, and every 400/404/413."""
+
 from __future__ import annotations
 
 import openai
@@ -6,8 +7,7 @@ import orjson
 import pytest
 
 from services.gateway.errors import ApiError, error_body
-from services.gateway.protocol import (
-    GatewayLimits, decode_body, parse_chat, parse_completion)
+from services.gateway.protocol import GatewayLimits, decode_body, parse_chat, parse_completion
 from shared.model.tokenizer import Tokenizer
 
 try:  # the HTTP library this openai release is built on
@@ -48,11 +48,20 @@ def assert_api_error(info: pytest.ExceptionInfo, status: int, param: str | None 
 
 # -- accepted requests ---------------------------------------------------------------------------
 
+
 def test_vllm_bench_serve_completion_request(tokenizer) -> None:
     # The payload `vllm bench serve` sends for random / trace datasets (pre-tokenized prompt).
-    body = {"model": MODEL, "prompt": [11, 22, 33, 44], "repetition_penalty": 1.0,
-            "max_tokens": 20, "logprobs": None, "stream": True, "ignore_eos": True,
-            "stream_options": {"include_usage": True}, "temperature": 0.0}
+    body = {
+        "model": MODEL,
+        "prompt": [11, 22, 33, 44],
+        "repetition_penalty": 1.0,
+        "max_tokens": 20,
+        "logprobs": None,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+    }
     req = completion(body, tokenizer)
     assert req.endpoint == "completions" and req.model == MODEL
     assert req.prompt_token_ids == (11, 22, 33, 44)
@@ -68,14 +77,29 @@ def test_openai_python_chat_request(tokenizer) -> None:
         sent.append(orjson.loads(request.content))
         return httpx.Response(500, json={"error": {"message": "captured"}})
 
-    client = openai.OpenAI(base_url="http://gateway/v1", api_key="k", max_retries=0,
-                           http_client=httpx.Client(transport=httpx.MockTransport(capture)))
+    client = openai.OpenAI(
+        base_url="http://gateway/v1",
+        api_key="k",
+        max_retries=0,
+        http_client=httpx.Client(transport=httpx.MockTransport(capture)),
+    )
     with pytest.raises(openai.InternalServerError):
         client.chat.completions.create(
-            model=MODEL, messages=[{"role": "system", "content": "Be brief."},
-                                   {"role": "user", "content": "What is 2+2?"}],
-            max_completion_tokens=8, temperature=0.7, top_p=0.9, seed=3, stop=["\n\n"],
-            logprobs=True, top_logprobs=2, stream=True, stream_options={"include_usage": True})
+            model=MODEL,
+            messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is 2+2?"},
+            ],
+            max_completion_tokens=8,
+            temperature=0.7,
+            top_p=0.9,
+            seed=3,
+            stop=["\n\n"],
+            logprobs=True,
+            top_logprobs=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
     req = chat(sent[0], tokenizer, GatewayLimits(max_model_len=2048))
     assert req.endpoint == "chat" and req.stream and req.include_usage
     assert req.prompt_token_ids == tuple(tokenizer.encode_chat(sent[0]["messages"]))
@@ -99,8 +123,13 @@ def test_defaults_follow_openai(tokenizer) -> None:
 
 
 def test_aliases_and_unknown_fields(tokenizer) -> None:
-    body = {"model": "smollm2", "prompt": "Hi", "user": "x", "frequency_penalty": 0.1,
-            "some_future_field": {"a": 1}}
+    body = {
+        "model": "smollm2",
+        "prompt": "Hi",
+        "user": "x",
+        "frequency_penalty": 0.1,
+        "some_future_field": {"a": 1},
+    }
     assert completion(body, tokenizer, aliases={"smollm2"}).model == MODEL
 
 
@@ -112,14 +141,16 @@ def test_max_tokens_past_the_context_names_both_numbers(tokenizer) -> None:
     assert error["code"] == "context_length_exceeded"
     assert "maximum context length is 64 tokens" in error["message"]
     assert "requested 70 tokens (40 in the prompt, 30 in the completion)" in error["message"]
-    assert completion({"prompt": list(range(10, 50)), "max_tokens": 24},
-                      tokenizer).params.max_tokens == 24
+    assert (
+        completion({"prompt": list(range(10, 50)), "max_tokens": 24}, tokenizer).params.max_tokens
+        == 24
+    )
 
 
 def test_a_missing_max_tokens_defaults_to_what_fits(tokenizer) -> None:
     assert completion({"prompt": list(range(10, 20))}, tokenizer).params.max_tokens == 16
     assert completion({"prompt": list(range(10, 60))}, tokenizer).params.max_tokens == 64 - 50
-    capped = GatewayLimits(max_model_len=64, max_tokens_limit=8)   # --max-tokens-limit 8
+    capped = GatewayLimits(max_model_len=64, max_tokens_limit=8)  # --max-tokens-limit 8
     assert completion({"prompt": [10]}, tokenizer, capped).params.max_tokens == 8
 
 
@@ -150,30 +181,51 @@ def test_chat_text_parts_are_joined(tokenizer) -> None:
     parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]
     limits = GatewayLimits(max_model_len=2048)
     req = chat({"messages": [{"role": "user", "content": parts}]}, tokenizer, limits)
-    assert req.prompt_token_ids == chat({"messages": user("Hello\nthere")}, tokenizer,
-                                        limits).prompt_token_ids
+    assert (
+        req.prompt_token_ids
+        == chat({"messages": user("Hello\nthere")}, tokenizer, limits).prompt_token_ids
+    )
 
 
-@pytest.mark.parametrize("fields, expected", [
-    ({}, None), ({"logprobs": False}, None), ({"logprobs": True}, 0),
-    ({"logprobs": True, "top_logprobs": 5}, 5)])
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        ({}, None),
+        ({"logprobs": False}, None),
+        ({"logprobs": True}, 0),
+        ({"logprobs": True, "top_logprobs": 5}, 5),
+    ],
+)
 def test_chat_logprobs(tokenizer, fields, expected) -> None:
     req = chat({"messages": user("Hi"), **fields}, tokenizer, GatewayLimits(max_model_len=2048))
     assert req.logprobs == req.params.logprobs == expected
 
 
 def test_sampling_extensions(tokenizer) -> None:
-    body = {"prompt": "Hi", "top_k": -1, "stop": "END", "stop_token_ids": [2],
-            "skip_special_tokens": False, "seed": 2**63, "min_p": 0.05}
+    body = {
+        "prompt": "Hi",
+        "top_k": -1,
+        "stop": "END",
+        "stop_token_ids": [2],
+        "skip_special_tokens": False,
+        "seed": 2**63,
+        "min_p": 0.05,
+    }
     p = completion(body, tokenizer).params
-    assert (p.top_k, p.stop, p.stop_token_ids, p.skip_special_tokens) == (-1, ("END",), (2,),
-                                                                         False)
+    assert (p.top_k, p.stop, p.stop_token_ids, p.skip_special_tokens) == (-1, ("END",), (2,), False)
     assert p.min_p == 0.05
 
 
 def test_sampling_ranges_accept_their_bounds(tokenizer) -> None:
-    body = {"prompt": "Hi", "temperature": 2, "top_p": 1, "top_k": 1, "min_p": 1,
-            "stop": ["x" * 1000] * 4, "stop_token_ids": [2] * 64}
+    body = {
+        "prompt": "Hi",
+        "temperature": 2,
+        "top_p": 1,
+        "top_k": 1,
+        "min_p": 1,
+        "stop": ["x" * 1000] * 4,
+        "stop_token_ids": [2] * 64,
+    }
     p = completion(body, tokenizer).params
     assert (p.temperature, p.top_p, p.top_k, p.min_p) == (2, 1, 1, 1)
     assert completion({"prompt": "Hi", "temperature": 1e-320}, tokenizer).params.greedy
@@ -189,7 +241,7 @@ def test_temperature_names_openais_range(tokenizer) -> None:
 def test_slo_fields_travel_with_the_request(tokenizer) -> None:
     req = completion({"prompt": "Hi", "slo_ttft": 2, "slo_tbt": 0.05}, tokenizer)
     assert (req.slo_ttft, req.slo_tbt) == (2.0, 0.05)
-    assert completion({"prompt": "Hi"}, tokenizer).slo_ttft == 0.0   # the conductor's default
+    assert completion({"prompt": "Hi"}, tokenizer).slo_ttft == 0.0  # the conductor's default
 
 
 def test_stream_options_default_to_usage(tokenizer) -> None:
@@ -265,8 +317,11 @@ BAD_COMPLETIONS = [
     ({"prompt": "Hi", "slo_tbt": "fast"}, 400, "slo_tbt"),
     ({"prompt": "Hi", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"prompt": "Hi", "stream": True, "stream_options": []}, 400, "stream_options"),
-    ({"prompt": "Hi", "stream": True, "stream_options": {"include_usage": 1}}, 400,
-     "stream_options.include_usage"),
+    (
+        {"prompt": "Hi", "stream": True, "stream_options": {"include_usage": 1}},
+        400,
+        "stream_options.include_usage",
+    ),
 ]
 
 
@@ -284,13 +339,15 @@ BAD_CHATS = [
     ({"messages": "Hi"}, 400, "messages"),
     ({"messages": ["Hi"]}, 400, "messages[0].role"),
     ({"messages": [{"role": "wizard", "content": "Hi"}]}, 400, "messages[0].role"),
-    ({"messages": [*user("Hi"), {"role": "function", "content": "{}"}]}, 400,
-     "messages[1].role"),
+    ({"messages": [*user("Hi"), {"role": "function", "content": "{}"}]}, 400, "messages[1].role"),
     ({"messages": [{"content": "Hi"}]}, 400, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
     ({"messages": [{"role": "user", "content": None}]}, 400, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     400, "messages[0].content"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        400,
+        "messages[0].content",
+    ),
     ({"messages": user("Hi"), "n": 2}, 400, "n"),
     ({"messages": user("Hi"), "max_completion_tokens": 5000}, 400, "max_completion_tokens"),
     ({"messages": user("Hi"), "max_tokens": 5000}, 400, "max_tokens"),
@@ -326,8 +383,11 @@ def test_too_long_prompt_names_both_lengths(tokenizer) -> None:
 
 
 def test_text_needs_a_tokenizer() -> None:
-    for parse, body in ((completion, {"prompt": "Hi"}), (chat, {"messages": user("Hi")}),
-                        (completion, {"prompt": [1], "stop": "x"})):
+    for parse, body in (
+        (completion, {"prompt": "Hi"}),
+        (chat, {"messages": user("Hi")}),
+        (completion, {"prompt": [1], "stop": "x"}),
+    ):
         with pytest.raises(ApiError) as info:
             parse(body, None)
         assert info.value.status == 400

@@ -1,4 +1,5 @@
 """TextStream: token ids in, visible text out; stop strings never shown, counts kept right."""
+
 from __future__ import annotations
 
 import pytest

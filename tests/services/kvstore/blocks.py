@@ -1,4 +1,5 @@
 """Helpers for the kvstore tests: blocks whose bytes follow from their hash."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,11 @@ def content(block_hash: int, layout: BlockLayout = LAYOUT, compressible: bool = 
     if compressible:
         pattern = np.arange(layout.block_bytes, dtype=np.uint32) // 64 + block_hash
         return (pattern % 7).astype(np.uint8).tobytes()
-    return np.random.default_rng(block_hash).integers(
-        0, 256, layout.block_bytes, dtype=np.uint8).tobytes()
+    return (
+        np.random.default_rng(block_hash)
+        .integers(0, 256, layout.block_bytes, dtype=np.uint8)
+        .tobytes()
+    )
 
 
 def fill(ref: BlockRef, data: bytes) -> None:
@@ -25,11 +29,12 @@ def fill(ref: BlockRef, data: bytes) -> None:
     for layer in range(layout.num_layers):
         for half in (0, 1):
             start = layout.offset(layer, half)
-            ref.view(layer, half)[:] = data[start:start + layout.half_bytes]
+            ref.view(layer, half)[:] = data[start : start + layout.half_bytes]
 
 
-def put(store: BlockStore, block_hash: int, layout: BlockLayout = LAYOUT,
-        compressible: bool = False) -> bool:
+def put(
+    store: BlockStore, block_hash: int, layout: BlockLayout = LAYOUT, compressible: bool = False
+) -> bool:
     """Reserve, fill and commit one block; False when the store refused it."""
     ref = store.reserve(block_hash, layout)
     if ref is None:
@@ -43,7 +48,8 @@ def read(store: BlockStore, block_hash: int, layout: BlockLayout = LAYOUT) -> by
     (ref,) = store.acquire([block_hash], layout)
     if ref is None:
         return None
-    data = b"".join(bytes(ref.view(layer, half))
-                    for layer in range(layout.num_layers) for half in (0, 1))
+    data = b"".join(
+        bytes(ref.view(layer, half)) for layer in range(layout.num_layers) for half in (0, 1)
+    )
     store.release([ref])
     return data

@@ -1,4 +1,5 @@
 """The SSD block file format: header round trip, damage detection, names."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,9 @@ from services.kvstore.blockfile import (
 )
 from tests.services.kvstore.blocks import LAYOUT, content
 
-HEADER = BlockHeader(0xDEADBEEF12345678, LAYOUT, flags=0, payload_len=LAYOUT.block_bytes,
-                     checksum=42)
+HEADER = BlockHeader(
+    0xDEADBEEF12345678, LAYOUT, flags=0, payload_len=LAYOUT.block_bytes, checksum=42
+)
 
 
 def test_header_round_trip():
@@ -46,6 +48,7 @@ def test_file_names_round_trip_and_foreign_names_are_ignored():
 
 def test_write_then_read_back(tmp_path):
     import xxhash
+
     data = content(5)
     flags, payload = encode_payload(memoryview(data), compress=False)
     header = BlockHeader(5, LAYOUT, flags, len(payload), xxhash.xxh3_64_intdigest(data))
@@ -55,8 +58,8 @@ def test_write_then_read_back(tmp_path):
     into = bytearray(LAYOUT.block_bytes)
     assert read_block_file(path, header, memoryview(into))
     assert bytes(into) == data
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]   # no temp file left
-    path.write_bytes(path.read_bytes() + b"x")                  # a longer file is damaged too
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+    path.write_bytes(path.read_bytes() + b"x")  # a longer file is damaged too
     assert read_header(path) is None
     assert not read_block_file(path, header, memoryview(into))
 

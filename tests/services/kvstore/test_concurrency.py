@@ -1,4 +1,5 @@
 """Several threads putting and reading at once: counts stay consistent, bytes stay right."""
+
 from __future__ import annotations
 
 import random
@@ -29,8 +30,9 @@ def worker(store: BlockStore, seed: int, errors: list[str], rounds: int = 150) -
 
 def run_threads(store: BlockStore, num_threads: int = 6) -> list[str]:
     errors: list[str] = []
-    threads = [threading.Thread(target=worker, args=(store, seed, errors))
-               for seed in range(num_threads)]
+    threads = [
+        threading.Thread(target=worker, args=(store, seed, errors)) for seed in range(num_threads)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -41,12 +43,12 @@ def run_threads(store: BlockStore, num_threads: int = 6) -> list[str]:
 
 def check_consistent(store: BlockStore, stored: set[int], tmp_path=None) -> None:
     stats = store.stats()
-    assert stats["dram_pending_blocks"] == 0                # nothing left pinned for writing
+    assert stats["dram_pending_blocks"] == 0  # nothing left pinned for writing
     assert stats["dram_bytes"] == stats["dram_blocks"] * BLOCK <= stats["dram_capacity"]
     assert stats["disk_bytes"] <= stats["disk_capacity"]
     assert stats["dram_misses"] == stats["disk_hits"] + stats["disk_misses"]
     present = {h for h, here in zip(range(40), store.lookup(range(40))) if here}
-    assert present == stored                                # the events tell the truth
+    assert present == stored  # the events tell the truth
     if tmp_path is not None:
         assert sum(p.stat().st_size for p in tmp_path.iterdir()) == stats["disk_bytes"]
         assert not list(tmp_path.glob("*.tmp"))
@@ -72,7 +74,7 @@ def test_threads_with_an_ssd_keep_counts_consistent(tmp_path):
     stored: set[int] = set()
     stop = threading.Event()
 
-    def drain_events() -> None:                             # the service's housekeeping
+    def drain_events() -> None:  # the service's housekeeping
         while not stop.is_set():
             replay(store, stored)
 
@@ -87,7 +89,7 @@ def test_threads_with_an_ssd_keep_counts_consistent(tmp_path):
     stats = store.stats()
     assert stats["promotions"] > 0 and stats["demotions"] > 0
     misses = []
-    for block_hash in sorted(stored):                       # every stored block reads back...
+    for block_hash in sorted(stored):  # every stored block reads back...
         (ref,) = store.acquire([block_hash], LAYOUT)
         if ref is None:
             misses.append(block_hash)
@@ -116,12 +118,12 @@ def test_a_block_read_while_being_demoted_stays_visible_and_kept(tmp_path, monke
     reserved = []
     writer = threading.Thread(target=lambda: reserved.append(store.reserve(3, LAYOUT)))
     writer.start()
-    assert writing.wait(5)                       # 1 is being demoted, the lock is free
+    assert writing.wait(5)  # 1 is being demoted, the lock is free
     assert store.lookup([1, 2]) == [True, True]  # ... and it stays visible meanwhile
-    (ref,) = store.acquire([1], LAYOUT)          # a reader pins it mid-demotion
+    (ref,) = store.acquire([1], LAYOUT)  # a reader pins it mid-demotion
     go_on.set()
     writer.join(5)
-    assert reserved[0] is not None               # room came from 2 instead
+    assert reserved[0] is not None  # room came from 2 instead
     assert bytes(ref.data()) == content(1)
     stats = store.stats()
     assert (stats["dram_evictions"], stats["demotions"], stats["disk_blocks"]) == (1, 1, 2)

@@ -1,5 +1,6 @@
 """kvstore processes with the worker-side pool client: placement by consistent hashing,
 losing an instance, and an SSD tier that survives a restart."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,9 +22,18 @@ NUM_BLOCKS = 48
 
 
 def start_stores(tmp_path, num: int, args: tuple[str, ...] = ()) -> Stack:
-    stack = Stack(StackConfig(num_prefill=0, num_decode=0, num_kvstore=num, kvstore_args=args,
-                              with_conductor=False, with_gateway=False, log_dir=tmp_path,
-                              worker_args=()))
+    stack = Stack(
+        StackConfig(
+            num_prefill=0,
+            num_decode=0,
+            num_kvstore=num,
+            kvstore_args=args,
+            with_conductor=False,
+            with_gateway=False,
+            log_dir=tmp_path,
+            worker_args=(),
+        )
+    )
     stack.start()
     stack.wait_ready()
     return stack
@@ -60,6 +70,7 @@ async def connect(stack: Stack) -> tuple[Bus, list[Client]]:
 def _observer(pool: KvstorePool):
     async def observe(hb: Heartbeat) -> None:
         pool.observe(hb)
+
     return observe
 
 
@@ -68,16 +79,20 @@ async def put_all(client: Client, hashes: list[int], batch: int = 8) -> None:
     loop = asyncio.get_running_loop()
     for start in range(0, len(hashes), batch):
         done = asyncio.Event()
-        await client.pool.put(f"put-{start}", hashes[start:start + batch],
-                              list(range(start, start + batch)),
-                              lambda: loop.call_soon_threadsafe(done.set))
+        await client.pool.put(
+            f"put-{start}",
+            hashes[start : start + batch],
+            list(range(start, start + batch)),
+            lambda done=done: loop.call_soon_threadsafe(done.set),
+        )
         await asyncio.wait_for(done.wait(), 10)
-        await asyncio.sleep(0.2)   # each block commits when its transfer's END arrives
+        await asyncio.sleep(0.2)  # each block commits when its transfer's END arrives
 
 
 async def stats(bus: Bus, worker_id: str) -> StoreStats:
-    return await bus.request(subjects.worker_stats("kvstore", worker_id), StatsRequest(), 5,
-                             expected=StoreStats)
+    return await bus.request(
+        subjects.worker_stats("kvstore", worker_id), StatsRequest(), 5, expected=StoreStats
+    )
 
 
 async def test_blocks_spread_over_three_stores_and_losing_one_loses_only_its_share(tmp_path):
@@ -121,7 +136,7 @@ async def test_the_ssd_tier_survives_a_restart(tmp_path):
         hashes = [random.Random(100 + i).getrandbits(64) for i in range(NUM_BLOCKS)]
         await put_all(writer, hashes)
         before = await stats(bus, "kvstore-0")
-        assert before.disk_blocks > 0 and before.dram_blocks < NUM_BLOCKS   # DRAM overflowed
+        assert before.disk_blocks > 0 and before.dram_blocks < NUM_BLOCKS  # DRAM overflowed
         stack.stop()
         stack = await asyncio.to_thread(start_stores, tmp_path, 1, args)
         bus2, (_, reader) = await connect(stack)

@@ -1,4 +1,5 @@
 """BlockStore with DRAM only: capacity, LRU, pins, visibility, events."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,7 +23,7 @@ def test_lru_evicts_the_least_recently_used_block():
     store = BlockStore(dram_bytes=3 * BLOCK)
     for block_hash in (1, 2, 3):
         put(store, block_hash)
-    assert read(store, 1) == content(1)   # 1 is now the youngest; 2 the oldest
+    assert read(store, 1) == content(1)  # 1 is now the youngest; 2 the oldest
     put(store, 4)
     assert store.lookup([1, 2, 3, 4]) == [True, False, True, True]
     put(store, 5)
@@ -42,12 +43,12 @@ def test_pinned_blocks_are_never_evicted():
     store = BlockStore(dram_bytes=3 * BLOCK)
     refs = [store.reserve(block_hash, LAYOUT) for block_hash in (1, 2, 3)]
     assert all(refs)
-    assert store.reserve(4, LAYOUT) is None          # all reserved: no room, no exception
+    assert store.reserve(4, LAYOUT) is None  # all reserved: no room, no exception
     for ref in refs:
         fill(ref, content(ref.block_hash))
         store.commit(ref)
     held = store.acquire([1, 2, 3], LAYOUT)
-    assert store.reserve(4, LAYOUT) is None          # all being read: still no room
+    assert store.reserve(4, LAYOUT) is None  # all being read: still no room
     assert store.stats()["no_room"] == 2
     store.release(held[:1])
     assert put(store, 4)
@@ -67,12 +68,12 @@ def test_reservations_are_invisible_until_committed():
     ref = store.reserve(7, LAYOUT)
     assert store.lookup([7]) == [False]
     assert store.acquire([7], LAYOUT) == [None]
-    assert store.reserve(7, LAYOUT) is None          # already being received: skip it
+    assert store.reserve(7, LAYOUT) is None  # already being received: skip it
     fill(ref, content(7))
     assert store.commit(ref)
-    assert not store.commit(ref)                     # committing twice is refused
+    assert not store.commit(ref)  # committing twice is refused
     assert store.lookup([7]) == [True]
-    assert store.reserve(7, LAYOUT) is None          # stored: skip it
+    assert store.reserve(7, LAYOUT) is None  # stored: skip it
     assert read(store, 7) == content(7)
 
 
@@ -114,7 +115,7 @@ def test_without_an_ssd_eviction_drops_and_reports_removed():
     for block_hash in (1, 2, 3):
         put(store, block_hash)
     stored, removed = store.take_events()
-    assert (stored, removed) == ([2, 3], [1])        # netted: 1 came and went
+    assert (stored, removed) == ([2, 3], [1])  # netted: 1 came and went
     assert store.stats()["dram_evictions"] == 1
     assert store.stats()["demotions"] == 0
     assert read(store, 1) is None
@@ -124,7 +125,7 @@ def test_events_report_stored_and_removed_then_reset():
     store = BlockStore(dram_bytes=BLOCK)
     put(store, 1)
     assert store.take_events() == ([1], [])
-    put(store, 2)                                    # evicts 1
+    put(store, 2)  # evicts 1
     assert store.take_events() == ([2], [1])
     assert store.take_events() == ([], [])
 
@@ -133,8 +134,8 @@ def test_a_block_removed_then_stored_again_nets_to_stored():
     store = BlockStore(dram_bytes=BLOCK)
     put(store, 1)
     store.take_events()
-    put(store, 2)                                    # 1 removed
-    put(store, 1)                                    # 2 removed, 1 stored again
+    put(store, 2)  # 1 removed
+    put(store, 1)  # 2 removed, 1 stored again
     assert store.take_events() == ([1], [2])
 
 
@@ -144,8 +145,8 @@ def test_release_tolerates_misses_and_stale_refs():
     refs = store.acquire([1, 2], LAYOUT)
     assert refs[1] is None
     store.release(refs)
-    put(store, 3)                                    # 1 is unpinned, so it can go
-    store.release(refs)                              # a stale ref is ignored
+    put(store, 3)  # 1 is unpinned, so it can go
+    store.release(refs)  # a stale ref is ignored
     assert store.lookup([1, 3]) == [False, True]
 
 

@@ -1,5 +1,6 @@
 """A prefix load that fails must stop the request from computing on blocks that never came,
 however the failure and the engine's layers interleave."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,19 +14,21 @@ from shared.kv_inbox import KVInbox
 
 
 async def test_a_load_that_failed_before_a_layer_computes_still_invalidates_it(
-        tiny_llama_dir) -> None:
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", block_size=4,
-                                    num_blocks=16))
+    tiny_llama_dir,
+) -> None:
+    engine = LLMEngine(
+        EngineConfig(model=str(tiny_llama_dir), dtype="float32", block_size=4, num_blocks=16)
+    )
     engine.add_request("r", list(range(3, 20)), SamplingParams(max_tokens=1))
     inbox = KVInbox(engine.runner.storage, asyncio.get_running_loop())
     loader = PrefixLoader(engine_loop=None, pool=None, inbox=inbox, layer_timeout=5.0)
     expected = inbox.expect("r:prefix", [0, 1], num_layers=2, ttl=60)
     expected.layers_done.add(0)
-    expected.layer_ready[0].set()                       # layer 0 landed, then the line died
+    expected.layer_ready[0].set()  # layer 0 landed, then the line died
     loader.loads["r"] = load = PrefixLoad("r", 0, [11, 12], "kvstore", [expected])
     settling = asyncio.ensure_future(loader._settle(load))
     inbox.on_lost(["r:prefix"], "connection reset")
-    await settling                                      # settled before layer 1's gate runs
+    await settling  # settled before layer 1's gate runs
     chunk = SeqChunk("r", list(range(8, 20)), 8, [0, 1, 2, 3, 4])
     loader.gate(engine, 1, [chunk])
     assert "loading the prefix failed" in engine.scheduler.find("r").invalid_reason

@@ -1,5 +1,6 @@
 """The fitted cost model: least squares recovers known coefficients, and profiles survive a
 trip through a file (or fail to load with a one-line reason)."""
+
 from __future__ import annotations
 
 import json
@@ -11,16 +12,24 @@ import pytest
 from shared.costmodel.fitted import FittedCostModel, decode_features, fit, prefill_features
 from shared.errors import KvstackError
 
-PREFILL = (0.05, 2e-3, 1e-6, 6e-7, 3e-5)     # 1, n, n^2, n*c, c
-DECODE = (0.04, 6e-3, 1e-5)                  # 1, batch, total context
+PREFILL = (0.05, 2e-3, 1e-6, 6e-7, 3e-5)  # 1, n, n^2, n*c, c
+DECODE = (0.04, 6e-3, 1e-5)  # 1, batch, total context
 PREFILL_POINTS = [(n, c) for n in (16, 128, 512, 1536) for c in (0, 1024)]
 DECODE_POINTS = [(b, b * ctx) for b in (1, 8, 24) for ctx in (128, 768)]
 
 
 def model(**overrides) -> FittedCostModel:
-    values = {"model": "m", "prefill_coef": PREFILL, "decode_coef": DECODE, "link_bw": 2e9,
-              "link_latency": 1e-3, "kv_bytes_per_token": 46_080, "request_overhead": 0.02,
-              "dtype": "float32", "threads": 1}
+    values = {
+        "model": "m",
+        "prefill_coef": PREFILL,
+        "decode_coef": DECODE,
+        "link_bw": 2e9,
+        "link_latency": 1e-3,
+        "kv_bytes_per_token": 46_080,
+        "request_overhead": 0.02,
+        "dtype": "float32",
+        "threads": 1,
+    }
     return FittedCostModel(**{**values, **overrides})
 
 
@@ -30,8 +39,10 @@ def rows(points, coef, features, noise: float = 0.0) -> list[tuple[float, ...]]:
     return [(x, y, true(x, y) * (1 + rng.uniform(-noise, noise))) for x, y in points]
 
 
-@pytest.mark.parametrize("coef,features,points", [
-    (PREFILL, prefill_features, PREFILL_POINTS), (DECODE, decode_features, DECODE_POINTS)])
+@pytest.mark.parametrize(
+    "coef,features,points",
+    [(PREFILL, prefill_features, PREFILL_POINTS), (DECODE, decode_features, DECODE_POINTS)],
+)
 def test_fit_recovers_known_coefficients(coef, features, points) -> None:
     assert fit(rows(points, coef, features), features) == pytest.approx(coef, rel=1e-6)
 
@@ -46,7 +57,8 @@ def test_with_noise_the_fit_still_predicts_within_the_noise() -> None:
 def test_predictions_follow_the_terms() -> None:
     m = model()
     assert m.prefill_time(100, 50) == pytest.approx(
-        0.05 + 2e-3 * 100 + 1e-6 * 100 ** 2 + 6e-7 * 100 * 50 + 3e-5 * 50)
+        0.05 + 2e-3 * 100 + 1e-6 * 100**2 + 6e-7 * 100 * 50 + 3e-5 * 50
+    )
     assert m.decode_step_time(8, 4000) == pytest.approx(0.04 + 6e-3 * 8 + 1e-5 * 4000)
     assert m.transfer_time(2e9) == pytest.approx(1.001)
 
@@ -74,14 +86,17 @@ def test_files_without_the_newer_fields_load_and_unknown_keys_are_ignored(tmp_pa
     assert loaded.prefill_coef == PREFILL
 
 
-@pytest.mark.parametrize("text,fragment", [
-    ("{not json", "is not a cost model file"),
-    ("[1, 2]", "expected a JSON object"),
-    ('{"model": "m"}', "no 'prefill_coef'"),
-    (json.dumps({**model().__dict__, "prefill_coef": [1, 2]}), "needs 5 coefficients"),
-    (json.dumps({**model().__dict__, "link_bw": 0}), "must be positive"),
-    (json.dumps({**model().__dict__, "decode_coef": ["a", 1, 2]}), "is not a cost model"),
-])
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("{not json", "is not a cost model file"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"model": "m"}', "no 'prefill_coef'"),
+        (json.dumps({**model().__dict__, "prefill_coef": [1, 2]}), "needs 5 coefficients"),
+        (json.dumps({**model().__dict__, "link_bw": 0}), "must be positive"),
+        (json.dumps({**model().__dict__, "decode_coef": ["a", 1, 2]}), "is not a cost model"),
+    ],
+)
 def test_bad_files_fail_with_a_one_line_reason(tmp_path, text, fragment) -> None:
     (path := tmp_path / "bad.json").write_text(text)
     with pytest.raises(KvstackError, match=fragment) as info:

@@ -1,4 +1,5 @@
 """Naming a cost model: a profile's path or roofline:<model>:<hardware>."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,14 +22,17 @@ def test_a_path_spec_loads_a_profile(tmp_path) -> None:
     assert costmodel.from_spec(str(path)) == profile == costmodel.load(path)
 
 
-@pytest.mark.parametrize("spec,fragment", [
-    ("", "no cost model given"),
-    ("roofline:llama3-70b", "expected roofline:<model>:<hardware>"),
-    ("roofline:llama3-70b:a800:x", "expected roofline:<model>:<hardware>"),
-    ("roofline:gpt-5:a800", "unknown model shape 'gpt-5'; known: llama3-70b"),
-    ("roofline:llama3-70b:tpu", "unknown hardware 'tpu'; known: a800"),
-    ("/nonexistent/profile.json", "no cost model at /nonexistent/profile.json"),
-])
+@pytest.mark.parametrize(
+    "spec,fragment",
+    [
+        ("", "no cost model given"),
+        ("roofline:llama3-70b", "expected roofline:<model>:<hardware>"),
+        ("roofline:llama3-70b:a800:x", "expected roofline:<model>:<hardware>"),
+        ("roofline:gpt-5:a800", "unknown model shape 'gpt-5'; known: llama3-70b"),
+        ("roofline:llama3-70b:tpu", "unknown hardware 'tpu'; known: a800"),
+        ("/nonexistent/profile.json", "no cost model at /nonexistent/profile.json"),
+    ],
+)
 def test_bad_specs_fail_with_a_clear_error(spec, fragment) -> None:
     with pytest.raises(KvstackError, match=fragment.replace("(", r"\(")):
         costmodel.from_spec(spec)

@@ -1,5 +1,6 @@
 """What `kvstack profile` measures, on a small random model: real engine steps, a real
 transfer over the TCP data plane."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,7 +25,7 @@ def test_prompts_are_fresh_and_inside_the_vocabulary() -> None:
 def test_prefills_with_a_cached_prefix_really_hit_the_cache(engine) -> None:
     probe = EngineProbe(engine)
     assert probe.prefill(32, 0) > 0
-    for _ in range(2):   # each run checks the count of cached tokens the engine reports
+    for _ in range(2):  # each run checks the count of cached tokens the engine reports
         assert probe.prefill(32, 128) > 0
     assert list(probe.prefixes) == [0, 128]
 
@@ -33,7 +34,7 @@ def test_an_evicted_prefix_is_computed_again(tiny_llama_dir) -> None:
     small = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", num_blocks=20))
     probe = EngineProbe(small)
     probe.prefill(16, 128)
-    probe.decode_step(1, 16 * 18, steps=1)    # takes 19 of the 20 blocks: evicts the prefix
+    probe.decode_step(1, 16 * 18, steps=1)  # takes 19 of the 20 blocks: evicts the prefix
     assert probe.prefill(16, 128) > 0
 
 

@@ -1,5 +1,6 @@
 """Lamina's equal-cost estimate: the capacity and traffic arithmetic of the paper, flagged
 infeasible batches, and the shape of the curves the physics allows."""
+
 from __future__ import annotations
 
 import itertools
@@ -40,17 +41,19 @@ def long_context() -> Scenario:
 
 def test_one_h100_holds_about_30_requests_of_8k_llama3_70b_kv_before_weights() -> None:
     request = kv_bytes_per_request(LLAMA3_70B, 8192)
-    assert request == 320 * 1024 * 8192          # 320 KiB of KV per token
-    assert max_batch(80e9, 0, request) == 29     # the paper's "about 30" (80 GB / 2.68 GB)
-    assert max_batch(80e9, 79e9, request) == 0   # no room left beside weights
-    assert max_batch(80e9, 90e9, request) == 0   # weights that do not fit leave none, not < 0
+    assert request == 320 * 1024 * 8192  # 320 KiB of KV per token
+    assert max_batch(80e9, 0, request) == 29  # the paper's "about 30" (80 GB / 2.68 GB)
+    assert max_batch(80e9, 79e9, request) == 0  # no room left beside weights
+    assert max_batch(80e9, 90e9, request) == 0  # weights that do not fit leave none, not < 0
 
 
 def test_capacity_of_each_system_at_equal_cost(long_context) -> None:
     request = 327_680 * 8192
     # 4 x 80 GB at 90%, minus the weights, against 4 x 96 GB at 90% for the KV alone.
-    assert homogeneous_max_batch(long_context, DEFAULTS) == \
-        (288e9 - LLAMA3_70B.weight_bytes) // request
+    assert (
+        homogeneous_max_batch(long_context, DEFAULTS)
+        == (288e9 - LLAMA3_70B.weight_bytes) // request
+    )
     assert lamina_max_batch(long_context, DEFAULTS) == 345.6e9 // request
 
 
@@ -72,7 +75,7 @@ def test_llama3_70b_reaches_about_800_requests_at_azure_conv_lengths() -> None:
 
 def test_wire_bytes_per_token_per_layer_follow_the_papers_formula() -> None:
     assert wire_bytes_per_token_per_layer(LLAMA3_70B) == (20_480, 16_384)
-    assert sum(wire_bytes_per_token_per_layer(LLAMA_65B)) == 65_536    # MHA: (2 + 2/G) d e
+    assert sum(wire_bytes_per_token_per_layer(LLAMA_65B)) == 65_536  # MHA: (2 + 2/G) d e
     assert sum(wire_bytes_per_token_per_layer(LLAMA3_70B)) * 80 == pytest.approx(2.95e6, 1e-3)
 
 
@@ -99,8 +102,11 @@ def test_infeasible_batches_are_flagged_not_computed(long_context) -> None:
 
 def test_each_systems_largest_batch_gets_a_row(long_context) -> None:
     rows = scenario_rows(long_context, batches=[1])
-    assert [r["batch"] for r in rows] == [1, homogeneous_max_batch(long_context, DEFAULTS),
-                                          lamina_max_batch(long_context, DEFAULTS)]
+    assert [r["batch"] for r in rows] == [
+        1,
+        homogeneous_max_batch(long_context, DEFAULTS),
+        lamina_max_batch(long_context, DEFAULTS),
+    ]
     assert rows[1]["homogeneous_max"] and rows[2]["lamina_max"]
     assert rows[1]["homogeneous_feasible"] and not rows[2]["homogeneous_feasible"]
 
@@ -133,8 +139,7 @@ def test_at_the_same_batch_lamina_is_slower_its_gain_is_the_batch(long_context) 
     assert info["lamina"]["best_batch"] > info["homogeneous"]["best_batch"]
 
 
-def test_ping_pong_costs_a_second_weight_read_and_pays_when_attention_is_big(
-        long_context) -> None:
+def test_ping_pong_costs_a_second_weight_read_and_pays_when_attention_is_big(long_context) -> None:
     one = [lamina_step_time(long_context, 1, DEFAULTS, p) for p in (True, False)]
     model = long_context.model_workers.hardware
     weights_read = LLAMA3_70B.weight_bytes / (model.mem_bw * model.bw_efficiency)
@@ -143,14 +148,16 @@ def test_ping_pong_costs_a_second_weight_read_and_pays_when_attention_is_big(
     assert one[0] > 1.5 * one[1]
     # At full KV capacity attention takes about as long as the dense part: overlap wins.
     full = lamina_max_batch(long_context, DEFAULTS)
-    assert lamina_step_time(long_context, full, DEFAULTS, True) < \
-        0.9 * lamina_step_time(long_context, full, DEFAULTS, False)
+    assert lamina_step_time(long_context, full, DEFAULTS, True) < 0.9 * lamina_step_time(
+        long_context, full, DEFAULTS, False
+    )
 
 
 def test_without_overlap_every_layer_pays_one_round_trip(long_context) -> None:
-    slow = Assumptions(network_rtt=66.6e-6)      # NCCL's instead of FHBN's 33 us
-    delta = lamina_step_time(long_context, 64, slow, False) - \
-        lamina_step_time(long_context, 64, DEFAULTS, False)
+    slow = Assumptions(network_rtt=66.6e-6)  # NCCL's instead of FHBN's 33 us
+    delta = lamina_step_time(long_context, 64, slow, False) - lamina_step_time(
+        long_context, 64, DEFAULTS, False
+    )
     assert delta == pytest.approx(80 * 33.6e-6)
 
 
@@ -193,7 +200,7 @@ def test_main_prints_the_table_or_json(capsys) -> None:
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path) -> None:
-    monkeypatch.setitem(sys.modules, "matplotlib", None)     # makes the import fail
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes the import fail
     with pytest.raises(KvstackError, match="pip install matplotlib"):
         plot(equal_cost_rows(), tmp_path / "x.png")
 

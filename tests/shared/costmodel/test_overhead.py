@@ -1,5 +1,6 @@
 """Timing first tokens at a gateway, against a small stand-in that streams SSE the way the
 real one does after a set delay."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from shared.costmodel.fitted import FittedCostModel
 from shared.costmodel.overhead import check_gateway, first_token_seconds, request_overhead
 from shared.errors import KvstackError
 
-DELAY = 0.05   # seconds the stand-in waits before its first token
+DELAY = 0.05  # seconds the stand-in waits before its first token
 
 
 class Gateway(BaseHTTPRequestHandler):
@@ -28,7 +29,7 @@ class Gateway(BaseHTTPRequestHandler):
         self.send_response(self.status)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        self.wfile.write(b'data: {"id": "1", "choices": []}\n\n')   # a role-only event
+        self.wfile.write(b'data: {"id": "1", "choices": []}\n\n')  # a role-only event
         self.wfile.flush()
         time.sleep(DELAY)
         for chunk in self.reply:
@@ -56,9 +57,9 @@ def test_the_first_token_is_timed_and_the_key_sent(gateway) -> None:
 
 def test_overhead_is_what_the_prefill_does_not_explain(gateway) -> None:
     cost = FittedCostModel("m", (0.0, 1e-4, 0, 0, 0), (0, 0, 0), 1e9, 0.0, 1)
-    overhead = request_overhead(cost, gateway, [[1] * 100] * 4)   # 10 ms of prefill each
+    overhead = request_overhead(cost, gateway, [[1] * 100] * 4)  # 10 ms of prefill each
     assert DELAY - 0.01 <= overhead < DELAY + 0.2
-    assert len(Gateway.bodies) == 4    # a warm-up, then three measured
+    assert len(Gateway.bodies) == 4  # a warm-up, then three measured
 
 
 def test_an_http_error_is_a_clear_error(gateway) -> None:

@@ -1,5 +1,6 @@
 """The roofline cost model behaves as the physics says: prefill is compute bound, decode
 memory bound, and faster hardware is faster."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,7 @@ def a800():
 
 def test_long_prefills_are_compute_bound_and_grow_a_little_faster_than_linearly(a800) -> None:
     ratio = a800.prefill_time(8000) / a800.prefill_time(4000)
-    assert 2.0 < ratio < 2.3      # linear in the weights, quadratic in attention
+    assert 2.0 < ratio < 2.3  # linear in the weights, quadratic in attention
     hw = a800.hardware
     weights_only = a800.shape.weight_bytes / (hw.mem_bw * hw.bw_efficiency)
     assert a800.prefill_time(4000) > 10 * weights_only
@@ -27,8 +28,8 @@ def test_a_cached_prefix_costs_attention_but_far_less_than_computing_it(a800) ->
 
 def test_small_decode_batches_are_memory_bound(a800) -> None:
     one, two = a800.decode_step_time(1, 1000), a800.decode_step_time(2, 2000)
-    assert two / one < 1.01       # the weights are read once either way
-    assert a800.decode_step_time(256, 256_000) > 2 * one   # until compute catches up
+    assert two / one < 1.01  # the weights are read once either way
+    assert a800.decode_step_time(256, 256_000) > 2 * one  # until compute catches up
 
 
 def test_decode_steps_grow_with_the_kv_they_read(a800) -> None:

@@ -1,4 +1,5 @@
 """Model shapes: presets agree with real configs, and the counts are the published ones."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,9 +20,15 @@ def test_kv_bytes_follow_the_element_size(smollm2_dir) -> None:
     assert ModelShape.of(config, "s", bytes_per_element=4).kv_bytes_per_token == 46_080
 
 
-@pytest.mark.parametrize("name,billions,tied", [
-    ("smollm2-135m", 0.135, True), ("llama3-8b", 8.03, False), ("qwen2-7b", 7.62, False),
-    ("llama3-70b", 70.6, False)])
+@pytest.mark.parametrize(
+    "name,billions,tied",
+    [
+        ("smollm2-135m", 0.135, True),
+        ("llama3-8b", 8.03, False),
+        ("qwen2-7b", 7.62, False),
+        ("llama3-70b", 70.6, False),
+    ],
+)
 def test_parameter_counts_are_the_published_ones(name, billions, tied) -> None:
     """`params` counts what a forward pass reads: an untied input embedding is only indexed."""
     shape = MODELS[name]

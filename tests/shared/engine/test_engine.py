@@ -1,4 +1,5 @@
 """The engine end to end on a small random Llama, checked against transformers' generate."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,19 +23,31 @@ def prompts() -> list[list[int]]:
 @pytest.fixture(scope="module")
 def reference(tiny_llama_dir):
     import transformers
+
     return transformers.AutoModelForCausalLM.from_pretrained(tiny_llama_dir).eval()
 
 
 def hf_greedy(reference, prompt: list[int], n: int) -> list[int]:
     ids = torch.tensor([prompt])
-    out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                             min_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = reference.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def engine(model_dir, **overrides) -> LLMEngine:
-    config = dict(model=str(model_dir), dtype="float32", block_size=4, num_blocks=64,
-                  max_num_batched_tokens=16)
+    config = dict(
+        model=str(model_dir),
+        dtype="float32",
+        block_size=4,
+        num_blocks=64,
+        max_num_batched_tokens=16,
+    )
     return LLMEngine(EngineConfig(**{**config, **overrides}))
 
 
@@ -64,8 +77,11 @@ def test_prefix_cache_hit_is_reported_and_output_unchanged(tiny_llama_dir) -> No
 
 def test_bad_prompts_are_refused_and_leave_no_trace(tiny_llama_dir) -> None:
     eng = engine(tiny_llama_dir, max_model_len=40)
-    bad = {"outside the vocabulary": [1, 256], "the prompt is empty": [],
-           "context limit is 40": list(range(40))}
+    bad = {
+        "outside the vocabulary": [1, 256],
+        "the prompt is empty": [],
+        "context limit is 40": list(range(40)),
+    }
     for message, prompt in bad.items():
         with pytest.raises(InvalidRequest, match=message):
             eng.add_request("x", prompt, GREEDY)
@@ -85,13 +101,14 @@ def test_stop_token_ids_and_length_limits(tiny_llama_dir) -> None:
     eng = engine(tiny_llama_dir, max_model_len=24)
     free_run = eng.generate([prompts()[0]], GREEDY)[0]
     stop_at = free_run.token_ids[3]
-    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
-                            stop_token_ids=(stop_at,))
+    params = SamplingParams(
+        max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=(stop_at,)
+    )
     stopped = eng.generate([prompts()[0]], params)[0]
     first = free_run.token_ids.index(stop_at)
-    assert stopped.token_ids == free_run.token_ids[:first + 1]
+    assert stopped.token_ids == free_run.token_ids[: first + 1]
     assert stopped.finish_reason == "stop"
-    capped = eng.generate([prompts()[2][:20]], GREEDY)[0]   # 20 + 4 reaches max_model_len
+    capped = eng.generate([prompts()[2][:20]], GREEDY)[0]  # 20 + 4 reaches max_model_len
     assert len(capped.token_ids) == 4 and capped.finish_reason == "length"
 
 

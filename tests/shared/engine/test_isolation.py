@@ -1,5 +1,6 @@
 """One request's failure ends that request alone: a chunk that breaks the forward pass, or
 logits that cannot be sampled. The others in its batch finish as if it had not been there."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,17 +17,27 @@ SAMPLED = SamplingParams(max_tokens=6, temperature=0.8, seed=5, ignore_eos=True)
 
 def prompts() -> dict[str, list[int]]:
     gen = torch.Generator().manual_seed(9)
-    return {rid: torch.randint(3, 256, (n,), generator=gen).tolist()
-            for rid, n in (("a", 7), ("bad", 21), ("c", 30), ("d", 3))}
+    return {
+        rid: torch.randint(3, 256, (n,), generator=gen).tolist()
+        for rid, n in (("a", 7), ("bad", 21), ("c", 30), ("d", 3))
+    }
 
 
 def engine(model_dir) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", block_size=4,
-                                  num_blocks=96, max_num_batched_tokens=32))
+    return LLMEngine(
+        EngineConfig(
+            model=str(model_dir),
+            dtype="float32",
+            block_size=4,
+            num_blocks=96,
+            max_num_batched_tokens=32,
+        )
+    )
 
 
-def run(eng: LLMEngine, params: dict[str, SamplingParams],
-        **hooks) -> tuple[dict[str, Completion], dict[str, RequestOutput]]:
+def run(
+    eng: LLMEngine, params: dict[str, SamplingParams], **hooks
+) -> tuple[dict[str, Completion], dict[str, RequestOutput]]:
     """Every prompt to its end (GREEDY unless `params` says otherwise): each request's
     completion and its last output."""
     done, last = {}, {}
@@ -48,6 +59,7 @@ def poison(eng: LLMEngine, fault) -> list[list[str]]:
     def faulty(chunks, **hooks):
         passes.append([c.request_id for c in chunks])
         return fault(chunks, execute(chunks, **hooks))
+
     eng.runner.execute = faulty
     return passes
 
@@ -61,6 +73,7 @@ def fails_with_bad(chunks, logits):
 def raises(error: Exception):
     def fault(chunks, logits):
         raise error
+
     return fault
 
 
@@ -69,8 +82,9 @@ def add_all(eng: LLMEngine) -> None:
         eng.add_request(rid, prompt, GREEDY)
 
 
-def assert_others_unharmed(model_dir, done: dict[str, Completion],
-                           params: dict[str, SamplingParams]) -> None:
+def assert_others_unharmed(
+    model_dir, done: dict[str, Completion], params: dict[str, SamplingParams]
+) -> None:
     clean, _ = run(engine(model_dir), params)
     for rid in ("a", "c", "d"):
         assert done[rid].token_ids == clean[rid].token_ids
@@ -81,13 +95,16 @@ def test_a_chunk_that_fails_alone_ends_only_its_request(tiny_llama_dir) -> None:
     eng = engine(tiny_llama_dir)
     passes = poison(eng, fails_with_bad)
     hooked = []
-    done, last = run(eng, {"c": SAMPLED},
-                     layer_hook=lambda layer, chunks: hooked.append(len(chunks)))
+    done, last = run(
+        eng, {"c": SAMPLED}, layer_hook=lambda layer, chunks: hooked.append(len(chunks))
+    )
     assert last["bad"].finish_reason == "error" and done["bad"].token_ids == []
     assert (last["bad"].stop_reason, last["bad"].error_kind) == (
-        "engine step failed for this request: RuntimeError: boom", REQUEST_ERROR)
-    assert ["bad"] in passes and ["a"] in passes      # each chunk ran again alone
-    assert 1 in hooked                                # with the layer hook, one chunk at a time
+        "engine step failed for this request: RuntimeError: boom",
+        REQUEST_ERROR,
+    )
+    assert ["bad"] in passes and ["a"] in passes  # each chunk ran again alone
+    assert 1 in hooked  # with the layer hook, one chunk at a time
     assert_others_unharmed(tiny_llama_dir, done, {"c": SAMPLED})
     assert eng.kv.num_free_blocks == 96 and not eng.has_unfinished
 
@@ -114,8 +131,10 @@ def test_a_peer_failure_is_not_retried_chunk_by_chunk(tiny_llama_dir) -> None:
 
 
 def nan_for_bad(chunks, logits):
-    return [torch.full_like(row, float("nan")) if c.request_id == "bad" else row
-            for c, row in zip(chunks, logits)]
+    return [
+        torch.full_like(row, float("nan")) if c.request_id == "bad" else row
+        for c, row in zip(chunks, logits)
+    ]
 
 
 @pytest.mark.parametrize("bad_params", [GREEDY, SAMPLED])
@@ -143,4 +162,7 @@ def test_a_failed_prefix_load_is_an_engine_error(tiny_llama_dir) -> None:
     eng.invalidate("a", "loading the prefix failed: checksum")
     (out,) = eng.step()
     assert (out.finish_reason, out.stop_reason, out.error_kind) == (
-        "error", "loading the prefix failed: checksum", ENGINE_ERROR)
+        "error",
+        "loading the prefix failed: checksum",
+        ENGINE_ERROR,
+    )

@@ -1,4 +1,5 @@
 """The engine thread: a failed step ends its requests; three in a row mark the loop broken."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,15 +31,17 @@ class ScriptedEngine:
 def run_script(script: list[bool]) -> tuple[EngineLoop, list[str], ScriptedEngine]:
     async def main() -> tuple[EngineLoop, list[str], ScriptedEngine]:
         engine, reasons = ScriptedEngine(script), []
-        loop = EngineLoop(engine, asyncio.get_running_loop(), lambda outputs: None,
-                          step=lambda e: e.step())
+        loop = EngineLoop(
+            engine, asyncio.get_running_loop(), lambda outputs: None, step=lambda e: e.step()
+        )
         loop.on_broken = reasons.append
         loop.start()
         while engine.has_unfinished:
             await asyncio.sleep(0.01)
-        loop.stop()                 # joins the thread: the last step is done
-        await asyncio.sleep(0.01)   # its callbacks run
+        loop.stop()  # joins the thread: the last step is done
+        await asyncio.sleep(0.01)  # its callbacks run
         return loop, reasons, engine
+
     return asyncio.run(main())
 
 
@@ -46,8 +49,12 @@ def test_three_failed_steps_in_a_row_break_the_loop_once() -> None:
     loop, reasons, engine = run_script([False, False, True, False, False, False, False])
     assert loop.broken and loop.num_failed_steps == 4
     assert len(engine.failed_all) == 6
-    assert reasons == [f"{BROKEN_AFTER} engine steps failed in a row; the last: engine step "
-                       f"failed: RuntimeError: kernel fault"]
+    assert reasons == [
+        (
+            f"{BROKEN_AFTER} engine steps failed in a row; the last: engine step "
+            f"failed: RuntimeError: kernel fault"
+        )
+    ]
 
 
 def test_a_good_step_resets_the_count() -> None:

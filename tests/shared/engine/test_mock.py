@@ -1,4 +1,5 @@
 """The mock model: names checked, KV bytes scaled, the pool sized as the real hardware's."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ from shared.engine.mock import MOCK_MAX_MODEL_LEN, MockSpec
 from shared.errors import KvstackError
 from shared.model.config import ModelConfig
 
-LLAMA3_70B_KV_PER_TOKEN = 80 * 2 * 8 * 128 * 2     # layers, K and V, KV heads, dim, bf16
+LLAMA3_70B_KV_PER_TOKEN = 80 * 2 * 8 * 128 * 2  # layers, K and V, KV heads, dim, bf16
 
 
 def test_unknown_names_are_refused_with_the_known_ones_listed() -> None:
@@ -27,8 +28,11 @@ def test_kv_bytes_per_token_are_the_real_ones_scaled_to_whole_bytes(scale, half_
     spec = MockSpec("llama3-70b", "a800", scale)
     assert spec.token_half_bytes == half_bytes == max(1, round(8 * 128 * 2 * scale))
     assert spec.kv_bytes_per_token == 80 * 2 * half_bytes
-    assert MockSpec(kv_scale=1.0).kv_bytes_per_token == MODELS["llama3-70b"].kv_bytes_per_token \
+    assert (
+        MockSpec(kv_scale=1.0).kv_bytes_per_token
+        == MODELS["llama3-70b"].kv_bytes_per_token
         == LLAMA3_70B_KV_PER_TOKEN
+    )
 
 
 def test_the_pool_holds_what_an_8xa800_node_holds_beside_the_weights() -> None:
@@ -36,8 +40,8 @@ def test_the_pool_holds_what_an_8xa800_node_holds_beside_the_weights() -> None:
     usable = 8 * 80 * GB * 0.9 - MODELS["llama3-70b"].weight_bytes
     real = int(usable // (LLAMA3_70B_KV_PER_TOKEN * 16))
     assert spec.real_capacity_blocks(16) == real and 80_000 < real < 90_000
-    assert spec.num_blocks(16, 1 << 30) == real          # 1 GiB of scaled KV: not the bound
-    assert spec.num_blocks(16, 1 << 20) == (1 << 20) // (320 * 16)   # 1 MiB: the bound
+    assert spec.num_blocks(16, 1 << 30) == real  # 1 GiB of scaled KV: not the bound
+    assert spec.num_blocks(16, 1 << 20) == (1 << 20) // (320 * 16)  # 1 MiB: the bound
 
 
 def test_hardware_without_a_memory_size_is_bounded_by_the_cache_size_alone() -> None:
@@ -52,7 +56,7 @@ def test_hardware_that_cannot_hold_one_block_beside_the_weights_is_refused() -> 
 
 
 def test_the_namespace_names_the_model_and_its_scaled_layout() -> None:
-    assert MockSpec().namespace == MockSpec(hardware="h100").namespace   # timing only
+    assert MockSpec().namespace == MockSpec(hardware="h100").namespace  # timing only
     assert MockSpec().namespace != MockSpec(kv_scale=1 / 256).namespace
     assert MockSpec().namespace != MockSpec(model="llama2-70b").namespace
     assert MockSpec().cost_spec == "roofline:llama3-70b:a800"

@@ -1,5 +1,6 @@
 """The mock runner: steps take (at least) the cost model's time, tokens are deterministic,
 and the engine around it (scheduler, block pool, prefix cache) runs as with a model."""
+
 from __future__ import annotations
 
 import time
@@ -46,7 +47,7 @@ def test_a_step_costs_the_cost_models_prefill_and_decode_times() -> None:
     assert step_seconds(COST, batch) == COST.decode_step_time(2, 400)
     mixed = step_seconds(COST, [*batch, prefill("c", 512)])
     parts = COST.decode_step_time(2, 400) + COST.prefill_time(512)
-    assert COST.prefill_time(512) < mixed < parts   # one pass reads the weights once
+    assert COST.prefill_time(512) < mixed < parts  # one pass reads the weights once
     assert step_seconds(COST, []) == 0.0
 
 
@@ -60,8 +61,11 @@ def test_a_step_sleeps_at_least_the_cost_models_time() -> None:
 
 def test_layer_hooks_run_once_per_layer_in_order() -> None:
     calls = []
-    runner().execute([prefill("a", 64)], before_layer=lambda layer: calls.append(("in", layer)),
-                     on_layer_done=lambda layer: calls.append(("out", layer)))
+    runner().execute(
+        [prefill("a", 64)],
+        before_layer=lambda layer: calls.append(("in", layer)),
+        on_layer_done=lambda layer: calls.append(("out", layer)),
+    )
     assert calls == [(kind, layer) for layer in range(80) for kind in ("in", "out")]
 
 
@@ -82,8 +86,9 @@ def test_avoided_tokens_are_never_answered() -> None:
 
 def test_the_mock_model_is_sure_of_its_tokens() -> None:
     rows = runner().execute([decode("a", 3), decode("b", 4)])
-    token_ids, logprobs = runner().sample(torch.cat(rows), [SamplingParams(logprobs=2),
-                                                            SamplingParams()], [None, None])
+    token_ids, logprobs = runner().sample(
+        torch.cat(rows), [SamplingParams(logprobs=2), SamplingParams()], [None, None]
+    )
     assert token_ids == [row.item() for row in rows]
     assert logprobs == [TokenLogprob(token_ids[0], 0.0, ((token_ids[0], 0.0),)), None]
 

@@ -3,8 +3,13 @@ import math
 import pytest
 import torch
 
-from shared.engine.sampler import (SAMPLING_FAILED, logprobs, sample, sampling_failure,
-                                   seeded_generator)
+from shared.engine.sampler import (
+    SAMPLING_FAILED,
+    logprobs,
+    sample,
+    sampling_failure,
+    seeded_generator,
+)
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest
 
@@ -46,15 +51,20 @@ def test_min_p_drops_tokens_far_below_the_likeliest() -> None:
 
 def test_an_unusable_row_fails_alone_and_the_others_are_sampled() -> None:
     nan = torch.tensor([[float("nan"), 1.0, 0.0, 0.0]])
-    huge = torch.tensor([[1e36, 0.0, 0.0, 0.0]])   # / temperature 1e-4 overflows to inf
+    huge = torch.tensor([[1e36, 0.0, 0.0, 0.0]])  # / temperature 1e-4 overflows to inf
     logits = torch.cat([nan, LOGITS[1:], huge, LOGITS[1:]])
-    params = [SamplingParams(temperature=0), SamplingParams(temperature=0),
-              SamplingParams(temperature=1e-4, top_p=0.9), SamplingParams(temperature=0.5)]
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1e-4, top_p=0.9),
+        SamplingParams(temperature=0.5),
+    ]
     gens = [torch.Generator().manual_seed(0) for _ in params]
     assert sample(logits, params, gens) == [SAMPLING_FAILED, 2, SAMPLING_FAILED, 2]
     assert logprobs(logits, [SAMPLING_FAILED, 2], [1, 1])[0] is None
     assert sampling_failure(params[2]).startswith(
-        "sampling failed: the next-token distribution is not finite")
+        "sampling failed: the next-token distribution is not finite"
+    )
     assert "temperature=0.0001, top_p=0.9" in sampling_failure(params[2])
 
 
@@ -71,8 +81,10 @@ def test_a_seeded_draw_depends_on_seed_and_position_only() -> None:
 
 def test_same_seed_same_tokens() -> None:
     params = SamplingParams(temperature=1.5, seed=3)
-    runs = [[sample(LOGITS[:1], [params], [torch.Generator().manual_seed(7)])[0]
-             for _ in range(1)] for _ in range(3)]
+    runs = [
+        [sample(LOGITS[:1], [params], [torch.Generator().manual_seed(7)])[0] for _ in range(1)]
+        for _ in range(3)
+    ]
     assert runs[0] == runs[1] == runs[2]
 
 
@@ -84,9 +96,19 @@ def test_logprobs_of_chosen_and_top_tokens() -> None:
     assert [t for t, _ in lp.top] == [1, 2]
 
 
-@pytest.mark.parametrize("bad", [
-    dict(max_tokens=0), dict(temperature=-1), dict(top_p=0), dict(top_k=-2),
-    dict(min_p=-0.1), dict(min_p=1.5), dict(stop=("",)), dict(logprobs=99)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(max_tokens=0),
+        dict(temperature=-1),
+        dict(top_p=0),
+        dict(top_k=-2),
+        dict(min_p=-0.1),
+        dict(min_p=1.5),
+        dict(stop=("",)),
+        dict(logprobs=99),
+    ],
+)
 def test_bad_parameters_are_refused_clearly(bad) -> None:
     with pytest.raises(InvalidRequest, match=f"^{next(iter(bad))}"):
         SamplingParams(**bad)

@@ -1,13 +1,18 @@
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from shared.engine.sequence import Sequence, SeqStatus
+from shared.engine.sequence import SeqStatus, Sequence
 from shared.kvcache import KVCacheManager
 
 BS = 4
 
 
-def make(num_blocks: int = 64, budget: int = 64, max_seqs: int = 8, chunked: bool = True,
-         long_prefill_tokens: int | None = None):
+def make(
+    num_blocks: int = 64,
+    budget: int = 64,
+    max_seqs: int = 8,
+    chunked: bool = True,
+    long_prefill_tokens: int | None = None,
+):
     kv = KVCacheManager(num_blocks, BS)
     config = SchedulerConfig(budget, max_seqs, chunked, long_prefill_tokens)
     return Scheduler(config, kv), kv
@@ -81,7 +86,7 @@ def test_out_of_blocks_preempts_the_latest_and_recomputes_it() -> None:
     sched.add(seq("b", 7, first=50))
     out = sched.schedule()
     assert plan(out) == {"a": 8, "b": 7}
-    advance(sched, out)       # a: 9 tokens (needs a 3rd block), b: 8 tokens
+    advance(sched, out)  # a: 9 tokens (needs a 3rd block), b: 8 tokens
     out = sched.schedule()
     assert [s.request_id for s in out.preempted] == ["b"]
     assert plan(out) == {"a": 1}
@@ -122,11 +127,12 @@ def test_max_num_seqs_limits_the_running_set() -> None:
 
 # -- fair prefill ----------------------------------------------------------------------------
 
+
 def test_the_chunk_cap_defaults_to_a_quarter_of_the_budget_and_at_least_a_block() -> None:
     assert make(budget=64)[0].prefill_chunk_cap == 16
     assert make(budget=8)[0].prefill_chunk_cap == BS
     assert make(long_prefill_tokens=0)[0].prefill_chunk_cap == 0
-    assert make(chunked=False)[0].prefill_chunk_cap == 0   # a prompt runs whole or not at all
+    assert make(chunked=False)[0].prefill_chunk_cap == 0  # a prompt runs whole or not at all
 
 
 def test_a_long_prompt_alone_takes_the_whole_budget() -> None:
@@ -146,7 +152,7 @@ def test_a_short_prompt_behind_a_long_one_runs_whole_in_the_next_step() -> None:
     advance(sched, sched.schedule())
     sched.add(seq("short", 10, first=500))
     out = sched.schedule()
-    assert plan(out) == {"long": 16, "short": 10}   # the long one gets the cap, no more
+    assert plan(out) == {"long": 16, "short": 10}  # the long one gets the cap, no more
     advance(sched, out)
     # The short one decodes first; the long one prefills alone again, with what is left.
     assert list(plan(sched.schedule()).items()) == [("short", 1), ("long", 63)]

@@ -13,8 +13,8 @@ def test_stop_string_split_across_deltas_is_cut_and_never_shown() -> None:
 
 def test_held_back_text_is_released_when_it_cannot_be_a_stop() -> None:
     m = StopStringMatcher(("END",))
-    assert m.feed("abc E") == "abc"      # " E" could start "END"
-    assert m.feed("x") == " "            # "Ex" could not, but only 2 chars are held back
+    assert m.feed("abc E") == "abc"  # " E" could start "END"
+    assert m.feed("x") == " "  # "Ex" could not, but only 2 chars are held back
     assert m.flush() == "Ex" and m.matched is None
 
 

@@ -76,6 +76,6 @@ def test_a_snapshot_names_every_cached_block_and_clears_pending_events() -> None
     blocks = pool.allocate(3)
     for block, block_hash in zip(blocks, (7, 8, 9)):
         pool.name(block, block_hash)
-    pool.free(blocks[:1])                  # freed but still cached: still reusable
+    pool.free(blocks[:1])  # freed but still cached: still reusable
     assert sorted(pool.snapshot()) == [7, 8, 9]
     assert not pool.take_events()

@@ -1,4 +1,5 @@
 """Streaming detokenization: deltas add up to the full decode and never split a character."""
+
 from __future__ import annotations
 
 import json
@@ -61,8 +62,9 @@ def sentencepiece_style(tmp_path_factory) -> Tokenizer:
     backend.pre_tokenizer = pre_tokenizers.Metaspace()
     backend.decoder = decoders.Metaspace()
     corpus = ["hello world, the world is wide", "hello there world"] * 20
-    backend.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=120,
-                                                            special_tokens=["<unk>", "</s>"]))
+    backend.train_from_iterator(
+        corpus, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"])
+    )
     model_dir = tmp_path_factory.mktemp("sp")
     backend.save(str(model_dir / "tokenizer.json"))
     (model_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))

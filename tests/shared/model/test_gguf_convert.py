@@ -3,6 +3,7 @@
 SmolLM2 is checked against transformers' own GGUF loader; a tiny GGUF written here checks the
 q/k un-permutation against weights known before llama.cpp's permutation was applied.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,19 +23,32 @@ from shared.model.tokenizer import Tokenizer
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 TEXTS = [
-    "Hello world", "Hello world 12345", "x 1 22 333 4444", "a1b2c3", "3.14159 and 1,000,000",
-    "  leading spaces\n\nnew\tline  \n", "émoji 😀 中文 Ünïcödé", "naïve café — “quotes”",
-    "don't I'll we've", "   ", "", "def f(x):\n    return x**2\n",
-    "<|im_start|>user\nhi<|im_end|>\n", "<|endoftext|><repo_name>x<file_sep>",
-    "🎉🎉🎉 👩‍👩‍👧 ñ", "tab\tand\r\nwindows lines",
+    "Hello world",
+    "Hello world 12345",
+    "x 1 22 333 4444",
+    "a1b2c3",
+    "3.14159 and 1,000,000",
+    "  leading spaces\n\nnew\tline  \n",
+    "émoji 😀 中文 Ünïcödé",
+    "naïve café — “quotes”",
+    "don't I'll we've",
+    "   ",
+    "",
+    "def f(x):\n    return x**2\n",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "<|endoftext|><repo_name>x<file_sep>",
+    "🎉🎉🎉 👩‍👩‍👧 ñ",
+    "tab\tand\r\nwindows lines",
 ]
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "You are terse."},
-     {"role": "user", "content": "Hi 😀"},
-     {"role": "assistant", "content": "Hello."},
-     {"role": "user", "content": "Count: 1 2 3\n\nthen stop"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi 😀"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Count: 1 2 3\n\nthen stop"},
+    ],
 ]
 
 
@@ -83,17 +97,24 @@ def test_digits_split_before_whitespace_runs(ours: Tokenizer) -> None:
     # and gives "Ċ", "Ċ" here -- the one place we deliberately differ from it.
     newline, double_newline = ours.encode("\n"), ours.encode("\n\n")
     assert len(double_newline) == 1
-    assert ours.encode("1\n2\n\n3") == [*ours.encode("1"), *newline, *ours.encode("2"),
-                                        *double_newline, *ours.encode("3")]
+    assert ours.encode("1\n2\n\n3") == [
+        *ours.encode("1"),
+        *newline,
+        *ours.encode("2"),
+        *double_newline,
+        *ours.encode("3"),
+    ]
 
 
 @pytest.mark.parametrize("messages", CONVERSATIONS)
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
-def test_chat_template_equals_transformers(ours: Tokenizer, transformers_smollm2, messages,
-                                           add_generation_prompt: bool) -> None:
+def test_chat_template_equals_transformers(
+    ours: Tokenizer, transformers_smollm2, messages, add_generation_prompt: bool
+) -> None:
     _, reference = transformers_smollm2
-    expected = reference.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+    expected = reference.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
     assert ours.apply_chat_template(messages, add_generation_prompt) == expected
 
 
@@ -118,8 +139,9 @@ def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     """Control tokens, GPT-2's 256 byte characters, a user-defined token and three merges."""
-    byte_chars = [chr(c) for c in range(ord("!"), ord("~") + 1)] + \
-        [chr(c) for c in [*range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]]
+    byte_chars = [chr(c) for c in range(ord("!"), ord("~") + 1)] + [
+        chr(c) for c in [*range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    ]
     byte_chars += [chr(256 + n) for n in range(256 - len(byte_chars))]
     merges = ["Ġ t", "h e", "Ġt he"]
     tokens = ["<s>", "</s>", *byte_chars, "<think>", "Ġt", "he", "Ġthe"]
@@ -133,22 +155,36 @@ def tiny_hf_weights(vocab_size: int, tied: bool) -> dict[str, np.ndarray]:
     shapes = {"model.embed_tokens.weight": (vocab_size, h), "model.norm.weight": (h,)}
     for i in range(TINY["layers"]):
         layer = f"model.layers.{i}"
-        shapes.update({
-            f"{layer}.self_attn.q_proj.weight": (h, h), f"{layer}.self_attn.k_proj.weight": (kv, h),
-            f"{layer}.self_attn.v_proj.weight": (kv, h), f"{layer}.self_attn.o_proj.weight": (h, h),
-            f"{layer}.mlp.gate_proj.weight": (f, h), f"{layer}.mlp.up_proj.weight": (f, h),
-            f"{layer}.mlp.down_proj.weight": (h, f), f"{layer}.input_layernorm.weight": (h,),
-            f"{layer}.post_attention_layernorm.weight": (h,)})
+        shapes.update(
+            {
+                f"{layer}.self_attn.q_proj.weight": (h, h),
+                f"{layer}.self_attn.k_proj.weight": (kv, h),
+                f"{layer}.self_attn.v_proj.weight": (kv, h),
+                f"{layer}.self_attn.o_proj.weight": (h, h),
+                f"{layer}.mlp.gate_proj.weight": (f, h),
+                f"{layer}.mlp.up_proj.weight": (f, h),
+                f"{layer}.mlp.down_proj.weight": (h, f),
+                f"{layer}.input_layernorm.weight": (h,),
+                f"{layer}.post_attention_layernorm.weight": (h,),
+            }
+        )
     if not tied:
         shapes["lm_head.weight"] = (vocab_size, h)
     return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
 
 
 GGUF_NAMES = {
-    "model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+    "model.embed_tokens": "token_embd",
+    "model.norm": "output_norm",
+    "lm_head": "output",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }
 
@@ -199,8 +235,10 @@ def write_tiny_gguf(path: Path, tied: bool = False, add_bos: bool = True) -> dic
     writer.add_eos_token_id(1)
     writer.add_add_bos_token(add_bos)
     writer.add_chat_template(TINY_CHAT_TEMPLATE)
-    expected = {name: add_gguf_tensor(writer, name, weight)
-                for name, weight in tiny_hf_weights(len(tokens), tied).items()}
+    expected = {
+        name: add_gguf_tensor(writer, name, weight)
+        for name, weight in tiny_hf_weights(len(tokens), tied).items()
+    }
     _finish(writer)
     return expected
 

@@ -1,4 +1,5 @@
 """Native CPU kernels against their torch reference, op by op."""
+
 from __future__ import annotations
 
 import platform
@@ -79,10 +80,17 @@ def test_write_kv_and_decode_attention(dtype) -> None:
     k, v = k.view(3, kv_heads, head_dim), v.view(3, kv_heads, head_dim)
     table = torch.tensor([[3, 7, 1], [9, 0, 0], [4, 5, 6]])
     context_lens = torch.tensor([11, 2, 12])
-    slots = torch.stack([table[i, (n - 1) // block_size] * block_size + (n - 1) % block_size
-                         for i, n in enumerate(context_lens)])
+    slots = torch.stack(
+        [
+            table[i, (n - 1) // block_size] * block_size + (n - 1) % block_size
+            for i, n in enumerate(context_lens)
+        ]
+    )
     ops.write_kv(k, v, k_cache, v_cache, slots)
     assert torch.equal(k_cache.flatten(0, 1)[slots], k)
     q = q.view(3, heads, head_dim)
-    close(ops.decode_attention(q, k_cache, v_cache, table, context_lens, 0.25),
-          ops.decode_attention_torch(q, k_cache, v_cache, table, context_lens, 0.25), dtype)
+    close(
+        ops.decode_attention(q, k_cache, v_cache, table, context_lens, 0.25),
+        ops.decode_attention_torch(q, k_cache, v_cache, table, context_lens, 0.25),
+        dtype,
+    )

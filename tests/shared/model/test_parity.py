@@ -4,36 +4,62 @@ Every scenario drives the real paged cache: prefill then decode across block
 boundaries, chunked prefill, a prefix-cache hit, and a mixed batch of sequences
 of different lengths in one step.
 """
+
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
 
 from shared.engine.runner import ModelRunner, SeqChunk
-from shared.kvcache import KVCacheManager, KVStorage
 from shared.hashing import block_hashes
+from shared.kvcache import KVCacheManager, KVStorage
 from shared.model.attention import TorchPagedAttention
 from shared.model.loader import load_model
 from tests.conftest import make_hf_model
 
 TOL = 1e-4
 BLOCK_SIZE = 4
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 
 MODELS = {
-    "llama-gqa2-headdim-untied-llama3rope": ("llama", dict(
-        head_dim=24, tie_word_embeddings=False, rope_scaling=LLAMA3_ROPE)),
+    "llama-gqa2-headdim-untied-llama3rope": (
+        "llama",
+        dict(head_dim=24, tie_word_embeddings=False, rope_scaling=LLAMA3_ROPE),
+    ),
     "llama-mha-tied": ("llama", dict(num_key_value_heads=4, tie_word_embeddings=True)),
-    "llama-gqa4-untied": ("llama", dict(
-        num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False)),
-    "llama-mqa-headdim": ("llama", dict(
-        num_attention_heads=6, num_key_value_heads=1, hidden_size=48, head_dim=20,
-        tie_word_embeddings=False)),
+    "llama-gqa4-untied": (
+        "llama",
+        dict(num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False),
+    ),
+    "llama-mqa-headdim": (
+        "llama",
+        dict(
+            num_attention_heads=6,
+            num_key_value_heads=1,
+            hidden_size=48,
+            head_dim=20,
+            tie_word_embeddings=False,
+        ),
+    ),
     "qwen2-bias-tied": ("qwen2", dict(tie_word_embeddings=True)),
-    "qwen2-bias-untied-gqa3": ("qwen2", dict(
-        num_attention_heads=6, num_key_value_heads=2, hidden_size=48, head_dim=16,
-        tie_word_embeddings=False)),
+    "qwen2-bias-untied-gqa3": (
+        "qwen2",
+        dict(
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            hidden_size=48,
+            head_dim=16,
+            tie_word_embeddings=False,
+        ),
+    ),
     "mistral-gqa2": ("mistral", dict(sliding_window=None, tie_word_embeddings=False)),
 }
 
@@ -54,8 +80,9 @@ class Harness:
         with torch.no_grad():
             return self.reference(torch.tensor([tokens])).logits[0].float()
 
-    def chunk(self, rid: str, tokens: list[int], start: int, end: int,
-              cached: list = ()) -> SeqChunk:
+    def chunk(
+        self, rid: str, tokens: list[int], start: int, end: int, cached: list = ()
+    ) -> SeqChunk:
         assert self.kv.allocate_slots(rid, end, list(cached))
         return SeqChunk(rid, tokens[start:end], start, self.kv.block_ids(rid), end - start)
 
@@ -65,7 +92,8 @@ class Harness:
 
 @pytest.fixture(scope="module", params=list(MODELS))
 def harness(request, tmp_path_factory) -> Harness:
-    import transformers  # noqa: F401  (the reference, only in tests)
+    import transformers
+
     arch, overrides = MODELS[request.param]
     model_dir = make_hf_model(tmp_path_factory.mktemp(request.param), arch, **overrides)
     auto = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -96,7 +124,7 @@ def test_chunked_prefill(harness: Harness) -> None:
     tokens = random_tokens(33, seed=2)
     expected = harness.expected(tokens)
     bounds = [0, 5, 12, 13, 26, 33]
-    for start, end in zip(bounds, bounds[1:]):
+    for start, end in itertools.pairwise(bounds):
         (logits,) = harness.run([harness.chunk("b", tokens, start, end)])
         assert_close(logits, expected[start:end])
 
@@ -116,6 +144,7 @@ def test_prefix_cache_hit(harness: Harness) -> None:
 @pytest.fixture(params=["native-ops", "torch-ops"])
 def kernels(request, monkeypatch) -> str:
     from shared.model import ops
+
     if request.param == "torch-ops":
         monkeypatch.setattr(ops, "_native", lambda x: None)
     return request.param
@@ -128,14 +157,16 @@ def test_mixed_batch_of_different_lengths(harness: Harness, kernels: str) -> Non
     harness.run([harness.chunk("m0", seqs["m0"], 0, 21), harness.chunk("m1", seqs["m1"], 0, 6)])
     positions = {"m0": 21, "m1": 6, "m2": 0, "m3": 0}
     for _ in range(4):
-        chunks = [harness.chunk("m0", seqs["m0"], positions["m0"], positions["m0"] + 1),
-                  harness.chunk("m2", seqs["m2"], positions["m2"], positions["m2"] + 2),
-                  harness.chunk("m1", seqs["m1"], positions["m1"], positions["m1"] + 1)]
+        chunks = [
+            harness.chunk("m0", seqs["m0"], positions["m0"], positions["m0"] + 1),
+            harness.chunk("m2", seqs["m2"], positions["m2"], positions["m2"] + 2),
+            harness.chunk("m1", seqs["m1"], positions["m1"], positions["m1"] + 1),
+        ]
         if positions["m3"] == 0:
             chunks.append(harness.chunk("m3", seqs["m3"], 0, 25))
         for chunk, logits in zip(chunks, harness.run(chunks)):
             start = chunk.start_pos
-            assert_close(logits, expected[chunk.request_id][start:chunk.context_len])
+            assert_close(logits, expected[chunk.request_id][start : chunk.context_len])
             positions[chunk.request_id] = chunk.context_len
     for rid in seqs:
         harness.kv.free(rid)

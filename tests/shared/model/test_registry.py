@@ -1,4 +1,5 @@
 """Model names, directories and GGUF files resolve to one cached, converted directory."""
+
 from __future__ import annotations
 
 import os
@@ -10,7 +11,12 @@ import pytest
 
 from shared.errors import ModelNotFound, UnsupportedModel
 from shared.model.registry import (
-    DEFAULT_MODEL, KnownModel, _package_gguf, cache_dir, known_models, resolve_model,
+    DEFAULT_MODEL,
+    KnownModel,
+    _package_gguf,
+    cache_dir,
+    known_models,
+    resolve_model,
 )
 from tests.shared.model.test_gguf_convert import write_tiny_gguf
 
@@ -38,8 +44,16 @@ def test_default_model_is_known() -> None:
     assert DEFAULT_MODEL == "SmolLM2-135M-Instruct" and DEFAULT_MODEL in known_models()
 
 
-@pytest.mark.parametrize("alias", ["SmolLM2-135M-Instruct", "smollm2", "SMOLLM2",
-                                   "smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"])
+@pytest.mark.parametrize(
+    "alias",
+    [
+        "SmolLM2-135M-Instruct",
+        "smollm2",
+        "SMOLLM2",
+        "smollm2-135m-instruct",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+    ],
+)
 def test_aliases_resolve_to_the_same_dir(smollm2_dir: Path, alias: str) -> None:
     assert resolve_model(alias) == smollm2_dir
     assert (smollm2_dir / "config.json").is_file() and (smollm2_dir / "tokenizer.json").is_file()
@@ -71,7 +85,7 @@ def test_directory_with_config_is_itself(tmp_path: Path) -> None:
 
 def test_directory_without_config_or_gguf(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_bytes(b"")
-    with pytest.raises(ModelNotFound, match="no config.json and no .gguf"):
+    with pytest.raises(ModelNotFound, match=r"no config\.json and no \.gguf"):
         resolve_model(str(tmp_path))
 
 
@@ -113,12 +127,21 @@ def test_failed_conversion_leaves_no_scratch(private_cache: Path, tmp_path: Path
 
 
 def test_concurrent_first_resolves_agree(private_cache: Path, tiny_gguf: Path) -> None:
-    code = "import sys; from shared.model.registry import resolve_model; " \
-           "print(resolve_model(sys.argv[1]))"
+    code = (
+        "import sys; from shared.model.registry import resolve_model; "
+        "print(resolve_model(sys.argv[1]))"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tiny_gguf)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-             for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tiny_gguf)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     outputs = {proc.communicate(timeout=120)[0].strip() for proc in procs}
     assert all(proc.returncode == 0 for proc in procs)
     assert len(outputs) == 1

@@ -1,4 +1,5 @@
 """SmolLM2-135M-Instruct: our greedy output equals the reference implementation's."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,9 @@ NUM_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(model="SmolLM2-135M-Instruct", dtype="float32",
-                                  kv_cache_bytes=256 << 20))
+    return LLMEngine(
+        EngineConfig(model="SmolLM2-135M-Instruct", dtype="float32", kv_cache_bytes=256 << 20)
+    )
 
 
 def chat(engine: LLMEngine, question: str) -> list[int]:
@@ -33,8 +35,12 @@ def test_greedy_chat_equals_transformers_token_for_token(engine, hf_smollm2) -> 
     for prompt, result in zip(prompts, ours):
         ids = torch.tensor([prompt])
         expected = reference.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=NUM_TOKENS,
-            do_sample=False, pad_token_id=2)[0, len(prompt):]
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NUM_TOKENS,
+            do_sample=False,
+            pad_token_id=2,
+        )[0, len(prompt) :]
         assert len(result.token_ids) == NUM_TOKENS
         assert result.token_ids == expected.tolist()
 

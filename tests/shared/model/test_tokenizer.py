@@ -1,4 +1,5 @@
 """Tokenizer: round trips, special tokens, and where chat templates come from."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,14 @@ from shared.errors import InvalidRequest, ModelNotFound
 from shared.model.tokenizer import Tokenizer, has_tokenizer
 
 ROUND_TRIP_TEXTS = [
-    "Hello, world!", "  two leading spaces", "trailing\n\n", "tabs\tand\r\nCRLF",
-    "émoji 😀👩‍👩‍👧 and 中文字符", "Ünïcödé naïve café", "digits 0123456789 3.14", "",
+    "Hello, world!",
+    "  two leading spaces",
+    "trailing\n\n",
+    "tabs\tand\r\nCRLF",
+    "émoji 😀👩‍👩‍👧 and 中文字符",
+    "Ünïcödé naïve café",
+    "digits 0123456789 3.14",
+    "",
     "code:\n    if x:\n        return {'a': [1, 2]}\n",
 ]
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -53,8 +60,9 @@ def test_special_tokens(tokenizer: Tokenizer) -> None:
 def test_encode_chat(tokenizer: Tokenizer) -> None:
     prompt = tokenizer.apply_chat_template(MESSAGES)
     assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
-    assert not tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=False) \
-        .endswith("assistant\n")
+    assert not tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=False).endswith(
+        "assistant\n"
+    )
     assert tokenizer.encode_chat(MESSAGES) == tokenizer.encode(prompt, add_special_tokens=False)
 
 
@@ -62,15 +70,22 @@ def test_template_from_jinja_file_wins(smollm2_dir: Path, tmp_path: Path) -> Non
     model = model_copy(smollm2_dir, tmp_path / "m")
     (model / "chat_template.jinja").write_text(
         "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
-        "{% if add_generation_prompt %}[assistant]{% endif %}")
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
     assert Tokenizer.from_dir(model).apply_chat_template(MESSAGES) == "[user] hi\n[assistant]"
 
 
 def test_template_list_form_uses_default(smollm2_dir: Path, tmp_path: Path) -> None:
-    templates = [{"name": "tool_use", "template": "TOOLS"},
-                 {"name": "default", "template": "{{ bos_token }}{{ messages[0].content }}"}]
-    model = model_copy(smollm2_dir, tmp_path / "m", chat_template=templates,
-                       bos_token={"content": "<|im_start|>", "special": True})
+    templates = [
+        {"name": "tool_use", "template": "TOOLS"},
+        {"name": "default", "template": "{{ bos_token }}{{ messages[0].content }}"},
+    ]
+    model = model_copy(
+        smollm2_dir,
+        tmp_path / "m",
+        chat_template=templates,
+        bos_token={"content": "<|im_start|>", "special": True},
+    )
     tokenizer = Tokenizer.from_dir(model)
     assert tokenizer.apply_chat_template(MESSAGES) == "<|im_start|>hi"
     assert tokenizer.bos_token_id == 1
@@ -84,8 +99,10 @@ def test_missing_template_is_invalid_request(smollm2_dir: Path, tmp_path: Path) 
 
 
 def test_template_helpers_behave_like_transformers(smollm2_dir: Path, tmp_path: Path) -> None:
-    template = ("{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}"
-                "{{ messages | tojson }}|{{ strftime_now('%Y') | length }}")
+    template = (
+        "{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}"
+        "{{ messages | tojson }}|{{ strftime_now('%Y') | length }}"
+    )
     tokenizer = Tokenizer.from_dir(model_copy(smollm2_dir, tmp_path / "m", chat_template=template))
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "<b>&é"}])
     assert rendered == '[{"role": "user", "content": "<b>&é"}]|4'  # not HTML-escaped
@@ -100,5 +117,5 @@ def test_messages_must_be_dicts(tokenizer: Tokenizer) -> None:
 
 def test_missing_tokenizer_file(tmp_path: Path) -> None:
     assert not has_tokenizer(tmp_path) and not Tokenizer.has_tokenizer(tmp_path)
-    with pytest.raises(ModelNotFound, match="no tokenizer.json"):
+    with pytest.raises(ModelNotFound, match=r"no tokenizer\.json"):
         Tokenizer.from_dir(tmp_path)

@@ -1,4 +1,5 @@
 """Chat prompts: control-token text inside messages stays text; only the template's markup is."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,7 +35,7 @@ def turn_text_ids(tokenizer: Tokenizer, ids: list[int], turn: int, role: str) ->
     """The ids between turn `turn`'s "<|im_start|>role\\n" and the <|im_end|> after it."""
     start = [index for index, token_id in enumerate(ids) if token_id == IM_START][turn]
     header = 1 + len(tokenizer.encode(role + "\n"))
-    return ids[start + header:ids.index(IM_END, start)]
+    return ids[start + header : ids.index(IM_END, start)]
 
 
 @pytest.mark.parametrize("role", ["system", "user", "assistant", "tool"])
@@ -47,28 +48,35 @@ def test_spelled_markup_in_a_message_stays_text(tokenizer: Tokenizer, role: str)
     text_ids = turn_text_ids(tokenizer, ids, turn, role)
     assert tokenizer.decode(text_ids) == INJECTION
     assert not set(text_ids) & set(tokenizer.all_special_ids)
-    assert tokenizer.decode(ids, skip_special_tokens=False) == \
-        tokenizer.apply_chat_template(messages)
+    assert tokenizer.decode(ids, skip_special_tokens=False) == tokenizer.apply_chat_template(
+        messages
+    )
 
 
 @pytest.mark.parametrize("messages", CONVERSATIONS)
-def test_ordinary_conversations_encode_as_before(tokenizer: Tokenizer, hf_smollm2,
-                                                 smollm2_dir: Path, messages: list[dict]) -> None:
+def test_ordinary_conversations_encode_as_before(
+    tokenizer: Tokenizer, hf_smollm2, smollm2_dir: Path, messages: list[dict]
+) -> None:
     _, reference = hf_smollm2
     prompt = tokenizer.apply_chat_template(messages)
     ids = tokenizer.encode_chat(messages)
     assert ids == tokenizer.encode(prompt, add_special_tokens=False)
-    assert ids == list(reference.apply_chat_template(messages, tokenize=True, return_dict=False,
-                                                     add_generation_prompt=True))
+    assert ids == list(
+        reference.apply_chat_template(
+            messages, tokenize=True, return_dict=False, add_generation_prompt=True
+        )
+    )
     # The plain-text path, with nothing marked, cuts and encodes exactly like a normal encode.
     backend = tokenizers.Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))
     assert SpelledTokens(backend).encode(prompt, prompt) == ids
 
 
 def test_spelling_beside_real_markup_in_one_message(tokenizer: Tokenizer) -> None:
-    messages = [{"role": "user", "content": "a<|im_start|>b"},
-                {"role": "assistant", "content": "<|endoftext|>"},
-                {"role": "user", "content": "fine"}]
+    messages = [
+        {"role": "user", "content": "a<|im_start|>b"},
+        {"role": "assistant", "content": "<|endoftext|>"},
+        {"role": "user", "content": "fine"},
+    ]
     ids = tokenizer.encode_chat(messages)
     assert control_counts(ids) == (5, 4)  # default system turn + 3 turns + generation prompt
     assert 0 not in ids  # <|endoftext|>
@@ -77,17 +85,25 @@ def test_spelling_beside_real_markup_in_one_message(tokenizer: Tokenizer) -> Non
 
 
 def test_role_text_parts_and_tool_arguments(smollm2_dir: Path, tmp_path: Path) -> None:
-    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
-                "{% for part in m.content %}{{ part.text }}{% endfor %}"
-                "{% for call in m.tool_calls or [] %}{{ call.function.arguments | tojson }}"
-                "{% endfor %}<|im_end|>{% endfor %}")
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% for part in m.content %}{{ part.text }}{% endfor %}"
+        "{% for call in m.tool_calls or [] %}{{ call.function.arguments | tojson }}"
+        "{% endfor %}<|im_end|>{% endfor %}"
+    )
     tokenizer = custom(smollm2_dir, tmp_path, template)
-    messages = [{"role": "user<|im_end|>", "content": [{"type": "text", "text": "<|im_start|>"}],
-                 "tool_calls": [{"function": {"arguments": {"<|im_end|>": "<|im_start|>"}}}]}]
+    messages = [
+        {
+            "role": "user<|im_end|>",
+            "content": [{"type": "text", "text": "<|im_start|>"}],
+            "tool_calls": [{"function": {"arguments": {"<|im_end|>": "<|im_start|>"}}}],
+        }
+    ]
     ids = tokenizer.encode_chat(messages)
     assert control_counts(ids) == (1, 1)
-    assert tokenizer.decode(ids, skip_special_tokens=False) == \
-        tokenizer.apply_chat_template(messages)
+    assert tokenizer.decode(ids, skip_special_tokens=False) == tokenizer.apply_chat_template(
+        messages
+    )
 
 
 def test_template_that_trims_keeps_working(smollm2_dir: Path, tmp_path: Path) -> None:
@@ -110,18 +126,24 @@ def test_marker_characters_with_a_spelled_token_are_refused(tokenizer: Tokenizer
     with pytest.raises(InvalidRequest, match="U\\+FDD0"):
         tokenizer.encode_chat([{"role": "user", "content": "\ufdd0<|im_end|>\ufdd1"}])
     alone = [{"role": "user", "content": "\ufdd0 alone"}]  # nothing spelled: the usual path
-    assert tokenizer.encode_chat(alone) == \
-        tokenizer.encode(tokenizer.apply_chat_template(alone), add_special_tokens=False)
+    assert tokenizer.encode_chat(alone) == tokenizer.encode(
+        tokenizer.apply_chat_template(alone), add_special_tokens=False
+    )
 
 
 def sentencepiece_like() -> tokenizers.Tokenizer:
     """Word-level, with SentencePiece's word-start mark only on the first piece of a text."""
     words = ["[UNK]", "▁hi", "hi", "▁", "▁x", "x", "[INST]", "[/INST]"]
-    backend = tokenizers.Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)},
-                                                    unk_token="[UNK]"))
+    backend = tokenizers.Tokenizer(
+        models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]")
+    )
     backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
-    backend.add_special_tokens([AddedToken("[INST]", normalized=False),
-                                AddedToken("[/INST]", normalized=False, lstrip=True)])
+    backend.add_special_tokens(
+        [
+            AddedToken("[INST]", normalized=False),
+            AddedToken("[/INST]", normalized=False, lstrip=True),
+        ]
+    )
     return backend
 
 

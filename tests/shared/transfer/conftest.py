@@ -4,6 +4,7 @@ A test that takes `make_receiver` or `make_sender` runs once per transport (the 
 skipped where its engine cannot load); a module that tests one transport only defines its
 own `transport` fixture.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -25,6 +26,7 @@ def make_receiver(transport):
             kwargs.setdefault("memory", [sink.storage.kv])
         receivers.append(new_receiver(transport, sink, **kwargs))
         return receivers[-1], receivers[-1].start()
+
     yield make
     for receiver in receivers:
         receiver.stop()
@@ -37,6 +39,7 @@ def make_sender(transport):
     def make(**kwargs):
         senders.append(new_sender(transport, **kwargs))
         return senders[-1]
+
     yield make
     for sender in senders:
         sender.close()

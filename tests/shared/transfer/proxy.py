@@ -1,4 +1,5 @@
 """A TCP proxy for tests: forwards both ways, records what the sender wrote, flips one byte."""
+
 from __future__ import annotations
 
 import socket

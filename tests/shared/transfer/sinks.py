@@ -1,5 +1,6 @@
 """Test doubles for the workers on either side: a sink that records, on_done results, KV data,
 and the moves that the scenarios send."""
+
 from __future__ import annotations
 
 import threading
@@ -13,8 +14,11 @@ from shared.transfer.base import BlockSpan, KVSender, kv_span_bytes
 WAIT_S = 5.0
 # request id -> (source block, destination span); offsets > 0 are partial blocks
 MOVES = {
-    "req-a": [(0, BlockSpan(5, 0, 4, block_hash=0xA1)), (1, BlockSpan(2, 0, 4, 0xA2)),
-              (2, BlockSpan(7, 1, 2))],
+    "req-a": [
+        (0, BlockSpan(5, 0, 4, block_hash=0xA1)),
+        (1, BlockSpan(2, 0, 4, 0xA2)),
+        (2, BlockSpan(7, 1, 2)),
+    ],
     "req-b": [(3, BlockSpan(0, 0, 4, 0xB1)), (4, BlockSpan(1, 2, 1))],
     "req-c": [(6, BlockSpan(3, 3, 1))],
 }
@@ -73,6 +77,7 @@ class Done:
             with self.changed:
                 self.results[request_id] = (ok, num_frames, error)
                 self.changed.notify_all()
+
         return on_done
 
     def wait(self, request_id: str, timeout: float = WAIT_S) -> tuple[bool, int, str]:
@@ -82,8 +87,9 @@ class Done:
 
 
 def random_storage(dtype: torch.dtype, seed: int = 0, num_blocks: int = 8) -> KVStorage:
-    storage = KVStorage(num_layers=3, num_blocks=num_blocks, block_size=4, num_kv_heads=2,
-                        head_dim=8, dtype=dtype)
+    storage = KVStorage(
+        num_layers=3, num_blocks=num_blocks, block_size=4, num_kv_heads=2, head_dim=8, dtype=dtype
+    )
     gen = torch.Generator().manual_seed(seed)
     storage.kv.copy_(torch.randn(storage.kv.shape, generator=gen))
     return storage
@@ -91,13 +97,20 @@ def random_storage(dtype: torch.dtype, seed: int = 0, num_blocks: int = 8) -> KV
 
 def source_spans(source: KVStorage, layer: int, moves: list[tuple[int, BlockSpan]]):
     """(span, K, V) that send source block `src` into the span's destination block."""
-    return [(span, *kv_span_bytes(source.kv, layer,
-                                  BlockSpan(src, span.offset, span.num_tokens)))
-            for src, span in moves]
+    return [
+        (span, *kv_span_bytes(source.kv, layer, BlockSpan(src, span.offset, span.num_tokens)))
+        for src, span in moves
+    ]
 
 
-def send_request(sender: KVSender, address: str, source: KVStorage, request_id: str,
-                 moves: list[tuple[int, BlockSpan]], layers=range(3)) -> Done:
+def send_request(
+    sender: KVSender,
+    address: str,
+    source: KVStorage,
+    request_id: str,
+    moves: list[tuple[int, BlockSpan]],
+    layers=range(3),
+) -> Done:
     """One frame per layer, then the END; the Done to wait on."""
     done = Done()
     for layer in layers:

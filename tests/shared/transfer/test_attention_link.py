@@ -1,4 +1,5 @@
 """The attention link over real sockets: frames, counters, refusals and a dead peer."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,19 +8,28 @@ import time
 import pytest
 import torch
 
+from services.attention_worker.shard import AttentionShard
 from shared.messages import AttentionAttach
 from shared.transfer.attention.client import AttentionLink, AttentionLost
 from shared.transfer.attention.server import AttentionServer
 from shared.transfer.attention.wire import ChunkSpec, decode_step, encode_step
 from shared.transfer.common.frames import ProtocolError
-from services.attention_worker.shard import AttentionShard
 
 
 @pytest.fixture
 def served():
     loop = asyncio.new_event_loop()
-    spec = AttentionAttach("d", 1, 0, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                           block_size=4, dtype="float32")
+    spec = AttentionAttach(
+        "d",
+        1,
+        0,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        block_size=4,
+        dtype="float32",
+    )
     shard = AttentionShard(spec, 1 << 20, loop)
     server = AttentionServer(shard, "127.0.0.1", 0, "secret")
     addr = server.start()
@@ -37,7 +47,7 @@ def test_step_layout_round_trips_and_garbage_is_refused():
 
 
 def test_qkv_out_and_counters(served):
-    shard, server, addr = served
+    _shard, server, addr = served
     link = AttentionLink(addr, 4, 8, torch.float32, "secret")
     try:
         link.begin_step(0, [ChunkSpec("a", 0, 2, (0,))])

@@ -1,5 +1,6 @@
 """Shared-token authentication: HMAC over a nonce, the token itself never on the wire (of
 either transport's connection)."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,9 @@ def transfer(make_receiver, make_sender, receiver_token, sender_token, via_proxy
     proxy = FlipProxy(address) if via_proxy else None
     peer = proxy.address if proxy else address
     sender = make_sender(auth_token=sender_token)
-    result = send_request(sender, peer, random_storage(torch.float32), "r", ONE_BLOCK,
-                          layers=[0]).wait("r")
+    result = send_request(
+        sender, peer, random_storage(torch.float32), "r", ONE_BLOCK, layers=[0]
+    ).wait("r")
     if result[0]:
         sink.wait_ends("r")  # every byte has passed the proxy
     if proxy:
@@ -29,8 +31,9 @@ def transfer(make_receiver, make_sender, receiver_token, sender_token, via_proxy
 
 
 @pytest.mark.parametrize("receiver_token, sender_token", [(TOKEN, TOKEN), (None, None)])
-def test_matching_configuration_transfers(make_receiver, make_sender, receiver_token,
-                                          sender_token) -> None:
+def test_matching_configuration_transfers(
+    make_receiver, make_sender, receiver_token, sender_token
+) -> None:
     sink, result, _ = transfer(make_receiver, make_sender, receiver_token, sender_token)
     assert result == (True, 1, "")
     assert [f[4] for f in sink.frames("r")] == [True]

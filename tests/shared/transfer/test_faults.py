@@ -1,5 +1,6 @@
 """Peers that go away, come back, never answer or speak the other transport (over each
 transport)."""
+
 from __future__ import annotations
 
 import socket

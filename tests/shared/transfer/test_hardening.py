@@ -2,6 +2,7 @@
 are dropped while other transfers carry on, the connection cap refuses one connection too
 many, and idle connections close without failing the next request (real sockets throughout;
 the tests that speak the TCP wire themselves run over that transport only)."""
+
 from __future__ import annotations
 
 import os
@@ -107,22 +108,26 @@ def assert_landed_intact(sink: RecordingSink, done, source: KVStorage) -> None:
     assert [f[4] for f in sink.frames("req-a")] == [True] * 3
     for src, span in MOVES["req-a"]:
         tokens = slice(span.offset, span.offset + span.num_tokens)
-        assert torch.equal(sink.storage.kv[:, :, span.block_id, tokens],
-                           source.kv[:, :, src, tokens])
+        assert torch.equal(
+            sink.storage.kv[:, :, span.block_id, tokens], source.kv[:, :, src, tokens]
+        )
 
 
 def test_peers_without_the_secret_are_refused_while_a_transfer_completes(
-        make_receiver, make_sender) -> None:
+    make_receiver, make_sender
+) -> None:
     source = random_storage(torch.float32)
-    sink, receiver, address, done = held_transfer(make_receiver, make_sender, source,
-                                                  auth_token=TOKEN)
+    sink, receiver, address, done = held_transfer(
+        make_receiver, make_sender, source, auth_token=TOKEN
+    )
     for token in ("wrong-token", None):
-        refused = send_request(make_sender(auth_token=token), address, source, "intruder",
-                               ONE_BLOCK).wait("intruder")
+        refused = send_request(
+            make_sender(auth_token=token), address, source, "intruder", ONE_BLOCK
+        ).wait("intruder")
         assert not refused[0] and "authentication failed" in refused[2]
     garbage = connect(address)
     garbage.sendall(os.urandom(32))  # a proof that is not one
-    assert until_closed(garbage)[1][HELLO.size:] == REFUSED
+    assert until_closed(garbage)[1][HELLO.size :] == REFUSED
     assert_landed_intact(sink, done, source)
     assert {e[1] for e in sink.events if e[0] in ("frame", "end")} == {"req-a"}
     assert not any(e[0] == "lost" for e in sink.events)
@@ -134,8 +139,7 @@ def test_half_written_frame_of_a_malformed_peer_is_discarded(make_receiver, make
     """An authenticated peer's frame that turns to garbage halfway is never reported, its
     request is lost, and a transfer in progress on another connection lands intact."""
     source = random_storage(torch.float32)
-    sink, _, address, done = held_transfer(make_receiver, make_sender, source,
-                                           auth_token=TOKEN)
+    sink, _, address, done = held_transfer(make_receiver, make_sender, source, auth_token=TOKEN)
     peer = authenticated(address, TOKEN)
     peer.sendall(kv_part(KIND_KV_MORE, "torn", source) + os.urandom(64))
     until_closed(peer)
@@ -151,8 +155,9 @@ def test_half_written_frame_of_a_malformed_peer_is_discarded(make_receiver, make
 
 def short(**timeouts: float) -> ConnectionLimits:
     """SHORT_S for the timeouts named, long ones for the rest."""
-    return ConnectionLimits(**{"handshake_timeout_s": 30.0, "read_timeout_s": 30.0,
-                               "idle_timeout_s": 30.0, **timeouts})
+    return ConnectionLimits(
+        **{"handshake_timeout_s": 30.0, "read_timeout_s": 30.0, "idle_timeout_s": 30.0, **timeouts}
+    )
 
 
 def assert_cut_after_timeout(sock: socket.socket, since: float | None = None) -> bytes:
@@ -174,25 +179,27 @@ def send_proof_slowly(sock: socket.socket) -> None:
 STALLS = {
     "silent": lambda sock: None,
     "half a proof": lambda sock: sock.sendall(os.urandom(16)),
-    "a proof dripping in": lambda sock: threading.Thread(target=send_proof_slowly, args=(sock,),
-                                                         daemon=True).start(),
+    "a proof dripping in": lambda sock: threading.Thread(
+        target=send_proof_slowly, args=(sock,), daemon=True
+    ).start(),
 }
 
 
 @pytest.mark.parametrize("stall", STALLS.values(), ids=STALLS.keys())
-def test_peer_stalling_in_the_handshake_is_cut_and_others_carry_on(make_receiver, make_sender,
-                                                                  stall) -> None:
+def test_peer_stalling_in_the_handshake_is_cut_and_others_carry_on(
+    make_receiver, make_sender, stall
+) -> None:
     source = random_storage(torch.float32)
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
-    receiver, address = make_receiver(sink, auth_token=TOKEN,
-                                      limits=short(handshake_timeout_s=SHORT_S))
+    receiver, address = make_receiver(
+        sink, auth_token=TOKEN, limits=short(handshake_timeout_s=SHORT_S)
+    )
     sender = make_sender(auth_token=TOKEN)
     assert send_request(sender, address, source, "before", ONE_BLOCK).wait("before")[0]
     staller = connect(address)
     stall(staller)
     assert len(assert_cut_after_timeout(staller)) == HELLO.size  # a HELLO, never a verdict
-    assert send_request(sender, address, source, "after", ONE_BLOCK).wait("after") == \
-        (True, 3, "")
+    assert send_request(sender, address, source, "after", ONE_BLOCK).wait("after") == (True, 3, "")
     sink.wait_ends("before", "after")
     assert receiver.connections_accepted == 2  # the sender's connection lived on
     assert not any(e[0] == "lost" for e in sink.events)
@@ -209,8 +216,9 @@ def stalled_frames(source: KVStorage) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("transport", ["tcp"])
 @pytest.mark.parametrize("where", ["mid-header", "mid-payload", "between parts"])
-def test_peer_stalling_mid_frame_is_cut_and_its_request_lost(make_receiver, make_sender,
-                                                             where) -> None:
+def test_peer_stalling_mid_frame_is_cut_and_its_request_lost(
+    make_receiver, make_sender, where
+) -> None:
     """The read timeout, not the (long) idle timeout, applies once a frame has begun."""
     source = random_storage(torch.float32)
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
@@ -221,8 +229,11 @@ def test_peer_stalling_mid_frame_is_cut_and_its_request_lost(make_receiver, make
     lost = [] if where == "mid-header" else [("lost", ("stall",), "no bytes for 0.4 s mid-message")]
     sink.wait_for(lambda: len(sink.events) == len(lost))
     assert sink.events == lost  # never a frame: what had landed is not reported
-    assert send_request(make_sender(), address, source, "after", ONE_BLOCK).wait("after") == \
-        (True, 3, "")
+    assert send_request(make_sender(), address, source, "after", ONE_BLOCK).wait("after") == (
+        True,
+        3,
+        "",
+    )
 
 
 @pytest.mark.parametrize("transport", ["tcp"])
@@ -245,7 +256,8 @@ def test_idle_connections_close_and_report_unfinished_requests_lost(make_receive
 
 
 def test_connection_over_the_cap_is_refused_and_the_others_keep_working(
-        make_receiver, make_sender, caplog) -> None:
+    make_receiver, make_sender, caplog
+) -> None:
     source = random_storage(torch.float32)
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
     receiver, address = make_receiver(sink, limits=ConnectionLimits(max_connections=2))
@@ -264,8 +276,11 @@ def test_connection_over_the_cap_is_refused_and_the_others_keep_working(
 
     second.close()  # frees a place
     wait_until(lambda: receiver.open_connections == 1)
-    assert send_request(third, address, source, "third again", ONE_BLOCK).wait(
-        "third again") == (True, 3, "")
+    assert send_request(third, address, source, "third again", ONE_BLOCK).wait("third again") == (
+        True,
+        3,
+        "",
+    )
     sink.wait_ends("first", "second", "first again", "second again", "third again")
     assert not any(e[0] == "lost" or e[1] == "third" for e in sink.events)
 
@@ -274,7 +289,8 @@ def test_connection_over_the_cap_is_refused_and_the_others_keep_working(
 
 
 def test_sender_reconnects_after_the_receiver_closed_its_idle_connection(
-        make_receiver, make_sender) -> None:
+    make_receiver, make_sender
+) -> None:
     source = random_storage(torch.float32)
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
     receiver, address = make_receiver(sink, limits=short(idle_timeout_s=SHORT_S))
@@ -301,7 +317,6 @@ def test_sender_retires_a_connection_idle_for_max_idle_s(make_receiver, make_sen
     assert send_request(sender, address, source, "at once", ONE_BLOCK).wait("at once")[0]
     assert receiver.connections_accepted == 1
     time.sleep(0.3)
-    assert send_request(sender, address, source, "later", ONE_BLOCK).wait("later") == \
-        (True, 3, "")
+    assert send_request(sender, address, source, "later", ONE_BLOCK).wait("later") == (True, 3, "")
     assert receiver.connections_accepted == 2
     wait_until(lambda: receiver.open_connections == 1)  # the retired one is gone

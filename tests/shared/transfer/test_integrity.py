@@ -1,5 +1,6 @@
 """A receiver never reports corrupted, refused or mis-sized spans as good (over each
 transport)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -36,8 +37,10 @@ def flip_first_landing(monkeypatch) -> None:
             landed = wait()
             ctypes.c_ubyte.from_address(copies[-1].target + 77).value ^= 0xFF
             return landed
+
         start_writes.flipped = True
         return wait_then_flip
+
     start_writes.flipped = False
     monkeypatch.setattr(Engine, "start_writes", start_writes)
 
@@ -55,6 +58,7 @@ def corrupted(transport, monkeypatch):
     def through_proxy(address: str) -> str:
         proxies.append(FlipProxy(address, FLIP_AT))
         return proxies[-1].address
+
     yield through_proxy
     for proxy in proxies:
         proxy.close()
@@ -84,8 +88,9 @@ def test_refused_request_does_not_break_the_connection(make_receiver, make_sende
         send_request(sender, address, source, rid, TWO_BLOCKS, layers=[0])
     sink.wait_ends("unknown", "known")
 
-    assert [(f[4], f[5]) for f in sink.frames("unknown")] == \
-        [(False, "destination refused or wrong size")]
+    assert [(f[4], f[5]) for f in sink.frames("unknown")] == [
+        (False, "destination refused or wrong size")
+    ]
     assert [f[4] for f in sink.frames("known")] == [True]
     assert torch.equal(sink.storage.kv[0, :, 4:6], source.kv[0, :, 0:2])
     assert not any(e[0] == "lost" for e in sink.events)
@@ -108,12 +113,15 @@ def test_destination_of_the_wrong_size_is_reported_bad(make_receiver, make_sende
     assert torch.all(sink.storage.kv == 0)  # nothing was written into the short buffers
 
 
-@pytest.mark.parametrize("span, k_bytes, layer", [
-    (BlockSpan(0, 0, 1), 4, 0),  # K and V of different sizes
-    (BlockSpan(-1, 0, 1), 8, 0),  # negative block id
-    (BlockSpan(0, 0, 1, block_hash=1 << 64), 8, 0),  # hash wider than 64 bits
-    (BlockSpan(0, 0, 1), 8, -1),  # negative layer
-])
+@pytest.mark.parametrize(
+    "span, k_bytes, layer",
+    [
+        (BlockSpan(0, 0, 1), 4, 0),  # K and V of different sizes
+        (BlockSpan(-1, 0, 1), 8, 0),  # negative block id
+        (BlockSpan(0, 0, 1, block_hash=1 << 64), 8, 0),  # hash wider than 64 bits
+        (BlockSpan(0, 0, 1), 8, -1),  # negative layer
+    ],
+)
 def test_sender_rejects_what_the_wire_cannot_carry(make_sender, span, k_bytes, layer) -> None:
     k, v = memoryview(bytearray(k_bytes)), memoryview(bytearray(8))
     with pytest.raises(ValueError):

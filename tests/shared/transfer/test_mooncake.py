@@ -2,6 +2,7 @@
 with places handed out, writes the engine refuses, a receiver that never places. The
 scenarios both transports share run over it from test_roundtrip, test_integrity, test_faults
 and test_auth (its `tcp` protocol, P2P handshake: no etcd, no RDMA NIC)."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -41,8 +42,9 @@ def transport() -> str:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("part_bytes", [64, 1 << 20])  # a part per span, or one per frame
-def test_destinations_registered_on_first_use_land_byte_exact(make_receiver, make_sender,
-                                                              dtype, part_bytes) -> None:
+def test_destinations_registered_on_first_use_land_byte_exact(
+    make_receiver, make_sender, dtype, part_bytes
+) -> None:
     check_requests_land_byte_exact(make_receiver, make_sender, dtype, part_bytes, memory=())
 
 
@@ -52,8 +54,7 @@ def test_sender_gone_mid_frame_reports_its_request_lost(make_receiver) -> None:
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         answer_hello(sock, None)
-        frame = checked_frame("gone", 0, source_spans(random_storage(torch.float32), 0,
-                                                      TWO_BLOCKS))
+        frame = checked_frame("gone", 0, source_spans(random_storage(torch.float32), 0, TWO_BLOCKS))
         sock.sendall(encode_ask(frame))  # then goes silent once it has its places
         header = read_header(sock)
         assert header.kind == KIND_PLACES and all(p.accepted for p in read_places(sock, 2))
@@ -61,8 +62,9 @@ def test_sender_gone_mid_frame_reports_its_request_lost(make_receiver) -> None:
     assert sink.events == [("lost", ("gone",), "connection closed mid-frame")]
 
 
-def test_write_the_engine_refuses_fails_the_request(make_receiver, make_sender,
-                                                    monkeypatch) -> None:
+def test_write_the_engine_refuses_fails_the_request(
+    make_receiver, make_sender, monkeypatch
+) -> None:
     """Places in memory the receiver's engine never registered: its engine rejects the write."""
     monkeypatch.setattr(Engine, "ensure_registered", lambda self, view: True)
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
@@ -81,8 +83,9 @@ def test_receiver_killed_mid_frame_fails_the_request(make_sender) -> None:
     process.start()
     try:
         address = parent.recv()
-        done = send_request(make_sender(), address, random_storage(torch.float32), "r",
-                            TWO_BLOCKS, layers=[0])
+        done = send_request(
+            make_sender(), address, random_storage(torch.float32), "r", TWO_BLOCKS, layers=[0]
+        )
         time.sleep(0.2)  # the sender now waits for places that never come
         process.kill()
         ok, num_frames, error = done.wait("r")

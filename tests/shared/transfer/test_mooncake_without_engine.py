@@ -1,5 +1,6 @@
 """The Mooncake transport's pure parts (addresses, allocations, copies, control messages): they
 need no engine, so these run where `mooncake` is not installed."""
+
 from __future__ import annotations
 
 import socket
@@ -55,8 +56,13 @@ def test_views_of_tensors_and_buffers_are_flat_bytes() -> None:
 
 
 def test_coalesced_merges_runs_contiguous_on_both_sides() -> None:
-    copies = [Copy(0, 1000, 10), Copy(10, 1010, 10), Copy(20, 2000, 10), Copy(30, 2010, 0),
-              Copy(30, 2010, 5)]
+    copies = [
+        Copy(0, 1000, 10),
+        Copy(10, 1010, 10),
+        Copy(20, 2000, 10),
+        Copy(30, 2010, 0),
+        Copy(30, 2010, 5),
+    ]
     assert coalesced(copies) == [Copy(0, 1000, 20), Copy(20, 2000, 15)]
 
 
@@ -76,9 +82,11 @@ def test_address_of_writable_read_only_and_empty_views() -> None:
 
 def test_parts_close_once_they_hold_part_bytes() -> None:
     buffer = memoryview(bytearray(64))
-    spans = [(buffer[0:8], buffer[8:16], Place(1000, 2000, True)),
-             (buffer[16:24], buffer[24:32], Place()),
-             (buffer[32:40], buffer[40:48], Place(1016, 2016, True))]
+    spans = [
+        (buffer[0:8], buffer[8:16], Place(1000, 2000, True)),
+        (buffer[16:24], buffer[24:32], Place()),
+        (buffer[32:40], buffer[40:48], Place(1016, 2016, True)),
+    ]
     parts = parts_of(spans, part_bytes=32)
     assert [len(p.spans) for p in parts] == [2, 1]
     assert parts[0].nbytes == 16  # the refused span is not written
@@ -88,13 +96,18 @@ def test_parts_close_once_they_hold_part_bytes() -> None:
 
 def test_control_messages_round_trip() -> None:
     kv = tensor_bytes(torch.arange(64, dtype=torch.float32))
-    frame = checked_frame("req", 7, [(BlockSpan(3, 1, 2, 0xABC), kv[0:32], kv[32:64]),
-                                     (BlockSpan(4, 0, 1), kv[64:96], kv[96:128])])
+    frame = checked_frame(
+        "req",
+        7,
+        [
+            (BlockSpan(3, 1, 2, 0xABC), kv[0:32], kv[32:64]),
+            (BlockSpan(4, 0, 1), kv[64:96], kv[96:128]),
+        ],
+    )
     places = [Place(1 << 40, (1 << 40) + 32, True), Place()]
     left, right = socket.socketpair()
     with left, right:
-        left.sendall(encode_ask(frame) + encode_places(7, places)
-                     + encode_landed(frame, [11, 22]))
+        left.sendall(encode_ask(frame) + encode_places(7, places) + encode_landed(frame, [11, 22]))
         ask = read_header(right)
         assert (ask.kind, ask.request_id, ask.layer, ask.count) == (KIND_ASK, "req", 7, 2)
         assert read_ask(right, 2) == [(BlockSpan(3, 1, 2, 0xABC), 32), (BlockSpan(4, 0, 1), 32)]

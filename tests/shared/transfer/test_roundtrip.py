@@ -1,5 +1,6 @@
 """Frames of several requests land byte-exact in a receiver-side KVStorage, END last (over
 each transport)."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,8 +22,9 @@ def as_ints(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
-def check_requests_land_byte_exact(make_receiver, make_sender, dtype, part_bytes,
-                                   **receiver_options) -> None:
+def check_requests_land_byte_exact(
+    make_receiver, make_sender, dtype, part_bytes, **receiver_options
+) -> None:
     source = random_storage(dtype)
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8, dtype))
     receiver, address = make_receiver(sink, **receiver_options)
@@ -37,16 +39,25 @@ def check_requests_land_byte_exact(make_receiver, make_sender, dtype, part_bytes
     for rid, moves in MOVES.items():
         assert done.wait(rid) == (True, 3, "")
         frames = sink.frames(rid)
-        assert [(f[2], f[3], f[4]) for f in frames] == \
-            [(layer, tuple(span for _, span in moves), True) for layer in range(3)]
+        assert [(f[2], f[3], f[4]) for f in frames] == [
+            (layer, tuple(span for _, span in moves), True) for layer in range(3)
+        ]
         assert sink.events.index(("end", rid, 3)) > sink.events.index(frames[-1])
         for src, span in moves:
             tokens = slice(span.offset, span.offset + span.num_tokens)
-            assert torch.equal(as_ints(sink.storage.kv[:, :, span.block_id, tokens]),
-                               as_ints(source.kv[:, :, src, tokens]))
+            assert torch.equal(
+                as_ints(sink.storage.kv[:, :, span.block_id, tokens]),
+                as_ints(source.kv[:, :, src, tokens]),
+            )
     assert not any(e[0] == "lost" for e in sink.events)
-    expected_bytes = 3 * 2 * sum(span.num_tokens for moves in MOVES.values()
-                                 for _, span in moves) * 2 * 8 * source.kv.element_size()
+    expected_bytes = (
+        3
+        * 2
+        * sum(span.num_tokens for moves in MOVES.values() for _, span in moves)
+        * 2
+        * 8
+        * source.kv.element_size()
+    )
     assert sender.bytes_sent == receiver.bytes_received == expected_bytes
     assert sender.frames_sent == receiver.frames_received == 9
     assert receiver.frames_rejected == 0

@@ -22,10 +22,11 @@ def test_a_run_span_lands_in_every_block_it_covers() -> None:
         storage = KVStorage(2, 8, 4, 1, 2, torch.float32)
         inbox = KVInbox(storage, asyncio.get_running_loop())
         inbox.expect("r", [2, 3, 4], 2, 10)
-        k, v = inbox.destination("r", 1, BlockSpan(2, 0, 12), 0)
+        k, _v = inbox.destination("r", 1, BlockSpan(2, 0, 12), 0)
         assert k.nbytes == 12 * storage.token_bytes
         k[:] = bytes(range(k.nbytes))
         assert bytes(storage.span_bytes(1, 4, 0, 4)[0]) == bytes(range(64, 96))  # third block
-        assert inbox.destination("r", 1, BlockSpan(3, 0, 12), 0) is None   # block 5 not its
-        assert inbox.destination("r", 1, BlockSpan(2, 1, 6), 0) is None    # runs start at 0
+        assert inbox.destination("r", 1, BlockSpan(3, 0, 12), 0) is None  # block 5 not its
+        assert inbox.destination("r", 1, BlockSpan(2, 1, 6), 0) is None  # runs start at 0
+
     asyncio.run(scenario())

@@ -1,5 +1,6 @@
 """TCP only: a receiver killed while the sender's bytes pile up fails the request; garbage on
 the wire closes one connection and nothing else."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -35,8 +36,9 @@ def transport() -> str:
 
 def test_receiver_killed_mid_transfer_fails_the_request(make_sender) -> None:
     parent, child = mp.get_context("fork").Pipe()
-    process = mp.get_context("fork").Process(target=stalled_receiver, args=(child, "tcp"),
-                                             daemon=True)
+    process = mp.get_context("fork").Process(
+        target=stalled_receiver, args=(child, "tcp"), daemon=True
+    )
     process.start()
     try:
         address = parent.recv()
@@ -115,8 +117,11 @@ def test_truncated_frame_reports_its_request_lost(make_receiver) -> None:
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
     _, address = make_receiver(sink)
     sock = handshaken(address)
-    sock.sendall(kv_header(b"trunc", 1, 5 + SPAN.size + 2 * SPAN_HALF_BYTES)
-                 + SPAN.pack(0, 0, 4, SPAN_HALF_BYTES, 0, 0) + b"\x00" * 100)
+    sock.sendall(
+        kv_header(b"trunc", 1, 5 + SPAN.size + 2 * SPAN_HALF_BYTES)
+        + SPAN.pack(0, 0, 4, SPAN_HALF_BYTES, 0, 0)
+        + b"\x00" * 100
+    )
     sock.close()
     sink.wait_for(lambda: any(e[0] == "lost" for e in sink.events))
     assert sink.events == [("lost", ("trunc",), "connection closed mid-frame")]

@@ -1,4 +1,5 @@
 """Scatter/gather I/O: partial sends, more buffers than IOV_MAX, many tiny spans per frame."""
+
 from __future__ import annotations
 
 import os
@@ -29,6 +30,7 @@ def test_send_all_survives_partial_sends_and_iov_max() -> None:
     def read() -> None:
         while len(received) < len(expected):
             received.extend(right.recv(1 << 12))
+
     reader = threading.Thread(target=read)
     reader.start()
     send_all(left, [memoryview(c) for c in chunks])
@@ -50,5 +52,4 @@ def test_frame_of_more_spans_than_iov_max(make_receiver, make_sender) -> None:
     assert done.wait("r") == (True, 1, "")
     sink.wait_ends("r")
     assert [f[4] for f in sink.frames("r")] == [True]
-    assert torch.equal(sink.storage.kv[2].view(torch.int16),
-                       source.kv[2].flip(1).view(torch.int16))
+    assert torch.equal(sink.storage.kv[2].view(torch.int16), source.kv[2].flip(1).view(torch.int16))

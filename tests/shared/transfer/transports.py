@@ -1,4 +1,5 @@
 """The two transports, by name, for tests that run the same scenario over each."""
+
 from __future__ import annotations
 
 import time
@@ -11,8 +12,10 @@ from shared.transfer.mooncake import MooncakeKVReceiver, MooncakeKVSender
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 
 needs_mooncake = pytest.mark.skipif(
-    not mooncake.available(), reason="mooncake.engine cannot be imported: pip install "
-    "mooncake-transfer-engine-non-cuda (it needs Debian's libibverbs1 and librdmacm1)")
+    not mooncake.available(),
+    reason="mooncake.engine cannot be imported: pip install "
+    "mooncake-transfer-engine-non-cuda (it needs Debian's libibverbs1 and librdmacm1)",
+)
 TRANSPORTS = ["tcp", pytest.param("mooncake", marks=needs_mooncake)]
 RECEIVERS = {"tcp": TcpKVReceiver, "mooncake": MooncakeKVReceiver}
 SENDERS = {"tcp": TcpKVSender, "mooncake": MooncakeKVSender}
