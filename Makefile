@@ -7,13 +7,21 @@ UP_ARGS ?=
 # CPU machines: the CPU build of torch, installed first, so that nothing pulls the CUDA build.
 TORCH_INDEX := $(if $(shell command -v nvidia-smi),,--extra-index-url https://download.pytorch.org/whl/cpu)
 
-.PHONY: up test venv clean
+.PHONY: up test check venv clean
 
 up: $(BIN)/.installed
 	$(BIN)/kvstack up $(UP_ARGS)
 
-test: $(BIN)/.installed
+# The checks first (seconds to a minute), then the suite: a lint, format, type or layer
+# regression fails CI like a failing test.
+test: check
 	$(BIN)/python -m pytest -q
+
+check: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 venv: $(BIN)/.installed
 
