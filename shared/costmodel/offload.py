@@ -367,7 +367,7 @@ def plot(rows: list[dict], path: str | Path) -> Path:
     try:
         import matplotlib
     except ImportError:
-        raise KvstackError("plotting needs matplotlib: pip install matplotlib") from None
+        raise KvstackError("plots need matplotlib: pip install 'kvstack[bench]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

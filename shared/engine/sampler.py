@@ -8,26 +8,14 @@ request alone, and every other row of the batch is sampled as usual.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import xxhash
 
+from shared.engine.logprob import TokenLogprob
 from shared.engine.sampling_params import SamplingParams
 
 SAMPLING_FAILED = -1  # in place of a token id: this row's distribution is unusable
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    """Log-probability of the chosen token and of the most likely alternatives.
-
-    Taken from the model's own distribution (before temperature, top-k and top-p).
-    """
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
 
 
 def sample(
