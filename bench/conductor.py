@@ -1,4 +1,4 @@
-"""`kvstack bench conductor`: placement decisions per second and decision latency.
+"""`python -m bench conductor`: placement decisions per second and decision latency.
 
 One Conductor (services/conductor/core.py, no I/O) with N prefill and N decode workers
 that heartbeat once a simulated second (spread over it, as live workers are), and a prefix

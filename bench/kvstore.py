@@ -1,4 +1,4 @@
-"""`kvstack bench kvstore`: the pool's put/get throughput per tier, and what a hit saves:
+"""`python -m bench kvstore`: the pool's put/get throughput per tier, and what a hit saves:
 TTFT of a 2,048-token prompt cold, with its first 1,984 tokens in the kvstore, and with
 them in the prefill worker's own cache."""
 

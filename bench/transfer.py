@@ -1,4 +1,4 @@
-"""`kvstack bench transfer`: KV data-plane throughput beside a raw-socket ceiling.
+"""`python -m bench transfer`: KV data-plane throughput beside a raw-socket ceiling.
 
 Both sides move the same bytes from this process to a child process over loopback TCP
 into a preallocated tensor, one transfer at a time, timed until the child has them all:
