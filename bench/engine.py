@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace, ours, theirs) -> dict:
     prefill_lens = [int(n) for n in args.prefill_lens.split(",")]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    rows = {"prefill": [], "decode": []}
+    rows: dict[str, list[dict]] = {"prefill": [], "decode": []}
     for n in prefill_lens:
         progress(f"prefill {n} tokens")
         rows["prefill"].append(

@@ -24,7 +24,8 @@ ROOFLINE_PREFIX = "roofline:"
 
 
 class CostModel(Protocol):
-    kv_bytes_per_token: int
+    @property
+    def kv_bytes_per_token(self) -> int: ...
 
     def prefill_time(self, num_new: int, num_cached: int = 0) -> float: ...
 
