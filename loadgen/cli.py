@@ -1,6 +1,6 @@
-"""`loadgen`: measure OpenAI-compatible endpoints (`run`), compare results (`report`),
-simulate a cluster in virtual time (`sim`) and kill kvstack's processes under load
-(`chaos`).
+"""`loadgen`: measure OpenAI-compatible endpoints (`run`), compare results (`report`) and
+simulate a cluster in virtual time (`sim`, `sim-sweep`). The chaos run, which starts a kvstack
+of its own, is `python -m bench chaos`.
 
 Each command is a module with `add_parser(sub)`, which adds its subparser and sets
 `run=<its function>` as a default, and that function, `run(args) -> int` (the exit code).
@@ -13,12 +13,11 @@ import argparse
 import sys
 
 from loadgen import report, run_command
-from loadgen.chaos import cli as chaos
 from loadgen.sim import cli as sim
 from loadgen.sim import sweep
 from shared import cli
 
-COMMANDS = (run_command, report, sim, sweep, chaos)
+COMMANDS = (run_command, report, sim, sweep)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,17 +1,26 @@
 """PNG plots of one run (`plot_run`) or several side by side (`plot_compare`), drawn from
 the per-request records of the result document. Uses matplotlib's Figure directly (the Agg
-canvas), never pyplot, so no global backend or figure state is touched."""
+canvas), never pyplot, so no global backend or figure state is touched.
+
+matplotlib is an extra (`kvstack[bench]`): it is imported when a figure is drawn, so the
+rest of loadgen runs without it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from loadgen.output import records_of
 from loadgen.records import RequestRecord
+from shared.errors import KvstackError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+NO_MATPLOTLIB = "plots need matplotlib: pip install 'kvstack[bench]'"
 
 # (metric, axis label) in the order of the 2x2 CDF panels
 CDF_METRICS = (
@@ -22,6 +31,15 @@ CDF_METRICS = (
 )
 MIN_BUCKET_S = 0.1
 NUM_BUCKETS = 60
+
+
+def new_figure(**kwargs: Any) -> Figure:
+    """A matplotlib Figure (Agg canvas, no pyplot state); a usage error without matplotlib."""
+    try:
+        from matplotlib import figure
+    except ImportError:
+        raise KvstackError(NO_MATPLOTLIB) from None
+    return figure.Figure(**kwargs)
 
 
 def latencies_ms(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
@@ -73,7 +91,7 @@ def plot_compare(
 
 
 def cdf_figure(runs: Sequence[tuple[str, Sequence[RequestRecord]]]) -> Figure:
-    fig = Figure(figsize=(10, 7), layout="constrained")
+    fig = new_figure(figsize=(10, 7), layout="constrained")
     axes = fig.subplots(2, 2).ravel()
     for ax, (name, label) in zip(axes, CDF_METRICS):
         for run_label, records in runs:
@@ -97,7 +115,7 @@ def cdf_figure(runs: Sequence[tuple[str, Sequence[RequestRecord]]]) -> Figure:
 
 
 def throughput_figure(runs: Sequence[tuple[str, Sequence[RequestRecord]]]) -> Figure:
-    fig = Figure(figsize=(9, 4), layout="constrained")
+    fig = new_figure(figsize=(9, 4), layout="constrained")
     ax = fig.subplots()
     for run_label, records in runs:
         edges, rates = throughput_series(records)
@@ -114,13 +132,12 @@ def throughput_figure(runs: Sequence[tuple[str, Sequence[RequestRecord]]]) -> Fi
 
 
 def ttft_timeline_figure(runs: Sequence[tuple[str, Sequence[RequestRecord]]]) -> Figure:
-    fig = Figure(figsize=(9, 4), layout="constrained")
+    fig = new_figure(figsize=(9, 4), layout="constrained")
     ax = fig.subplots()
     for run_label, records in runs:
-        done = [r for r in records if r.success]
-        ax.scatter(
-            [r.start_time for r in done], [r.ttft * 1000 for r in done], s=10, label=run_label
-        )
+        # a success has a ttft (RequestRecord.success): the test only tells the type checker
+        done = [(r.start_time, r.ttft) for r in records if r.success and r.ttft is not None]
+        ax.scatter([t for t, _ in done], [ttft * 1000 for _, ttft in done], s=10, label=run_label)
         failed = [r.start_time for r in records if not r.success]
         if failed:
             ax.scatter(failed, [0] * len(failed), marker="x", color="red", label="failed")

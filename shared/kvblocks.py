@@ -9,8 +9,24 @@ many blocks per frame, so a block can land (and be used) layer by layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from shared.kvcache.storage import KVStorage
+
+class KVTensor(Protocol):
+    """The part of KVStorage's tensor a layout is read from; named here, not imported, so
+    this module (and the messages that carry a layout) need no torch."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def element_size(self) -> int: ...
+
+
+class HasKV(Protocol):
+    """A KVStorage (shared.kvcache.storage), as far as `BlockLayout.of` needs it."""
+
+    @property
+    def kv(self) -> KVTensor: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +48,7 @@ class BlockLayout:
         return (2 * layer + half) * self.half_bytes
 
     @classmethod
-    def of(cls, storage: KVStorage) -> BlockLayout:
+    def of(cls, storage: HasKV) -> BlockLayout:
         num_layers, _, _, block_size, kv_heads, head_dim = storage.kv.shape
         element = storage.kv.element_size()
         return cls(num_layers, block_size, block_size * kv_heads * head_dim * element)

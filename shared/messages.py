@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.codec import message
-from shared.engine.sampler import TokenLogprob
+from shared.engine.logprob import TokenLogprob
 from shared.engine.sampling_params import SamplingParams
 from shared.kvblocks import BlockLayout
 

@@ -1,13 +1,14 @@
 """The simulated cluster's load over time (Mooncake §7.3's oscillation figure): prefill
 and decode load against their SLOs, and requests turned away per interval. Drawn with
-matplotlib's Figure directly (no pyplot state), like loadgen/plots.py."""
+matplotlib's Figure directly (no pyplot state), like loadgen/plots.py, which loads it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-from matplotlib.figure import Figure
+
+from loadgen.plots import new_figure
 
 
 def plot_load(result: dict, out_dir: Path, prefix: str = "") -> list[Path]:
@@ -15,7 +16,7 @@ def plot_load(result: dict, out_dir: Path, prefix: str = "") -> list[Path]:
     series = {k: np.asarray(v, dtype=float) for k, v in result["sim"]["timeseries"].items()}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig = Figure(figsize=(10, 7), layout="constrained")
+    fig = new_figure(figsize=(10, 7), layout="constrained")
     load, turned_away = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
     _loads(load, series)
     _turned_away(turned_away, series)

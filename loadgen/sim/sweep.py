@@ -397,9 +397,9 @@ def write_outputs(result: dict, args: argparse.Namespace) -> None:
 
 def plot_sweeps(results: Sequence[dict], path: Path) -> Path:
     """Attainment over replay speed, a line per sweep and TBT SLO, the capacities marked."""
-    from matplotlib.figure import Figure  # matplotlib loads only when plotting
+    from loadgen.plots import new_figure  # matplotlib loads only when plotting
 
-    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    fig = new_figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.subplots()
     for result in results:
         _plot_sweep(ax, result)

@@ -22,8 +22,8 @@ from shared.errors import KvstackError
 from shared.model.registry import DEFAULT_MODEL
 
 if TYPE_CHECKING:  # the engine (torch) loads only when the command runs
-    from shared.costmodel.measure import Prompts
     from shared.engine.engine import LLMEngine
+    from shared.profiling import Prompts
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shared.costmodel.measure import Prompts
     from shared.costmodel.overhead import check_gateway
+    from shared.profiling import Prompts
 
     if args.gateway:
         check_gateway(args.gateway)
@@ -149,7 +149,7 @@ def measure(
     engine: LLMEngine, grid: Grid, threads: int
 ) -> tuple[FittedCostModel, tuple[list, list]]:
     """Fit the engine's times over `grid`; also returns the measured rows."""
-    from shared.costmodel.measure import EngineProbe, link_seconds
+    from shared.profiling import EngineProbe, link_seconds
 
     probe = EngineProbe(engine)
     prefill = median_of_rounds(grid.prefill, "prefill", probe.prefill, grid.rounds)

@@ -11,7 +11,7 @@ from services.gateway.progress import Progress
 from services.gateway.protocol import GenerateRequest
 from services.gateway.responses import format_logprobs, usage
 from services.gateway.text import TextStream
-from shared.engine.sampler import TokenLogprob
+from shared.engine.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 from services.gateway.protocol import GenerateRequest
-from shared.engine.sampler import TokenLogprob
+from shared.engine.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
 
 FINISH_REASONS = ("stop", "length")  # all a client is sent; aborts and errors become errors

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.engine.sampler import TokenLogprob
+from shared.engine.logprob import TokenLogprob
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.stop import StopStringMatcher
 from shared.model.detokenizer import IncrementalDetokenizer

@@ -113,7 +113,7 @@ ROLES: dict[str, Role] = {
                 subjects.worker_stats("attention-worker", ID),
             ),
         ),
-        # The operator's own tools (kvstack up's readiness check, bench, loadgen chaos, tests):
+        # The operator's own tools (kvstack up's readiness check, python -m bench, tests):
         # everything. Keep its credentials where only the operator can read them.
         Role("admin", publish=(">",), subscribe=(">",)),
     )

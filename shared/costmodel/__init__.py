@@ -4,8 +4,9 @@ A cost model answers three questions: how long a prefill of `num_new` tokens tak
 after `num_cached` cached ones, how long one decode step of `batch` requests with
 `total_context` tokens of KV takes, and how long moving `num_bytes` of KV between
 instances takes. `roofline` derives the answers from a model shape and a hardware
-profile; `fitted` from measurements of the real engine (`kvstack profile`, with `measure`
-and `overhead`, which this package does not import: they need torch and a running stack).
+profile; `fitted` from measurements of the real engine (`kvstack profile`, with
+`shared.profiling` and `overhead`, which this package does not import: they need torch and
+a running stack).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ ROOFLINE_PREFIX = "roofline:"
 
 
 class CostModel(Protocol):
-    kv_bytes_per_token: int
+    @property
+    def kv_bytes_per_token(self) -> int: ...
 
     def prefill_time(self, num_new: int, num_cached: int = 0) -> float: ...
 

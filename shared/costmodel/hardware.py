@@ -47,7 +47,7 @@ HARDWARE = {
     "h100": gpus("H100", 8, 989, 3.35, 3200, 11.06, step_overhead=2e-3),
     "h20": gpus("H20", 8, 148, 4.0, 3200, 4.63, step_overhead=2e-3),
     # This machine: 2 vCPUs with AMX, bf16 GEMMs measured at up to 1.4 TFLOP/s
-    # (`kvstack bench engine`), copies at about 20 GB/s, loopback data plane ~2 GB/s.
+    # (`python -m bench engine`), copies at about 20 GB/s, loopback data plane ~2 GB/s.
     "cpu": Hardware(
         "cpu-2vcpu",
         1.4 * TB,

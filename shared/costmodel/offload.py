@@ -15,6 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from shared.costmodel.hardware import GB, HARDWARE, Hardware
 from shared.costmodel.roofline import RooflineCostModel
@@ -260,7 +261,7 @@ def equal_cost_rows(
 
 def summary(rows: list[dict]) -> dict:
     """Largest feasible batch and best tokens/s per $/hr of each system, for one scenario."""
-    result = {}
+    result: dict[str, Any] = {}
     for system in ("homogeneous", "lamina"):
         feasible = [r for r in rows if r[f"{system}_feasible"]]
         best = max(feasible, key=lambda r: r[f"{system}_per_dollar"], default=None)
@@ -367,7 +368,7 @@ def plot(rows: list[dict], path: str | Path) -> Path:
     try:
         import matplotlib
     except ImportError:
-        raise KvstackError("plotting needs matplotlib: pip install matplotlib") from None
+        raise KvstackError("plots need matplotlib: pip install 'kvstack[bench]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

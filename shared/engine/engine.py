@@ -17,10 +17,11 @@ import xxhash
 
 from shared.engine.config import EngineConfig
 from shared.engine.isolation import LayerHook, execute_isolated
+from shared.engine.logprob import TokenLogprob
 from shared.engine.mock_runner import mock_runner
 from shared.engine.output import ENGINE_ERROR, REQUEST_ERROR, Completion, RequestOutput
 from shared.engine.runner import ModelRunner, SeqChunk
-from shared.engine.sampler import SAMPLING_FAILED, TokenLogprob, sampling_failure, seeded_generator
+from shared.engine.sampler import SAMPLING_FAILED, sampling_failure, seeded_generator
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from shared.engine.sequence import Sequence

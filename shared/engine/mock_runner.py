@@ -16,8 +16,8 @@ import xxhash
 
 from shared.costmodel import CostModel
 from shared.engine.config import EngineConfig
+from shared.engine.logprob import TokenLogprob
 from shared.engine.runner import SeqChunk
-from shared.engine.sampler import TokenLogprob
 from shared.engine.sampling_params import SamplingParams
 from shared.kvcache.storage import KVStorage
 from shared.model.config import ModelConfig

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from shared.engine.logprob import TokenLogprob
 from shared.engine.metadata import attention_metadata
-from shared.engine.sampler import TokenLogprob, logprobs, sample
+from shared.engine.sampler import logprobs, sample
 from shared.engine.sampling_params import SamplingParams
 from shared.kvcache.storage import KVStorage
 from shared.model.attention import AttentionBackend

@@ -8,26 +8,14 @@ request alone, and every other row of the batch is sampled as usual.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import xxhash
 
+from shared.engine.logprob import TokenLogprob
 from shared.engine.sampling_params import SamplingParams
 
 SAMPLING_FAILED = -1  # in place of a token id: this row's distribution is unusable
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    """Log-probability of the chosen token and of the most likely alternatives.
-
-    Taken from the model's own distribution (before temperature, top-k and top-p).
-    """
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
 
 
 def sample(
@@ -114,7 +102,8 @@ def logprobs(
         return result
     log_probs = torch.log_softmax(logits[wanted], dim=-1)
     for row, i in enumerate(wanted):
-        top = torch.topk(log_probs[row], num_top[i]) if num_top[i] else None
+        n = num_top[i]
+        top = torch.topk(log_probs[row], n) if n else None
         pairs = tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ()
         result[i] = TokenLogprob(token_ids[i], float(log_probs[row, token_ids[i]]), pairs)
     return result

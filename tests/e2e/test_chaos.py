@@ -1,4 +1,4 @@
-"""Chaos under load, the short variant of `loadgen chaos`: a request whose worker dies or
+"""Chaos under load, the short variant of `python -m bench chaos`: a request whose worker dies or
 stops goes on elsewhere (the same stream, the same text), and the stack survives NATS,
 conductor and kvstore restarts without a manual restart.
 
@@ -17,8 +17,8 @@ import time
 import openai
 import pytest
 
-from loadgen.chaos.load import Case
-from loadgen.chaos.runner import ChaosConfig, run_chaos
+from bench.chaos.load import Case
+from bench.chaos.runner import ChaosConfig, run_chaos
 from services.cli.restarts import RestartPolicy
 from shared.engine.sampling_params import SamplingParams
 from tests.e2e.conftest import running_stack, worker_stats

@@ -19,9 +19,9 @@ import pytest
 from services.cli.stack import Stack
 from shared import costmodel
 from shared.costmodel.fitted import FittedCostModel
-from shared.costmodel.measure import Prompts
 from shared.costmodel.overhead import first_token_seconds
 from shared.model.config import ModelConfig
+from shared.profiling import Prompts
 from tests.e2e.conftest import WORKER_ARGS, running_stack
 
 pytestmark = pytest.mark.timed

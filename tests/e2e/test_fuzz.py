@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 from openapi_schema_validator import OAS31Validator
 
-from loadgen.chaos.runner import kv_in_use, settle_kv
+from bench.chaos.runner import kv_in_use, settle_kv
 from services.cli import stack_process
 from services.cli.fuzz import table
 from services.cli.fuzz_runner import FuzzConfig, fuzz

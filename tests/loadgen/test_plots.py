@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -71,3 +75,21 @@ def test_series_behind_the_plots() -> None:
     assert width == pytest.approx(0.1) and edges.size == rates.size + 1
     assert rates.sum() * width == pytest.approx(4)
     assert np.count_nonzero(rates) == 4
+
+
+def test_plots_without_matplotlib_are_a_usage_error(tmp_path) -> None:
+    # matplotlib is the `bench` extra: `--plot-dir` without it says what to install.
+    without_matplotlib = "import sys; sys.modules['matplotlib'] = None; "
+    sim = "from loadgen.cli import main; sys.exit(main(sys.argv[1:]))"
+    trace = Path(__file__).parent / "data" / "mooncake_slice.jsonl"
+    args = ["--trace", str(trace), "--prefill", "1", "--decode", "1", "--quiet"]
+    result = subprocess.run(
+        [sys.executable, "-c", without_matplotlib + sim, "sim", *args, "--plot-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "plots need matplotlib: pip install 'kvstack[bench]'" in result.stderr
+    assert not list(tmp_path.iterdir())

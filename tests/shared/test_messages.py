@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared import codec
-from shared.engine.sampler import TokenLogprob
+from shared.engine.logprob import TokenLogprob
 from shared.engine.sampling_params import SamplingParams
 from shared.messages import (
     Abort,

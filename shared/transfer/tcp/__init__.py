@@ -13,7 +13,7 @@ A frame larger than PART_BYTES travels as several parts (KV_MORE ... KV) that th
 reports as one frame. The sender hashes each part right before `sendmsg` copies it, and the
 receiver hashes each piece right after `recvmsg_into` lands it in the sink's memory, so both
 hash bytes that are still in cache (hashing whole frames apart from the copy cost about a
-fifth of loopback throughput in `kvstack bench transfer`).
+fifth of loopback throughput in `python -m bench transfer`).
 
 One thread and one connection per peer on the sending side keep a request's frames and END
 in order; one thread per accepted connection on the receiving side, up to a cap, each with a

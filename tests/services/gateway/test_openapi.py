@@ -25,7 +25,7 @@ from services.gateway.responses import (
     usage_chunk,
 )
 from services.gateway.service import GatewayConfig, GatewayService
-from shared.engine.sampler import TokenLogprob
+from shared.engine.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
 
 MODEL = "SmolLM2-135M-Instruct"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.gateway.text import TextStream
-from shared.engine.sampler import TokenLogprob
+from shared.engine.logprob import TokenLogprob
 from shared.engine.sampling_params import SamplingParams
 from shared.model.tokenizer import Tokenizer
 

@@ -201,7 +201,7 @@ def test_main_prints_the_table_or_json(capsys) -> None:
 
 def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes the import fail
-    with pytest.raises(KvstackError, match="pip install matplotlib"):
+    with pytest.raises(KvstackError, match=r"pip install .kvstack\[bench\]."):
         plot(equal_cost_rows(), tmp_path / "x.png")
 
 

@@ -1,4 +1,4 @@
-"""`kvstack bench offload`: decode tokens/s with attention local vs offloaded to attention
+"""`python -m bench offload`: decode tokens/s with attention local vs offloaded to attention
 workers (separate processes, over the attention link), the share of the link's round trips
 the micro-batch pipeline hides, bytes per token per layer against Lamina's formula, and the
 cost model's equal-cost comparison (throughput per dollar) beside them."""
@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 import torch
 
-from services.cli.bench_engine import KvstackSide
+from bench.engine import KvstackSide
 from services.cli.stack import Stack, StackConfig
 from services.decode.attention_group import AttentionGroup
 from services.decode.offload_runner import OffloadRunner

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from shared.costmodel.measure import EngineProbe, Prompts, link_seconds
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.errors import KvstackError
+from shared.profiling import EngineProbe, Prompts, link_seconds
 
 
 @pytest.fixture(scope="module")

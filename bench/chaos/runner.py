@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from loadgen.chaos.faults import FAULTS, Fault, choose, inject, wait_back
-from loadgen.chaos.load import Case, Outcome, SteadyLoad
+from bench.chaos.faults import FAULTS, Fault, choose, inject, wait_back
+from bench.chaos.load import Case, Outcome, SteadyLoad
 from services.cli.stack import Stack
 from shared import subjects
 from shared.messages import AttentionStats, StatsRequest, WorkerStats

@@ -2,7 +2,8 @@
 of a decode step, and of moving KV over the TCP data plane.
 
 The caller repeats each measurement (`kvstack profile` in rounds over its grid).
-Not imported by the package: it needs torch and the engine, the conductor does not.
+Outside shared.costmodel: it needs torch and the engine, and the engine's mock needs the
+cost model, so inside it the two packages would import each other.
 """
 
 from __future__ import annotations

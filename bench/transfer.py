@@ -1,4 +1,4 @@
-"""`kvstack bench transfer`: KV data-plane throughput beside a raw-socket ceiling.
+"""`python -m bench transfer`: KV data-plane throughput beside a raw-socket ceiling.
 
 Both sides move the same bytes from this process to a child process over loopback TCP
 into a preallocated tensor, one transfer at a time, timed until the child has them all:
@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 import torch
@@ -73,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
     layouts = [Layout.of(float(s), args.block_kib) for s in args.sizes.split(",")]
     capacity = max(layout.nbytes for layout in layouts)
     source = tensor_bytes(torch.randint(0, 256, (capacity,), dtype=torch.uint8))
-    sides = {"kvstack": KvstackSide(capacity, args.auth_token), "raw": RawSide(capacity)}
+    sides: dict[str, KvstackSide | RawSide] = {
+        "kvstack": KvstackSide(capacity, args.auth_token),
+        "raw": RawSide(capacity),
+    }
     if mooncake.available():
         sides["mooncake"] = KvstackSide(capacity, args.auth_token, transport="mooncake")
     try:
@@ -96,9 +100,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(layout: Layout, source: memoryview, sides: dict, repeats: int) -> dict:
+def measure(
+    layout: Layout, source: memoryview, sides: dict[str, KvstackSide | RawSide], repeats: int
+) -> dict:
     progress(f"{layout.nbytes / 2**20:.1f} MiB: {layout.layers} frames x {layout.blocks} blocks")
-    times = {name: [] for name in sides}
+    times: dict[str, list[float]] = {name: [] for name in sides}
     for side in sides.values():
         side.transfer(layout, source)  # warm-up: connection, page faults
     for _ in range(repeats):
@@ -159,7 +165,7 @@ class _Child:
         self.process.start()
         self.address = self.expect("address")
 
-    def expect(self, kind: str) -> object:
+    def expect(self, kind: str) -> Any:  # what the child sent: its pipe carries any object
         ready = mp.connection.wait([self.events, self.process.sentinel], timeout=120)
         if self.events not in ready:
             state = "timed out" if self.process.is_alive() else "exited"

@@ -1,4 +1,4 @@
-"""`loadgen chaos`: start a supervised kvstack, put a steady load of streaming greedy
+"""`python -m bench chaos`: start a supervised kvstack, put a steady load of streaming greedy
 requests on it, kill each kind of process in turn (and restart nats-server), and print
 what became of every request. Exit code 1 when a request was lost or hung, or KV leaked."""
 
@@ -11,9 +11,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from loadgen.chaos.faults import FAULTS
-from loadgen.chaos.load import Case
-from loadgen.chaos.runner import ChaosConfig, ChaosReport, run_chaos
+from bench.chaos.faults import FAULTS
+from bench.chaos.load import Case
+from bench.chaos.runner import ChaosConfig, ChaosReport, run_chaos
 from services.cli.restarts import RestartPolicy
 from services.cli.stack import Stack, StackConfig
 from shared.errors import KvstackError
@@ -116,9 +116,11 @@ def reference_cases(model: str, max_tokens: int) -> list[Case]:
     from shared.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model=model, dtype="float32", kv_cache_bytes=256 << 20))
+    tokenizer = engine.tokenizer
+    if tokenizer is None:
+        raise KvstackError(f"{model} has no tokenizer: the chaos run sends chat prompts")
     prompts = [
-        engine.tokenizer.encode_chat([{"role": "user", "content": f"Tell me about {t}."}])
-        for t in TOPICS
+        tokenizer.encode_chat([{"role": "user", "content": f"Tell me about {t}."}]) for t in TOPICS
     ]
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     return [Case(tuple(c.prompt_token_ids), c.text) for c in engine.generate(prompts, params)]
@@ -179,4 +181,4 @@ def _free_port() -> int:
 
 
 def say(message: str) -> None:
-    print(f"loadgen chaos: {message}", file=sys.stderr, flush=True)
+    print(f"bench chaos: {message}", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""`kvstack bench fairness`: the time to first token of a short prompt that arrives while a
+"""`python -m bench fairness`: the time to first token of a short prompt that arrives while a
 long one prefills, with fair prefill off (the long prompt holds each step's budget: the
 baseline) and on (`long_prefill_tokens`), beside the short prompt alone.
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import orjson
 import torch
 
-from services.cli.bench_engine import random_prompt
+from bench.engine import random_prompt
 from shared.engine.config import DTYPE_CHOICES, EngineConfig, resolve_dtype
 from shared.engine.engine import LLMEngine
 from shared.engine.loop import EngineLoop

@@ -1,4 +1,4 @@
-"""`kvstack bench conductor` as a user runs it, in a small configuration."""
+"""`python -m bench conductor` as a user runs it, in a small configuration."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ def test_json_report_has_every_row_with_positive_numbers() -> None:
         [
             sys.executable,
             "-m",
-            "services.cli.main",
             "bench",
             "conductor",
             "--workers",

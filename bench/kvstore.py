@@ -1,4 +1,4 @@
-"""`kvstack bench kvstore`: the pool's put/get throughput per tier, and what a hit saves:
+"""`python -m bench kvstore`: the pool's put/get throughput per tier, and what a hit saves:
 TTFT of a 2,048-token prompt cold, with its first 1,984 tokens in the kvstore, and with
 them in the prefill worker's own cache."""
 
@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import torch
@@ -41,7 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="kvstack-bench-"))
-    report = {"throughput": [measure_tier(work, tier, args.blocks) for tier in ("dram", "ssd")]}
+    report: dict[str, Any] = {
+        "throughput": [measure_tier(work, tier, args.blocks) for tier in ("dram", "ssd")]
+    }
     if not args.skip_ttft:
         report["ttft"] = measure_ttft(work, args.trials)
     print(
@@ -89,7 +92,11 @@ class PoolClient:
 
     async def put(self, name: str, hashes: list[int], block_ids: list[int]) -> None:
         done, loop = asyncio.Event(), asyncio.get_running_loop()
-        await self.pool.put(name, hashes, block_ids, lambda: loop.call_soon_threadsafe(done.set))
+
+        def sent() -> None:  # from a sender thread
+            loop.call_soon_threadsafe(done.set)
+
+        await self.pool.put(name, hashes, block_ids, sent)
         await asyncio.wait_for(done.wait(), 120)
 
     async def get(self, name: str, hashes: list[int], block_ids: list[int]) -> bool:
@@ -208,7 +215,7 @@ def measure_ttft(work: Path, trials: int) -> dict:
         )
         _ttft(client, _prompt(10_000, 2048))  # warm-up
         _ttft(client, _prompt(10_001, 2048))  # both workers warm, turn back at 0
-        cases = {"cold": [], "kvstore_hit": [], "local_hit": []}
+        cases: dict[str, list[float]] = {"cold": [], "kvstore_hit": [], "local_hit": []}
         for trial in range(trials):
             progress(f"TTFT trial {trial + 1}/{trials}")
             prefix = _prompt(trial, 1984)
@@ -240,6 +247,8 @@ def _ttft(client, prompt: list[int]) -> float:
     for chunk in stream:
         if first is None and chunk.choices:
             first = time.perf_counter() - start
+    if first is None:
+        raise RuntimeError("the stream ended without a token")
     return first
 
 

@@ -1,4 +1,4 @@
-"""`kvstack bench engine`: prefill and decode throughput beside transformers' generate."""
+"""`python -m bench engine`: prefill and decode throughput beside transformers' generate."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace, ours, theirs) -> dict:
     prefill_lens = [int(n) for n in args.prefill_lens.split(",")]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    rows = {"prefill": [], "decode": []}
+    rows: dict[str, list[dict]] = {"prefill": [], "decode": []}
     for n in prefill_lens:
         progress(f"prefill {n} tokens")
         rows["prefill"].append(
@@ -165,8 +165,8 @@ class TransformersSide:
             import transformers
         except ImportError:
             raise KvstackError(
-                "the transformers baseline needs the dev extra "
-                "(pip install -e '.[dev]'), or pass --no-baseline"
+                "the transformers baseline needs the bench extra "
+                "(pip install -e '.[bench]'), or pass --no-baseline"
             ) from None
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
             engine.model_dir, dtype=DTYPES[dtype]

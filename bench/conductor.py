@@ -1,4 +1,4 @@
-"""`kvstack bench conductor`: placement decisions per second and decision latency.
+"""`python -m bench conductor`: placement decisions per second and decision latency.
 
 One Conductor (services/conductor/core.py, no I/O) with N prefill and N decode workers
 that heartbeat once a simulated second (spread over it, as live workers are), and a prefix
@@ -90,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
         conductor = Conductor(
             SchedulingConfig(policy=policy, admission=admission),
             cost,
-            index=index if match == "binary search" else ExactIndex(index),
+            # NOTE: ExactIndex has the two methods the conductor calls (match, forget);
+            # core.py types the field as the class, not as a protocol.
+            index=index if match == "binary search" else ExactIndex(index),  # type: ignore[arg-type]
         )
         times, accepted = measure(conductor, cluster, requests, args.rate, args.seed)
         report["results"].append(summary(policy, admission, match, times, accepted))
@@ -211,7 +213,8 @@ def build_index(
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Fill `index` with `num_blocks` distinct blocks; return the conversations' and the
     shared prefixes' hashes."""
-    shared, total = [], 0
+    shared: list[list[int]] = []
+    total = 0
     while len(shared) < NUM_SHARED and total < num_blocks // 10:  # at most a tenth shared
         shared.append(chain(0, min(rng.randint(*SHARED_BLOCKS), num_blocks // 10 - total), rng))
         holders = rng.sample(cluster.prefill, min(rng.randint(2, 8), cluster.size))

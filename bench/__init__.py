@@ -1,0 +1,1 @@
+"""Benchmarks and the chaos run: test harnesses that start kvstack, never imported by it."""

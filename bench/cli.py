@@ -1,0 +1,25 @@
+"""`python -m bench`: benchmarks that print numbers beside a baseline measured in the same
+run (docs/benchmarks.md), and the chaos run (docs/reliability.md).
+
+They start stacks, engines and data planes of their own, so they live beside the runtime,
+not in it: run them from a checkout; the kvstack wheel does not ship them. Each benchmark
+is a module with `add_parser(sub)`, which adds its subparser and sets `run=<function>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench import conductor, engine, fairness, kvstore, offload, transfer
+from bench.chaos import cli as chaos
+from shared import cli
+
+BENCHMARKS = (engine, fairness, transfer, kvstore, conductor, offload, chaos)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return cli.build_parser("python -m bench", __doc__.split("\n\n")[0], BENCHMARKS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(build_parser(), argv)

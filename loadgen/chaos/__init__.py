@@ -1,2 +1,0 @@
-"""`loadgen chaos`: kill each kind of kvstack process in turn under a steady load and count
-what every request became (docs/reliability.md)."""

@@ -1,0 +1,1 @@
+"""The model: Llama-family layers, weights loading, tokenizer and the CPU kernels."""
