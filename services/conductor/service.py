@@ -1,5 +1,6 @@
 """The conductor service: feeds heartbeats, KV events and finished requests to the
-Conductor (core.py) and answers placement requests; metrics and stats over NATS."""
+Conductor (shared/conductor/core.py, no I/O) and answers placement requests; metrics and
+stats over NATS."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from services.conductor.config import SchedulingConfig
-from services.conductor.core import Conductor
+from shared.conductor.config import SchedulingConfig
+from shared.conductor.core import Conductor
 from shared import subjects
 from shared.bus import Bus
 from shared.costmodel import CostModel

@@ -9,10 +9,10 @@ predicted time can be computed by hand, and workers, requests and snapshots to f
 
 from __future__ import annotations
 
-from services.conductor.config import SchedulingConfig
-from services.conductor.core import Conductor
-from services.conductor.policies import Inputs
-from services.conductor.snapshot import (
+from shared.conductor.config import SchedulingConfig
+from shared.conductor.core import Conductor
+from shared.conductor.policies import Inputs
+from shared.conductor.snapshot import (
     NO_MATCH,
     NO_PENDING,
     ClusterSnapshot,

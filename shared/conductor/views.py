@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from services.conductor import estimate
+from shared.conductor import estimate
 
 if TYPE_CHECKING:
-    from services.conductor.snapshot import WorkerLoad
+    from shared.conductor.snapshot import WorkerLoad
     from shared.costmodel import CostModel
 
 REBUILD_SHARE = 4  # more than 1/4 of the workers changed: recompute all, not row by row

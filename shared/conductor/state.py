@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from services.conductor.snapshot import NO_PENDING, ClusterSnapshot, Pending, WorkerLoad
-from services.conductor.views import LoadViews
+from shared.conductor.snapshot import NO_PENDING, ClusterSnapshot, Pending, WorkerLoad
+from shared.conductor.views import LoadViews
 from shared.messages import Heartbeat
 
 MISSED_BEATS = 3  # a worker silent for this many intervals is dead

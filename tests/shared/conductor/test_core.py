@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from shared.messages import KVEvent
-from tests.services.conductor.builders import (
+from tests.shared.conductor.builders import (
     OVERHEAD,
     beat,
     conductor,

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.conductor import admission
-from services.conductor.config import SchedulingConfig
-from services.conductor.forecast import Booking, Ledger
-from services.conductor.index import PrefixIndex
-from services.conductor.outputs import OutputLengths
-from services.conductor.policies import POLICIES, Choice, Inputs, Rejection
-from services.conductor.state import ClusterState
+from shared.conductor import admission
+from shared.conductor.config import SchedulingConfig
+from shared.conductor.forecast import Booking, Ledger
+from shared.conductor.index import PrefixIndex
+from shared.conductor.outputs import OutputLengths
+from shared.conductor.policies import POLICIES, Choice, Inputs, Rejection
+from shared.conductor.state import ClusterState
 from shared.costmodel import CostModel
 from shared.messages import Heartbeat, KVEvent, Placement, PlacementRequest, RequestDone
 

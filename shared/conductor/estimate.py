@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # snapshot.py imports this module (through views.py)
-    from services.conductor.snapshot import WorkerLoad
-    from services.conductor.views import DecodeView
+    from shared.conductor.snapshot import WorkerLoad
+    from shared.conductor.views import DecodeView
     from shared.costmodel import CostModel
 
 

@@ -9,14 +9,14 @@ import random
 
 import numpy as np
 
-from services.conductor import estimate
-from services.conductor.index import _leading_run
-from services.conductor.policies import Choice, Inputs, cache_aware, kvcentric
-from services.conductor.snapshot import ClusterSnapshot, Pending, PrefixMatch, WorkerLoad
-from services.conductor.state import ClusterState
-from services.conductor.views import LoadViews
+from shared.conductor import estimate
+from shared.conductor.index import _leading_run
+from shared.conductor.policies import Choice, Inputs, cache_aware, kvcentric
+from shared.conductor.snapshot import ClusterSnapshot, Pending, PrefixMatch, WorkerLoad
+from shared.conductor.state import ClusterState
+from shared.conductor.views import LoadViews
 from shared.costmodel import roofline
-from tests.services.conductor.builders import COST, beat, inputs, request
+from tests.shared.conductor.builders import COST, beat, inputs, request
 
 ROOFLINE = roofline("llama3-70b", "a800")
 

@@ -18,10 +18,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from services.conductor import estimate
-from services.conductor.config import SchedulingConfig
-from services.conductor.snapshot import ClusterSnapshot, PrefixMatch, WorkerLoad
-from services.conductor.views import PrefillView
+from shared.conductor import estimate
+from shared.conductor.config import SchedulingConfig
+from shared.conductor.snapshot import ClusterSnapshot, PrefixMatch, WorkerLoad
+from shared.conductor.views import PrefillView
 from shared.costmodel import CostModel
 from shared.messages import PlacementRequest
 

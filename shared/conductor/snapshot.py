@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from services.conductor.views import DecodeView, LoadViews, PrefillView
+from shared.conductor.views import DecodeView, LoadViews, PrefillView
 from shared.messages import Heartbeat
 
 POOL = "kvstore"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.conductor.policies import (
+from shared.conductor.policies import (
     POLICIES,
     Choice,
     Rejection,
@@ -15,8 +15,8 @@ from services.conductor.policies import (
     random,
     round_robin,
 )
-from services.conductor.snapshot import Pending, PrefixMatch
-from tests.services.conductor.builders import (
+from shared.conductor.snapshot import Pending, PrefixMatch
+from tests.shared.conductor.builders import (
     OVERHEAD,
     decode_worker,
     inputs,
