@@ -370,8 +370,8 @@ def add_scheduling(p: argparse.ArgumentParser) -> None:
 
 
 def run_conductor(args: argparse.Namespace) -> int:
-    from shared.conductor.config import SchedulingConfig
     from services.conductor.service import ConductorConfig, ConductorService
+    from shared.conductor.config import SchedulingConfig
 
     scheduling = SchedulingConfig(
         args.policy,

@@ -8,10 +8,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from shared.conductor.config import SchedulingConfig
-from shared.conductor.core import Conductor
 from shared import subjects
 from shared.bus import Bus
+from shared.conductor.config import SchedulingConfig
+from shared.conductor.core import Conductor
 from shared.costmodel import CostModel
 from shared.heartbeats import subscribe_heartbeats
 from shared.messages import (
