@@ -20,13 +20,14 @@ import numpy as np
 
 from shared.conductor import estimate
 from shared.conductor.config import SchedulingConfig
-from shared.conductor.snapshot import ClusterSnapshot, PrefixMatch, WorkerLoad
+from shared.conductor.loads import WorkerLoad
+from shared.conductor.snapshot import ClusterSnapshot, PrefixMatch
 from shared.conductor.views import PrefillView
 from shared.costmodel import CostModel
 from shared.messages import PlacementRequest
 
 
-class Choice(NamedTuple):  # NOTE: built twice a decision: see snapshot.py's NOTE
+class Choice(NamedTuple):  # NOTE: built twice a decision: see loads.py's NOTE
     prefill_id: str
     decode_id: str
     ttft: float  # predicted seconds to the first token
@@ -303,7 +304,7 @@ def _least_tbt(inputs: Inputs, rows: np.ndarray) -> WorkerLoad:
     if n + 1 > view.least_free_tokens():  # some have no room now
         roomy = rows[view.free_tokens[rows] >= n + 1]
         rows = roomy if len(roomy) else rows
-    times = estimate.decode_tbts(view, rows, n, inputs.cost)
+    times = view.tbts(rows, n, inputs.cost)
     return view.by_row[rows[times.argmin()]]
 
 

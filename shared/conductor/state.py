@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from shared.conductor.snapshot import NO_PENDING, ClusterSnapshot, Pending, WorkerLoad
+from shared.conductor.loads import NO_PENDING, Pending, WorkerLoad
+from shared.conductor.snapshot import ClusterSnapshot
 from shared.conductor.views import LoadViews
 from shared.messages import Heartbeat
 

@@ -15,15 +15,12 @@ import bisect
 import operator
 from collections.abc import Iterable
 from itertools import compress
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shared.conductor import estimate
-
-if TYPE_CHECKING:
-    from shared.conductor.snapshot import WorkerLoad
-    from shared.costmodel import CostModel
+from shared.conductor.loads import WorkerLoad
+from shared.costmodel import CostModel
 
 REBUILD_SHARE = 4  # more than 1/4 of the workers changed: recompute all, not row by row
 
@@ -173,6 +170,21 @@ class DecodeView(SyncedView):
         self.free_tokens = np.zeros(0, dtype=np.int64)
         self.total_tokens = np.zeros(0, dtype=np.int64)
         self._least: dict[str, int] = {}  # column -> its least value, where known
+
+    def tbts(self, rows: np.ndarray, num_prompt_tokens: int, cost: CostModel) -> np.ndarray:
+        """estimate.decode_tbt of the workers at `rows`, in one vectorized call where the
+        cost model has one (a conductor weighs every decode worker on every placement)."""
+        vectorized = getattr(cost, "decode_step_times", None)
+        if vectorized is None:
+            return np.array(
+                [
+                    estimate.decode_tbt(self.by_row[i], num_prompt_tokens, cost)
+                    for i in rows.tolist()
+                ]
+            )
+        if rows is self.rows:  # all of them: the columns as they are
+            return vectorized(self.batch, self.context + num_prompt_tokens)
+        return vectorized(self.batch[rows], self.context[rows] + num_prompt_tokens)
 
     def least_free_tokens(self) -> int:
         return self._least_of("free_tokens")

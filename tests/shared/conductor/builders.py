@@ -11,15 +11,9 @@ from __future__ import annotations
 
 from shared.conductor.config import SchedulingConfig
 from shared.conductor.core import Conductor
+from shared.conductor.loads import NO_PENDING, Pending, WorkerLoad
 from shared.conductor.policies import Inputs
-from shared.conductor.snapshot import (
-    NO_MATCH,
-    NO_PENDING,
-    ClusterSnapshot,
-    Pending,
-    PrefixMatch,
-    WorkerLoad,
-)
+from shared.conductor.snapshot import NO_MATCH, ClusterSnapshot, PrefixMatch
 from shared.costmodel import FittedCostModel
 from shared.messages import Heartbeat, PlacementRequest
 

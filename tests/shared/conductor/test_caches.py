@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import random
 
-from shared.conductor.snapshot import NO_PENDING, ClusterSnapshot, PrefixMatch, WorkerLoad
+from shared.conductor.loads import NO_PENDING, WorkerLoad
+from shared.conductor.snapshot import ClusterSnapshot, PrefixMatch
 from shared.conductor.state import ClusterState
 from shared.costmodel import roofline
 from tests.shared.conductor.builders import COST, beat, prefill_worker

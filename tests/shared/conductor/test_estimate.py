@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.conductor import estimate
-from shared.conductor.snapshot import Pending
+from shared.conductor.loads import Pending
 from tests.shared.conductor.builders import (
     COST,
     decode_worker,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared.conductor.loads import Pending
 from shared.conductor.policies import (
     POLICIES,
     Choice,
@@ -15,7 +16,7 @@ from shared.conductor.policies import (
     random,
     round_robin,
 )
-from shared.conductor.snapshot import Pending, PrefixMatch
+from shared.conductor.snapshot import PrefixMatch
 from tests.shared.conductor.builders import (
     OVERHEAD,
     decode_worker,

@@ -11,8 +11,9 @@ import numpy as np
 
 from shared.conductor import estimate
 from shared.conductor.index import _leading_run
+from shared.conductor.loads import Pending, WorkerLoad
 from shared.conductor.policies import Choice, Inputs, cache_aware, kvcentric
-from shared.conductor.snapshot import ClusterSnapshot, Pending, PrefixMatch, WorkerLoad
+from shared.conductor.snapshot import ClusterSnapshot, PrefixMatch
 from shared.conductor.state import ClusterState
 from shared.conductor.views import LoadViews
 from shared.costmodel import roofline

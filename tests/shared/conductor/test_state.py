@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.conductor.snapshot import Pending
+from shared.conductor.loads import Pending
 from shared.conductor.state import ClusterState
 from tests.shared.conductor.builders import beat, conductor, prefill_s, request
 
