@@ -4,11 +4,20 @@ loads are in loads.py; what policies derive from them, in views.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from shared.conductor.loads import WorkerLoad
 from shared.conductor.views import DecodeView, LoadViews, PrefillView
 
 POOL = "kvstore"
+
+
+class Remote(NamedTuple):
+    """Where a prefix could be loaded from (a peer prefill worker, or the pool: POOL), and
+    how many leading blocks of the prompt it holds ("", 0: nowhere)."""
+
+    source: str
+    blocks: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,36 +47,31 @@ class PrefixMatch:
                 if blocks > 0:
                     holders.setdefault(blocks, []).append(worker)
             object.__setattr__(self, "_holders", holders)
+            return holders
         return self._holders
 
-    def best_peer(self, exclude: str) -> tuple[str, int]:
+    def best_peer(self, exclude: str) -> Remote:
         """The other prefill worker with the longest match (ties: lowest id)."""
-        for blocks, worker in self._ranked():
+        for neg_blocks, worker in self._ranked():
             if worker != exclude:
-                return worker, -blocks
-        return "", 0
+                return Remote(worker, -neg_blocks)
+        return Remote("", 0)
 
-    def best_remote(self, worker_id: str) -> tuple[str, int]:
+    def best_remote(self, worker_id: str) -> Remote:
         """Where `worker_id` could load the longest prefix from: a peer when it holds more
-        than the kvstore pool, else the pool ("kvstore")."""
+        than the kvstore pool, else the pool ("kvstore"). `worker_id` "": from anywhere."""
         return self._or_pool(*self.best_peer(worker_id))
-
-    def best_remotes(self) -> tuple[str, tuple[str, int], tuple[str, int]]:
-        """(the leader: the worker with the longest match, its best_remote, every other
-        worker's best_remote): only the leader's differs, so a decision asks twice, not
-        per worker."""
-        top = self._ranked()
-        leader, blocks = (top[0][1], -top[0][0]) if top else ("", 0)
-        return leader, self.best_remote(leader), self._or_pool(leader, blocks)
 
     def _ranked(self) -> tuple[tuple[int, str], ...]:
         """The two longest matches as (-blocks, worker), ties by lowest id."""
         if self._top is None:
-            object.__setattr__(self, "_top", _two_longest(self.holders()))
+            top = _two_longest(self.holders())
+            object.__setattr__(self, "_top", top)
+            return top
         return self._top
 
-    def _or_pool(self, peer: str, blocks: int) -> tuple[str, int]:
-        return (peer, blocks) if blocks > self.pool_blocks else (POOL, self.pool_blocks)
+    def _or_pool(self, peer: str, blocks: int) -> Remote:
+        return Remote(peer, blocks) if blocks > self.pool_blocks else Remote(POOL, self.pool_blocks)
 
 
 def _two_longest(holders: dict[int, list[str]]) -> tuple[tuple[int, str], ...]:

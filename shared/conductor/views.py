@@ -112,6 +112,12 @@ class PrefillView(SyncedView):
         # until its next beat (an assignment changes only what is pending)
         self._reported: dict[str, tuple[tuple[int, int], float]] = {}
 
+    def block_sizes(self) -> list[int]:
+        """The workers' block sizes, each once, smallest first."""
+        if self.block_size is not None:
+            return [self.block_size]
+        return sorted({w.block_size for w in self.loads})
+
     def queue_seconds(self, cost: CostModel) -> dict[str, float]:
         self._rank(cost)
         return self._queue
