@@ -69,6 +69,7 @@ class ConductorService(Service):
         bus.on_reconnect.append(self._resync)
 
     async def _resync(self) -> None:
+        assert self.bus is not None, "start() runs on a connected bus"
         await self.bus.publish(subjects.kv_resync(), KVResync(self.worker_id))
 
     async def _on_heartbeat(self, hb: Heartbeat) -> None:

@@ -13,7 +13,6 @@ exactly as the statement does.
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 import random as _random
 import zlib
@@ -92,22 +91,11 @@ class Own(NamedTuple):
     seconds: float  # of fetch and prefill
 
 
-class Shape(NamedTuple):
-    """What a worker's way depends on: workers of one shape take the same way."""
-
-    block_size: int
-    local_blocks: int
-
-
-class Fastest(NamedTuple):
-    """The least predicted TTFT among some workers, and whose (ties: the lowest id)."""
+class Best(NamedTuple):
+    """The least (TTFT, id) so far, and how that worker gets the prompt's prefix."""
 
     ttft: float
     worker_id: str
-
-
-class Best(NamedTuple):
-    fastest: Fastest
     way: Way
     own: Own
 
@@ -204,10 +192,10 @@ def _place(
 
 def _fastest(inputs: Inputs, route: Route) -> Choice:
     """The plan with the least (TTFT, id), each worker on its route: Algorithm 1's loop
-    (kvcentric.py), fast. A route depends on a worker only through its shape (block size,
-    local match), so the own time (fetch and prefill) of a shape is predicted once and its
-    workers' TTFTs are compared in C. The workers that hold nothing share a shape per
-    block size: the shortest queue of those wins (_coldest).
+    (kvcentric.py), fast. A route depends on a worker only through its block size and
+    local match, so the own time (fetch and prefill) of each pair is predicted once and the
+    TTFTs of its workers are compared in C. The workers that hold nothing share a route
+    per block size: the shortest queue of those wins (_coldest).
 
     Every worker's best remote source is taken to be the longest match anywhere. For the
     worker that holds it, Algorithm 1 looks at the others' instead, but those are no
@@ -216,83 +204,77 @@ def _fastest(inputs: Inputs, route: Route) -> Choice:
     queue = view.queue_seconds(inputs.cost)
     overhead = getattr(inputs.cost, "request_overhead", 0.0)
     remote = inputs.prefix.best_remote("")
-    prefills: dict[int, float] = {}
-
-    def weigh(shape: Shape) -> tuple[Way, Own]:
-        way = route(inputs, shape.local_blocks, remote)
-        own = _own(inputs, shape.block_size, shape.local_blocks, way.source_blocks, prefills)
-        return way, own
-
+    prefills: dict[int, float] = {}  # the request's prefill seconds by prefix tokens
     best: Best | None = None
-    for shape, workers in _holders(inputs, view).items():
-        way, own = weigh(shape)
-        fastest = _least_ttft(workers, queue, overhead, own.seconds)
-        if best is None or fastest < best.fastest:
-            best = Best(fastest, way, own)
-    for shape, ranked in _cold(inputs, view):
-        way, own = weigh(shape)
-        fastest = _coldest(ranked, queue, overhead, own.seconds)
-        if best is None or fastest < best.fastest:
-            best = Best(fastest, way, own)
+    for (block_size, local_blocks), workers in _holders(inputs, view).items():
+        way = route(inputs, local_blocks, remote)
+        own = _own(inputs, block_size, local_blocks, way.source_blocks, prefills)
+        ttft, worker_id = _least_ttft(workers, queue, overhead, own.seconds)
+        if best is None or (ttft, worker_id) < (best.ttft, best.worker_id):
+            best = Best(ttft, worker_id, way, own)
+    for block_size in view.block_sizes():
+        cold = _cold(inputs, view, block_size)
+        first = next(cold, None)
+        if first is None:
+            continue
+        way = route(inputs, 0, remote)
+        own = _own(inputs, block_size, 0, way.source_blocks, prefills)
+        ttft, worker_id = _coldest(first, cold, queue, overhead, own.seconds)
+        if best is None or (ttft, worker_id) < (best.ttft, best.worker_id):
+            best = Best(ttft, worker_id, way, own)
     assert best is not None, "_place calls with a prefill candidate"
-    worker_id = best.fastest.worker_id
-    return _plan(inputs, view.by_id[worker_id], queue[worker_id], best.way, best.own)
+    worker = view.by_id[best.worker_id]
+    return _plan(inputs, worker, queue[best.worker_id], best.way, best.own)
 
 
 def _least_ttft(
     workers: list[str], queue: dict[str, float], overhead: float, own_seconds: float
-) -> Fastest:
-    """The least (TTFT, id) among `workers` of one shape, TTFT summed as _plan sums it
-    ((overhead + queue seconds) + own seconds), in C (map, zip, min): up to all prefill
-    workers share a shape."""
+) -> tuple[float, str]:
+    """The least (TTFT, id) among `workers` of one route, the TTFT summed as _plan sums
+    it ((overhead + queue seconds) + own seconds), in C (map, zip, min): up to all
+    prefill workers share a route."""
     waits = map(functools.partial(operator.add, overhead), map(queue.__getitem__, workers))
     ttfts = map(functools.partial(operator.add, own_seconds), waits)
-    return Fastest._make(min(zip(ttfts, workers)))
+    return min(zip(ttfts, workers))
 
 
 def _coldest(
-    ranked: Iterator[str], queue: dict[str, float], overhead: float, own_seconds: float
-) -> Fastest:
-    """_least_ttft of the workers of one shape, given in order of (queue seconds, id): the
-    TTFT never decreases along them, so the first's is the least, and a later worker ties
-    only while its TTFT rounds to the same (then the lowest id wins)."""
-    first = next(ranked)
+    first: str, ranked: Iterator[str], queue: dict[str, float], overhead: float, own_seconds: float
+) -> tuple[float, str]:
+    """_least_ttft of `first` and `ranked`, workers of one route in order of (queue seconds,
+    id): the TTFT never decreases along them, so the first's is the least, and a later
+    worker ties only while its TTFT rounds to the same (then the lowest id wins)."""
     ttft, least = (overhead + queue[first]) + own_seconds, first
     for worker_id in ranked:
         if (overhead + queue[worker_id]) + own_seconds != ttft:
             break
         least = min(least, worker_id)
-    return Fastest(ttft, least)
+    return ttft, least
 
 
-def _holders(inputs: Inputs, view: PrefillView) -> dict[Shape, list[str]]:
-    """The candidates that hold some of the prompt, by shape."""
-    exclude, shapes = inputs.request.exclude, {}
+def _holders(inputs: Inputs, view: PrefillView) -> dict[tuple[int, int], list[str]]:
+    """The candidates that hold some of the prompt, by (block size, local blocks)."""
+    exclude, routes = inputs.request.exclude, {}
     for local_blocks, workers in inputs.prefix.holders().items():
         if exclude or not all(map(view.by_id.__contains__, workers)):
             workers = [w for w in workers if w in view.by_id and w not in exclude]
         for block_size, alike in _by_block_size(workers, view):
-            shapes[Shape(block_size, local_blocks)] = alike
-    return shapes
+            routes[(block_size, local_blocks)] = alike
+    return routes
 
 
-def _cold(inputs: Inputs, view: PrefillView) -> Iterator[tuple[Shape, Iterator[str]]]:
-    """Per block size, the candidates that hold none of the prompt, in order of (queue
-    seconds, id), lazily (mostly one or two are looked at); block sizes without one are
-    left out."""
+def _cold(inputs: Inputs, view: PrefillView, block_size: int) -> Iterator[str]:
+    """The candidates of `block_size` that hold none of the prompt, in order of (queue
+    seconds, id), lazily (mostly one or two are looked at)."""
     local, exclude = inputs.prefix.by_worker, inputs.request.exclude
-    ranking, same_size = view.ranking(inputs.cost), view.block_size is not None
-    for block_size in view.block_sizes():
-        ranked = (
-            w
-            for _, w in ranking
-            if not local.get(w)
-            and w not in exclude
-            and (same_size or view.by_id[w].block_size == block_size)
-        )
-        first = next(ranked, None)
-        if first is not None:
-            yield Shape(block_size, 0), itertools.chain((first,), ranked)
+    same_size = view.block_size is not None
+    return (
+        w
+        for _, w in view.ranking(inputs.cost)
+        if not local.get(w)
+        and w not in exclude
+        and (same_size or view.by_id[w].block_size == block_size)
+    )
 
 
 def _by_block_size(workers: list[str], view: PrefillView) -> list[tuple[int, list[str]]]:

@@ -130,7 +130,7 @@ class PrefillView(SyncedView):
         if cost is self._cost:
             return
         self._cost, self._reported = cost, {}
-        self._queue = {w.worker_id: self._queue_time(w) for w in self.loads}
+        self._queue = {w.worker_id: self._queue_time(w, cost) for w in self.loads}
         self._ranking = sorted((s, w) for w, s in self._queue.items())
 
     def rebuild(self) -> None:
@@ -147,16 +147,16 @@ class PrefillView(SyncedView):
         if self._cost is None:
             return
         del self._ranking[bisect.bisect_left(self._ranking, (self._queue[worker_id], worker_id))]
-        seconds = self._queue[worker_id] = self._queue_time(load)
+        seconds = self._queue[worker_id] = self._queue_time(load, self._cost)
         bisect.insort(self._ranking, (seconds, worker_id))
 
-    def _queue_time(self, load: WorkerLoad) -> float:
+    def _queue_time(self, load: WorkerLoad, cost: CostModel) -> float:
         """estimate.prefill_queue_time, its reported part remembered."""
         waiting, known = load.reported_waiting, self._reported.get(load.worker_id)
         if known is None or known[0] != waiting:
             known = self._reported[load.worker_id] = (
                 waiting,
-                estimate.reported_queue_time(*waiting, self._cost),
+                estimate.reported_queue_time(*waiting, cost),
             )
         return known[1] + load.pending.seconds
 
