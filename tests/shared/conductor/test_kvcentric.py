@@ -17,11 +17,11 @@ from shared.conductor.loads import Pending, WorkerLoad
 from shared.conductor.outputs import OutputLengths
 from shared.conductor.policies import Choice, Inputs
 from shared.conductor.snapshot import ClusterSnapshot, PrefixMatch
-from shared.costmodel import roofline
+from shared.costmodel import CostModel, roofline
 from tests.shared.conductor.builders import COST, request
 
 EXAMPLES = settings(max_examples=600, deadline=None, database=None)
-COSTS = (COST, roofline("llama3-70b", "a800"))
+COSTS: tuple[CostModel, ...] = (COST, roofline("llama3-70b", "a800"))
 
 
 @st.composite
