@@ -1,6 +1,6 @@
 """`python -m bench conductor`: placement decisions per second and decision latency.
 
-One Conductor (services/conductor/core.py, no I/O) with N prefill and N decode workers
+One Conductor (shared/conductor/core.py, no I/O) with N prefill and N decode workers
 that heartbeat once a simulated second (spread over it, as live workers are), and a prefix
 index of M blocks fed by KV events: shared prefixes (system prompts, documents) cached on
 several prefill workers and in the kvstore pool, plus distinct conversations, each on the
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import orjson
 import xxhash
 
-from services.conductor.config import POLICY_NAMES, SchedulingConfig
-from services.conductor.core import Conductor
-from services.conductor.index import PrefixIndex
-from services.conductor.snapshot import PrefixMatch
+from shared.conductor.config import POLICY_NAMES, SchedulingConfig
+from shared.conductor.core import Conductor
+from shared.conductor.index import PrefixIndex
+from shared.conductor.snapshot import PrefixMatch
 from shared.costmodel import roofline
 from shared.messages import Heartbeat, KVEvent, PlacementRequest
 

@@ -18,7 +18,7 @@ from loadgen.sim.config import (
     node_kv_tokens,
 )
 from loadgen.trace import load_trace
-from services.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
+from shared.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
 from shared.costmodel import ROOFLINE_PREFIX, CostModel, from_spec, roofline
 from shared.errors import KvstackError
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from loadgen.trace import TRACE_BLOCK_SIZE
-from services.conductor.config import SchedulingConfig
+from shared.conductor.config import SchedulingConfig
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from loadgen.sim.cache import BlockCache, BlockPool
 from loadgen.sim.job import Job, PrefixPlan
 from loadgen.trace import TRACE_BLOCK_SIZE
-from services.conductor import estimate
+from shared.conductor import estimate
 from shared.costmodel import CostModel
 from shared.messages import Heartbeat
 

@@ -1,7 +1,7 @@
 """The event loop: trace arrivals, the conductor's placements, prefills, KV landing on
 decode nodes, heartbeats, KV events and load samples, in virtual time.
 
-Every request goes through `Conductor.place` (services/conductor/core.py), the same code
+Every request goes through `Conductor.place` (shared/conductor/core.py), the same code
 the live conductor runs, which hears of the cluster only through heartbeats (sampled every
 heartbeat interval, phases spread over it as live workers' are), KV events (every cache's
 changes, flushed every event interval) and RequestDone of finished requests; between
@@ -31,7 +31,7 @@ from loadgen.sim.prefill import (
 )
 from loadgen.sim.series import Counts, LoadSeries
 from loadgen.trace import TraceRow
-from services.conductor.core import Conductor, Counters
+from shared.conductor.core import Conductor, Counters
 from shared.costmodel import CostModel
 from shared.messages import PlacementRequest, RequestDone
 

@@ -336,7 +336,7 @@ def backend_timeouts(args: argparse.Namespace) -> BackendTimeouts:
 
 
 def add_scheduling(p: argparse.ArgumentParser) -> None:
-    from services.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
+    from shared.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
 
     d = SchedulingConfig()
     p.add_argument("--policy", choices=POLICY_NAMES, default=d.policy)
@@ -370,8 +370,8 @@ def add_scheduling(p: argparse.ArgumentParser) -> None:
 
 
 def run_conductor(args: argparse.Namespace) -> int:
-    from services.conductor.config import SchedulingConfig
     from services.conductor.service import ConductorConfig, ConductorService
+    from shared.conductor.config import SchedulingConfig
 
     scheduling = SchedulingConfig(
         args.policy,

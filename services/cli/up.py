@@ -17,7 +17,7 @@ from services.attention_worker.shard import kv_head_range
 from services.cli.restarts import RestartPolicy
 from services.cli.serve import add_engine, add_reliability, backend_timeouts, engine_options
 from services.cli.stack import Stack, StackConfig, say
-from services.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
+from shared.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
 from shared.engine.config import DTYPE_CHOICES
 from shared.errors import KvstackError
 from shared.model.config import ModelConfig

@@ -1,5 +1,6 @@
 """The conductor service: feeds heartbeats, KV events and finished requests to the
-Conductor (core.py) and answers placement requests; metrics and stats over NATS."""
+Conductor (shared/conductor/core.py, no I/O) and answers placement requests; metrics and
+stats over NATS."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from services.conductor.config import SchedulingConfig
-from services.conductor.core import Conductor
 from shared import subjects
 from shared.bus import Bus
+from shared.conductor.config import SchedulingConfig
+from shared.conductor.core import Conductor
 from shared.costmodel import CostModel
 from shared.heartbeats import subscribe_heartbeats
 from shared.messages import (
@@ -68,6 +69,7 @@ class ConductorService(Service):
         bus.on_reconnect.append(self._resync)
 
     async def _resync(self) -> None:
+        assert self.bus is not None, "start() runs on a connected bus"
         await self.bus.publish(subjects.kv_resync(), KVResync(self.worker_id))
 
     async def _on_heartbeat(self, hb: Heartbeat) -> None:

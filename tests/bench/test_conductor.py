@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from services.conductor.config import POLICY_NAMES
+from shared.conductor.config import POLICY_NAMES
 
 
 def test_json_report_has_every_row_with_positive_numbers() -> None:

@@ -17,7 +17,7 @@ import orjson
 from loadgen.sim.config import SimConfig
 from loadgen.sim.runner import SimRun, Simulation
 from loadgen.trace import TRACE_BLOCK_SIZE, TraceRow
-from services.conductor.config import SchedulingConfig
+from shared.conductor.config import SchedulingConfig
 from shared.costmodel import FittedCostModel
 
 COST = FittedCostModel(

@@ -1,7 +1,7 @@
 import pytest
 
 from loadgen.sim.config import EVENT_INTERVAL, HEARTBEAT_INTERVAL, SimConfig, node_kv_tokens
-from services.conductor.config import SchedulingConfig
+from shared.conductor.config import SchedulingConfig
 from shared.costmodel import MODELS
 from shared.errors import KvstackError
 

@@ -9,7 +9,7 @@ import pytest
 
 from loadgen.sim import runner
 from loadgen.sim.report import record_of
-from services.conductor.core import Conductor
+from shared.conductor.core import Conductor
 from tests.loadgen.sim.builders import COST, config, conversations, row, simulate
 
 BLOCK = 512

@@ -16,7 +16,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from services.conductor.snapshot import WorkerLoad
+from shared.conductor.loads import WorkerLoad
 from shared.costmodel import CostModel
 
 

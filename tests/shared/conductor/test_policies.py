@@ -3,9 +3,12 @@ checked against numbers computed by hand from the builders' cost model."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from services.conductor.policies import (
+from shared.conductor.loads import Pending
+from shared.conductor.policies import (
     POLICIES,
     Choice,
     Rejection,
@@ -15,8 +18,8 @@ from services.conductor.policies import (
     random,
     round_robin,
 )
-from services.conductor.snapshot import Pending, PrefixMatch
-from tests.services.conductor.builders import (
+from shared.conductor.snapshot import PrefixMatch
+from tests.shared.conductor.builders import (
     OVERHEAD,
     decode_worker,
     inputs,
@@ -58,9 +61,19 @@ def test_round_robin_cycles_through_prefill_workers_by_id() -> None:
         prefill_worker("p0", waiting=9, queued=9000),
         prefill_worker("p1"),
     ]
-    seq = [chosen(round_robin(inputs(busy_p0, DECODE2)))[0] for _ in range(6)]
-    start = ["p0", "p1", "p2"].index(seq[0])
-    assert seq == [["p0", "p1", "p2"][(start + i) % 3] for i in range(6)]
+    seq = [chosen(round_robin(inputs(busy_p0, DECODE2, turn=turn)))[0] for turn in range(6)]
+    assert seq == ["p0", "p1", "p2", "p0", "p1", "p2"]
+
+
+def test_round_robin_is_a_function_of_its_turn() -> None:
+    once, again = (round_robin(inputs(PREFILL3, DECODE2, turn=4)) for _ in range(2))
+    assert chosen(once) == chosen(again) == ("p1", "d1")
+
+
+def test_random_draws_from_the_seed_it_is_given() -> None:
+    same_request = [inputs(PREFILL3, DECODE2, request(request_id="req-7")) for _ in range(2)]
+    reseeded = [replace(i, seed=seed) for i in same_request for seed in range(20)]
+    assert len({chosen(random(i)) for i in reseeded}) > 1
 
 
 # load-balance

@@ -1,32 +1,37 @@
-"""Placement policies: pure functions of a cluster snapshot and a request.
+"""Placement policies: pure functions of a cluster snapshot, a request and a seed.
 
 The live conductor and the simulator call the same functions, so what a simulation
 shows is what the cluster does. Each returns a Choice (with the predicted TTFT and TBT
 that admission compares with the SLOs) or a Rejection when no worker can take the request.
+
+`kvcentric` and `cache-aware` are Mooncake's Algorithm 1, stated worker by worker in
+kvcentric.py. Here they run fast (workers that would take the same route are weighed
+together, in C), and tests/shared/conductor/test_kvcentric.py checks that they decide
+exactly as the statement does.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 import random as _random
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from services.conductor import estimate
-from services.conductor.config import SchedulingConfig
-from services.conductor.snapshot import ClusterSnapshot, PrefixMatch, WorkerLoad
-from services.conductor.views import PrefillView
+from shared.conductor import estimate
+from shared.conductor.config import SchedulingConfig
+from shared.conductor.loads import WorkerLoad
+from shared.conductor.snapshot import ClusterSnapshot, PrefixMatch, Remote
+from shared.conductor.views import PrefillView
 from shared.costmodel import CostModel
 from shared.messages import PlacementRequest
 
 
-class Choice(NamedTuple):  # NOTE: built twice a decision: see snapshot.py's NOTE
+class Choice(NamedTuple):  # NOTE: built twice a decision: see loads.py's NOTE
     prefill_id: str
     decode_id: str
     ttft: float  # predicted seconds to the first token
@@ -47,25 +52,60 @@ class Rejection:
 
 @dataclass(frozen=True, slots=True)
 class Inputs:
-    """Everything a policy reads: the cluster, the request and how to predict times."""
+    """Everything a policy reads: the cluster, the request, how to predict times, and the
+    two numbers that make a policy repeatable without state of its own."""
 
     snapshot: ClusterSnapshot
     request: PlacementRequest
     prefix: PrefixMatch
     config: SchedulingConfig
     cost: CostModel
+    turn: int = 0  # placements the conductor's policy made before this one: round-robin's
+    seed: int = 0  # random's randomness; the conductor passes request_seed(request)
+
+
+def request_seed(request: PlacementRequest) -> int:
+    """A decision's seed, from the request id: the same request is placed alike (a second
+    simulation of a trace, a replay)."""
+    return zlib.crc32(request.request_id.encode())
 
 
 Policy = Callable[[Inputs], "Choice | Rejection"]
-Way = tuple[int, str, int, bool]  # local blocks, source, source blocks, load_prefix
-Remote = tuple[str, int]  # where a prefix could be loaded from, and its blocks
+
+
+class Way(NamedTuple):
+    """How a prefill worker gets the prompt's prefix: the blocks it holds, plus up to
+    `source_blocks` loaded from `source` ("": nothing remote)."""
+
+    local_blocks: int
+    source: str
+    source_blocks: int
+    load_prefix: bool  # False: it recomputes what it does not hold
+
+
+class Own(NamedTuple):
+    """What a way costs the request itself on a worker, its queue aside."""
+
+    fetch_blocks: int
+    prefix_tokens: int
+    seconds: float  # of fetch and prefill
+
+
+class Best(NamedTuple):
+    """The least (TTFT, id) so far, and how that worker gets the prompt's prefix."""
+
+    ttft: float
+    worker_id: str
+    way: Way
+    own: Own
+
+
 Route = Callable[[Inputs, int, Remote], Way]
-Own = tuple[int, int, float]  # blocks fetched, prefix tokens, seconds (see _own)
 
 
 def random(inputs: Inputs) -> Choice | Rejection:
-    """Any prefill and any fitting decode worker, seeded by the request id (repeatable)."""
-    rng = _random.Random(zlib.crc32(inputs.request.request_id.encode()))
+    """Any prefill and any fitting decode worker, drawn with the decision's seed."""
+    rng = _random.Random(inputs.seed)
     return _place(
         inputs,
         lambda ws: _plan_default(inputs, rng.choice(ws)),
@@ -73,15 +113,12 @@ def random(inputs: Inputs) -> Choice | Rejection:
     )
 
 
-_turns = itertools.count()
-
-
 def round_robin(inputs: Inputs) -> Choice | Rejection:
     """Prefill workers in turn (by id), whatever their load or cache."""
     return _place(
         inputs,
         lambda ws: _plan_default(
-            inputs, sorted(ws, key=lambda w: w.worker_id)[next(_turns) % len(ws)]
+            inputs, sorted(ws, key=lambda w: w.worker_id)[inputs.turn % len(ws)]
         ),
         lambda rows: _most_free(_decode_loads(inputs, rows)),
     )
@@ -99,17 +136,18 @@ def load_balance(inputs: Inputs) -> Choice | Rejection:
 
 
 def cache_aware(inputs: Inputs) -> Choice | Rejection:
-    """Least predicted TTFT counting only each worker's own cached prefix (it recomputes
-    the rest); the decode worker with the least predicted TBT."""
+    """kvcentric.cache_aware, fast: least predicted TTFT counting only each worker's own
+    cached prefix (it recomputes the rest); the decode worker with the least TBT."""
     return _place(
         inputs, lambda _: _fastest(inputs, _route_local), lambda rows: _least_tbt(inputs, rows)
     )
 
 
 def kvcentric(inputs: Inputs) -> Choice | Rejection:
-    """Mooncake's Algorithm 1: per prefill worker, TTFT = transfer of the best remote prefix
-    when it is `balancing_threshold` times the local one (else the local prefix alone) +
-    queue + prefill; the least wins. The decode worker with the least predicted TBT."""
+    """kvcentric.kvcentric (Mooncake's Algorithm 1), fast: per prefill worker, TTFT =
+    transfer of the best remote prefix when it is `balancing_threshold` times the local
+    one (else the local prefix alone) + queue + prefill; the least wins. The decode worker
+    with the least predicted TBT."""
     return _place(
         inputs, lambda _: _fastest(inputs, _route_kvcentric), lambda rows: _least_tbt(inputs, rows)
     )
@@ -138,73 +176,105 @@ def _place(
         return Rejection(f"no {missing} worker available", inputs.config.retry_after)
     choice, chosen = choose_prefill(prefill), choose_decode(decode)
     tbt = estimate.decode_tbt(chosen, request.num_prompt_tokens, inputs.cost)
-    c = choice  # NOTE: built directly; _replace costs more
-    return Choice(
-        c.prefill_id,
+    return Choice(  # NOTE: built directly; _replace costs more
+        choice.prefill_id,
         chosen.worker_id,
-        c.ttft,
+        choice.ttft,
         tbt,
-        c.prefix_tokens,
-        c.fetch_from,
-        c.fetch_blocks,
-        c.source_blocks,
-        c.load_prefix,
-        c.busy_seconds,
+        choice.prefix_tokens,
+        choice.fetch_from,
+        choice.fetch_blocks,
+        choice.source_blocks,
+        choice.load_prefix,
+        choice.busy_seconds,
     )
 
 
 def _fastest(inputs: Inputs, route: Route) -> Choice:
-    """The plan with the least (TTFT, id), each worker on its route. A route depends on a
-    worker only through its local match and its best remote source, the same for every
-    worker but the leader (the longest match): workers of one shape (_shapes) share a
-    route, whose own time (fetch and prefill) is predicted once. All workers that hold
-    nothing share one, so among them only the shortest queue can win."""
+    """The plan with the least (TTFT, id), each worker on its route: Algorithm 1's loop
+    (kvcentric.py), fast. A route depends on a worker only through its block size and
+    local match, so the own time (fetch and prefill) of each pair is predicted once and the
+    TTFTs of its workers are compared in C. The workers that hold nothing share a route
+    per block size: the shortest queue of those wins (_coldest).
+
+    Every worker's best remote source is taken to be the longest match anywhere. For the
+    worker that holds it, Algorithm 1 looks at the others' instead, but those are no
+    longer than its own, so it fetches nothing either way (as it would from itself)."""
     view = inputs.snapshot.prefill_view()
     queue = view.queue_seconds(inputs.cost)
-    leader, leader_remote, remote = inputs.prefix.best_remotes()
-    best_key, best, prefills = None, None, {}
-    for (block_size, local_blocks, leads), workers in _shapes(inputs, view, leader).items():
-        way = route(inputs, local_blocks, leader_remote if leads else remote)
-        own = _own(inputs, block_size, local_blocks, way[2], prefills)
-        key = _least_ttft(workers, queue, own[2])
-        if best is None or key < best_key:
-            best_key, best = key, (way, own)
-    worker_id = best_key[1]
-    return _plan(inputs, view.by_id[worker_id], queue[worker_id], *best)
+    overhead = getattr(inputs.cost, "request_overhead", 0.0)
+    remote = inputs.prefix.best_remote("")
+    prefills: dict[int, float] = {}  # the request's prefill seconds by prefix tokens
+    best: Best | None = None
+    for (block_size, local_blocks), workers in _holders(inputs, view).items():
+        way = route(inputs, local_blocks, remote)
+        own = _own(inputs, block_size, local_blocks, way.source_blocks, prefills)
+        ttft, worker_id = _least_ttft(workers, queue, overhead, own.seconds)
+        if best is None or (ttft, worker_id) < (best.ttft, best.worker_id):
+            best = Best(ttft, worker_id, way, own)
+    for block_size in view.block_sizes():
+        cold = _cold(inputs, view, block_size)
+        first = next(cold, None)
+        if first is None:
+            continue
+        way = route(inputs, 0, remote)
+        own = _own(inputs, block_size, 0, way.source_blocks, prefills)
+        ttft, worker_id = _coldest(first, cold, queue, overhead, own.seconds)
+        if best is None or (ttft, worker_id) < (best.ttft, best.worker_id):
+            best = Best(ttft, worker_id, way, own)
+    assert best is not None, "_place calls with a prefill candidate"
+    worker = view.by_id[best.worker_id]
+    return _plan(inputs, worker, queue[best.worker_id], best.way, best.own)
 
 
 def _least_ttft(
-    workers: list[str], queue: dict[str, float], own_seconds: float
+    workers: list[str], queue: dict[str, float], overhead: float, own_seconds: float
 ) -> tuple[float, str]:
-    """The least (queue seconds + own_seconds, id) among `workers`, in C (map, zip, min):
-    up to all prefill workers share a shape. (own + queue is queue + own: IEEE addition
-    commutes.)"""
-    ttfts = map(functools.partial(operator.add, own_seconds), map(queue.__getitem__, workers))
+    """The least (TTFT, id) among `workers` of one route, the TTFT summed as _plan sums
+    it ((overhead + queue seconds) + own seconds), in C (map, zip, min): up to all
+    prefill workers share a route."""
+    waits = map(functools.partial(operator.add, overhead), map(queue.__getitem__, workers))
+    ttfts = map(functools.partial(operator.add, own_seconds), waits)
     return min(zip(ttfts, workers))
 
 
-def _shapes(
-    inputs: Inputs, view: PrefillView, leader: str
-) -> dict[tuple[int, int, bool], list[str]]:
-    """The candidates that hold some of the prompt, and the one with the least (queue
-    seconds, id) of those that hold none, by (block size, local blocks, leads)."""
-    exclude, shapes = inputs.request.exclude, {}
+def _coldest(
+    first: str, ranked: Iterator[str], queue: dict[str, float], overhead: float, own_seconds: float
+) -> tuple[float, str]:
+    """_least_ttft of `first` and `ranked`, workers of one route in order of (queue seconds,
+    id): the TTFT never decreases along them, so the first's is the least, and a later
+    worker ties only while its TTFT rounds to the same (then the lowest id wins)."""
+    ttft, least = (overhead + queue[first]) + own_seconds, first
+    for worker_id in ranked:
+        if (overhead + queue[worker_id]) + own_seconds != ttft:
+            break
+        least = min(least, worker_id)
+    return ttft, least
+
+
+def _holders(inputs: Inputs, view: PrefillView) -> dict[tuple[int, int], list[str]]:
+    """The candidates that hold some of the prompt, by (block size, local blocks)."""
+    exclude, routes = inputs.request.exclude, {}
     for local_blocks, workers in inputs.prefix.holders().items():
         if exclude or not all(map(view.by_id.__contains__, workers)):
             workers = [w for w in workers if w in view.by_id and w not in exclude]
-        if leader in workers:
-            workers = workers.copy()
-            workers.remove(leader)
-            shapes[(view.by_id[leader].block_size, local_blocks, True)] = [leader]
         for block_size, alike in _by_block_size(workers, view):
-            shapes[(block_size, local_blocks, False)] = alike
-    local = inputs.prefix.by_worker
-    coldest = next(
-        (w for _, w in view.ranking(inputs.cost) if not local.get(w) and w not in exclude), None
+            routes[(block_size, local_blocks)] = alike
+    return routes
+
+
+def _cold(inputs: Inputs, view: PrefillView, block_size: int) -> Iterator[str]:
+    """The candidates of `block_size` that hold none of the prompt, in order of (queue
+    seconds, id), lazily (mostly one or two are looked at)."""
+    local, exclude = inputs.prefix.by_worker, inputs.request.exclude
+    same_size = view.block_size is not None
+    return (
+        w
+        for _, w in view.ranking(inputs.cost)
+        if not local.get(w)
+        and w not in exclude
+        and (same_size or view.by_id[w].block_size == block_size)
     )
-    if coldest is not None:
-        shapes[(view.by_id[coldest].block_size, 0, False)] = [coldest]
-    return shapes
 
 
 def _by_block_size(workers: list[str], view: PrefillView) -> list[tuple[int, list[str]]]:
@@ -226,21 +296,22 @@ def _plan_default(inputs: Inputs, worker: WorkerLoad) -> Choice:
 
 def _route_default(inputs: Inputs, local: int, remote: Remote) -> Way:
     """What the worker does by itself: load whatever remote prefix is longer than its own."""
-    source, best = remote
-    return (local, source, best, True) if best > local else (local, "", 0, True)
+    if remote.blocks > local:
+        return Way(local, remote.source, remote.blocks, True)
+    return Way(local, "", 0, True)
 
 
 def _route_local(inputs: Inputs, local: int, remote: Remote) -> Way:
-    return local, "", 0, False
+    return Way(local, "", 0, False)
 
 
 def _route_kvcentric(inputs: Inputs, local: int, remote: Remote) -> Way:
-    source, best = remote
+    best = remote.blocks
     if best > local and (local == 0 or best / local > inputs.config.balancing_threshold):
-        return local, source, best, True
+        return Way(local, remote.source, best, True)
     # Recompute what a known remote prefix would add; with none known, the worker may still
     # find blocks the index has not heard of yet (events lag writes by a fraction of a second).
-    return local, "", 0, best <= local
+    return Way(local, "", 0, best <= local)
 
 
 def _plan(
@@ -249,22 +320,20 @@ def _plan(
     """The TTFT of running on `worker` (whose queue takes `queue_seconds`) its way: with
     its local prefix, plus the prefix from a source (up to its source blocks) when the way
     names one. `own`: _own of the way, when known."""
-    local_blocks, source, source_blocks, load_prefix = way
-    fetch_blocks, prefix_tokens, seconds = own or _own(
-        inputs, worker.block_size, local_blocks, source_blocks
-    )
+    if own is None:
+        own = _own(inputs, worker.block_size, way.local_blocks, way.source_blocks)
     wait = getattr(inputs.cost, "request_overhead", 0.0) + queue_seconds
     return Choice(
         worker.worker_id,
         "",
-        wait + seconds,
+        wait + own.seconds,
         0.0,
-        prefix_tokens,
-        source,
-        fetch_blocks,
-        source_blocks,
-        load_prefix,
-        seconds,
+        own.prefix_tokens,
+        way.source,
+        own.fetch_blocks,
+        way.source_blocks,
+        way.load_prefix,
+        own.seconds,
     )
 
 
@@ -275,21 +344,18 @@ def _own(
     source_blocks: int,
     prefills: dict[int, float] | None = None,
 ) -> Own:
-    """(blocks fetched, prefix tokens, seconds of fetch and prefill) of the request on a
-    worker holding `local_blocks`, loading up to `source_blocks` from elsewhere.
-    `prefills`: the request's prefill seconds by prefix tokens, kept from call to call (the
-    routes of one request mostly end with the same prefix, from wherever it comes)."""
+    """The request's own time on a worker holding `local_blocks`, loading up to
+    `source_blocks` from elsewhere. `prefills`: the request's prefill seconds by prefix
+    tokens, kept from call to call (the routes of one request mostly end with the same
+    prefix, from wherever it comes)."""
     cost, n = inputs.cost, inputs.request.num_prompt_tokens
     fetch_blocks = max(0, source_blocks - local_blocks)
     prefix_tokens = min(max(local_blocks, source_blocks) * block_size, n - 1)
     prefills = {} if prefills is None else prefills
     if prefix_tokens not in prefills:
         prefills[prefix_tokens] = estimate.prefill_time(cost, n, prefix_tokens)
-    return (
-        fetch_blocks,
-        prefix_tokens,
-        (estimate.transfer_time(cost, fetch_blocks, block_size) + prefills[prefix_tokens]),
-    )
+    seconds = estimate.transfer_time(cost, fetch_blocks, block_size) + prefills[prefix_tokens]
+    return Own(fetch_blocks, prefix_tokens, seconds)
 
 
 def _most_free(workers: Sequence[WorkerLoad]) -> WorkerLoad:
@@ -303,7 +369,7 @@ def _least_tbt(inputs: Inputs, rows: np.ndarray) -> WorkerLoad:
     if n + 1 > view.least_free_tokens():  # some have no room now
         roomy = rows[view.free_tokens[rows] >= n + 1]
         rows = roomy if len(roomy) else rows
-    times = estimate.decode_tbts(view, rows, n, inputs.cost)
+    times = view.tbts(rows, n, inputs.cost)
     return view.by_row[rows[times.argmin()]]
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.conductor import estimate
-from services.conductor.snapshot import Pending
-from tests.services.conductor.builders import (
+from shared.conductor import estimate
+from shared.conductor.loads import Pending
+from tests.shared.conductor.builders import (
     COST,
     decode_worker,
     prefill_s,

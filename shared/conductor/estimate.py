@@ -3,14 +3,8 @@ kvcentric policy minimises and what admission compares with the SLOs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
-
-if TYPE_CHECKING:  # snapshot.py imports this module (through views.py)
-    from services.conductor.snapshot import WorkerLoad
-    from services.conductor.views import DecodeView
-    from shared.costmodel import CostModel
+from shared.conductor.loads import WorkerLoad
+from shared.costmodel import CostModel
 
 
 def prefill_queue_time(worker: WorkerLoad, cost: CostModel) -> float:
@@ -41,18 +35,3 @@ def decode_tbt(worker: WorkerLoad, num_prompt_tokens: int, cost: CostModel) -> f
     """Seconds per token on `worker` once this request joins its batch."""
     batch = worker.num_running + worker.num_waiting + 1
     return cost.decode_step_time(batch, worker.context_tokens + num_prompt_tokens)
-
-
-def decode_tbts(
-    view: DecodeView, rows: np.ndarray, num_prompt_tokens: int, cost: CostModel
-) -> np.ndarray:
-    """decode_tbt of the workers at `rows` of `view`, in one vectorized call where the cost
-    model has one (a conductor weighs every decode worker on every placement)."""
-    vectorized = getattr(cost, "decode_step_times", None)
-    if vectorized is None:
-        return np.array(
-            [decode_tbt(view.by_row[i], num_prompt_tokens, cost) for i in rows.tolist()]
-        )
-    if rows is view.rows:  # all of them: the columns as they are
-        return vectorized(view.batch, view.context + num_prompt_tokens)
-    return vectorized(view.batch[rows], view.context[rows] + num_prompt_tokens)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.conductor import outputs as outputs_module
-from services.conductor.outputs import OutputLengths
+from shared.conductor import outputs as outputs_module
+from shared.conductor.outputs import OutputLengths
 from shared.messages import RequestDone
 
 

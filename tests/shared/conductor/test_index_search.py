@@ -8,7 +8,7 @@ import math
 import random
 
 from shared.messages import KVEvent
-from tests.services.conductor.test_index import index_of, stored
+from tests.shared.conductor.test_index import index_of, stored
 
 PROMPT = tuple(range(100, 110))
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from services.conductor.snapshot import PrefixMatch
+from shared.conductor.snapshot import PrefixMatch
 from shared.messages import KVEvent
 
 POOL = "kvstore"

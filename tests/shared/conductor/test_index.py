@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.conductor.index import PrefixIndex
+from shared.conductor.index import PrefixIndex
 from shared.messages import KVEvent
-from tests.services.conductor.builders import beat, conductor, request
+from tests.shared.conductor.builders import beat, conductor, request
 
 PROMPT = (1, 2, 3, 4)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.conductor.forecast import Booking, Ledger, tbt_at
-from services.conductor.state import ClusterState
-from tests.services.conductor.builders import COST, beat, decode_worker, step_s
+from shared.conductor.forecast import Booking, Ledger, tbt_at
+from shared.conductor.state import ClusterState
+from tests.shared.conductor.builders import COST, beat, decode_worker, step_s
 
 
 def ledger_with(*bookings: Booking, worker: str = "d0") -> Ledger:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import random
 
-from services.conductor.snapshot import NO_PENDING, ClusterSnapshot, PrefixMatch, WorkerLoad
-from services.conductor.state import ClusterState
+from shared.conductor.loads import NO_PENDING, WorkerLoad
+from shared.conductor.snapshot import ClusterSnapshot, PrefixMatch
+from shared.conductor.state import ClusterState
 from shared.costmodel import roofline
-from tests.services.conductor.builders import COST, beat, prefill_worker
+from tests.shared.conductor.builders import COST, beat, prefill_worker
 
 WORKERS = (
     [("prefill", f"p{i}") for i in range(5)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
-from services.conductor.policies import POLICIES
+from shared.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
+from shared.conductor.policies import POLICIES
 from shared.errors import KvstackError
 
 

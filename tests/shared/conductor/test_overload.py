@@ -6,7 +6,7 @@ workers step their whole batch at cost.decode_step_time until each request has i
 50 or 400 tokens (first block 1 or 2). Within the 50 ms TBT SLO a decode worker holds 33
 requests, so the cluster serves about 6 requests a second; 12 arrive. Under `baseline` the
 driver plays the decode worker's re-check on arrival (TBT with the request over
-stage_tbt_slo: refused, its prefill wasted). `python -m tests.services.conductor.test_overload`
+stage_tbt_slo: refused, its prefill wasted). `python -m tests.shared.conductor.test_overload`
 prints the table.
 """
 
@@ -17,10 +17,10 @@ from functools import cache
 
 import pytest
 
-from services.conductor.config import ADMISSION_MODES, SchedulingConfig
-from services.conductor.core import Conductor
+from shared.conductor.config import ADMISSION_MODES, SchedulingConfig
+from shared.conductor.core import Conductor
 from shared.messages import PlacementRequest, RequestDone
-from tests.services.conductor.builders import COST, beat
+from tests.shared.conductor.builders import COST, beat
 
 DT, BEAT, TICKS = 0.02, 5, 2000  # 20 ms ticks, beats every 0.1 s, 40 s
 RATE, PROMPT, OUTPUTS = 12.0, 200, {1: 50, 2: 400}

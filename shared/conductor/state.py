@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from services.conductor.snapshot import NO_PENDING, ClusterSnapshot, Pending, WorkerLoad
-from services.conductor.views import LoadViews
+from shared.conductor.loads import NO_PENDING, Pending, WorkerLoad
+from shared.conductor.snapshot import ClusterSnapshot
+from shared.conductor.views import LoadViews
 from shared.messages import Heartbeat
 
 MISSED_BEATS = 3  # a worker silent for this many intervals is dead
@@ -97,25 +98,27 @@ class ClusterState:
         if now >= self._expiry:
             self._expire(now)
         if not self._all_alive(now):  # some may be dead: check each one
-            return ClusterSnapshot(
-                now,
-                *(tuple(self._load(hb) for hb in self.live(s, now)) for s in SERVICES),
-                self._views,
-            )
+            prefill, decode = (tuple(self._load(hb) for hb in self.live(s, now)) for s in SERVICES)
+            return ClusterSnapshot(now, prefill, decode, self._views)
         if self._loads is None:
             self._loads = {
                 s: {hb.worker_id: self._load(hb) for hb in self.live(s, now)} for s in SERVICES
             }
             self._handed.clear()
-        return ClusterSnapshot(now, *(self._hand(s) for s in SERVICES), self._views)
+        by_service = self._loads
+        return ClusterSnapshot(
+            now,
+            self._hand("prefill", by_service["prefill"]),
+            self._hand("decode", by_service["decode"]),
+            self._views,
+        )
 
-    def _hand(self, service: str) -> tuple[WorkerLoad, ...]:
-        """The service's loads for a snapshot: the last ones when none changed, else new
-        ones, and the views hear which workers changed."""
+    def _hand(self, service: str, by_id: dict[str, WorkerLoad]) -> tuple[WorkerLoad, ...]:
+        """The service's loads (`by_id`) for a snapshot: the last ones when none changed,
+        else new ones, and the views hear which workers changed."""
         before, changed = self._handed.get(service), self._changed[service]
         if before is not None and not changed:
             return before
-        by_id = self._loads[service]
         loads = tuple(by_id.values())
         if before is not None:
             self._views.advance(service, before, loads, [by_id[w] for w in changed])
@@ -136,7 +139,9 @@ class ClusterState:
     def _refresh(self, worker_id: str) -> None:
         """Recompute one worker's load where the cached loads hold it."""
         hb = self.heartbeats.get(worker_id)
-        loads = self._loads.get(hb.service) if self._loads is not None and hb else None
+        if hb is None or self._loads is None:
+            return
+        loads = self._loads.get(hb.service)
         if loads is not None and worker_id in loads:
             loads[worker_id] = self._load(hb)
             self._changed[hb.service].add(worker_id)

@@ -15,15 +15,12 @@ import bisect
 import operator
 from collections.abc import Iterable
 from itertools import compress
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from services.conductor import estimate
-
-if TYPE_CHECKING:
-    from services.conductor.snapshot import WorkerLoad
-    from shared.costmodel import CostModel
+from shared.conductor import estimate
+from shared.conductor.loads import WorkerLoad
+from shared.costmodel import CostModel
 
 REBUILD_SHARE = 4  # more than 1/4 of the workers changed: recompute all, not row by row
 
@@ -115,6 +112,12 @@ class PrefillView(SyncedView):
         # until its next beat (an assignment changes only what is pending)
         self._reported: dict[str, tuple[tuple[int, int], float]] = {}
 
+    def block_sizes(self) -> list[int]:
+        """The workers' block sizes, each once, smallest first."""
+        if self.block_size is not None:
+            return [self.block_size]
+        return sorted({w.block_size for w in self.loads})
+
     def queue_seconds(self, cost: CostModel) -> dict[str, float]:
         self._rank(cost)
         return self._queue
@@ -127,7 +130,7 @@ class PrefillView(SyncedView):
         if cost is self._cost:
             return
         self._cost, self._reported = cost, {}
-        self._queue = {w.worker_id: self._queue_time(w) for w in self.loads}
+        self._queue = {w.worker_id: self._queue_time(w, cost) for w in self.loads}
         self._ranking = sorted((s, w) for w, s in self._queue.items())
 
     def rebuild(self) -> None:
@@ -144,16 +147,16 @@ class PrefillView(SyncedView):
         if self._cost is None:
             return
         del self._ranking[bisect.bisect_left(self._ranking, (self._queue[worker_id], worker_id))]
-        seconds = self._queue[worker_id] = self._queue_time(load)
+        seconds = self._queue[worker_id] = self._queue_time(load, self._cost)
         bisect.insort(self._ranking, (seconds, worker_id))
 
-    def _queue_time(self, load: WorkerLoad) -> float:
+    def _queue_time(self, load: WorkerLoad, cost: CostModel) -> float:
         """estimate.prefill_queue_time, its reported part remembered."""
         waiting, known = load.reported_waiting, self._reported.get(load.worker_id)
         if known is None or known[0] != waiting:
             known = self._reported[load.worker_id] = (
                 waiting,
-                estimate.reported_queue_time(*waiting, self._cost),
+                estimate.reported_queue_time(*waiting, cost),
             )
         return known[1] + load.pending.seconds
 
@@ -173,6 +176,21 @@ class DecodeView(SyncedView):
         self.free_tokens = np.zeros(0, dtype=np.int64)
         self.total_tokens = np.zeros(0, dtype=np.int64)
         self._least: dict[str, int] = {}  # column -> its least value, where known
+
+    def tbts(self, rows: np.ndarray, num_prompt_tokens: int, cost: CostModel) -> np.ndarray:
+        """estimate.decode_tbt of the workers at `rows`, in one vectorized call where the
+        cost model has one (a conductor weighs every decode worker on every placement)."""
+        vectorized = getattr(cost, "decode_step_times", None)
+        if vectorized is None:
+            return np.array(
+                [
+                    estimate.decode_tbt(self.by_row[i], num_prompt_tokens, cost)
+                    for i in rows.tolist()
+                ]
+            )
+        if rows is self.rows:  # all of them: the columns as they are
+            return vectorized(self.batch, self.context + num_prompt_tokens)
+        return vectorized(self.batch[rows], self.context[rows] + num_prompt_tokens)
 
     def least_free_tokens(self) -> int:
         return self._least_of("free_tokens")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.conductor.snapshot import Pending
-from services.conductor.state import ClusterState
-from tests.services.conductor.builders import beat, conductor, prefill_s, request
+from shared.conductor.loads import Pending
+from shared.conductor.state import ClusterState
+from tests.shared.conductor.builders import beat, conductor, prefill_s, request
 
 
 def test_a_worker_that_misses_three_beats_is_dead_and_forgotten() -> None:

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from shared.messages import KVEvent
-from tests.services.conductor.builders import (
+from tests.shared.conductor.builders import (
     OVERHEAD,
     beat,
     conductor,
@@ -170,3 +170,18 @@ def test_waiting_events_are_bounded() -> None:
     waiting = core.unregistered.by_source
     assert len(waiting) <= core.unregistered.max_sources
     assert len(waiting["s499"]) == core.unregistered.max_events
+
+
+def test_round_robin_takes_its_turn_from_the_conductor() -> None:
+    """Turns are the conductor's: a second conductor starts again at the first worker."""
+    first, second = (conductor(prefill=("p0", "p1", "p2"), policy="round-robin") for _ in range(2))
+    picks = [first.place(request(request_id=f"r{i}"), 0.1).prefill_id for i in range(4)]
+    assert picks == ["p0", "p1", "p2", "p0"]
+    assert second.place(request(), 0.1).prefill_id == "p0"
+
+
+def test_a_request_no_worker_can_take_takes_no_turn() -> None:
+    core = conductor(prefill=("p0", "p1"), decode=("d0",), policy="round-robin")
+    assert not core.place(request(request_id="a", exclude=("d0",)), 0.1).accepted
+    assert core.place(request(request_id="b"), 0.1).prefill_id == "p0"
+    assert core.turns == 1

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from services.conductor import admission
-from services.conductor.forecast import Booking, Ledger
-from services.conductor.outputs import OutputLengths
-from services.conductor.policies import Inputs, kvcentric
+from shared.conductor import admission
+from shared.conductor.forecast import Booking, Ledger
+from shared.conductor.outputs import OutputLengths
+from shared.conductor.policies import Inputs, kvcentric
 from shared.messages import RequestDone
-from tests.services.conductor.builders import (
+from tests.shared.conductor.builders import (
     OVERHEAD,
     beat,
     conductor,

@@ -9,17 +9,11 @@ predicted time can be computed by hand, and workers, requests and snapshots to f
 
 from __future__ import annotations
 
-from services.conductor.config import SchedulingConfig
-from services.conductor.core import Conductor
-from services.conductor.policies import Inputs
-from services.conductor.snapshot import (
-    NO_MATCH,
-    NO_PENDING,
-    ClusterSnapshot,
-    Pending,
-    PrefixMatch,
-    WorkerLoad,
-)
+from shared.conductor.config import SchedulingConfig
+from shared.conductor.core import Conductor
+from shared.conductor.loads import NO_PENDING, Pending, WorkerLoad
+from shared.conductor.policies import Inputs, request_seed
+from shared.conductor.snapshot import NO_MATCH, ClusterSnapshot, PrefixMatch
 from shared.costmodel import FittedCostModel
 from shared.messages import Heartbeat, PlacementRequest
 
@@ -94,10 +88,19 @@ def inputs(
     req: PlacementRequest | None = None,
     prefix: PrefixMatch = NO_MATCH,
     time: float = 0.0,
+    turn: int = 0,
     **config,
 ) -> Inputs:
+    """A policy's inputs, seeded by the request id as the conductor seeds them."""
+    req = req or request()
     return Inputs(
-        snapshot(prefill, decode, time), req or request(), prefix, SchedulingConfig(**config), COST
+        snapshot(prefill, decode, time),
+        req,
+        prefix,
+        SchedulingConfig(**config),
+        COST,
+        turn,
+        request_seed(req),
     )
 
 

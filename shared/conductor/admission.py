@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.conductor.config import SchedulingConfig
-from services.conductor.forecast import Ledger, tbt_at
-from services.conductor.outputs import OutputLengths
-from services.conductor.policies import Choice, Inputs
+from shared.conductor.config import SchedulingConfig
+from shared.conductor.forecast import Ledger, tbt_at
+from shared.conductor.outputs import OutputLengths
+from shared.conductor.policies import Choice, Inputs
 from shared.errors import OVERLOADED
 from shared.messages import PlacementRequest
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.conductor import admission
-from services.conductor.config import SchedulingConfig
-from services.conductor.forecast import Booking, Ledger
-from services.conductor.index import PrefixIndex
-from services.conductor.outputs import OutputLengths
-from services.conductor.policies import POLICIES, Choice, Inputs, Rejection
-from services.conductor.state import ClusterState
+from shared.conductor import admission
+from shared.conductor.config import SchedulingConfig
+from shared.conductor.forecast import Booking, Ledger
+from shared.conductor.index import PrefixIndex
+from shared.conductor.outputs import OutputLengths
+from shared.conductor.policies import POLICIES, Choice, Inputs, Rejection, request_seed
+from shared.conductor.state import ClusterState
 from shared.costmodel import CostModel
 from shared.messages import Heartbeat, KVEvent, Placement, PlacementRequest, RequestDone
 
@@ -66,6 +66,8 @@ class Conductor:
     outputs: OutputLengths = field(init=False)
     counters: Counters = field(default_factory=Counters)
     unregistered: WaitingEvents = field(default_factory=lambda: WaitingEvents())
+    # placements the policy made, admitted or not (round-robin's turn: Inputs.turn)
+    turns: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.outputs = OutputLengths(self.config.decode_time)
@@ -121,13 +123,16 @@ class Conductor:
         self.ledger.prune(now)
         snapshot = self.state.snapshot(now)
         prefix = self.index.match(request.block_hashes, snapshot.prefill_view().ids)
-        inputs = Inputs(snapshot, request, prefix, self.config, self.cost)
+        inputs = Inputs(
+            snapshot, request, prefix, self.config, self.cost, self.turns, request_seed(request)
+        )
         choice = self.policy(inputs)
         if isinstance(choice, Rejection):
             self.counters.unplaceable += 1
             return Placement(
                 request.request_id, False, reason=choice.reason, retry_after=choice.retry_after
             )
+        self.turns += 1
         reason = admission.verdict(inputs, choice, self.ledger, self.outputs)
         if reason:
             self.counters.rejected += 1
