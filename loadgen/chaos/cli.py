@@ -114,11 +114,14 @@ def reference_cases(model: str, max_tokens: int) -> list[Case]:
     from shared.engine.config import EngineConfig
     from shared.engine.engine import LLMEngine
     from shared.engine.sampling_params import SamplingParams
+    from shared.errors import KvstackError
 
     engine = LLMEngine(EngineConfig(model=model, dtype="float32", kv_cache_bytes=256 << 20))
+    tokenizer = engine.info.tokenizer
+    if tokenizer is None:
+        raise KvstackError(f"{model} has no tokenizer; the chaos run needs one")
     prompts = [
-        engine.tokenizer.encode_chat([{"role": "user", "content": f"Tell me about {t}."}])
-        for t in TOPICS
+        tokenizer.encode_chat([{"role": "user", "content": f"Tell me about {t}."}]) for t in TOPICS
     ]
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     return [Case(tuple(c.prompt_token_ids), c.text) for c in engine.generate(prompts, params)]
