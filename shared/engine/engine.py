@@ -71,7 +71,7 @@ class LLMEngine:
         else:
             special = self._tokenizer.all_special_ids if self._tokenizer is not None else ()
             self._runner, self._model_config, num_blocks = mock_runner(
-                config, ModelConfig.from_dir(self._model_dir), special
+                config, config.mock, ModelConfig.from_dir(self._model_dir), special
             )
             self._namespace = config.mock.namespace
         mc = self._model_config

@@ -11,7 +11,7 @@ from shared.engine.metadata import attention_metadata
 from shared.engine.sampler import TokenLogprob, logprobs, sample
 from shared.engine.sampling_params import SamplingParams
 from shared.kvcache.storage import KVStorage
-from shared.model.attention import AttentionBackend
+from shared.model.attention import AttentionBackend, AttentionMetadata
 from shared.model.llama import ForwardBatch, LlamaModel
 
 
@@ -75,14 +75,18 @@ class ModelRunner:
         token_ids = sample(logits, params, generators)
         return token_ids, logprobs(logits, token_ids, [p.logprobs for p in params])
 
-    def prepare(self, chunks: Sequence[SeqChunk]) -> tuple[torch.Tensor, ...]:
+    def prepare(
+        self, chunks: Sequence[SeqChunk]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat token ids, positions and attention metadata; decode chunks must come first."""
         positions, meta = attention_metadata(chunks, self.block_size, self.device)
         token_ids = [t for chunk in chunks for t in chunk.token_ids]
         return torch.tensor(token_ids, dtype=torch.long, device=self.device), positions, meta
 
     def _logits(self, hidden: torch.Tensor, chunks: Sequence[SeqChunk]) -> list[torch.Tensor]:
-        rows, counts, end = [], [], 0
+        rows: list[int] = []
+        counts: list[int] = []
+        end = 0
         for chunk in chunks:
             end += len(chunk.token_ids)
             rows.extend(range(end - chunk.num_logits, end))
@@ -102,7 +106,5 @@ def decode_first(chunks: Sequence[SeqChunk]) -> tuple[list[int], list[SeqChunk]]
 
 def in_order(order: list[int], rows: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Per-chunk results of `decode_first`'s layout, back in the callers' chunk order."""
-    result: list[torch.Tensor] = [None] * len(order)
-    for i, row in zip(order, rows):
-        result[i] = row
-    return result
+    by_position = dict(zip(order, rows))
+    return [by_position[i] for i in range(len(order))]
