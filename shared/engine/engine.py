@@ -22,7 +22,7 @@ from shared.engine.interface import EngineInfo, EngineInterface, EngineStats
 from shared.engine.isolation import LayerHook, execute_isolated
 from shared.engine.mock_runner import MockRunner, mock_runner
 from shared.engine.output import ENGINE_ERROR, REQUEST_ERROR, Completion, RequestOutput
-from shared.engine.runner import ModelRunner, SeqChunk
+from shared.engine.runner import ModelRunner, SeqChunk, torch_runner
 from shared.engine.sampler import SAMPLING_FAILED, TokenLogprob, sampling_failure, seeded_generator
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
@@ -32,11 +32,9 @@ from shared.errors import InvalidRequest, KvstackError
 from shared.kvcache.block_pool import KVEvents
 from shared.kvcache.manager import KVCacheManager
 from shared.kvcache.storage import KVStorage
-from shared.model.attention import TorchPagedAttention
 from shared.model.config import ModelConfig
 from shared.model.detokenizer import IncrementalDetokenizer
-from shared.model.kernels import cpu_ops
-from shared.model.loader import load_model, weight_files
+from shared.model.loader import weight_files
 from shared.model.registry import resolve_model
 from shared.model.tokenizer import Tokenizer, has_tokenizer
 
@@ -66,7 +64,7 @@ class LLMEngine:
         )
         self._runner: ModelRunner | MockRunner
         if config.mock is None:
-            self._runner, self._model_config, num_blocks = self._torch_runner(config)
+            self._runner, self._model_config, num_blocks = torch_runner(config, self._model_dir)
             self._namespace = kv_namespace(self._model_dir, config.resolved_dtype)
         else:
             special = self._tokenizer.all_special_ids if self._tokenizer is not None else ()
@@ -102,35 +100,8 @@ class LLMEngine:
             self._namespace,
             self._max_model_len,
             self._tokenizer,
-            _weight_bytes(self._runner),
+            self._runner.weight_bytes,
             self._scheduler.prefill_chunk_cap,
-        )
-
-    def _torch_runner(self, config: EngineConfig) -> tuple[ModelRunner, ModelConfig, int]:
-        if config.device == "cpu":
-            cpu_ops()  # build (once per machine) before serving, not in a first request
-        model = load_model(self._model_dir, config.torch_dtype, config.device)
-        mc = model.config
-        num_blocks = config.num_blocks or max(
-            1,
-            config.kv_cache_bytes
-            // KVStorage.bytes_per_block(
-                mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype
-            ),
-        )
-        storage = KVStorage(
-            mc.num_layers,
-            num_blocks if config.local_kv else 0,
-            config.block_size,
-            mc.num_kv_heads,
-            mc.head_dim,
-            config.torch_dtype,
-            config.device,
-        )
-        return (
-            ModelRunner(model, storage, TorchPagedAttention(storage, mc.head_dim)),
-            mc,
-            num_blocks,
         )
 
     @property
@@ -475,12 +446,6 @@ class LLMEngine:
                 self._tokenizer, seq.token_ids, params.skip_special_tokens
             )
         return _Extras(detokenizer, StopStringMatcher(params.stop))
-
-
-def _weight_bytes(runner: ModelRunner | MockRunner) -> int:
-    if not isinstance(runner, ModelRunner):
-        return 0
-    return sum(p.numel() * p.element_size() for p in runner.model.parameters())
 
 
 def kv_namespace(model_dir: Path, dtype: str) -> str:

@@ -67,6 +67,10 @@ class MockRunner:
         self.avoid = frozenset(avoid)  # never answered: stop and special tokens
         self.device = storage.kv.device
 
+    @property
+    def weight_bytes(self) -> int:
+        return 0  # no weights in memory
+
     def execute(
         self,
         chunks: Sequence[SeqChunk],
