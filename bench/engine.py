@@ -119,7 +119,7 @@ def random_prompt(n: int, vocab: int, seed: int) -> list[int]:
 class KvstackSide:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self.vocab = engine.model_config.vocab_size
+        self.vocab = engine.info.model.vocab_size
         self.seed = 0
 
     def prompts(self, batch: int, n: int) -> list[list[int]]:
@@ -144,13 +144,12 @@ class KvstackSide:
     def decode_time(self, batch: int, prompt_len: int, num_tokens: int) -> float:
         """Seconds from every request's first token to the last token of all."""
         params = SamplingParams(max_tokens=num_tokens, temperature=0, ignore_eos=True)
+        waiting = set()  # for their first token
         for i, prompt in enumerate(self.prompts(batch, prompt_len)):
             self.engine.add_request(f"bench-{self.seed}-{i}", prompt, params)
-        while (
-            any(s.num_output_tokens == 0 for s in self.engine.scheduler.running)
-            or self.engine.scheduler.waiting
-        ):
-            self.engine.step()
+            waiting.add(f"bench-{self.seed}-{i}")
+        while waiting:
+            waiting -= {out.request_id for out in self.engine.step()}
         start = time.perf_counter()
         while self.engine.has_unfinished:
             self.engine.step()
@@ -169,9 +168,9 @@ class TransformersSide:
                 "(pip install -e '.[bench]'), or pass --no-baseline"
             ) from None
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            engine.model_dir, dtype=DTYPES[dtype]
+            engine.info.model_dir, dtype=DTYPES[dtype]
         ).eval()
-        self.vocab = engine.model_config.vocab_size
+        self.vocab = engine.info.model.vocab_size
         self.seed = 10_000
 
     def prefill_rate(self, n: int, repeats: int) -> float:
@@ -219,7 +218,7 @@ def copy_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
 
 
 def bandwidth_report(engine: LLMEngine, report: dict) -> dict:
-    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
+    weight_bytes = engine.info.weight_bytes
     bandwidth = copy_bandwidth()
     limit = bandwidth / weight_bytes
     batch1 = next((r["kvstack_tok_s"] for r in report["decode"] if r["batch"] == 1), None)

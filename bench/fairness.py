@@ -21,6 +21,7 @@ import torch
 from bench.engine import random_prompt
 from shared.engine.config import DTYPE_CHOICES, EngineConfig, resolve_dtype
 from shared.engine.engine import LLMEngine
+from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
 from shared.engine.sampling_params import SamplingParams
@@ -74,7 +75,7 @@ class StepClock:
         unlike seconds, the same on a busy machine."""
         return self.first_token[request_id][1] - self.submitted[request_id][1]
 
-    def __call__(self, engine: LLMEngine) -> list[RequestOutput]:
+    def __call__(self, engine: EngineInterface) -> list[RequestOutput]:
         self.stepping = True
         started = time.perf_counter()
         outputs = engine.step()
@@ -125,17 +126,17 @@ def measure(
             long_prefill_tokens=long_prefill_tokens,
         )
     )
-    if args.long_tokens >= engine.max_model_len:
+    if args.long_tokens >= engine.info.max_model_len:
         raise KvstackError(
             f"--long-tokens must be below the context limit "
-            f"{engine.max_model_len}, got {args.long_tokens}"
+            f"{engine.info.max_model_len}, got {args.long_tokens}"
         )
     warm_up(engine, args)
     progress(f"{policy}: measuring")
     clock = asyncio.run(race(engine, args, with_long))
     result = {
         "policy": policy,
-        "long_prefill_tokens": engine.scheduler.prefill_chunk_cap,
+        "long_prefill_tokens": engine.info.prefill_chunk_cap,
         "long_ttft_s": clock.ttft("long") if with_long else None,
         "short_ttft_s": clock.ttft("short"),
         "short_steps_waited": clock.steps_waited("short"),
@@ -148,7 +149,7 @@ def measure(
 
 def warm_up(engine: LLMEngine, args: argparse.Namespace) -> None:
     """One full-budget step and one short prompt, so no first-use cost lands in the race."""
-    vocab = engine.model_config.vocab_size
+    vocab = engine.info.model.vocab_size
     prompts = [
         random_prompt(args.max_num_batched_tokens, vocab, 1),
         random_prompt(args.short_tokens, vocab, 2),
@@ -162,7 +163,7 @@ async def race(engine: LLMEngine, args: argparse.Namespace, with_long: bool) -> 
     clock = StepClock()
     engine_loop = EngineLoop(engine, asyncio.get_running_loop(), lambda outputs: None, step=clock)
     engine_loop.start()
-    vocab = engine.model_config.vocab_size
+    vocab = engine.info.model.vocab_size
     wanted = ["short"]
     if with_long:
         wanted.append("long")

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         kv_cache_bytes=512 << 20,
     )
     local = LLMEngine(config)
-    mc = local.model_config
+    mc = local.info.model
     groups = (
         [int(g) for g in args.groups.split(",")]
         if args.groups
@@ -125,7 +125,7 @@ def measure(
     group.blocked_seconds = group.roundtrip_seconds = 0.0
     side.decode_rate(batch, args.prompt_len, args.decode_tokens, 1)
     row["hidden_share"] = round(group.hidden_share, 3)
-    return row | wire_bytes(side, group, batch, args.prompt_len, engine.model_config.num_layers)
+    return row | wire_bytes(side, group, batch, args.prompt_len, engine.info.model.num_layers)
 
 
 def wire_bytes(
@@ -197,7 +197,7 @@ def offloaded(
 
     group, num_blocks = asyncio.run(attach())
     engine = LLMEngine(dataclasses.replace(config, num_blocks=num_blocks, local_kv=False))
-    engine.runner = OffloadRunner(engine.runner.model, engine.runner.storage, group, depth)
+    engine.use_runner(lambda runner: OffloadRunner(runner.model, runner.storage, group, depth))
     return engine, group
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from shared import subjects
 from shared.bus import Bus, ServiceUnavailable
 from shared.codec import MessageError
+from shared.engine.loop import EngineLoop
 from shared.hash_ring import HashRing
 from shared.kv_inbox import Expected, KVInbox
 from shared.kvblocks import BlockLayout
@@ -108,7 +109,7 @@ class KvstorePool:
         if None in started or sum(map(len, groups.values())) != len(block_hashes):
             await asyncio.gather(*(self.cancel(e) for e in started if e is not None))
             return None
-        return started
+        return [e for e in started if e is not None]
 
     async def fetch(
         self,
@@ -252,15 +253,19 @@ class _Countdown:
             self.done()
 
 
-async def write_back(pool: KvstorePool, engine_loop, request_id: str, transfer_id: str) -> None:
+async def write_back(
+    pool: KvstorePool, engine_loop: EngineLoop, request_id: str, transfer_id: str
+) -> None:
     """Offer a finished, held request's full blocks to the pool (it keeps what it lacks),
     then free them in the engine once every byte is out."""
     blocks = await engine_loop.call(lambda e: e.held_blocks(request_id))
     loop = asyncio.get_running_loop()
-    release = lambda: loop.call_soon_threadsafe(
-        lambda: engine_loop.call(lambda e: e.release(request_id))
-    )
+
+    def release() -> None:  # from any thread (the sender's, once the bytes are out)
+        loop.call_soon_threadsafe(lambda: engine_loop.call(lambda e: e.release(request_id)))
+
     if not blocks or not pool.ring():
-        return release()
+        release()
+        return
     ids, hashes = zip(*blocks)
     await pool.put(transfer_id, hashes, ids, release)

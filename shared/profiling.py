@@ -12,7 +12,7 @@ import asyncio
 import random
 import time
 
-from shared.engine.engine import LLMEngine
+from shared.engine.interface import EngineInterface
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.kv_inbox import KVInbox
@@ -37,9 +37,9 @@ class Prompts:
 class EngineProbe:
     """Times single runs of the engine, with fresh prompts each time."""
 
-    def __init__(self, engine: LLMEngine, seed: int = 0) -> None:
+    def __init__(self, engine: EngineInterface, seed: int = 0) -> None:
         self.engine = engine
-        self.prompts = Prompts(engine.model_config.vocab_size, seed)
+        self.prompts = Prompts(engine.info.model.vocab_size, seed)
         self.prefixes: dict[int, list[int]] = {}
 
     def prefill(self, num_new: int, num_cached: int) -> float:
@@ -75,8 +75,8 @@ class EngineProbe:
         """Requests whose KV is installed as a decode worker adopts a prefilled request's:
         reserved, not computed (its values do not change the time)."""
         engine = self.engine
-        blocks = batch_size * -(-(context + steps + 1) // engine.config.block_size)
-        if blocks > engine.kv.num_free_blocks:
+        blocks = batch_size * -(-(context + steps + 1) // engine.info.block_size)
+        if blocks > engine.stats().free_blocks:
             raise KvstackError(f"the KV cache cannot hold {batch_size} x {context} tokens")
         params = SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True)
         for i in range(batch_size):

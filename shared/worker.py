@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from shared.engine.config import EngineConfig
-from shared.engine.engine import LLMEngine
+from shared.engine.interface import EngineInterface
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 from shared.messages import Heartbeat, WorkerStats
@@ -65,15 +65,13 @@ def worker_heartbeat(
     service: str,
     worker_id: str,
     config: WorkerConfig,
-    engine: LLMEngine,
+    engine: EngineInterface,
     http_addr: str,
     data_addr: str,
     draining: bool,
 ) -> Heartbeat:
     """Load as the engine sees it (read without locks: a slightly stale view is fine)."""
-    scheduler = engine.scheduler
-    queued = sum(s.num_tokens - s.num_computed_tokens for s in list(scheduler.waiting))
-    context = sum(s.num_tokens for s in list(scheduler.running))
+    stats = engine.stats()
     return Heartbeat(
         service,
         worker_id,
@@ -83,26 +81,30 @@ def worker_heartbeat(
         data_addr=data_addr,
         model=config.model,
         block_size=config.block_size,
-        num_running=len(scheduler.running),
-        num_waiting=len(scheduler.waiting),
-        queued_tokens=queued,
-        context_tokens=context,
-        free_blocks=engine.kv.num_free_blocks,
-        total_blocks=engine.kv.pool.num_blocks,
+        num_running=stats.num_running,
+        num_waiting=stats.num_waiting,
+        queued_tokens=stats.queued_tokens,
+        context_tokens=stats.context_tokens,
+        free_blocks=stats.free_blocks,
+        total_blocks=stats.total_blocks,
         draining=draining,
     )
 
 
 def worker_stats(
-    worker_id: str, engine: LLMEngine, num_reserved: int, num_done: int, num_refused: int = 0
+    worker_id: str,
+    engine: EngineInterface,
+    num_reserved: int,
+    num_done: int,
+    num_refused: int = 0,
 ) -> WorkerStats:
-    scheduler = engine.scheduler
+    stats = engine.stats()
     return WorkerStats(
         worker_id,
-        len(scheduler.running),
-        len(scheduler.waiting),
-        engine.kv.num_free_blocks,
-        engine.kv.pool.num_blocks,
+        stats.num_running,
+        stats.num_waiting,
+        stats.free_blocks,
+        stats.total_blocks,
         num_reserved,
         num_done,
         num_refused,

@@ -114,9 +114,10 @@ def reference_cases(model: str, max_tokens: int) -> list[Case]:
     from shared.engine.config import EngineConfig
     from shared.engine.engine import LLMEngine
     from shared.engine.sampling_params import SamplingParams
+    from shared.errors import KvstackError
 
     engine = LLMEngine(EngineConfig(model=model, dtype="float32", kv_cache_bytes=256 << 20))
-    tokenizer = engine.tokenizer
+    tokenizer = engine.info.tokenizer
     if tokenizer is None:
         raise KvstackError(f"{model} has no tokenizer: the chaos run sends chat prompts")
     prompts = [

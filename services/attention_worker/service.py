@@ -150,7 +150,7 @@ class AttentionWorkerService(Service):
     async def _settle(self, msg: KVSettle) -> Ack:
         shard = self.slot.shard
         expected = shard.inbox.get(msg.request_id) if shard else None
-        if expected is None:
+        if shard is None or expected is None:
             return Ack(msg.request_id, False, "no KV expected for this request (expired?)", 503)
         problem = "" if not msg.ok else await self._verdict(expected, msg.num_frames)
         if msg.ok and not problem:
@@ -178,7 +178,9 @@ class AttentionWorkerService(Service):
 
     async def _expire(self) -> None:
         shard = self.slot.shard
-        for request_id in shard.inbox.expired(time.time()) if shard else ():
+        if shard is None:
+            return
+        for request_id in shard.inbox.expired(time.time()):
             log.warning("request %s: KV never settled; dropping it", request_id)
             await self._drop(shard, request_id)
 

@@ -8,6 +8,7 @@ import orjson
 
 from shared.engine.config import DTYPE_CHOICES, EngineConfig
 from shared.engine.engine import LLMEngine
+from shared.engine.interface import EngineInterface
 from shared.engine.output import Completion
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest, KvstackError
@@ -41,7 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, num_threads=args.threads))
+    engine: EngineInterface = LLMEngine(
+        EngineConfig(model=args.model, dtype=args.dtype, num_threads=args.threads)
+    )
     prompt_ids = prompt_token_ids(engine, args)
     params = SamplingParams(
         max_tokens=args.max_tokens,
@@ -64,16 +67,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def prompt_token_ids(engine: LLMEngine, args: argparse.Namespace) -> list[int]:
+def prompt_token_ids(engine: EngineInterface, args: argparse.Namespace) -> list[int]:
     if args.prompt_ids is not None:
         if args.chat:
             raise KvstackError("--chat needs --prompt text, not --prompt-ids")
         return parse_ids(args.prompt_ids)
-    if engine.tokenizer is None:
-        raise KvstackError(f"{engine.model_dir} has no tokenizer.json; use --prompt-ids")
+    tokenizer = engine.info.tokenizer
+    if tokenizer is None:
+        raise KvstackError(f"{engine.info.model_dir} has no tokenizer.json; use --prompt-ids")
     if args.chat:
-        return engine.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
-    return engine.tokenizer.encode(args.prompt)
+        return tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
+    return tokenizer.encode(args.prompt)
 
 
 def parse_ids(text: str) -> list[int]:

@@ -22,7 +22,7 @@ from shared.errors import KvstackError
 from shared.model.registry import DEFAULT_MODEL
 
 if TYPE_CHECKING:  # the engine (torch) loads only when the command runs
-    from shared.engine.engine import LLMEngine
+    from shared.engine.interface import EngineInterface
     from shared.profiling import Prompts
 
 
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     engine = build_engine(args, grid)
     cost, rows = measure(engine, grid, args.threads)
     if args.gateway:  # fresh random prompts: nothing the stack may have cached
-        prompts = Prompts(engine.model_config.vocab_size, seed=None)
+        prompts = Prompts(engine.info.model.vocab_size, seed=None)
         cost = with_overhead(cost, args.gateway, args.api_key, prompts)
     out = Path(args.out) if args.out else default_path(args.model)
     cost.save(out)
@@ -118,7 +118,7 @@ def default_path(model: str) -> Path:
     return cache / "kvstack" / "profiles" / f"{Path(model).name}.json"
 
 
-def build_engine(args: argparse.Namespace, grid: Grid) -> LLMEngine:
+def build_engine(args: argparse.Namespace, grid: Grid) -> EngineInterface:
     from shared.engine.config import EngineConfig
     from shared.engine.engine import LLMEngine
 
@@ -132,7 +132,7 @@ def build_engine(args: argparse.Namespace, grid: Grid) -> LLMEngine:
             num_blocks=num_blocks(grid),
         )
     )
-    check_fits(grid, engine.max_model_len)
+    check_fits(grid, engine.info.max_model_len)
     return engine
 
 
@@ -146,7 +146,7 @@ def num_blocks(grid: Grid, block_size: int = 16) -> int:
 
 
 def measure(
-    engine: LLMEngine, grid: Grid, threads: int
+    engine: EngineInterface, grid: Grid, threads: int
 ) -> tuple[FittedCostModel, tuple[list, list]]:
     """Fit the engine's times over `grid`; also returns the measured rows."""
     from shared.profiling import EngineProbe, link_seconds
@@ -160,16 +160,16 @@ def measure(
             grid.decode, "decode", decode_step, grid.rounds
         )
     ]
-    storage = engine.runner.storage
+    storage, info = engine.kv_storage, engine.info
     link_bw, latency = link_seconds(storage, grid.link_blocks)
     cost = FittedCostModel(
-        engine.config.model,
+        info.config.model,
         fit(prefill, prefill_features),
         fit(decode, decode_features),
         link_bw,
         latency,
-        storage.token_bytes * 2 * engine.model_config.num_layers,
-        dtype=engine.config.resolved_dtype,
+        storage.token_bytes * 2 * info.model.num_layers,
+        dtype=info.config.resolved_dtype,
         threads=threads,
     )
     return cost, (prefill, decode)

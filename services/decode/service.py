@@ -15,6 +15,7 @@ from services.decode.offload_runner import OffloadRunner
 from shared import subjects
 from shared.bus import Bus
 from shared.engine.engine import LLMEngine
+from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
 from shared.errors import OVERLOADED, KvstackError
@@ -99,8 +100,10 @@ class DecodeService(Service):
     async def _start_local(
         self, bus: Bus, loop: asyncio.AbstractEventLoop, token: str | None
     ) -> None:
-        self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
-        storage = self.engine.runner.storage
+        self.engine: EngineInterface = await loop.run_in_executor(
+            None, LLMEngine, self.config.engine_config()
+        )
+        storage = self.engine.kv_storage
         inbox = KVInbox(storage, loop)
         self.receiver = make_receiver(
             self.config.transport,
@@ -113,7 +116,7 @@ class DecodeService(Service):
         bound = self.receiver.start()
         self.data_addr = self.config.advertise_data_addr or bound
         self.incoming = LocalKV(
-            inbox, self.engine.model_config.num_layers, self.config.request_timeout
+            inbox, self.engine.info.model.num_layers, self.config.request_timeout
         )
         self.pool = KvstorePool(
             bus, self.sender, storage, inbox, self.data_addr, self.config.request_timeout
@@ -142,9 +145,9 @@ class DecodeService(Service):
         )
         loop = asyncio.get_running_loop()
         self.engine = await loop.run_in_executor(None, LLMEngine, config)
-        runner = self.engine.runner
-        self.engine.runner = OffloadRunner(
-            runner.model, runner.storage, self.group, self.config.micro_batches
+        group, micro_batches = self.group, self.config.micro_batches
+        self.engine.use_runner(
+            lambda runner: OffloadRunner(runner.model, runner.storage, group, micro_batches)
         )
         self.receiver, self.data_addr, self.pool = None, "", None
         self.incoming = OffloadedKV(self.group, model.num_layers)
@@ -169,7 +172,7 @@ class DecodeService(Service):
             self._on_outputs(outputs)
 
     def heartbeat(self) -> Heartbeat:
-        self.kv_usage.set(self.engine.kv.usage)
+        self.kv_usage.set(self.engine.stats().usage)
         return worker_heartbeat(
             self.name,
             self.worker_id,
@@ -239,7 +242,7 @@ class DecodeService(Service):
             return "draining", "decode worker is draining", 503
         if self.reattaching:
             return "attention", "decode worker is re-forming its attention group", 503
-        if msg.block_size != self.config.block_size or msg.namespace != self.engine.namespace:
+        if msg.block_size != self.config.block_size or msg.namespace != self.engine.info.namespace:
             return "layout", "prefill and decode workers run a different model or KV layout", 500
         try:
             self.engine.validate_prompt(msg.prompt_token_ids)
@@ -304,7 +307,7 @@ class DecodeService(Service):
 
     # -- decoding -------------------------------------------------------------------------
 
-    def _step(self, engine: LLMEngine) -> list[RequestOutput]:
+    def _step(self, engine: EngineInterface) -> list[RequestOutput]:
         """One engine step (engine thread); offloaded, a step that loses an attention worker
         rebuilds the group and recomputes every running request's KV there."""
         if self.group is None:
@@ -321,7 +324,7 @@ class DecodeService(Service):
         if done:
             self.group.release(done)
 
-    def _recover(self, engine: LLMEngine, error: str) -> list[RequestOutput]:
+    def _recover(self, engine: EngineInterface, error: str) -> list[RequestOutput]:
         log.warning("attention group lost (%s); rebuilding it and recomputing KV", error)
         rebuilt = asyncio.run_coroutine_threadsafe(self._rebuild_group(), self.engine_loop.loop)
         try:
@@ -341,7 +344,7 @@ class DecodeService(Service):
         deadline = time.monotonic() + self.config.attention_recovery_timeout
         while True:
             live = await self.group.live_workers()
-            size = usable_group_size(self.engine.model_config.num_kv_heads, len(live))
+            size = usable_group_size(self.engine.info.model.num_kv_heads, len(live))
             problem = "no attention worker of the group answers"
             if size:
                 try:
@@ -401,7 +404,7 @@ class DecodeService(Service):
     def _free_held(self, request_id: str):
         return self.engine_loop.call(lambda e: e.release(request_id))
 
-    def _abort(self, engine: LLMEngine, request_id: str) -> None:
+    def _abort(self, engine: EngineInterface, request_id: str) -> None:
         if engine.abort(request_id):
             engine.release(request_id)
             if self.group is not None:

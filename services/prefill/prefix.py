@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 from shared import subjects
-from shared.engine.engine import LLMEngine
+from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.runner import SeqChunk
 from shared.kv_inbox import Expected, KVInbox
@@ -59,7 +59,7 @@ class PrefixLoader:
             return 0
         block_size = self.pool.layout.block_size
         usable = (len(req.prompt_token_ids) - 1) // block_size  # one token is always computed
-        local = await self.engine_loop.call(lambda e: len(e.kv.match_prefix(hashes, usable)))
+        local = await self.engine_loop.call(lambda e: e.cached_prefix_blocks(hashes, usable))
         source, upto = await self._source(req, hashes[:usable], local)
         if upto <= local:
             return 0
@@ -125,7 +125,7 @@ class PrefixLoader:
 
     # -- engine thread ------------------------------------------------------------------
 
-    def gate(self, engine: LLMEngine, layer: int, chunks: list[SeqChunk]) -> None:
+    def gate(self, engine: EngineInterface, layer: int, chunks: list[SeqChunk]) -> None:
         """Before `layer` computes: wait for that layer of every block being fetched.
 
         A failed load invalidates the request once; its later layers are not waited for.

@@ -14,6 +14,7 @@ from services.prefill.streaming import Target, layer_spans
 from shared import subjects
 from shared.bus import Bus, ServiceUnavailable
 from shared.engine.engine import LLMEngine
+from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
 from shared.engine.runner import SeqChunk
@@ -59,11 +60,13 @@ class PrefillService(Service):
 
     async def start(self, bus: Bus) -> None:
         loop = asyncio.get_running_loop()
-        self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
+        self.engine: EngineInterface = await loop.run_in_executor(
+            None, LLMEngine, self.config.engine_config()
+        )
         token = self.config.data_token or None
         self.sender = TcpKVSender(auth_token=token)  # pool and peers
         self.kv_out = make_sender(self.config.transport, token)  # the stream to decode
-        self.inbox = KVInbox(self.engine.runner.storage, loop)
+        self.inbox = KVInbox(self.engine.kv_storage, loop)
         self.receiver = TcpKVReceiver(
             self.inbox, self.config.data_host, self.config.data_port, token
         )
@@ -73,7 +76,7 @@ class PrefillService(Service):
         self.pool = KvstorePool(
             bus,
             self.sender,
-            self.engine.runner.storage,
+            self.engine.kv_storage,
             self.inbox,
             self.data_addr,
             self.config.request_timeout,
@@ -187,7 +190,7 @@ class PrefillService(Service):
             req.prompt_token_ids,
             req.params,
             self.config.block_size,
-            self.engine.namespace,
+            self.engine.info.namespace,
             req.deadline,
             self.worker_id,
             req.stage_tbt_slo,
@@ -203,21 +206,23 @@ class PrefillService(Service):
             return KVReservation(req.request_id, False, reason=f"decode worker: {e}", code=503)
 
     def _block_hashes(self, req: PrefillRequest) -> list[int]:
-        return block_hashes(req.prompt_token_ids, self.config.block_size, self.engine.namespace)
+        return block_hashes(
+            req.prompt_token_ids, self.config.block_size, self.engine.info.namespace
+        )
 
     # -- engine thread ----------------------------------------------------------------
 
-    def _step(self, engine: LLMEngine) -> list[RequestOutput]:
+    def _step(self, engine: EngineInterface) -> list[RequestOutput]:
         return engine.step(
             layer_hook=self._send_layer,
             layer_gate=lambda layer, chunks: self.loader.gate(engine, layer, chunks),
         )
 
     def _send_layer(self, layer: int, chunks: list[SeqChunk]) -> None:
-        last_layer = layer == self.engine.model_config.num_layers - 1
+        last_layer = layer == self.engine.info.model.num_layers - 1
         for chunk in chunks:
             for target in self.targets.get(chunk.request_id, ()):
-                spans = layer_spans(self.engine.runner.storage, layer, chunk, target)
+                spans = layer_spans(self.engine.kv_storage, layer, chunk, target)
                 if spans:
                     self._stream(target).send(target.peer, target.request_id, layer, spans)
                 if last_layer:

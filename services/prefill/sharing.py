@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 from shared.bus import Bus
-from shared.engine.engine import LLMEngine
 from shared.engine.loop import EngineLoop
 from shared.kv_events import publish_kv_events
 from shared.kvblocks import BlockLayout
@@ -21,7 +20,7 @@ class CacheSharing:
     def __init__(self, worker_id: str, bus: Bus, engine_loop: EngineLoop, sender: KVSender) -> None:
         self.worker_id, self.bus = worker_id, bus
         self.engine_loop, self.sender = engine_loop, sender
-        self.layout = BlockLayout.of(engine_loop.engine.runner.storage)
+        self.layout = BlockLayout.of(engine_loop.engine.kv_storage)
         self.blocks_served = 0
 
     async def serve_get(self, msg: BlockGet) -> Ack:
@@ -30,19 +29,19 @@ class CacheSharing:
             return Ack(
                 msg.request_id, False, "a different KV layout (model, dtype or block size)", 400
             )
-        blocks = await self.engine_loop.call(lambda e: _pin(e, msg.block_hashes))
+        blocks = await self.engine_loop.call(lambda e: e.pin_cached_blocks(msg.block_hashes))
         if blocks is None:
             return Ack(msg.request_id, False, "some blocks are not cached here (any more)", 404)
         loop = asyncio.get_running_loop()
         unpin = lambda *_: loop.call_soon_threadsafe(
-            lambda: self.engine_loop.call(lambda e: e.kv.pool.free(blocks[::-1]))
+            lambda: self.engine_loop.call(lambda e: e.unpin_blocks(blocks))
         )
         send_blocks(
             self.sender,
-            self.engine_loop.engine.runner.storage,
+            self.engine_loop.engine.kv_storage,
             msg.dest_addr,
             msg.request_id,
-            [(dest, b.block_id, b.block_hash) for dest, b in zip(msg.dest_block_ids, blocks)],
+            list(zip(msg.dest_block_ids, blocks, msg.block_hashes)),
             unpin,
         )
         self.blocks_served += len(blocks)
@@ -50,7 +49,7 @@ class CacheSharing:
 
     async def publish_events(self) -> None:
         """What the cache stored and removed since the last round (every EVENT_INTERVAL)."""
-        events = await self.engine_loop.call(lambda e: e.kv.pool.take_events())
+        events = await self.engine_loop.call(lambda e: e.take_kv_events())
         if events:
             await publish_kv_events(
                 self.bus, self.worker_id, "prefill", events.stored, events.removed
@@ -58,13 +57,5 @@ class CacheSharing:
 
     async def resync(self, _: KVResync) -> None:
         """A (re)started conductor asks: all this worker caches, as one snapshot."""
-        hashes = await self.engine_loop.call(lambda e: e.kv.pool.snapshot())
+        hashes = await self.engine_loop.call(lambda e: e.cached_block_hashes())
         await publish_kv_events(self.bus, self.worker_id, "prefill", hashes, snapshot=True)
-
-
-def _pin(engine: LLMEngine, block_hashes) -> list | None:
-    blocks = [engine.kv.pool.lookup(h) for h in block_hashes]
-    if any(b is None for b in blocks):
-        return None
-    engine.kv.pool.touch(blocks)
-    return blocks

@@ -8,34 +8,39 @@ from a worker thread so their event loops stay free.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import xxhash
 
 from shared.engine.config import EngineConfig
+from shared.engine.interface import EngineInfo, EngineInterface, EngineStats
 from shared.engine.isolation import LayerHook, execute_isolated
 from shared.engine.logprob import TokenLogprob
-from shared.engine.mock_runner import mock_runner
+from shared.engine.mock_runner import MockRunner, mock_runner
 from shared.engine.output import ENGINE_ERROR, REQUEST_ERROR, Completion, RequestOutput
-from shared.engine.runner import ModelRunner, SeqChunk
+from shared.engine.runner import ModelRunner, SeqChunk, torch_runner
 from shared.engine.sampler import SAMPLING_FAILED, sampling_failure, seeded_generator
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from shared.engine.sequence import Sequence
 from shared.engine.stop import StopStringMatcher
-from shared.errors import InvalidRequest
+from shared.errors import InvalidRequest, KvstackError
+from shared.kvcache.block_pool import KVEvents
 from shared.kvcache.manager import KVCacheManager
 from shared.kvcache.storage import KVStorage
-from shared.model.attention import TorchPagedAttention
 from shared.model.config import ModelConfig
 from shared.model.detokenizer import IncrementalDetokenizer
-from shared.model.kernels import cpu_ops
-from shared.model.loader import load_model, weight_files
+from shared.model.loader import weight_files
 from shared.model.registry import resolve_model
 from shared.model.tokenizer import Tokenizer, has_tokenizer
+
+# How a request ends: ("stop", its stop token or string) or ("length", None).
+_Stop = tuple[str, int | str | None]
 
 
 @dataclass
@@ -47,75 +52,86 @@ class _Extras:
 
 
 class LLMEngine:
+    """The engine behind `EngineInterface` (shared/engine/interface.py, where each public
+    method's contract is written): everything else here is private."""
+
     def __init__(self, config: EngineConfig | None = None) -> None:
-        self.config = config = config or EngineConfig()
+        self._config = config = config or EngineConfig()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.model_dir = resolve_model(config.model)  # the mock engine uses its tokenizer
-        self.tokenizer = (
-            Tokenizer.from_dir(self.model_dir) if has_tokenizer(self.model_dir) else None
+        self._model_dir = resolve_model(config.model)  # the mock engine uses its tokenizer
+        self._tokenizer = (
+            Tokenizer.from_dir(self._model_dir) if has_tokenizer(self._model_dir) else None
         )
+        self._runner: ModelRunner | MockRunner
         if config.mock is None:
-            self.runner, self.model_config, num_blocks = self._torch_runner(config)
-            self.namespace = kv_namespace(self.model_dir, config.resolved_dtype)
+            self._runner, self._model_config, num_blocks = torch_runner(config, self._model_dir)
+            self._namespace = kv_namespace(self._model_dir, config.resolved_dtype)
         else:
-            special = self.tokenizer.all_special_ids if self.tokenizer is not None else ()
-            self.runner, self.model_config, num_blocks = mock_runner(
-                config, ModelConfig.from_dir(self.model_dir), special
+            special = self._tokenizer.all_special_ids if self._tokenizer is not None else ()
+            self._runner, self._model_config, num_blocks = mock_runner(
+                config, config.mock, ModelConfig.from_dir(self._model_dir), special
             )
-            self.namespace = config.mock.namespace
-        mc = self.model_config
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
-        self.scheduler = Scheduler(
+            self._namespace = config.mock.namespace
+        mc = self._model_config
+        self._kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_cache)
+        self._scheduler = Scheduler(
             SchedulerConfig(
                 config.max_num_batched_tokens,
                 config.max_num_seqs,
                 config.enable_chunked_prefill,
                 config.long_prefill_tokens,
             ),
-            self.kv,
+            self._kv,
         )
         limit = config.max_model_len or mc.max_position_embeddings
-        self.max_model_len = min(limit, mc.max_position_embeddings, num_blocks * config.block_size)
-        self.eos_token_ids = set(mc.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self._max_model_len = min(limit, mc.max_position_embeddings, num_blocks * config.block_size)
+        self._eos_token_ids = set(mc.eos_token_ids)
+        if self._tokenizer is not None and self._tokenizer.eos_token_id is not None:
+            self._eos_token_ids.add(self._tokenizer.eos_token_id)
         self._extras: dict[str, _Extras] = {}
         self._hold_kv: set[str] = set()
         self._held: dict[str, Sequence] = {}  # finished, blocks kept until `release`
         self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
         self._ids = itertools.count()
-
-    def _torch_runner(self, config: EngineConfig) -> tuple[ModelRunner, ModelConfig, int]:
-        if config.device == "cpu":
-            cpu_ops()  # build (once per machine) before serving, not in a first request
-        model = load_model(self.model_dir, config.torch_dtype, config.device)
-        mc = model.config
-        num_blocks = config.num_blocks or max(
-            1,
-            config.kv_cache_bytes
-            // KVStorage.bytes_per_block(
-                mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype
-            ),
-        )
-        storage = KVStorage(
-            mc.num_layers,
-            num_blocks if config.local_kv else 0,
-            config.block_size,
-            mc.num_kv_heads,
-            mc.head_dim,
-            config.torch_dtype,
-            config.device,
-        )
-        return (
-            ModelRunner(model, storage, TorchPagedAttention(storage, mc.head_dim)),
+        self._info = EngineInfo(
+            config,
             mc,
-            num_blocks,
+            self._model_dir,
+            self._namespace,
+            self._max_model_len,
+            self._tokenizer,
+            self._runner.weight_bytes,
+            self._scheduler.prefill_chunk_cap,
         )
 
     @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def kv_storage(self) -> KVStorage:
+        return self._runner.storage
+
+    @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished
+        return self._scheduler.has_unfinished
+
+    def stats(self) -> EngineStats:
+        waiting, running = list(self._scheduler.waiting), list(self._scheduler.running)
+        return EngineStats(
+            num_running=len(running),
+            num_waiting=len(waiting),
+            queued_tokens=sum(s.num_tokens - s.num_computed_tokens for s in waiting),
+            context_tokens=sum(s.num_tokens for s in running),
+            free_blocks=self._kv.num_free_blocks,
+            total_blocks=self._kv.pool.num_blocks,
+        )
+
+    def use_runner(self, make: Callable[[ModelRunner], ModelRunner]) -> None:
+        if not isinstance(self._runner, ModelRunner):
+            raise KvstackError("the mock engine has no model runner to replace")
+        self._runner = make(self._runner)
 
     def add_request(
         self,
@@ -133,12 +149,14 @@ class LLMEngine:
         self.validate_prompt(prompt_token_ids)
         if request_id in self._extras:
             raise InvalidRequest(f"request id {request_id!r} is already running")
-        seq = Sequence(request_id, prompt_token_ids, params, self.config.block_size, self.namespace)
+        seq = Sequence(
+            request_id, prompt_token_ids, params, self._config.block_size, self._namespace
+        )
         seq.num_external_tokens = min(external_tokens, seq.num_tokens - 1)
         self._extras[request_id] = self._make_extras(seq)
         if hold_kv:
             self._hold_kv.add(request_id)
-        self.scheduler.add(seq)
+        self._scheduler.add(seq)
 
     def reserve(self, request_id: str, num_tokens: int, headroom: int = 0) -> list[int] | None:
         """Blocks for `num_tokens` tokens of KV that will arrive from elsewhere, or None.
@@ -146,12 +164,12 @@ class LLMEngine:
         Only granted when `headroom` more tokens would still fit, so admitted requests
         can grow without preempting each other at once.
         """
-        if request_id in self.kv.block_tables:
+        if request_id in self._kv.block_tables:
             return None
-        if not self.kv.can_allocate(request_id, num_tokens + headroom):
+        if not self._kv.can_allocate(request_id, num_tokens + headroom):
             return None
-        self.kv.allocate_slots(request_id, num_tokens)
-        return self.kv.block_ids(request_id)
+        self._kv.allocate_slots(request_id, num_tokens)
+        return self._kv.block_ids(request_id)
 
     def reserve_prefix(
         self, request_id: str, block_hashes: Seq[int], num_blocks: int
@@ -159,16 +177,39 @@ class LLMEngine:
         """Blocks for a prompt's first `num_blocks` blocks: the ones the local prefix cache
         holds (a hit), then new ones to fill from elsewhere. Returns (number of local
         blocks, ids of the new blocks), or None when the pool is short."""
-        cached = self.kv.match_prefix(list(block_hashes), num_blocks)
-        if not self.kv.allocate_slots(request_id, num_blocks * self.config.block_size, cached):
+        cached = self._kv.match_prefix(list(block_hashes), num_blocks)
+        if not self._kv.allocate_slots(request_id, num_blocks * self._config.block_size, cached):
             return None
-        return len(cached), self.kv.block_ids(request_id)[len(cached) :]
+        return len(cached), self._kv.block_ids(request_id)[len(cached) :]
+
+    def cached_prefix_blocks(self, block_hashes: Seq[int], max_blocks: int) -> int:
+        return len(self._kv.match_prefix(list(block_hashes), max_blocks))
+
+    def pin_cached_blocks(self, block_hashes: Seq[int]) -> list[int] | None:
+        pool = self._kv.pool
+        blocks = [pool.lookup(h) for h in block_hashes]
+        found = [b for b in blocks if b is not None]
+        if len(found) < len(blocks):
+            return None
+        pool.touch(found)
+        return [b.block_id for b in found]
+
+    def unpin_blocks(self, block_ids: Seq[int]) -> None:
+        pool = self._kv.pool
+        # NOTE: in reverse, so the tail blocks are evicted first.
+        pool.free([pool.blocks[i] for i in reversed(block_ids)])
+
+    def take_kv_events(self) -> KVEvents:
+        return self._kv.pool.take_events()
+
+    def cached_block_hashes(self) -> list[int]:
+        return self._kv.pool.snapshot()
 
     def invalidate(self, request_id: str, reason: str) -> None:
         """Its KV cannot be trusted (a load failed mid-step): the step ends it with an
         error (worth retrying elsewhere), samples nothing and names none of its blocks.
         Engine thread only."""
-        seq = self.scheduler.find(request_id)
+        seq = self._scheduler.find(request_id)
         if seq is not None:
             seq.invalidate(reason, ENGINE_ERROR)
 
@@ -182,78 +223,80 @@ class LLMEngine:
         hold_kv: bool = False,
     ) -> None:
         """Adopt a reserved request whose prompt KV has arrived, and decode it from here."""
-        seq = Sequence(request_id, prompt_token_ids, params, self.config.block_size, self.namespace)
+        seq = Sequence(
+            request_id, prompt_token_ids, params, self._config.block_size, self._namespace
+        )
         seq.num_computed_tokens = seq.num_prompt_tokens
         seq.num_cached_tokens = num_cached_tokens
         seq.append(first_token)
-        self.kv.allocate_slots(request_id, seq.num_tokens)
-        self.kv.name_full_blocks(request_id, seq.block_hashes, seq.num_computed_tokens)
+        self._kv.allocate_slots(request_id, seq.num_tokens)
+        self._kv.name_full_blocks(request_id, seq.block_hashes, seq.num_computed_tokens)
         extras = self._make_extras(seq)
         if extras.detokenizer is not None:
             extras.stops.feed(extras.detokenizer.step(first_token))
         self._extras[request_id] = extras
         if hold_kv:
             self._hold_kv.add(request_id)
-        self.scheduler.adopt(seq)
+        self._scheduler.adopt(seq)
 
     def release(self, request_id: str) -> None:
         """Free the blocks of a held or reserved request."""
         self._hold_kv.discard(request_id)
         self._held.pop(request_id, None)
-        self.kv.free(request_id)
+        self._kv.free(request_id)
 
     def held_blocks(self, request_id: str) -> list[tuple[int, int]]:
         """(block id, block hash) of a finished held request's full, computed blocks."""
         seq = self._held.get(request_id)
         if seq is None:
             return []
-        num_full = min(seq.num_computed_tokens // self.config.block_size, len(seq.block_hashes))
-        return list(zip(self.kv.block_ids(request_id)[:num_full], seq.block_hashes[:num_full]))
+        num_full = min(seq.num_computed_tokens // self._config.block_size, len(seq.block_hashes))
+        return list(zip(self._kv.block_ids(request_id)[:num_full], seq.block_hashes[:num_full]))
 
     def recompute_all(self, num_blocks: int) -> None:
         """Every request's KV is gone (its attention workers died): start a new pool of
         `num_blocks` and recompute each running request over prompt + generated tokens.
         Its next token is sampled from there, so no token is repeated or lost."""
-        self.scheduler.preempt_all()
-        for request_id in [*self._held, *self.kv.block_tables]:
+        self._scheduler.preempt_all()
+        for request_id in [*self._held, *self._kv.block_tables]:
             self.release(request_id)
-        self.kv = KVCacheManager(
-            num_blocks, self.config.block_size, self.config.enable_prefix_cache
+        self._kv = KVCacheManager(
+            num_blocks, self._config.block_size, self._config.enable_prefix_cache
         )
-        self.scheduler.kv = self.kv
+        self._scheduler.kv = self._kv
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """End every request with finish_reason "error" (after a failed step): the engine's
         failure, not theirs."""
-        seqs = [*self.scheduler.running, *self.scheduler.waiting]
+        seqs = [*self._scheduler.running, *self._scheduler.waiting]
         outputs = []
         for seq in seqs:
             seq.error_kind = ENGINE_ERROR
-            self.scheduler.finish(seq, "error", message)
+            self._scheduler.finish(seq, "error", message)
             self._extras.pop(seq.request_id, None)
             self._hold_kv.discard(seq.request_id)
             outputs.append(self._output(seq, (), "", None))
         return outputs
 
     def validate_prompt(self, prompt_token_ids: Seq[int]) -> None:
-        vocab_size = self.model_config.vocab_size
+        vocab_size = self._model_config.vocab_size
         if not prompt_token_ids:
             raise InvalidRequest("the prompt is empty")
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise InvalidRequest(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
-        if len(prompt_token_ids) >= self.max_model_len:
+        if len(prompt_token_ids) >= self._max_model_len:
             raise InvalidRequest(
                 f"the prompt has {len(prompt_token_ids)} tokens; the context limit is "
-                f"{self.max_model_len} (prompt plus at least one generated token)"
+                f"{self._max_model_len} (prompt plus at least one generated token)"
             )
 
     def abort(self, request_id: str) -> bool:
-        seq = self.scheduler.find(request_id)
+        seq = self._scheduler.find(request_id)
         if seq is None:
             return False
         # NOTE: held KV may still be on its way out; `release` frees it when the send is done.
-        self.scheduler.finish(seq, "abort", free_kv=request_id not in self._hold_kv)
+        self._scheduler.finish(seq, "abort", free_kv=request_id not in self._hold_kv)
         self._extras.pop(request_id, None)
         return True
 
@@ -265,11 +308,11 @@ class LLMEngine:
 
         A request whose chunk fails alone, or whose next token cannot be sampled, ends
         with an error; the others go on. Raises only when the engine itself failed."""
-        out = self.scheduler.schedule()
+        out = self._scheduler.schedule()
         if not out.scheduled:
             return []
         chunks = [self._chunk(s) for s in out.scheduled]
-        logits = execute_isolated(self.runner, chunks, layer_hook, layer_gate)
+        logits = execute_isolated(self._runner, chunks, layer_hook, layer_gate)
         for s, row in zip(out.scheduled, logits):
             if isinstance(row, Exception):
                 s.seq.invalidate(
@@ -280,13 +323,13 @@ class LLMEngine:
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
             if not s.seq.invalid_reason:
-                self.kv.name_full_blocks(
+                self._kv.name_full_blocks(
                     s.seq.request_id, s.seq.block_hashes, s.seq.num_computed_tokens
                 )
         ready = [
             (s.seq, row)
             for s, row in zip(out.scheduled, logits)
-            if not s.seq.invalid_reason and row.shape[0]
+            if isinstance(row, torch.Tensor) and not s.seq.invalid_reason and row.shape[0]
         ]
         failures = [self._fail(seq, seq.invalid_reason, seq.error_kind) for seq in failed]
         return [*failures, *(self._sample(ready) if ready else [])]
@@ -294,7 +337,7 @@ class LLMEngine:
     def _fail(self, seq: Sequence, message: str, kind: str) -> RequestOutput:
         held = seq.request_id in self._hold_kv
         seq.error_kind = kind
-        self.scheduler.finish(seq, "error", message, free_kv=not held)
+        self._scheduler.finish(seq, "error", message, free_kv=not held)
         self._extras.pop(seq.request_id, None)
         return self._output(seq, (), "", None)
 
@@ -317,14 +360,14 @@ class LLMEngine:
             seq.request_id,
             seq.token_ids[start:end],
             start,
-            self.kv.block_ids(seq.request_id),
+            self._kv.block_ids(seq.request_id),
             int(end == seq.num_tokens),
         )
 
     def _sample(self, ready: list[tuple[Sequence, torch.Tensor]]) -> list[RequestOutput]:
         rows = torch.cat([row for _, row in ready])
         seqs = [seq for seq, _ in ready]
-        token_ids, token_logprobs = self.runner.sample(
+        token_ids, token_logprobs = self._runner.sample(
             rows, [s.params for s in seqs], [self._generator_for(s) for s in seqs]
         )
         return [
@@ -341,12 +384,12 @@ class LLMEngine:
             return None
         if seq.params.seed is None:
             return self._generator
-        return seeded_generator(seq.params.seed, seq.num_tokens, self.config.device)
+        return seeded_generator(seq.params.seed, seq.num_tokens, self._config.device)
 
     def _append(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> RequestOutput:
         seq.append(token_id)
         extras = self._extras[seq.request_id]
-        stop = self.stop_reason(seq.params, token_id)
+        stop: _Stop | None = self.stop_reason(seq.params, token_id)
         text = ""
         if stop is None and extras.detokenizer is not None:
             text = extras.stops.feed(extras.detokenizer.step(token_id))
@@ -355,7 +398,7 @@ class LLMEngine:
         if stop is not None:
             text += extras.stops.flush()
             held = seq.request_id in self._hold_kv
-            self.scheduler.finish(seq, *stop, free_kv=not held)
+            self._scheduler.finish(seq, *stop, free_kv=not held)
             if held:
                 self._held[seq.request_id] = seq
             del self._extras[seq.request_id]
@@ -385,23 +428,23 @@ class LLMEngine:
     def stop_reason(self, params: SamplingParams, token_id: int) -> tuple[str, int] | None:
         """("stop", token) when `token_id` ends a request with these params (not length)."""
         if token_id in params.stop_token_ids or (
-            not params.ignore_eos and token_id in self.eos_token_ids
+            not params.ignore_eos and token_id in self._eos_token_ids
         ):
             return "stop", token_id
         return None
 
-    def _length_stop(self, seq: Sequence) -> tuple[str] | None:
+    def _length_stop(self, seq: Sequence) -> _Stop | None:
         full = (
-            seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len
+            seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self._max_model_len
         )
-        return ("length",) if full else None
+        return ("length", None) if full else None
 
     def _make_extras(self, seq: Sequence) -> _Extras:
         params = seq.params
         detokenizer = None
-        if self.tokenizer is not None and self.config.detokenize:
+        if self._tokenizer is not None and self._config.detokenize:
             detokenizer = IncrementalDetokenizer(
-                self.tokenizer, seq.token_ids, params.skip_special_tokens
+                self._tokenizer, seq.token_ids, params.skip_special_tokens
             )
         return _Extras(detokenizer, StopStringMatcher(params.stop))
 
@@ -412,3 +455,9 @@ def kv_namespace(model_dir: Path, dtype: str) -> str:
     for path in weight_files(model_dir):
         digest.update(f"{path.name}:{path.stat().st_size}".encode())
     return f"{digest.hexdigest()}/{dtype}"
+
+
+if TYPE_CHECKING:  # mypy holds LLMEngine to the interface services are typed with
+
+    def _implements(engine: LLMEngine) -> EngineInterface:
+        return engine

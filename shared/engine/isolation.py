@@ -9,7 +9,7 @@ fails alone is the engine itself broken.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -31,7 +31,7 @@ def execute_isolated(
     chunks: list[SeqChunk],
     layer_hook: LayerHook | None,
     layer_gate: LayerHook | None,
-) -> list[torch.Tensor | Exception]:
+) -> Sequence[torch.Tensor | Exception]:
     """Logits [num_logits, vocab] per chunk, in order, or the exception of a chunk that
     failed alone. Raises the step's exception when it is not a request's to take: one
     chunk, a peer failure, or every chunk failing alone."""

@@ -5,7 +5,7 @@ result delivered as an awaitable); the thread steps the engine whenever it has w
 hands each step's outputs to `on_outputs` back on the event loop.
 
 A step that raises ends every request on the engine (a failure of one request alone ends
-only that one, inside `LLMEngine.step`). After BROKEN_AFTER such steps in a row the loop
+only that one, inside the engine's `step`). After BROKEN_AFTER such steps in a row the loop
 is `broken`, and `on_broken` tells the service, which should stop taking work.
 """
 
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shared.engine.engine import LLMEngine
+from shared.engine.interface import EngineInterface
 from shared.engine.output import RequestOutput
 
 log = logging.getLogger("kvstack.engine")
@@ -30,10 +30,10 @@ BROKEN_AFTER = 3  # engine-wide step failures in a row
 class EngineLoop:
     def __init__(
         self,
-        engine: LLMEngine,
+        engine: EngineInterface,
         loop: asyncio.AbstractEventLoop,
         on_outputs: Callable[[list[RequestOutput]], None],
-        step: Callable[[LLMEngine], list[RequestOutput]] | None = None,
+        step: Callable[[EngineInterface], list[RequestOutput]] | None = None,
     ) -> None:
         self.engine = engine
         self.loop = loop
@@ -64,7 +64,7 @@ class EngineLoop:
         self._wake.set()
         self._thread.join(timeout=30)
 
-    def call(self, fn: Callable[[LLMEngine], Any]) -> asyncio.Future:
+    def call(self, fn: Callable[[EngineInterface], Any]) -> asyncio.Future:
         """Run fn(engine) on the engine thread before its next step."""
         future = self.loop.create_future()
         self._calls.put((fn, future))

@@ -17,8 +17,11 @@ from shared.model.attention import AttentionMetadata, PrefillSpan, causal_mask
 class ChunkLayout(Protocol):
     """What metadata needs of a chunk: its KV position and block table."""
 
-    start_pos: int
-    block_ids: Sequence[int]
+    @property
+    def start_pos(self) -> int: ...
+
+    @property
+    def block_ids(self) -> Sequence[int]: ...
 
     @property
     def num_tokens(self) -> int: ...
@@ -31,7 +34,8 @@ def attention_metadata(
     chunks: Sequence[ChunkLayout], block_size: int, device: torch.device | str
 ) -> tuple[torch.Tensor, AttentionMetadata]:
     """Positions [T] and metadata of chunks laid out in order; decode chunks must come first."""
-    positions, slots = [], []
+    positions: list[int] = []
+    slots: list[int] = []
     for chunk in chunks:
         chunk_positions = range(chunk.start_pos, chunk.context_len)
         positions.extend(chunk_positions)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 import torch
 import xxhash
 
-from shared.costmodel import CostModel
 from shared.engine.config import EngineConfig
 from shared.engine.logprob import TokenLogprob
+from shared.engine.mock import MockSpec
 from shared.engine.runner import SeqChunk
 from shared.engine.sampling_params import SamplingParams
 from shared.kvcache.storage import KVStorage
@@ -29,7 +30,15 @@ log = logging.getLogger("kvstack.engine")
 MIN_LAYER_SLEEP = 1e-3
 
 
-def step_seconds(cost: CostModel, chunks: Sequence[SeqChunk]) -> float:
+class StepCost(Protocol):
+    """What pacing a step needs of a cost model (shared/costmodel's models have it)."""
+
+    def prefill_time(self, num_new: int, num_cached: int = 0) -> float: ...
+
+    def decode_step_time(self, batch_size: int, total_context: int) -> float: ...
+
+
+def step_seconds(cost: StepCost, chunks: Sequence[SeqChunk]) -> float:
     """The cost model's time for one step: each prefill chunk after its cached tokens, and
     the single-token chunks as one decode step. One forward pass pays its fixed cost (the
     launch overhead and reading the weights: a prefill of nothing) once, however many parts
@@ -48,7 +57,7 @@ class MockRunner:
     """Owns the KV storage; knows nothing of requests or scheduling (as ModelRunner)."""
 
     def __init__(
-        self, storage: KVStorage, cost: CostModel, vocab_size: int, avoid: Iterable[int] = ()
+        self, storage: KVStorage, cost: StepCost, vocab_size: int, avoid: Iterable[int] = ()
     ) -> None:
         self.storage = storage
         self.cost = cost
@@ -57,6 +66,10 @@ class MockRunner:
         self.vocab_size = vocab_size
         self.avoid = frozenset(avoid)  # never answered: stop and special tokens
         self.device = storage.kv.device
+
+    @property
+    def weight_bytes(self) -> int:
+        return 0  # no weights in memory
 
     def execute(
         self,
@@ -120,14 +133,17 @@ class MockRunner:
 
 
 def mock_runner(
-    config: EngineConfig, tokenizer_model: ModelConfig, special_ids: Iterable[int] = ()
+    config: EngineConfig,
+    spec: MockSpec,
+    tokenizer_model: ModelConfig,
+    special_ids: Iterable[int] = (),
 ) -> tuple[MockRunner, ModelConfig, int]:
-    """The runner of `config.mock`, the model config workers see, and the pool's blocks.
+    """The runner of `spec` (the config's `mock`), the model config workers see, and the
+    pool's blocks.
 
     KV is one-byte elements (`token_half_bytes` of them per token, layer, K or V); the
     vocabulary is the tokenizer model's, and its stop and special tokens are never answered.
     """
-    spec = config.mock
     model_config = spec.model_config(tokenizer_model, config.max_model_len)
     num_blocks = config.num_blocks or spec.num_blocks(config.block_size, config.kv_cache_bytes)
     storage = KVStorage(

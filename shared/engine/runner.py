@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from shared.engine.config import EngineConfig
 from shared.engine.logprob import TokenLogprob
 from shared.engine.metadata import attention_metadata
 from shared.engine.sampler import logprobs, sample
 from shared.engine.sampling_params import SamplingParams
 from shared.kvcache.storage import KVStorage
-from shared.model.attention import AttentionBackend
+from shared.model.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from shared.model.config import ModelConfig
+from shared.model.kernels import cpu_ops
 from shared.model.llama import ForwardBatch, LlamaModel
+from shared.model.loader import load_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,10 @@ class ModelRunner:
         self.backend = backend
         self.block_size = storage.block_size
         self.device = storage.kv.device
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     @torch.inference_mode()
     def execute(
@@ -76,14 +85,18 @@ class ModelRunner:
         token_ids = sample(logits, params, generators)
         return token_ids, logprobs(logits, token_ids, [p.logprobs for p in params])
 
-    def prepare(self, chunks: Sequence[SeqChunk]) -> tuple[torch.Tensor, ...]:
+    def prepare(
+        self, chunks: Sequence[SeqChunk]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat token ids, positions and attention metadata; decode chunks must come first."""
         positions, meta = attention_metadata(chunks, self.block_size, self.device)
         token_ids = [t for chunk in chunks for t in chunk.token_ids]
         return torch.tensor(token_ids, dtype=torch.long, device=self.device), positions, meta
 
     def _logits(self, hidden: torch.Tensor, chunks: Sequence[SeqChunk]) -> list[torch.Tensor]:
-        rows, counts, end = [], [], 0
+        rows: list[int] = []
+        counts: list[int] = []
+        end = 0
         for chunk in chunks:
             end += len(chunk.token_ids)
             rows.extend(range(end - chunk.num_logits, end))
@@ -92,6 +105,32 @@ class ModelRunner:
             return [hidden.new_empty((0, 0))] * len(chunks)
         index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
         return list(self.model.compute_logits(hidden[index]).split(counts))
+
+
+def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, ModelConfig, int]:
+    """The runner of the model in `model_dir`, its config, and the pool's blocks (from
+    `num_blocks`, or as many as `kv_cache_bytes` holds)."""
+    if config.device == "cpu":
+        cpu_ops()  # build (once per machine) before serving, not in a first request
+    model = load_model(model_dir, config.torch_dtype, config.device)
+    mc = model.config
+    num_blocks = config.num_blocks or max(
+        1,
+        config.kv_cache_bytes
+        // KVStorage.bytes_per_block(
+            mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype
+        ),
+    )
+    storage = KVStorage(
+        mc.num_layers,
+        num_blocks if config.local_kv else 0,
+        config.block_size,
+        mc.num_kv_heads,
+        mc.head_dim,
+        config.torch_dtype,
+        config.device,
+    )
+    return ModelRunner(model, storage, TorchPagedAttention(storage, mc.head_dim)), mc, num_blocks
 
 
 def decode_first(chunks: Sequence[SeqChunk]) -> tuple[list[int], list[SeqChunk]]:
@@ -103,7 +142,5 @@ def decode_first(chunks: Sequence[SeqChunk]) -> tuple[list[int], list[SeqChunk]]
 
 def in_order(order: list[int], rows: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Per-chunk results of `decode_first`'s layout, back in the callers' chunk order."""
-    result: list[torch.Tensor] = [None] * len(order)
-    for i, row in zip(order, rows):
-        result[i] = row
-    return result
+    by_position = dict(zip(order, rows))
+    return [by_position[i] for i in range(len(order))]

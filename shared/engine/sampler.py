@@ -102,8 +102,8 @@ def logprobs(
         return result
     log_probs = torch.log_softmax(logits[wanted], dim=-1)
     for row, i in enumerate(wanted):
-        n = num_top[i]
-        top = torch.topk(log_probs[row], n) if n else None
+        k = num_top[i]
+        top = torch.topk(log_probs[row], k) if k else None
         pairs = tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ()
         result[i] = TokenLogprob(token_ids[i], float(log_probs[row, token_ids[i]]), pairs)
     return result

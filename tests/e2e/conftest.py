@@ -95,7 +95,7 @@ def assert_chats_equal_reference(
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
     wants = [
         reference.generate(
-            [reference.tokenizer.encode_chat([{"role": "user", "content": p}])], params
+            [reference.info.tokenizer.encode_chat([{"role": "user", "content": p}])], params
         )[0].text
         for p in prompts
     ]

@@ -48,7 +48,9 @@ def client(stack) -> openai.OpenAI:
 
 
 def prompt_ids(reference, topic: str) -> list[int]:
-    return reference.tokenizer.encode_chat([{"role": "user", "content": f"Tell me about {topic}."}])
+    return reference.info.tokenizer.encode_chat(
+        [{"role": "user", "content": f"Tell me about {topic}."}]
+    )
 
 
 def wanted(reference, prompts: list[list[int]], max_tokens: int, **params) -> list[str]:

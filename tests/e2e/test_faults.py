@@ -35,7 +35,8 @@ def ask(stack) -> str:
 
 def test_one_damaged_transfer_is_refused_and_retried_with_the_same_text(tmp_path, reference):
     want = reference.generate(
-        [reference.tokenizer.encode_chat(MESSAGES)], SamplingParams(max_tokens=24, temperature=0)
+        [reference.info.tokenizer.encode_chat(MESSAGES)],
+        SamplingParams(max_tokens=24, temperature=0),
     )[0].text
     data_port = free_port()
     proxy = CorruptingProxy(data_port, offset=20_000)  # inside the first transfer's payload

@@ -50,7 +50,8 @@ def reference_texts(reference, prompts: list[str], **params) -> list[str]:
     """What the reference engine answers to each prompt (one batch: seeded draws depend on
     the seed and the token's position only, so batching changes nothing)."""
     prompt_ids = [
-        reference.tokenizer.encode_chat([{"role": "user", "content": prompt}]) for prompt in prompts
+        reference.info.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        for prompt in prompts
     ]
     sampling = SamplingParams(max_tokens=MAX_TOKENS, **{"temperature": 0, **params})
     return [c.text for c in reference.generate(prompt_ids, sampling)]

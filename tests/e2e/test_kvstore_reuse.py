@@ -46,7 +46,7 @@ def test_a_prefix_computed_on_one_worker_is_loaded_by_another(stack_with_pool, r
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached == stats.blocks_from_kvstore * 16 and cached > 300
     want = reference.generate(
-        [reference.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
+        [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
     )[0]
     assert second.choices[0].text == want.text
     assert first.usage.prompt_tokens_details.cached_tokens == 0
@@ -81,7 +81,7 @@ def test_a_kvstore_killed_mid_transfer_means_recompute_not_failure(tmp_path, ref
         stack.processes[:] = [p for p in stack.processes if p.name != "kvstore-0"]
     proxy.close()
     want = reference.generate(
-        [reference.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
+        [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
     )[0]
     assert second.choices[0].text == want.text
     assert second.usage.prompt_tokens_details.cached_tokens == 0  # recomputed
@@ -118,6 +118,6 @@ def test_a_peer_prefill_worker_serves_its_cache_when_no_pool_has_it(tmp_path, re
     assert taker.blocks_from_peers > 0 and giver.blocks_served == taker.blocks_from_peers
     assert second.usage.prompt_tokens_details.cached_tokens == taker.blocks_from_peers * 16
     want = reference.generate(
-        [reference.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
+        [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
     )[0]
     assert second.choices[0].text == want.text

@@ -92,7 +92,7 @@ def test_a_group_that_does_not_divide_the_kv_heads_is_refused_clearly(tmp_path):
 def test_a_dead_attention_worker_is_rebuilt_and_the_stream_goes_on(tmp_path, reference):
     prompt, max_tokens = "Once upon a time", 96
     want = reference.generate(
-        [reference.tokenizer.encode(prompt)],
+        [reference.info.tokenizer.encode(prompt)],
         SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
     )[0].text
     with running_stack(tmp_path, num_attention=3, **OFFLOAD) as stack:

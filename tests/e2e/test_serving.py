@@ -42,7 +42,7 @@ def streamed_completion(client, **kwargs) -> tuple[str, dict, str]:
 @pytest.mark.parametrize("stream", [False, True])
 def test_completion_equals_generate(client, reference, stream) -> None:
     prompt = "The capital of France is"
-    want = expected(reference, reference.tokenizer.encode(prompt), 24)
+    want = expected(reference, reference.info.tokenizer.encode(prompt), 24)
     kwargs = dict(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=24, temperature=0)
     if stream:
         text, usage, finish = streamed_completion(client, **kwargs)
@@ -56,7 +56,7 @@ def test_completion_equals_generate(client, reference, stream) -> None:
 
 
 def test_token_id_prompt_with_ignore_eos_runs_to_max_tokens(client, reference) -> None:
-    prompt_ids = reference.tokenizer.encode_chat([{"role": "user", "content": QUESTION}])
+    prompt_ids = reference.info.tokenizer.encode_chat([{"role": "user", "content": QUESTION}])
     want = expected(reference, prompt_ids, 40, ignore_eos=True)
     text, usage, finish = streamed_completion(
         client,
@@ -73,7 +73,7 @@ def test_token_id_prompt_with_ignore_eos_runs_to_max_tokens(client, reference) -
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_equals_generate(client, reference, stream) -> None:
     messages = [{"role": "user", "content": "Write a haiku about the sea."}]
-    want = expected(reference, reference.tokenizer.encode_chat(messages), 48)
+    want = expected(reference, reference.info.tokenizer.encode_chat(messages), 48)
     kwargs = dict(model="SmolLM2-135M-Instruct", messages=messages, max_tokens=48, temperature=0)
     if not stream:
         result = client.chat.completions.create(**kwargs)
@@ -119,7 +119,7 @@ def test_sixteen_concurrent_streams_each_equal_their_single_output(client, refer
     prompts = [f"Write one sentence about {topic}." for topic in topics]
     wants = [
         expected(
-            reference, reference.tokenizer.encode_chat([{"role": "user", "content": p}]), 24
+            reference, reference.info.tokenizer.encode_chat([{"role": "user", "content": p}]), 24
         ).text
         for p in prompts
     ]
@@ -141,7 +141,7 @@ def test_sixteen_concurrent_streams_each_equal_their_single_output(client, refer
 
 def test_logprobs_match_the_engine(client, reference) -> None:
     prompt = "The capital of France is"
-    want = expected(reference, reference.tokenizer.encode(prompt), 6, logprobs=2)
+    want = expected(reference, reference.info.tokenizer.encode(prompt), 6, logprobs=2)
     result = client.completions.create(
         model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=6, temperature=0, logprobs=2
     )

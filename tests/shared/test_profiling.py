@@ -40,15 +40,15 @@ def test_an_evicted_prefix_is_computed_again(tiny_llama_dir) -> None:
 
 def test_decode_steps_run_the_whole_batch_and_leave_the_engine_empty(engine) -> None:
     assert EngineProbe(engine).decode_step(4, 64, steps=3) > 0
-    assert not engine.has_unfinished and not engine.kv.block_tables
+    assert not engine.has_unfinished and engine.stats().free_blocks == engine.stats().total_blocks
 
 
 def test_a_batch_larger_than_the_kv_cache_is_an_error(engine) -> None:
     with pytest.raises(KvstackError, match="cannot hold 8 x 400 tokens"):
         EngineProbe(engine).decode_step(8, 400)
-    assert not engine.has_unfinished and not engine.kv.block_tables
+    assert not engine.has_unfinished and engine.stats().free_blocks == engine.stats().total_blocks
 
 
 def test_the_link_has_a_bandwidth_and_a_latency(engine) -> None:
-    bandwidth, latency = link_seconds(engine.runner.storage, num_blocks=32, repeats=2)
+    bandwidth, latency = link_seconds(engine.kv_storage, num_blocks=32, repeats=2)
     assert bandwidth > 1e6 and 0 <= latency < 1.0

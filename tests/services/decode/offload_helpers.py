@@ -21,7 +21,7 @@ KV_BYTES = 64 << 20
 def offloaded_engine(config: EngineConfig, group_size: int, micro_batches: int = 2):
     """An engine like `LLMEngine(config)` whose attention runs on `group_size` shards."""
     probe = LLMEngine(dataclasses.replace(config, num_blocks=1))
-    mc, dtype = probe.model_config, config.resolved_dtype
+    mc, dtype = probe.info.model, config.resolved_dtype
     ids = [f"aw{i}" for i in range(group_size)]
     group = AttentionGroup(None, "decode-test", ids, mc, dtype, config.block_size, None, 10.0)
     loop = asyncio.new_event_loop()
@@ -53,8 +53,8 @@ def offloaded_engine(config: EngineConfig, group_size: int, micro_batches: int =
                 config, num_blocks=num_blocks, local_kv=False, enable_prefix_cache=False
             )
         )
-        engine.runner = OffloadRunner(
-            engine.runner.model, engine.runner.storage, group, micro_batches
+        engine.use_runner(
+            lambda runner: OffloadRunner(runner.model, runner.storage, group, micro_batches)
         )
         yield engine, group, shards, servers
     finally:
@@ -67,12 +67,17 @@ def offloaded_engine(config: EngineConfig, group_size: int, micro_batches: int =
 def record_logits(engine: LLMEngine) -> list:
     """Every step's logits, as the runner returns them."""
     recorded = []
-    execute = engine.runner.execute
 
-    def recording(chunks, *args, **kwargs):
-        logits = execute(chunks, *args, **kwargs)
-        recorded.append({c.request_id: row for c, row in zip(chunks, logits)})
-        return logits
+    def record(runner):
+        execute = runner.execute
 
-    engine.runner.execute = recording
+        def recording(chunks, *args, **kwargs):
+            logits = execute(chunks, *args, **kwargs)
+            recorded.append({c.request_id: row for c, row in zip(chunks, logits)})
+            return logits
+
+        runner.execute = recording
+        return runner
+
+    engine.use_runner(record)
     return recorded

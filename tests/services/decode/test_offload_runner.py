@@ -75,7 +75,7 @@ def test_two_shards_of_a_two_kv_head_model(tiny_llama_dir):
 def test_bytes_on_the_link_equal_the_formula(smollm2_dir):
     with offloaded_engine(config_of(smollm2_dir), 3) as (engine, group, _shards, _):
         run_steps(engine)
-        mc, e = engine.model_config, 4
+        mc, e = engine.info.model, 4
         num_tokens = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (GREEDY.max_tokens - 1)
         per_token_layer_out = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim * e
         per_token_layer_back = mc.num_heads * mc.head_dim * e
@@ -93,7 +93,7 @@ def test_finished_requests_leave_the_shards(smollm2_dir):
         assert all(shard.request_blocks for shard in shards)
         group.release([f"r{i}" for i in range(len(PROMPTS))])
         # a probe after the release: once its output is back, every shard has read both
-        mc = engine.model_config
+        mc = engine.info.model
         group.begin_step(0, [SeqChunk("probe", (1,), 0, (0,))])
         group.send(
             0,

@@ -20,7 +20,7 @@ async def test_a_load_that_failed_before_a_layer_computes_still_invalidates_it(
         EngineConfig(model=str(tiny_llama_dir), dtype="float32", block_size=4, num_blocks=16)
     )
     engine.add_request("r", list(range(3, 20)), SamplingParams(max_tokens=1))
-    inbox = KVInbox(engine.runner.storage, asyncio.get_running_loop())
+    inbox = KVInbox(engine.kv_storage, asyncio.get_running_loop())
     loader = PrefixLoader(engine_loop=None, pool=None, inbox=inbox, layer_timeout=5.0)
     expected = inbox.expect("r:prefix", [0, 1], num_layers=2, ttl=60)
     expected.layers_done.add(0)
@@ -31,6 +31,7 @@ async def test_a_load_that_failed_before_a_layer_computes_still_invalidates_it(
     await settling  # settled before layer 1's gate runs
     chunk = SeqChunk("r", list(range(8, 20)), 8, [0, 1, 2, 3, 4])
     loader.gate(engine, 1, [chunk])
-    assert "loading the prefix failed" in engine.scheduler.find("r").invalid_reason
     loader.forget("r")
+    (out,) = engine.step()
+    assert out.finish_reason == "error" and "loading the prefix failed" in out.stop_reason
     assert not loader.loads

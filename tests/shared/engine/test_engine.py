@@ -63,7 +63,7 @@ def test_preemption_under_a_small_pool_changes_nothing(tiny_llama_dir) -> None:
     small = engine(tiny_llama_dir, num_blocks=14)
     tight = small.generate(prompts(), GREEDY)
     assert [r.token_ids for r in tight] == [r.token_ids for r in roomy]
-    assert small.kv.num_free_blocks == 14
+    assert small.stats().free_blocks == 14
 
 
 def test_prefix_cache_hit_is_reported_and_output_unchanged(tiny_llama_dir) -> None:
@@ -85,16 +85,16 @@ def test_bad_prompts_are_refused_and_leave_no_trace(tiny_llama_dir) -> None:
     for message, prompt in bad.items():
         with pytest.raises(InvalidRequest, match=message):
             eng.add_request("x", prompt, GREEDY)
-    assert not eng.has_unfinished and eng.kv.num_free_blocks == 64
+    assert not eng.has_unfinished and eng.stats().free_blocks == 64
 
 
 def test_abort_frees_the_blocks(tiny_llama_dir) -> None:
     eng = engine(tiny_llama_dir)
     eng.add_request("a", prompts()[2], GREEDY)
     eng.step()
-    assert eng.kv.num_free_blocks < 64
+    assert eng.stats().free_blocks < 64
     assert eng.abort("a") and not eng.abort("a")
-    assert eng.kv.num_free_blocks == 64 and not eng.has_unfinished
+    assert eng.stats().free_blocks == 64 and not eng.has_unfinished
 
 
 def test_stop_token_ids_and_length_limits(tiny_llama_dir) -> None:

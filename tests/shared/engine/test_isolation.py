@@ -54,13 +54,19 @@ def run(
 def poison(eng: LLMEngine, fault) -> list[list[str]]:
     """Make the runner call `fault(chunks, logits)` on each forward pass; return the
     request ids of every pass it was asked to run."""
-    execute, passes = eng.runner.execute, []
+    passes = []
 
-    def faulty(chunks, **hooks):
-        passes.append([c.request_id for c in chunks])
-        return fault(chunks, execute(chunks, **hooks))
+    def poisoned(runner):
+        execute = runner.execute
 
-    eng.runner.execute = faulty
+        def faulty(chunks, **hooks):
+            passes.append([c.request_id for c in chunks])
+            return fault(chunks, execute(chunks, **hooks))
+
+        runner.execute = faulty
+        return runner
+
+    eng.use_runner(poisoned)
     return passes
 
 
@@ -106,7 +112,7 @@ def test_a_chunk_that_fails_alone_ends_only_its_request(tiny_llama_dir) -> None:
     assert ["bad"] in passes and ["a"] in passes  # each chunk ran again alone
     assert 1 in hooked  # with the layer hook, one chunk at a time
     assert_others_unharmed(tiny_llama_dir, done, {"c": SAMPLED})
-    assert eng.kv.num_free_blocks == 96 and not eng.has_unfinished
+    assert eng.stats().free_blocks == 96 and not eng.has_unfinished
 
 
 def test_when_every_chunk_fails_alone_the_step_raises(tiny_llama_dir) -> None:
@@ -118,7 +124,7 @@ def test_when_every_chunk_fails_alone_the_step_raises(tiny_llama_dir) -> None:
     assert len(passes) == 1 + len(prompts())
     outputs = eng.fail_all("engine step failed")
     assert {out.error_kind for out in outputs} == {ENGINE_ERROR}
-    assert eng.kv.num_free_blocks == 96
+    assert eng.stats().free_blocks == 96
 
 
 def test_a_peer_failure_is_not_retried_chunk_by_chunk(tiny_llama_dir) -> None:

@@ -95,12 +95,13 @@ def test_the_mock_model_is_sure_of_its_tokens() -> None:
 
 def test_the_engine_keeps_the_mock_models_layers_at_scaled_bytes(smollm2_dir) -> None:
     engine = mock_engine(smollm2_dir)
-    storage = engine.runner.storage
-    assert storage.kv.shape[0] == engine.model_config.num_layers == 80
+    storage, info = engine.kv_storage, engine.info
+    assert storage.kv.shape[0] == info.model.num_layers == 80
     assert storage.token_bytes * 2 * 80 == SPEC.kv_bytes_per_token == 320
-    assert engine.kv.pool.num_blocks == SPEC.num_blocks(16, 8 << 20) == storage.num_blocks
-    assert engine.namespace == SPEC.namespace
-    assert engine.max_model_len == min(131072, storage.num_blocks * 16)
+    assert engine.stats().total_blocks == SPEC.num_blocks(16, 8 << 20) == storage.num_blocks
+    assert info.namespace == SPEC.namespace
+    assert info.max_model_len == min(131072, storage.num_blocks * 16)
+    assert info.weight_bytes == 0
 
 
 def test_answers_are_exactly_max_tokens_long_and_the_same_on_every_engine(smollm2_dir) -> None:
@@ -109,7 +110,7 @@ def test_answers_are_exactly_max_tokens_long_and_the_same_on_every_engine(smollm
     again = mock_engine(smollm2_dir).generate([prompt], LONG)[0]
     assert len(first.token_ids) == 24 and first.finish_reason == "length"
     assert first.token_ids == again.token_ids
-    special = set(mock_engine(smollm2_dir).tokenizer.all_special_ids)
+    special = set(mock_engine(smollm2_dir).info.tokenizer.all_special_ids)
     assert special and not special & set(first.token_ids)
 
 

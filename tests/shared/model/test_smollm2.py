@@ -25,7 +25,7 @@ def engine() -> LLMEngine:
 
 
 def chat(engine: LLMEngine, question: str) -> list[int]:
-    return engine.tokenizer.encode_chat([{"role": "user", "content": question}])
+    return engine.info.tokenizer.encode_chat([{"role": "user", "content": question}])
 
 
 def test_greedy_chat_equals_transformers_token_for_token(engine, hf_smollm2) -> None:
