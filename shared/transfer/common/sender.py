@@ -135,7 +135,9 @@ class PeerChannel:
         """Whether the connection should not take a new request: the receiver has closed it
         (idle, restarted), or it has idled long enough that the receiver may be closing it."""
         idle_s = time.monotonic() - self.last_write
-        return (not self.frames and idle_s > self.sender.max_idle_s) or peer_closed(self.sock)
+        return (not self.frames and idle_s > self.sender.max_idle_s) or (
+            self.sock is not None and peer_closed(self.sock)
+        )
 
     def _write(self, request_id: str, data: object) -> bool:
         try:
