@@ -124,10 +124,11 @@ class StreamClock:
             self._token(now)
 
     def _token(self, now: float) -> None:
-        if self.first is None:
+        last = self.last  # set with `first`, by the first token
+        if last is None:
             self.first = now
         else:
-            self.itl.append(now - self.last)
+            self.itl.append(now - last)
         self.last = now
         self.num_token_events += 1
 

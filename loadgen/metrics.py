@@ -47,9 +47,10 @@ def _is_positive(text: str) -> bool:
 
 
 def is_good(record: RequestRecord, slos: dict[str, float]) -> bool:
-    if not record.success:
+    ttft = record.ttft
+    if not record.success or ttft is None:  # success means a first token came
         return False
-    values = {"ttft": record.ttft, "tpot": record.tpot, "e2el": record.latency}
+    values = {"ttft": ttft, "tpot": record.tpot, "e2el": record.latency}
     return all(values[key] <= limit for key, limit in slos.items())
 
 
@@ -91,7 +92,7 @@ def summarize(
 
 def metric_values(done: Sequence[RequestRecord]) -> dict[str, list[float]]:
     return {
-        "ttft": [r.ttft for r in done],
+        "ttft": [r.ttft for r in done if r.ttft is not None],  # all of them: done succeeded
         "tpot": [r.tpot for r in done if r.output_len > 1],
         "itl": [gap for r in done for gap in r.itl],
         "e2el": [r.latency for r in done],

@@ -53,7 +53,7 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         if action.default is None or action.default is False:
             return action.help or ""
-        return super()._get_help_string(action)
+        return super()._get_help_string(action) or ""
 
 
 def add_target_args(g) -> None:
@@ -236,11 +236,19 @@ def build_prompts(args: argparse.Namespace) -> list[Prompt]:
     return datasets.trace_prompts(rows, args.length_scale or 1.0, space, args.seed)
 
 
+def trace_arrivals(prompts: list[Prompt]) -> list[float]:
+    """Each trace prompt's own arrival (a trace row always has its timestamp)."""
+    arrivals = [prompt.arrival for prompt in prompts if prompt.arrival is not None]
+    if len(arrivals) != len(prompts):
+        raise KvstackError("a mooncake-trace prompt without its arrival time")
+    return arrivals
+
+
 def schedule(args: argparse.Namespace, prompts: list[Prompt]) -> list[float]:
     if not prompts:
         raise KvstackError("no requests to send (is --duration or --max-requests too small?)")
     if args.dataset == "mooncake-trace":
-        return [prompt.arrival for prompt in prompts]
+        return trace_arrivals(prompts)
     return arrival_times(len(prompts), args.request_rate, args.burstiness, args.seed)
 
 

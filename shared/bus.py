@@ -49,7 +49,9 @@ class Bus:
 
         async def reconnected() -> None:
             log.info("%s: NATS reconnected", name)
-            for callback in bus.on_reconnect if bus is not None else ():
+            if bus is None:  # reconnected before connect() returned: nothing to announce yet
+                return
+            for callback in bus.on_reconnect:
                 bus.tasks.spawn(callback(), "re-announcing after a reconnection")
 
         nc = await _open(url, name, auth, connect_timeout, reconnected)
@@ -189,9 +191,11 @@ async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float, rec
         nc.connect(
             url,
             name=name,
-            connect_timeout=connect_timeout,
+            # NOTE: nats-py annotates these two int, but only hands them to asyncio's
+            # timeouts and sleeps, which take fractions of seconds.
+            connect_timeout=connect_timeout,  # type: ignore[arg-type]
             max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
+            reconnect_time_wait=0.5,  # type: ignore[arg-type]
             allow_reconnect=True,
             error_cb=on_error,
             disconnected_cb=_log_event(f"{name}: NATS disconnected"),

@@ -30,7 +30,7 @@ def message(kind: str):
     def register(cls: type) -> type:
         assert kind not in _KINDS, f"message kind {kind!r} registered twice"
         _KINDS[kind] = cls
-        cls.KIND = kind
+        setattr(cls, "KIND", kind)  # noqa: B010 (a class attribute added at registration)
         return cls
 
     return register
@@ -92,7 +92,7 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         return _convert_union(typing.get_args(hint), value, path)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return build(hint, value, path)
     if origin in (tuple, list):
         return _convert_sequence(hint, origin, value, path)

@@ -116,14 +116,14 @@ class NatsServer:
         if self.jetstream:
             args += ["-js", "-sd", str(self.workdir / "jetstream")]
         with open(self.log_path, "ab") as log:
-            self.process = start_in_own_session(args, log)
-        return self._wait_for_url()
+            self.process = process = start_in_own_session(args, log)
+        return self._wait_for_url(process)
 
-    def _wait_for_url(self, timeout: float = 10.0) -> str:
-        ports_file = self.workdir / f"nats-server_{self.process.pid}.ports"
+    def _wait_for_url(self, process: subprocess.Popen, timeout: float = 10.0) -> str:
+        ports_file = self.workdir / f"nats-server_{process.pid}.ports"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if process.poll() is not None:
                 raise KvstackError(f"nats-server exited; see {self.log_path}")
             if urls := _urls(ports_file):
                 return urls[0]

@@ -91,6 +91,13 @@ class Service:
             draining=self.draining,
         )
 
+    @property
+    def live_bus(self) -> Bus:
+        """The bus, for what runs once `run` connected it (handlers, tasks, heartbeats)."""
+        if self.bus is None:
+            raise RuntimeError(f"{self.worker_id}: the bus is not connected yet")
+        return self.bus
+
     def healthy(self) -> bool:
         return self.bus is not None and self.bus.connected and not self.draining
 
@@ -210,7 +217,7 @@ async def _start_http(service: Service) -> web.AppRunner:
         raise KvstackError(
             f"cannot listen on {service.config.host}:{service.config.http_port}: {e.strerror}"
         ) from None
-    port = site._server.sockets[0].getsockname()[1]
+    port = runner.addresses[0][1]  # the one actually bound (http_port may be 0)
     service.http_addr = f"{service.config.host}:{port}"
     return runner
 
@@ -235,7 +242,7 @@ def _metrics(service: Service):
 async def _register(service: Service):
     """nats.micro discovery: `nats micro ls` (or $SRV.PING) lists every kvstack process."""
     micro = await nats.micro.add_service(
-        service.bus.nc,
+        service.live_bus.nc,
         name=f"kvstack-{service.name}",
         version=VERSION,
         description=f"kvstack {service.name}",
@@ -254,7 +261,7 @@ async def _register(service: Service):
 async def _beat(service: Service) -> None:
     beat = replace(service.heartbeat(), instance=service.instance, stopped=service.leaving)
     try:
-        await service.bus.publish(subjects.heartbeat(service.name, service.worker_id), beat)
+        await service.live_bus.publish(subjects.heartbeat(service.name, service.worker_id), beat)
     except Exception as e:  # a NATS hiccup must not end the heartbeats
         log.warning("%s: heartbeat failed: %s", service.worker_id, e)
 

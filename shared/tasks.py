@@ -61,9 +61,11 @@ class Tasks:
 
     def _done(self, task: asyncio.Task, what: str, on_error: OnError | None) -> None:
         self._tasks.discard(task)
-        if task.cancelled() or task.exception() is None:
+        if task.cancelled():
             return
         error = task.exception()
+        if error is None:
+            return
         log.error(
             "%s: %s failed: %s: %s", self.owner, what, type(error).__name__, error, exc_info=error
         )

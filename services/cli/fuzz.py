@@ -84,5 +84,7 @@ def table(reports) -> str:
 
 
 def _by_class(statuses) -> tuple[str, str, str]:
-    counts = [sum(n for status, n in statuses.items() if status // 100 == c) for c in (2, 4, 5)]
-    return tuple(map(str, counts))
+    ok, refused, failed = (
+        sum(n for status, n in statuses.items() if status // 100 == c) for c in (2, 4, 5)
+    )
+    return str(ok), str(refused), str(failed)

@@ -20,6 +20,7 @@ import requests
 import schemathesis
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.result import Err
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
@@ -81,7 +82,11 @@ def fuzz(config: FuzzConfig) -> list[OperationReport]:
     schema = schemathesis.openapi.from_url(
         f"{config.base_url}/openapi.json", timeout=config.request_timeout
     )
-    operations = [result.ok() for result in schema.get_all_operations()]
+    operations = []
+    for result in schema.get_all_operations():
+        if isinstance(result, Err):  # a part of the document schemathesis cannot use
+            raise result.err()
+        operations.append(result.ok())
     return [fuzz_operation(operation, mode, config) for operation in operations for mode in MODES]
 
 

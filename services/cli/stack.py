@@ -33,12 +33,14 @@ from pathlib import Path
 
 from services.cli import stack_process
 from services.cli.restarts import RestartPolicy
+from services.cli.settings import flags
 from services.cli.stack_auth import StackAuth
 from services.cli.stack_logs import rotate, tail
 from services.cli.stack_process import Process, stop_tiers
 from services.cli.supervisor import Child, Supervisor
 from services.cli.up_metrics import UpMetrics
 from shared import codec, subjects
+from shared.auth.credentials import NatsAuth
 from shared.auth.deployment import Identity, read_data_token
 from shared.bus import Bus
 from shared.engine.mock import MockSpec
@@ -100,7 +102,7 @@ class Stack:
         cfg = self.config
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
         if cfg.metrics_port is not None:
-            self._serve_metrics()
+            self._serve_metrics(cfg.metrics_port)
         identities = [Identity(args[0], name) for name, args in self.commands()]
         self.auth = StackAuth.prepare(cfg.secrets_dir, identities, cfg.insecure, cfg.nats_tls)
         if cfg.nats_url:
@@ -116,64 +118,42 @@ class Stack:
             self.supervisor = Supervisor(cfg.restart, self._children, self._lock, self.metrics, say)
             self.supervisor.start()
 
-    def _serve_metrics(self) -> None:
-        host, port = self.config.host, self.config.metrics_port
+    def _serve_metrics(self, port: int) -> None:
+        host = self.config.host
         try:
             self.metrics.serve(host, port)
         except OSError as e:
             raise KvstackError(f"cannot serve metrics on {host}:{port}: {e.strerror}") from None
 
     def commands(self) -> list[tuple[str, list[str]]]:
+        """Each child's name and `kvstack` command line (flags from `settings.py`)."""
         cfg = self.config
         engine = engine_args(cfg.mock)
-        worker = ["--model", cfg.model, *engine, *cfg.worker_args]
+        worker = [*flags(model=cfg.model), *engine, *cfg.worker_args]
         # The conductor predicts with the cost model the mock workers take their time from.
-        cost = ["--cost-model", cfg.mock.cost_spec] if cfg.mock is not None else []
-        commands = [
-            ("conductor-0", ["conductor", "--worker-id", "conductor-0", *cost, *cfg.conductor_args])
-        ]
+        cost = flags(cost_model=cfg.mock.cost_spec) if cfg.mock is not None else []
+        commands = [("conductor-0", ["conductor", *cost, *cfg.conductor_args])]
         commands = commands if cfg.with_conductor else []
         commands += [
-            (f"kvstore-{i}", ["kvstore", "--worker-id", f"kvstore-{i}", *cfg.kvstore_args])
-            for i in range(cfg.num_kvstore)
+            (f"kvstore-{i}", ["kvstore", *cfg.kvstore_args]) for i in range(cfg.num_kvstore)
         ]
         commands += [
-            (f"prefill-{i}", ["prefill", "--worker-id", f"prefill-{i}", *worker, *cfg.prefill_args])
+            (f"prefill-{i}", ["prefill", *worker, *cfg.prefill_args])
             for i in range(cfg.num_prefill)
         ]
         for i in range(cfg.num_decode):
             group = [f"attention-{i}-{j}" for j in range(cfg.num_attention)]
-            commands += [
-                (w, ["attention-worker", "--worker-id", w, *cfg.attention_args]) for w in group
-            ]
-            offload = ["--attention-workers", ",".join(group)] if group else []
-            commands.append(
-                (
-                    f"decode-{i}",
-                    ["decode", "--worker-id", f"decode-{i}", *worker, *offload, *cfg.decode_args],
-                )
-            )
+            commands += [(w, ["attention-worker", *cfg.attention_args]) for w in group]
+            offload = flags(attention_workers=",".join(group))
+            commands.append((f"decode-{i}", ["decode", *worker, *offload, *cfg.decode_args]))
         if cfg.with_gateway:
-            commands.append(
-                (
-                    "gateway-0",
-                    [
-                        "gateway",
-                        "--worker-id",
-                        "gateway-0",
-                        "--model",
-                        cfg.model,
-                        "--host",
-                        cfg.host,
-                        "--http-port",
-                        str(cfg.port),
-                        *engine,
-                        *cfg.gateway_args,
-                    ],
-                )
-            )
-        drain = ["--drain-timeout", f"{cfg.drain_timeout:g}"]
-        return [(name, [*args, *drain]) for name, args in commands]
+            http = flags(model=cfg.model, host=cfg.host, http_port=cfg.port)
+            commands.append(("gateway-0", ["gateway", *http, *engine, *cfg.gateway_args]))
+        drain = flags(drain_timeout=f"{cfg.drain_timeout:g}")
+        return [
+            (name, [command, *flags(worker_id=name), *args, *drain])
+            for name, (command, *args) in commands
+        ]
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
         """Run `kvstack <args>`; the NATS URL comes from KVSTACK_NATS unless args give one,
@@ -214,7 +194,13 @@ class Stack:
 
     async def bus(self, name: str, connect_timeout: float = 5.0) -> Bus:
         """A control-bus client with the admin's credentials (for checks and tools)."""
-        return await Bus.connect(self.nats_url, name, self.auth.admin(), connect_timeout)
+        return await Bus.connect(self.nats_url, name, self._admin(), connect_timeout)
+
+    def _admin(self) -> NatsAuth:
+        """The admin's credentials, for the stack's own checks (once started)."""
+        if self.auth is None:
+            raise KvstackError("the stack has no credentials before start()")
+        return self.auth.admin()
 
     def restart_nats(self) -> None:
         """Stop the local nats-server and start it again on the same port and store."""
@@ -240,7 +226,7 @@ class Stack:
             self.nats_url,
             error_cb=_quiet,
             max_reconnect_attempts=-1,
-            **self.auth.admin().connect_options(),
+            **self._admin().connect_options(),
         )
 
         async def on_beat(msg) -> None:
@@ -362,16 +348,12 @@ def engine_args(mock: MockSpec | None) -> list[str]:
     """The engine flags of workers and gateway (`kvstack prefill --engine ...`)."""
     if mock is None:
         return []
-    return [
-        "--engine",
-        "mock",
-        "--mock-model",
-        mock.model,
-        "--mock-hardware",
-        mock.hardware,
-        "--mock-kv-scale",
-        repr(mock.kv_scale),
-    ]
+    return flags(
+        engine="mock",
+        mock_model=mock.model,
+        mock_hardware=mock.hardware,
+        mock_kv_scale=repr(mock.kv_scale),
+    )
 
 
 async def _quiet(e: Exception) -> None:

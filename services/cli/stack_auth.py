@@ -26,9 +26,10 @@ class StackAuth:
     ) -> StackAuth:
         if insecure:
             return cls(None)
-        owns = secrets_dir is None
-        directory = Path(tempfile.mkdtemp(prefix="kvstack-secrets-")) if owns else secrets_dir
-        return cls(ensure_secrets(directory, identities, tls), owns, tls)
+        if secrets_dir is None:
+            directory = Path(tempfile.mkdtemp(prefix="kvstack-secrets-"))
+            return cls(ensure_secrets(directory, identities, tls), True, tls)
+        return cls(ensure_secrets(secrets_dir, identities, tls), False, tls)
 
     @property
     def server_config(self) -> Path | None:

@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 from services.attention_worker.shard import kv_head_range
+from services.cli import settings
 from services.cli.restarts import RestartPolicy
-from services.cli.serve import add_engine, add_reliability, backend_timeouts, engine_options
+from services.cli.serve import backend_timeouts, engine_options
+from services.cli.settings import FORWARDED_BY_UP, flags, forward
 from services.cli.stack import Stack, StackConfig, say
-from shared.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
-from shared.engine.config import DTYPE_CHOICES
 from shared.errors import KvstackError
 from shared.model.config import ModelConfig
-from shared.model.registry import DEFAULT_MODEL, resolve_model
+from shared.model.registry import resolve_model
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,84 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "the conductor predicts with the same cost model, so a cluster of e.g. "
         "--prefill 8 --decode 8 replays a trace on one machine (docs/mock.md).",
     )
-    p.add_argument("--nats", default="", help="use this NATS server instead of starting one")
-    p.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
-    p.add_argument("--decode", type=int, default=1, help="number of decode workers")
-    p.add_argument("--kvstore", type=int, default=1, help="kvstore instances (0: none)")
-    p.add_argument("--kvstore-dram-gib", type=float, default=2.0, help="per kvstore instance")
-    p.add_argument(
-        "--attention-workers",
-        type=int,
-        default=0,
-        help="attention workers per decode worker (0: attention stays in decode); "
-        "must divide the model's KV heads",
-    )
-    p.add_argument("--micro-batches", type=int, default=2, help="when offloading attention")
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="per worker")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="per worker (decode batch)")
-    p.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=2048,
-        help="per worker and step (the prefill chunk)",
-    )
-    p.add_argument(
-        "--long-prefill-tokens",
-        type=int,
-        default=None,
-        help="most prompt tokens one request computes per step while others "
-        "prefill too, so a long prompt cannot starve short ones (default: "
-        "max-num-batched-tokens / 4; 0: no limit)",
-    )
-    add_engine(p)
-    add_reliability(p)
-    p.add_argument("--api-key", default="", help="require this bearer key at the gateway")
-    p.add_argument(
-        "--secrets-dir",
-        default=".kvstack/secrets",
-        help="NATS credentials (one user per service, each allowed only its own "
-        "subjects), nats-server's config and the data plane's secret; made on "
-        "first start, reused after (docs/security.md)",
-    )
-    p.add_argument(
-        "--nats-tls",
-        action="store_true",
-        help="TLS on NATS with a CA of this deployment's own (in --secrets-dir)",
-    )
-    p.add_argument(
-        "--insecure",
-        action="store_true",
-        help="no credentials: NATS lets anyone on this host in, the data plane "
-        "takes any peer (for experiments only)",
-    )
-    p.add_argument(
-        "--log-dir",
-        default=".kvstack/logs",
-        help="one log per service; the previous run's is kept as NAME.log.1",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=0,
-        help="kvstack up's own /metrics (restarts, children up) on --host; 0: a "
-        "free port, printed at start",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=30.0,
-        help="seconds each service may take to finish its work when stopping",
-    )
-    scheduling = SchedulingConfig()
-    p.add_argument("--policy", choices=POLICY_NAMES, default=scheduling.policy)
-    p.add_argument("--admission", choices=ADMISSION_MODES, default=scheduling.admission)
-    p.add_argument("--slo-ttft", type=float, default=scheduling.slo_ttft, help="seconds")
-    p.add_argument("--slo-tbt", type=float, default=scheduling.slo_tbt, help="seconds")
+    settings.add_command(p, "up")
     p.set_defaults(run=run)
 
 
@@ -141,65 +64,25 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         kv_head_range(
             ModelConfig.from_dir(resolve_model(args.model)).num_kv_heads, args.attention_workers, 0
         )
-    timeouts = backend_timeouts(args)
-    context = ("--max-model-len", str(args.max_model_len)) if args.max_model_len else ()
-    long_prefill = (
-        ("--long-prefill-tokens", str(args.long_prefill_tokens))
-        if args.long_prefill_tokens is not None
-        else ()
-    )
-    worker_args = (
-        "--dtype",
-        args.dtype,
-        "--kv-cache-gib",
-        str(args.kv_cache_gib),
-        "--threads",
-        str(args.threads),
-        "--max-num-seqs",
-        str(args.max_num_seqs),
-        "--max-num-batched-tokens",
-        str(args.max_num_batched_tokens),
-        *long_prefill,
-        *context,
-    )
-    gateway_args = (
-        "--dtype",
-        args.dtype,
-        *context,
-        "--migration-limit",
-        str(timeouts.migration_limit),
-        "--placement-wait",
-        str(timeouts.placement_wait),
-        *(("--api-key", args.api_key) if args.api_key else ()),
-    )
-    conductor_args = (
-        "--model",
-        args.model,
-        "--policy",
-        args.policy,
-        "--admission",
-        args.admission,
-        "--slo-ttft",
-        str(args.slo_ttft),
-        "--slo-tbt",
-        str(args.slo_tbt),
-    )
+    backend_timeouts(args)  # checked here, passed on as given
+    forwarded = {child: forward(args, names) for child, names in FORWARDED_BY_UP.items()}
+    offload = flags(micro_batches=args.micro_batches) if args.attention_workers else []
     return StackConfig(
         nats_url=args.nats,
         num_prefill=args.prefill,
         num_decode=args.decode,
         num_kvstore=args.kvstore,
-        kvstore_args=("--dram-gib", str(args.kvstore_dram_gib)),
+        kvstore_args=tuple(flags(dram_gib=args.kvstore_dram_gib)),
         num_attention=args.attention_workers,
-        attention_args=("--kv-cache-gib", str(args.kv_cache_gib), "--threads", str(args.threads)),
-        decode_args=("--micro-batches", str(args.micro_batches)) if args.attention_workers else (),
+        attention_args=forwarded["attention-worker"],
+        decode_args=tuple(offload),
         model=args.model,
         mock=mock,
         host=args.host,
         port=args.port,
-        worker_args=worker_args,
-        gateway_args=gateway_args,
-        conductor_args=conductor_args,
+        worker_args=forwarded["prefill"],
+        gateway_args=forwarded["gateway"],
+        conductor_args=forwarded["conductor"],
         log_dir=Path(args.log_dir),
         drain_timeout=args.drain_timeout,
         restart=RestartPolicy(),

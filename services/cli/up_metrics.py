@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import start_http_server
 
 from shared.metrics import Metrics
@@ -15,12 +17,12 @@ class UpMetrics:
         )
         self.children_up = self.metrics.gauge("children_up", "children running now")
         self.url = ""
-        self._server = None
+        self._server: WSGIServer | None = None
 
     def serve(self, host: str, port: int) -> str:
         """Serve /metrics on host:port (0: a free port); returns the URL."""
-        self._server, _ = start_http_server(port, host, self.metrics.registry)
-        self.url = f"http://{host}:{self._server.server_port}/metrics"
+        self._server = server = start_http_server(port, host, self.metrics.registry)[0]
+        self.url = f"http://{host}:{server.server_port}/metrics"
         return self.url
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ from services.gateway.responses import (
     usage_chunk,
 )
 from services.gateway.sse import SSE_DONE, SSE_HEADERS, sse_error, sse_event
+from shared.engine.sampler import TokenLogprob
 
 log = logging.getLogger("kvstack.gateway")
 _counter = itertools.count()
@@ -152,7 +153,8 @@ class GatewayApp:
             self.service.end(relay)
 
     async def _complete(self, req: GenerateRequest, relay: Relay) -> web.Response:
-        text, entries, finish = "", [], "length"
+        text, finish = "", "length"
+        entries: list[TokenLogprob] = []
         async for piece in relay.pieces():
             text += piece.text
             entries.extend(piece.entries)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 
 from services.gateway.errors import from_status, service_unavailable
@@ -77,7 +77,7 @@ class Backend:
     def progress(self, req: GenerateRequest) -> Progress:
         return Progress(req, self.timeouts.max_attempts, self.timeouts.migration_limit)
 
-    async def generate(self, progress: Progress) -> AsyncIterator[TokenEvent]:
+    async def generate(self, progress: Progress) -> AsyncGenerator[TokenEvent, None]:
         """Token events of the request in order, across attempts; the last one has
         finished=True."""
         while True:

@@ -50,6 +50,6 @@ class Cors:
         """Every response, streams and errors too, right before its headers go out."""
         response.headers.add("Vary", "Origin")
         origin = request.headers.get("Origin")
-        if self.allows(origin):
+        if origin is not None and self.allows(origin):
             response.headers["Access-Control-Allow-Origin"] = origin
             response.headers["Access-Control-Expose-Headers"] = EXPOSED_HEADERS

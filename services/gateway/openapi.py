@@ -52,7 +52,7 @@ ERRORS = {
     431: ("request line or headers too large, or too many headers", {}),
     503: ("no worker or conductor can take it now, or the gateway is shutting down", RETRY_AFTER),
 }
-BEARER = [{"bearer": []}]
+BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
 REQUEST_ID = {
     "name": "x-request-id",
     "in": "header",

@@ -9,6 +9,8 @@ protocol.py; unknown fields are ignored.
 
 from __future__ import annotations
 
+from typing import Any
+
 from services.gateway.protocol import (
     CHAT_ROLES,
     MAX_STOP_STRING_CHARS,
@@ -203,7 +205,7 @@ COMPLETION_LOGPROBS = {
         "text_offset": {"type": "array", "items": COUNT},
     },
 }
-CHAT_TOKEN = {
+CHAT_TOKEN: dict[str, Any] = {
     "type": "object",
     "required": ["token", "logprob", "bytes"],
     "properties": {

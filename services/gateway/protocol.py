@@ -77,8 +77,13 @@ class GatewayLimits:
     def __post_init__(self) -> None:
         if self.max_tokens_limit is None:
             object.__setattr__(self, "max_tokens_limit", self.max_model_len)
-        if min(self.max_model_len, self.max_tokens_limit, self.default_max_tokens) < 1:
+        if min(self.max_model_len, self.output_limit, self.default_max_tokens) < 1:
             raise ValueError(f"gateway limits must be positive: {self}")
+
+    @property
+    def output_limit(self) -> int:
+        """The cap on a requested max_tokens (max_tokens_limit, resolved)."""
+        return self.max_model_len if self.max_tokens_limit is None else self.max_tokens_limit
 
 
 @dataclass(frozen=True)
@@ -353,12 +358,12 @@ def _max_tokens(
     """The output budget. A requested one must fit beside the prompt (`prompt`: its length
     and its field) in the context, as in vLLM; the default is cut to what fits."""
     num_prompt_tokens, prompt_param = prompt
-    room = limits.max_model_len - num_prompt_tokens
+    room, cap = limits.max_model_len - num_prompt_tokens, limits.output_limit
     if requested is None:
-        return min(room, limits.max_tokens_limit, default or limits.max_tokens_limit)
-    if not 1 <= requested <= limits.max_tokens_limit:
+        return min(room, cap, default or cap)
+    if not 1 <= requested <= cap:
         raise invalid_request(
-            f"{param} must be between 1 and {limits.max_tokens_limit}, got {requested}.",
+            f"{param} must be between 1 and {cap}, got {requested}.",
             param=param,
         )
     if requested > room:

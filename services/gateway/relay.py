@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from services.gateway.backend import Backend
@@ -39,8 +39,10 @@ class Relay:
     def migrations(self) -> int:
         return self.progress.migrations if self.progress else 0
 
-    async def pieces(self) -> AsyncIterator[Piece]:
-        self.stream = TextStream(self.tokenizer, self.req.prompt_token_ids, self.req.params)
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
+        self.stream = stream = TextStream(
+            self.tokenizer, self.req.prompt_token_ids, self.req.params
+        )
         self.progress = self.backend.progress(self.req)
         events = self.backend.generate(self.progress)
         try:
@@ -48,7 +50,7 @@ class Relay:
                 self._clock(len(event.token_ids))
                 self.num_cached_tokens = event.num_cached_tokens
                 piece = self._piece(
-                    event.token_ids, event.logprobs, event.finished, event.finish_reason
+                    stream, event.token_ids, event.logprobs, event.finished, event.finish_reason
                 )
                 if piece is not None:
                     yield piece
@@ -60,17 +62,17 @@ class Relay:
     def usage(self) -> dict:
         return usage(
             self.req.num_prompt_tokens,
-            self.stream.num_tokens,
+            self.stream.num_tokens if self.stream is not None else 0,
             self.num_cached_tokens,
             self.migrations,
         )
 
     def _piece(
-        self, token_ids, logprobs, finished: bool, finish_reason: str | None
+        self, stream: TextStream, token_ids, logprobs, finished: bool, finish_reason: str | None
     ) -> Piece | None:
-        update = self.stream.push(token_ids, logprobs)
+        update = stream.push(token_ids, logprobs)
         finish = "stop" if update.stopped else (finish_reason if finished else None)
-        text = update.text + (self.stream.finish() if finish else "")
+        text = update.text + (stream.finish() if finish else "")
         entries = tuple(update.logprobs or ())
         formatted = format_logprobs(self.req, self.tokenizer, update.logprobs, update.text_offset)
         if not (text or finish or entries):

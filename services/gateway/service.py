@@ -149,27 +149,28 @@ class GatewayService(Service):
         self.requests.labels(str(status)).inc()
 
     def observe(self, relay: Relay) -> None:
-        if relay.first_token_at is None:
+        first_token_at = relay.first_token_at
+        if first_token_at is None:
             return
-        self.ttft.observe(relay.first_token_at - relay.started)
+        self.ttft.observe(first_token_at - relay.started)
         times = relay.token_times
         for earlier, later in itertools.pairwise(times):
             self.itl.observe(later - earlier)
         self.e2e.observe(times[-1] - relay.started)
         self.tasks.spawn(
-            self.bus.publish(subjects.request_done(), self._done(relay)),
+            self.live_bus.publish(subjects.request_done(), self._done(relay, first_token_at)),
             "publishing a finished request",
         )
 
-    def _done(self, relay: Relay) -> RequestDone:
+    def _done(self, relay: Relay, first_token_at: float) -> RequestDone:
         """What the conductor learns output lengths and decode times from."""
         req, num_tokens = relay.req, relay.stream.num_tokens if relay.stream else 0
-        tbt = (relay.token_times[-1] - relay.first_token_at) / max(1, num_tokens - 1)
+        tbt = (relay.token_times[-1] - first_token_at) / max(1, num_tokens - 1)
         return RequestDone(
             req.request_id,
             self.backend.first_block_hash(req),
             req.num_prompt_tokens,
             num_tokens,
-            relay.first_token_at - relay.started,
+            first_token_at - relay.started,
             tbt,
         )

@@ -99,7 +99,7 @@ class DiskTier:
         files, files with a bad header or size, and the oldest files beyond capacity.
         Reads headers only; payloads are checked when a block is promoted."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        result, found = ScanResult(), []
+        result, found = ScanResult(), list[tuple[int, BlockHeader]]()
         for entry in os.scandir(self.directory):
             self._scan_one(entry, result, found)
         for _, header in sorted(found, key=lambda item: (item[0], item[1].block_hash)):

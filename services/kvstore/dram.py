@@ -34,6 +34,13 @@ class DramBlock:
     checksum: int = 0
     evicting: bool = False  # being demoted; its evictor decides its fate
 
+    @property
+    def filled(self) -> np.ndarray:
+        """The buffer of a block past its reservation (committed, loading, demoting)."""
+        if self.buffer is None:
+            raise RuntimeError(f"block {self.block_hash:x} has no buffer yet")
+        return self.buffer
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class BlockRef:
@@ -61,7 +68,7 @@ class BlockRef:
         return self._sliced(0, self.layout.block_bytes)
 
     def _sliced(self, start: int, stop: int) -> memoryview:
-        view = memoryview(self.buffer)[start:stop]
+        view = self.buffer.data[start:stop]
         return view if self.writable else view.toreadonly()
 
 

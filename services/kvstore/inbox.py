@@ -15,6 +15,8 @@ from services.kvstore.runs import scatter
 from services.kvstore.store import BlockRef, BlockStore
 from shared.transfer.base import BlockSpan
 
+Staging = tuple[memoryview, memoryview]
+
 
 @dataclass
 class _Put:
@@ -22,7 +24,8 @@ class _Put:
     expires: float
     layers_ok: list[set[int]] = field(default_factory=list)
     bad: set[int] = field(default_factory=set)  # slots with a refused or damaged frame
-    staged: dict = field(default_factory=dict)  # (layer, first slot) -> a run's staging
+    # (layer, first slot) -> a run's staging buffers (K, V) and the blocks they fill
+    staged: dict[tuple[int, int], tuple[Staging, list[BlockRef]]] = field(default_factory=dict)
 
     def slots(self, span: BlockSpan) -> range:
         """The slots a span covers: one, or a run of consecutive ones."""
@@ -33,10 +36,11 @@ class _Put:
     def run(self, span: BlockSpan) -> list[BlockRef] | None:
         """The blocks a span covers, if it is whole blocks and every one is open."""
         refs = [self.refs[s] for s in self.slots(span)]
-        whole = span.offset == 0 and span.num_tokens == len(refs) * (
-            refs[0].layout.block_size if refs and refs[0] else 0
-        )
-        return refs if whole and None not in refs else None
+        open_refs = [r for r in refs if r is not None]
+        if not open_refs or len(open_refs) != len(refs):
+            return None
+        whole = span.num_tokens == len(open_refs) * open_refs[0].layout.block_size
+        return open_refs if span.offset == 0 and whole else None
 
 
 class PutInbox:
@@ -65,10 +69,12 @@ class PutInbox:
 
     def destination(
         self, request_id: str, layer: int, span: BlockSpan, nbytes: int
-    ) -> tuple[memoryview, memoryview] | None:
+    ) -> Staging | None:
         with self._lock:
             put = self._puts.get(request_id)
-            refs = put.run(span) if put is not None else None
+            if put is None:
+                return None
+            refs = put.run(span)
         if refs is None or nbytes != len(refs) * refs[0].layout.half_bytes:
             return None
         if not 0 <= layer < refs[0].layout.num_layers:
@@ -90,7 +96,8 @@ class PutInbox:
             for span in spans:
                 staged = put.staged.pop((layer, span.block_id), None)
                 if staged is not None and ok:
-                    scatter(*staged, layer)
+                    staging, run = staged
+                    scatter(staging, run, layer)
                 for slot in put.slots(span):
                     (put.layers_ok[slot].add(layer) if ok else put.bad.add(slot))
 

@@ -20,19 +20,20 @@ def consecutive(ids: Sequence[int]) -> list[tuple[int, int]]:
             runs[-1][1] += 1
         else:
             runs.append([i, 1])
-    return [tuple(run) for run in runs]
+    return [(start, length) for start, length in runs]
 
 
 def get_spans(
     layer: int, dest_ids: Sequence[int], refs: Sequence[BlockRef], layout: BlockLayout
 ) -> list[SpanBytes]:
     """One layer of a get: a span per run of consecutive destination blocks."""
-    spans = []
+    spans: list[SpanBytes] = []
     for start, length in consecutive(dest_ids):
         run = refs[start : start + length]
         tokens = length * layout.block_size
         span = BlockSpan(dest_ids[start], 0, tokens, run[0].block_hash if length == 1 else 0)
-        spans.append((span, *(_joined([r.view(layer, h) for r in run]) for h in (0, 1))))
+        k, v = (_joined([r.view(layer, half) for r in run]) for half in (0, 1))
+        spans.append((span, k, v))
     return spans
 
 

@@ -169,9 +169,9 @@ class KvstoreService(Service):
     async def _housekeeping(self) -> None:
         self.inbox.expire(time.time())
         stored, removed = self.store.take_events()
-        await publish_kv_events(self.bus, self.worker_id, self.name, stored, removed)
+        await publish_kv_events(self.live_bus, self.worker_id, self.name, stored, removed)
 
     async def _resync(self, _: KVResync) -> None:
         """A (re)started conductor asks: all this instance stores, as one snapshot."""
         hashes = await asyncio.to_thread(self.store.snapshot)
-        await publish_kv_events(self.bus, self.worker_id, self.name, hashes, snapshot=True)
+        await publish_kv_events(self.live_bus, self.worker_id, self.name, hashes, snapshot=True)

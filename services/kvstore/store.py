@@ -136,7 +136,7 @@ class BlockStore:
     def commit(self, ref: BlockRef) -> bool:
         """Make a reservation visible, unpinned (the caller verified every layer). Records
         the xxh3_64 of its bytes for the SSD tier. False when `ref` is no live reservation."""
-        checksum = xxhash.xxh3_64_intdigest(ref.buffer)
+        checksum = xxhash.xxh3_64_intdigest(ref.buffer.data)
         with self._cond:
             block = self._owned(ref, BlockState.RESERVED)
             if block is None:
@@ -177,7 +177,9 @@ class BlockStore:
         """Unpin acquired blocks (None entries are skipped); the views must not be used after."""
         with self._cond:
             for ref in refs:
-                block = None if ref is None else self._owned(ref, BlockState.COMMITTED)
+                if ref is None:
+                    continue
+                block = self._owned(ref, BlockState.COMMITTED)
                 if block is not None and not ref.writable and block.pins > 0:
                     self._tiers.dram.unpin(block)
 
@@ -204,21 +206,21 @@ class BlockStore:
             return None
         self._tiers.dram.pin(block)
         self._tiers.counters.dram_hits += 1
-        return BlockRef(block.block_hash, layout, block.buffer, writable=False)
+        return BlockRef(block.block_hash, layout, block.filled, writable=False)
 
     def _pin_disk(self, block_hash: int, layout: BlockLayout) -> BlockHeader | None:
         header = self._tiers.disk.get(block_hash) if self._tiers.disk else None
         if header is None or header.layout != layout:
             self._tiers.count_miss()
             return None
-        self._tiers.disk.pin(block_hash)
+        self._tiers.ssd.pin(block_hash)
         return header
 
     def _promote(self, header: BlockHeader) -> BlockRef | None:
         block = self._make_room(header.block_hash, header.layout, BlockState.LOADING)
         if block is None:
             with self._cond:
-                self._tiers.disk.unpin(header.block_hash)
+                self._tiers.ssd.unpin(header.block_hash)
                 raced = header.block_hash in self._tiers.dram.blocks
                 if not raced:
                     self._tiers.count_miss()
@@ -233,9 +235,9 @@ class BlockStore:
         return ref
 
     def _read_file(self, block: DramBlock, header: BlockHeader) -> bool:
-        block.buffer = new_buffer(header.layout.block_bytes)
-        path = self._tiers.disk.path(header.block_hash)
-        if not read_block_file(path, header, memoryview(block.buffer)):
+        block.buffer = buffer = new_buffer(header.layout.block_bytes)
+        path = self._tiers.ssd.path(header.block_hash)
+        if not read_block_file(path, header, buffer.data):
             return False
         try:
             os.utime(path)  # NOTE: mtime orders the SSD LRU after a restart
@@ -244,7 +246,7 @@ class BlockStore:
         return True
 
     def _settle_promotion(self, block: DramBlock, header: BlockHeader, ok: bool) -> BlockRef | None:
-        self._tiers.disk.unpin(header.block_hash)
+        self._tiers.ssd.unpin(header.block_hash)
         self._cond.notify_all()
         if not ok:
             self._tiers.dram.drop(block)
@@ -252,11 +254,11 @@ class BlockStore:
             self._tiers.count_miss()
             return None
         self._tiers.dram.commit(block, header.checksum, pins=1)
-        self._tiers.disk.touch(header.block_hash)
+        self._tiers.ssd.touch(header.block_hash)
         self._tiers.counters.dram_misses += 1
         self._tiers.counters.disk_hits += 1
         self._tiers.counters.promotions += 1
-        return BlockRef(block.block_hash, block.layout, block.buffer, writable=False)
+        return BlockRef(block.block_hash, block.layout, block.filled, writable=False)
 
     # ---- making room: eviction and demotion ----
 

@@ -43,9 +43,16 @@ class Tiers:
         self.counters = Counters()
         self.events = NetEvents()
 
+    @property
+    def ssd(self) -> DiskTier:
+        """The SSD tier, for the paths that only run with one (a block on disk, a demotion)."""
+        if self.disk is None:
+            raise RuntimeError("this kvstore has no SSD tier")
+        return self.disk
+
     def load_disk(self) -> None:
         """Index what a previous run left on SSD and report it as stored."""
-        scan = self.disk.scan()
+        scan = self.ssd.scan()
         self.events.removed(scan.bad)
         self.events.stored(scan.stored)
         self.counters.corrupt_dropped += len(scan.bad)
@@ -88,7 +95,7 @@ class Tiers:
         )
 
     def drop_corrupt(self, block_hash: int) -> None:
-        if self.disk.remove(block_hash):
+        if self.ssd.remove(block_hash):
             self.counters.corrupt_dropped += 1
             self.forget_if_gone([block_hash])
 
@@ -121,11 +128,11 @@ class Tiers:
         written = {}
         for write in writes:
             block = write.block
-            flags, payload = encode_payload(memoryview(block.buffer), self.compress)
+            flags, payload = encode_payload(block.filled.data, self.compress)
             header = BlockHeader(
                 block.block_hash, block.layout, flags, len(payload), block.checksum
             )
-            if write_block_file(self.disk.directory, header, payload):
+            if write_block_file(self.ssd.directory, header, payload):
                 written[block.block_hash] = header
         return written
 
@@ -134,10 +141,10 @@ class Tiers:
         for write in writes:
             header = written.get(write.block.block_hash)
             if header is None:
-                self.disk.unclaim(write.claimed)
+                self.ssd.unclaim(write.claimed)
                 self.counters.disk_write_errors += 1
             else:
-                self.disk.add(header, write.claimed)
+                self.ssd.add(header, write.claimed)
 
     def finish_demotions(
         self, victims: list[DramBlock], writes: list[PendingWrite], written: dict[int, BlockHeader]

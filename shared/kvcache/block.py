@@ -37,6 +37,7 @@ class FreeBlockQueue:
 
     def append(self, block: KVBlock) -> None:
         last = self._tail.prev_free
+        assert last is not None, "the tail sentinel always has a predecessor"
         last.next_free, block.prev_free = block, last
         block.next_free, self._tail.prev_free = self._tail, block
         self.num_free += 1
@@ -44,12 +45,14 @@ class FreeBlockQueue:
     def popleft(self) -> KVBlock:
         assert self.num_free > 0, "popleft on an empty free queue"
         block = self._head.next_free
+        assert block is not None, "the head sentinel always has a successor"
         self.remove(block)
         return block
 
     def remove(self, block: KVBlock) -> None:
-        block.prev_free.next_free = block.next_free
-        block.next_free.prev_free = block.prev_free
+        before, after = block.prev_free, block.next_free
+        assert before is not None and after is not None, "the block is not in the queue"
+        before.next_free, after.prev_free = after, before
         block.prev_free = block.next_free = None
         self.num_free -= 1
 

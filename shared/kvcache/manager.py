@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from shared.kvcache.block import KVBlock
 from shared.kvcache.block_pool import BlockPool
 
@@ -41,10 +43,14 @@ class KVCacheManager:
             matched.append(block)
         return matched
 
-    def can_allocate(self, request_id: str, num_tokens: int, cached: list[KVBlock] = ()) -> bool:
+    def can_allocate(
+        self, request_id: str, num_tokens: int, cached: Sequence[KVBlock] = ()
+    ) -> bool:
         return self._num_missing(request_id, num_tokens, cached) <= self._num_usable(cached)
 
-    def allocate_slots(self, request_id: str, num_tokens: int, cached: list[KVBlock] = ()) -> bool:
+    def allocate_slots(
+        self, request_id: str, num_tokens: int, cached: Sequence[KVBlock] = ()
+    ) -> bool:
         """Grow the request's table to hold `num_tokens` tokens in all.
 
         `cached` (only for a request without a table yet) are prefix-hit blocks that
@@ -78,10 +84,10 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.block_tables.get(request_id, ())]
 
-    def _num_missing(self, request_id: str, num_tokens: int, cached: list[KVBlock]) -> int:
+    def _num_missing(self, request_id: str, num_tokens: int, cached: Sequence[KVBlock]) -> int:
         have = len(self.block_tables.get(request_id, ())) + len(cached)
         return max(0, cdiv(num_tokens, self.block_size) - have)
 
-    def _num_usable(self, cached: list[KVBlock]) -> int:
+    def _num_usable(self, cached: Sequence[KVBlock]) -> int:
         # NOTE: freed-but-cached prefix blocks sit in the free queue; touching them uses them up.
         return self.pool.num_free_blocks - sum(1 for block in cached if block.ref_cnt == 0)

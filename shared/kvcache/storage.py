@@ -52,7 +52,7 @@ class KVStorage:
 
     def flat_bytes(self) -> memoryview:
         if self._bytes is None:
-            self._bytes = memoryview(self.kv.reshape(-1).view(torch.uint8).numpy())
+            self._bytes = self.kv.reshape(-1).view(torch.uint8).numpy().data
         return self._bytes
 
     @staticmethod

@@ -31,10 +31,13 @@ class PrefillSpan:
 
     def context(self, cache: torch.Tensor) -> torch.Tensor:
         """[context_len, H_kv, D] of one layer's K or V cache, copying only if scattered."""
+        context_blocks = self.context_blocks
+        if context_blocks is None:
+            raise ValueError("a span without a cached prefix attends to its chunk alone")
         if self.first_block is not None:
-            blocks = cache[self.first_block : self.first_block + len(self.context_blocks)]
+            blocks = cache[self.first_block : self.first_block + len(context_blocks)]
         else:
-            blocks = cache.index_select(0, self.context_blocks)
+            blocks = cache.index_select(0, context_blocks)
         return blocks.flatten(0, 1)[: self.context_len]
 
 
@@ -44,6 +47,13 @@ class AttentionMetadata:
     num_decode_tokens: int = 0
     decode_block_table: torch.Tensor | None = None  # [B, max_blocks]
     decode_context_lens: torch.Tensor | None = None  # [B] tokens each sequence attends over
+
+    def decode_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode block table and context lengths, set whenever there are decode tokens."""
+        if self.decode_block_table is None or self.decode_context_lens is None:
+            raise ValueError("decode attention without a block table")
+        return self.decode_block_table, self.decode_context_lens
+
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 
@@ -78,18 +88,13 @@ class TorchPagedAttention:
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         num_decode = meta.num_decode_tokens
         if not meta.prefills:
-            return ops.decode_attention(
-                q, k_cache, v_cache, meta.decode_block_table, meta.decode_context_lens, self.scale
-            )
+            table, lens = meta.decode_tables()
+            return ops.decode_attention(q, k_cache, v_cache, table, lens, self.scale)
         out = torch.empty_like(q)
         if num_decode:
+            table, lens = meta.decode_tables()
             out[:num_decode] = ops.decode_attention(
-                q[:num_decode],
-                k_cache,
-                v_cache,
-                meta.decode_block_table,
-                meta.decode_context_lens,
-                self.scale,
+                q[:num_decode], k_cache, v_cache, table, lens, self.scale
             )
         for span in meta.prefills:
             rows = slice(span.token_start, span.token_start + span.num_tokens)

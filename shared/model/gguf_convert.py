@@ -179,7 +179,7 @@ def hf_tensor_name(gguf_name: str) -> str:
     hf_base = GLOBAL_TENSORS.get(base)
     if base.startswith("blk.") and base.count(".") == 2:
         _, layer, part = base.split(".")
-        hf_base = part in LAYER_TENSORS and f"model.layers.{layer}.{LAYER_TENSORS[part]}"
+        hf_base = f"model.layers.{layer}.{LAYER_TENSORS[part]}" if part in LAYER_TENSORS else None
     if not hf_base:
         raise UnsupportedModel(f"unexpected tensor {gguf_name!r} in GGUF file")
     return f"{hf_base}.{kind}"

@@ -35,6 +35,12 @@ class ForwardBatch:
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
 
+    def rotary(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the positions, which `LlamaModel.embed` sets before any layer."""
+        if self.cos is None or self.sin is None:
+            raise RuntimeError("the batch has no rotary tables: embed() sets them")
+        return self.cos, self.sin
+
 
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -50,7 +56,8 @@ class Attention(nn.Module):
         """x [T, hidden] -> q [T, H, D], k and v [T, H_kv, D], rotated at their positions."""
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
-        ops.rotary_(qkv, batch.cos, batch.sin, self.num_heads + self.num_kv_heads, self.head_dim)
+        cos, sin = batch.rotary()
+        ops.rotary_(qkv, cos, sin, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split(self.split, dim=-1)
         return (
             q.view(num_tokens, self.num_heads, self.head_dim),
@@ -114,13 +121,15 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """input_ids [T] -> final hidden states [T, hidden]."""
         x = self.embed(input_ids, batch)
-        residual = None
+        residual: torch.Tensor | None = None
         for layer_idx, layer in enumerate(self.layers):
             if batch.before_layer is not None:
                 batch.before_layer(layer_idx)
             x, residual = layer(x, residual, batch)
             if batch.on_layer_done is not None:
                 batch.on_layer_done(layer_idx)
+        if residual is None:
+            raise RuntimeError("a model without layers")
         return self.final_norm(x, residual)
 
     def embed(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

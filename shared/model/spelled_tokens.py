@@ -87,7 +87,10 @@ class SpelledTokens:
         plain = tokenizers.Tokenizer.from_str(json.dumps(config))
         plain.encode_special_tokens = True
         plain.add_tokens([tokenizers.AddedToken(SEPARATOR, normalized=False)])
-        return plain, plain.token_to_id(SEPARATOR)
+        separator = plain.token_to_id(SEPARATOR)
+        if separator is None:
+            raise RuntimeError("the separator token was not added to the tokenizer")
+        return plain, separator
 
 
 def _any_of(texts: Iterable[str]) -> re.Pattern:

@@ -104,9 +104,9 @@ class Tokenizer:
     def special_tokens(self) -> dict[str, str]:
         """`bos_token`, `eos_token`, ... as text, the way chat templates see them."""
         return {
-            name: _token_text(value)
+            name: text
             for name, value in self._config.items()
-            if name.endswith("_token") and _token_text(value) is not None
+            if name.endswith("_token") and (text := _token_text(value)) is not None
         }
 
     def _token_id(self, name: str) -> int | None:

@@ -127,7 +127,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     sharing its memory (bfloat16 has no buffer format, hence the uint8 view)."""
     if not tensor.is_contiguous() or tensor.device.type != "cpu":
         raise ValueError("tensor_bytes needs a contiguous CPU tensor")
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    return tensor.reshape(-1).view(torch.uint8).numpy().data
 
 
 def kv_span_bytes(kv: torch.Tensor, layer: int, span: BlockSpan) -> tuple[memoryview, memoryview]:
@@ -160,4 +160,4 @@ def coalesce(
             last[3] += num_tokens
         else:
             runs.append([dest, src, offset, num_tokens])
-    return [tuple(run) for run in runs]
+    return [(dest, src, offset, num_tokens) for dest, src, offset, num_tokens in runs]

@@ -20,11 +20,11 @@ from shared.transfer.attention.wire import (
     read_header,
     send_frame,
 )
-from shared.transfer.base import tensor_bytes
+from shared.transfer.base import BlockSpan, tensor_bytes
 from shared.transfer.common.counters import Counters
 from shared.transfer.common.frames import ProtocolError
 from shared.transfer.common.handshake import challenge
-from shared.transfer.common.receiver import Connection, ListeningReceiver
+from shared.transfer.common.receiver import Connection, ListeningReceiver, OpenFrame
 from shared.transfer.common.sockets import recv_exact
 from shared.transfer.tcp.sockets import recv_hashed
 
@@ -46,16 +46,37 @@ class AttentionHandler(Protocol):
     def release(self, request_ids: list[str]) -> None: ...
 
 
-class _LinkConnection(Connection):
+class _NoKV:
+    """The KV sink of a link, which carries no KV frames: the listener it shares with the KV
+    receivers wants one, and never calls it (no frame on a link opens a request)."""
+
+    def destination(self, request_id: str, layer: int, span: BlockSpan, nbytes: int) -> None:
+        return None
+
+    def on_frame(
+        self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str
+    ) -> None:
+        pass
+
+    def on_end(self, request_id: str, num_frames: int) -> None:
+        pass
+
+    def on_lost(self, request_ids: list[str], error: str) -> None:
+        pass
+
+
+class _LinkConnection(Connection[tuple[int, int, int, int], OpenFrame]):
+    receiver: AttentionServer
+
     def _handshake(self) -> None:
         challenge(self.sock, self.receiver.auth_token, GREETING)
 
-    def _read_header(self):
+    def _read_header(self) -> tuple[int, int, int, int] | None:
         return read_header(self.sock)
 
-    def _handle(self, header) -> None:
+    def _handle(self, header: tuple[int, int, int, int]) -> None:
         kind, micro_batch, layer, size = header
-        handler: AttentionHandler = self.sink
+        handler = self.receiver.handler
         try:
             if kind == KIND_QKV:
                 return self._attend(handler, micro_batch, layer, size)
@@ -100,7 +121,8 @@ class AttentionServer(ListeningReceiver):
     def __init__(
         self, handler: AttentionHandler, host: str, port: int, auth_token: str | None
     ) -> None:
-        super().__init__(handler, host, port, auth_token)
+        super().__init__(_NoKV(), host, port, auth_token)
+        self.handler = handler
         self.counters = Counters("bytes", "frames", "rejected", "sent")
 
     @property

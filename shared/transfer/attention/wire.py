@@ -78,7 +78,11 @@ def send_frame(
     """Send one frame; returns its payload bytes."""
     size = sum(memoryview(p).nbytes for p in payload)
     send_all(
-        sock, [memoryview(HEADER.pack(kind, micro_batch, layer, size)), *map(memoryview, payload)]
+        sock,
+        [
+            memoryview(HEADER.pack(kind, micro_batch, layer, size)),
+            *(memoryview(p) for p in payload),
+        ],
     )
     return size
 

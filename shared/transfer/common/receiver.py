@@ -3,10 +3,12 @@ what every connection does with the sink (destinations, frames, ends, losses).""
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 from shared.transfer.base import BlockSpan, KVReceiver, KVSink
 from shared.transfer.common.counters import Counters
@@ -20,9 +22,31 @@ log = logging.getLogger(__name__)
 NO_IDLE_TIMEOUT = ConnectionLimits(idle_timeout_s=None)
 
 
+class OpenFrame(Protocol):
+    """What every transport's frame in progress has."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def layer(self) -> int: ...
+
+    @property
+    def spans(self) -> Sequence[BlockSpan]: ...
+
+    @property
+    def error(self) -> str: ...
+
+
+HeaderT = TypeVar("HeaderT")  # a transport's message header
+FrameT = TypeVar("FrameT", bound=OpenFrame)  # its frame in progress
+
+
 def writable(dest: object, nbytes: int) -> tuple[memoryview, memoryview] | None:
     """The sink's (K, V) destination as flat byte views, or None unless both are writable
     buffers of exactly `nbytes`."""
+    if not isinstance(dest, Iterable):
+        return None
     try:
         k, v = (as_bytes(d) for d in dest)
     except (TypeError, ValueError):  # None, or not a pair of contiguous buffers
@@ -41,7 +65,7 @@ def call_sink(callback: Callable, *args: object) -> object:
         return None
 
 
-class Connection:
+class Connection(Generic[HeaderT, FrameT]):
     """One accepted sender: serves its messages until the peer closes, misbehaves or keeps
     the receiver waiting longer than its `ConnectionLimits` allow.
 
@@ -59,7 +83,7 @@ class Connection:
         self.limits = receiver.limits
         self.peer = peer_name(sock)
         self.open_requests: dict[str, None] = {}  # insertion-ordered set
-        self.frame = None
+        self.frame: FrameT | None = None
         self.waiting_for = "handshake"  # what a timeout interrupts: handshake, idle or message
 
     def run(self) -> None:
@@ -110,10 +134,10 @@ class Connection:
     def _handshake(self) -> None:
         raise NotImplementedError
 
-    def _read_header(self) -> object | None:
+    def _read_header(self) -> HeaderT | None:
         raise NotImplementedError
 
-    def _handle(self, header: object) -> None:
+    def _handle(self, header: HeaderT) -> None:
         raise NotImplementedError
 
     def _closed(self) -> None:
@@ -121,7 +145,7 @@ class Connection:
 
     # --- the sink ---------------------------------------------------------------------------
 
-    def _begin(self, frame: object) -> None:
+    def _begin(self, frame: FrameT) -> None:
         self.frame = frame
         self.open_requests[frame.request_id] = None
 
@@ -133,6 +157,8 @@ class Connection:
     def _complete(self) -> None:
         """The frame in progress has been checked to its end: count it, report it."""
         frame, self.frame = self.frame, None
+        if frame is None:
+            raise RuntimeError("no frame in progress to complete")
         self.receiver.counters.add(frames=1, rejected=int(bool(frame.error)))
         call_sink(
             self.sink.on_frame,
@@ -160,7 +186,7 @@ class ListeningReceiver(KVReceiver):
     """Listens for senders and serves each on its own thread with a `connection_class`,
     up to `limits.max_connections` at once."""
 
-    connection_class: type[Connection]
+    connection_class: type[Connection[Any, Any]]
     socket_buffer_bytes: int | None = None  # per accepted socket; None keeps the system's
 
     def __init__(
@@ -186,9 +212,9 @@ class ListeningReceiver(KVReceiver):
         self._stopping = False
 
     def start(self) -> str:
-        self._listener = self._listen()
-        self._spawn(self._accept_loop, "kv-accept")
-        host, port = self._listener.getsockname()[:2]
+        self._listener = listener = self._listen()
+        self._spawn(functools.partial(self._accept_loop, listener), "kv-accept")
+        host, port = listener.getsockname()[:2]
         return f"{host}:{port}"
 
     def stop(self) -> None:
@@ -240,14 +266,14 @@ class ListeningReceiver(KVReceiver):
     def _listen(self) -> socket.socket:
         return socket.create_server((self.host, self.port), backlog=64)
 
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, listener: socket.socket) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, _ = listener.accept()
             except OSError:
                 return  # stop() shut the listener down
             if self._admit(sock):
-                self._spawn(lambda s=sock: self._serve(s), "kv-recv")
+                self._spawn(functools.partial(self._serve, sock), "kv-recv")
 
     def _admit(self, sock: socket.socket) -> bool:
         """Track `sock` for a thread of its own; close it at once when stopping or at the cap

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from shared.transfer.base import DoneCallback, KVSender, SpanBytes
 from shared.transfer.common.counters import Counters
@@ -27,12 +28,13 @@ class End:
 
 
 STOP = object()  # the last item a channel's thread takes
+WireT = TypeVar("WireT")  # what a transport's channel writes: bytes, or a list of buffers
 # NOTE: below receivers' idle timeout (ConnectionLimits.idle_timeout_s, 300 s), so that the
 # sender retires an idle connection itself rather than write into one the receiver is closing.
 MAX_IDLE_S = 240.0
 
 
-class PeerChannel:
+class PeerChannel(Generic[WireT]):
     """One peer's FIFO of frames and end markers, served by one thread over one connection.
 
     A request that was mid-stream when its connection broke stays failed: its remaining
@@ -67,15 +69,21 @@ class PeerChannel:
     def _send_frame(self, frame: Frame) -> None:
         raise NotImplementedError
 
-    def _encode_end(self, request_id: str, num_frames: int) -> object:
+    def _encode_end(self, request_id: str, num_frames: int) -> WireT:
         raise NotImplementedError
 
-    def _handshake(self) -> None:
-        """Set up the fresh `self.sock`; raises what a failed connect would."""
+    def _handshake(self, sock: socket.socket) -> None:
+        """Set up the fresh connection `sock`; raises what a failed connect would."""
         raise NotImplementedError
 
-    def _transmit(self, data: object) -> None:
-        self.sock.sendall(data)
+    def _transmit(self, data: WireT) -> None:
+        raise NotImplementedError
+
+    def _connected(self) -> socket.socket:
+        """The connection, which `_connect` opened before anything is written or read."""
+        if self.sock is None:
+            raise ConnectionError(f"no connection to {self.peer}")
+        return self.sock
 
     # --- the queue --------------------------------------------------------------------------
 
@@ -118,10 +126,10 @@ class PeerChannel:
             return True
         try:
             # NOTE: self.sock is set before the handshake so that abort() can interrupt it.
-            self.sock = socket.create_connection(
+            self.sock = sock = socket.create_connection(
                 split_peer(self.peer), self.sender.connect_timeout_s
             )
-            self._handshake()
+            self._handshake(sock)
             self.last_write = time.monotonic()
         except AuthenticationError as e:
             self.errors[request_id] = str(e)
@@ -135,9 +143,11 @@ class PeerChannel:
         """Whether the connection should not take a new request: the receiver has closed it
         (idle, restarted), or it has idled long enough that the receiver may be closing it."""
         idle_s = time.monotonic() - self.last_write
-        return (not self.frames and idle_s > self.sender.max_idle_s) or peer_closed(self.sock)
+        return (not self.frames and idle_s > self.sender.max_idle_s) or (
+            self.sock is not None and peer_closed(self.sock)
+        )
 
-    def _write(self, request_id: str, data: object) -> bool:
+    def _write(self, request_id: str, data: WireT) -> bool:
         try:
             self._transmit(data)
         except OSError as e:
@@ -165,7 +175,7 @@ class PeerChannel:
 class ChannelSender(KVSender):
     """A KVSender with one `channel_class` per peer."""
 
-    channel_class: type[PeerChannel]
+    channel_class: type[PeerChannel[Any]]
 
     def __init__(
         self,
@@ -180,7 +190,7 @@ class ChannelSender(KVSender):
         self.max_idle_s = max_idle_s
         self.counters = Counters("bytes", "frames")
         self.closed = False
-        self._channels: dict[str, PeerChannel] = {}
+        self._channels: dict[str, PeerChannel[Any]] = {}
         self._lock = threading.Lock()
 
     def send(self, peer: str, request_id: str, layer: int, spans: Sequence[SpanBytes]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Literal, overload
 
 
 def tune(sock: socket.socket, buffer_bytes: int | None) -> None:
@@ -11,6 +12,18 @@ def tune(sock: socket.socket, buffer_bytes: int | None) -> None:
     if buffer_bytes:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
+
+
+@overload
+def recv_exact(
+    sock: socket.socket, nbytes: int, eof_ok: Literal[False] = False, deadline: float | None = None
+) -> bytes: ...
+
+
+@overload
+def recv_exact(
+    sock: socket.socket, nbytes: int, eof_ok: bool, deadline: float | None = None
+) -> bytes | None: ...
 
 
 def recv_exact(

@@ -7,6 +7,7 @@ import socket
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 from shared.transfer.base import BlockSpan
 from shared.transfer.common import handshake
@@ -94,6 +95,14 @@ def encode_landed(frame: Frame, checksums: Sequence[int], last: bool = True) -> 
 
 def encode_end(request_id: str, num_frames: int) -> bytes:
     return _header(KIND_END, request_id, 0, num_frames)
+
+
+@overload
+def read_header(sock: socket.socket, eof_ok: Literal[False] = False) -> Header: ...
+
+
+@overload
+def read_header(sock: socket.socket, eof_ok: bool) -> Header | None: ...
 
 
 def read_header(sock: socket.socket, eof_ok: bool = False) -> Header | None:

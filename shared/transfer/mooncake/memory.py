@@ -67,8 +67,9 @@ def _owner_region(owner: object) -> Region:
         return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
     if isinstance(owner, np.ndarray):
         return owner.ctypes.data, owner.ctypes.data + owner.nbytes
-    whole = memoryview(owner).cast("B")
-    return region_of(whole)
+    if isinstance(owner, (bytes, bytearray, memoryview)):
+        return region_of(memoryview(owner).cast("B"))
+    raise TypeError(f"cannot tell the allocation of a {type(owner).__name__}")
 
 
 def coalesced(copies: Iterable[Copy]) -> list[Copy]:

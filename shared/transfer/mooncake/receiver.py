@@ -70,23 +70,25 @@ def landed_bytes(targets: Sequence[Target]) -> int:
 
 def verify(targets: Sequence[Target], checksums: Sequence[int]) -> str:
     """Why the landed frame is bad, or "" (hashes the bytes where they landed)."""
-    if any(t is None for t in targets):
+    landed = [t for t in targets if t is not None]
+    if len(landed) != len(targets):
         return "destination refused or wrong size"
-    if any(checksum(k, v) != c for (k, v), c in zip(targets, checksums, strict=True)):
+    if any(checksum(k, v) != c for (k, v), c in zip(landed, checksums, strict=True)):
         return "checksum mismatch"
     return ""
 
 
-class _Connection(Connection):
+class _Connection(Connection[Header, _Placed]):
     """One sender's control connection: at most one frame placed at a time, so the sink sees
     `destination` ... `on_frame` of one frame before `destination` of the next."""
 
+    receiver: MooncakeKVReceiver
+
     def __init__(self, sock: socket.socket, receiver: MooncakeKVReceiver) -> None:
         super().__init__(sock, receiver)
-        self.frame: _Placed | None = None
 
     def _handshake(self) -> None:
-        challenge(self.sock, self.receiver.auth_token, self.receiver.engine.session)
+        challenge(self.sock, self.receiver.auth_token, self.receiver.started_engine.session)
 
     def _read_header(self) -> Header | None:
         return read_header(self.sock, eof_ok=True)
@@ -121,7 +123,7 @@ class _Connection(Connection):
 
     def _target(self, request_id: str, layer: int, span: BlockSpan, nbytes: int) -> Target:
         dest = self._destination(request_id, layer, span, nbytes)
-        engine = self.receiver.engine
+        engine = self.receiver.started_engine
         if dest is None or not all(engine.ensure_registered(d) for d in dest if d.nbytes):
             return None
         return dest
@@ -180,6 +182,13 @@ class MooncakeKVReceiver(ListeningReceiver):
         self.memory = views_of(memory)
         self.settle_s = settle_s
         self.engine: Engine | None = None
+
+    @property
+    def started_engine(self) -> Engine:
+        """The engine, which start() made (connections are served only after it)."""
+        if self.engine is None:
+            raise RuntimeError("the receiver is not started")
+        return self.engine
 
     def start(self) -> str:
         self.engine = Engine(self._engine_host(), self.protocol, self.device_name)

@@ -29,10 +29,12 @@ from shared.transfer.mooncake.memory import views_of
 from shared.transfer.mooncake.parts import PART_BYTES, Part, parts_of
 
 
-class _PeerChannel(PeerChannel):
+class _PeerChannel(PeerChannel[bytes]):
     """Per frame: ASK the receiver for places, write the spans there with the engine part by
     part, and after each part send LANDED(_MORE) with its checksums. A request's count starts
     at its first ASK."""
+
+    sender: MooncakeKVSender
 
     def __init__(self, peer: str, sender: MooncakeKVSender) -> None:
         self.session = ""  # the receiver's engine session on this connection
@@ -56,8 +58,9 @@ class _PeerChannel(PeerChannel):
     def _sources_ready(self, frame: Frame) -> bool:
         """RDMA reads only registered memory; the tcp protocol reads any (registering there
         would only pile up stale registrations as buffers come and go)."""
-        if self.engine.protocol == "tcp" or all(
-            self.engine.ensure_registered(view)
+        engine = self._engine()
+        if engine.protocol == "tcp" or all(
+            engine.ensure_registered(view)
             for _, k, v in frame.spans
             for view in (k, v)
             if view.nbytes
@@ -68,14 +71,15 @@ class _PeerChannel(PeerChannel):
 
     def _read_places(self, frame: Frame) -> list[Place] | None:
         try:
-            header = read_header(self.sock)
+            sock = self._connected()
+            header = read_header(sock)
             if (header.kind, header.layer, header.count) != (
                 KIND_PLACES,
                 frame.layer,
                 len(frame.spans),
             ):
                 raise ProtocolError(f"{header} does not answer the frame asked")
-            return read_places(self.sock, header.count)
+            return read_places(sock, header.count)
         except (OSError, ProtocolError) as e:
             self._fail(frame.request_id, f"no places from {self.peer}: {e}")
             return None
@@ -98,7 +102,7 @@ class _PeerChannel(PeerChannel):
         return True
 
     def _start(self, part: Part) -> Wait:
-        return self.engine.start_writes(self.session, part.copies())
+        return self._engine().start_writes(self.session, part.copies())
 
     def _report(self, frame: Frame, part: Part, wait: Wait, last: bool) -> bool:
         # NOTE: hashed while the engine writes; hashing the sender's own bytes means a
@@ -117,9 +121,18 @@ class _PeerChannel(PeerChannel):
     def _encode_end(self, request_id: str, num_frames: int) -> bytes:
         return encode_end(request_id, num_frames)
 
-    def _handshake(self) -> None:
-        self.session = self.sender.prepare(self.sock)
-        self.engine = self.sender.engine(self.sock.getsockname()[0])
+    def _handshake(self, sock: socket.socket) -> None:
+        self.session = self.sender.prepare(sock)
+        self.engine = self.sender.engine(sock.getsockname()[0])
+
+    def _transmit(self, data: bytes) -> None:
+        self._connected().sendall(data)
+
+    def _engine(self) -> Engine:
+        """The engine, which the handshake of the connection in use set."""
+        if self.engine is None:
+            raise RuntimeError(f"no transfer engine for {self.peer} before a handshake")
+        return self.engine
 
 
 class MooncakeKVSender(ChannelSender):

@@ -52,19 +52,21 @@ class _Partial:
 
 
 def verify(targets: list[_Target]) -> str:
-    if any(t.hasher is None for t in targets):
+    hashers = [t.hasher for t in targets if t.hasher is not None]
+    if len(hashers) != len(targets):
         return "destination refused or wrong size"
-    if any(t.hasher.intdigest() != t.checksum for t in targets):
+    if any(h.intdigest() != t.checksum for h, t in zip(hashers, targets, strict=True)):
         return "checksum mismatch"
     return ""
 
 
-class _Connection(Connection):
+class _Connection(Connection[bytes, _Partial]):
     """One accepted sender: reads frames straight into the sink's memory, hashing as they land."""
+
+    receiver: TcpKVReceiver
 
     def __init__(self, sock: socket.socket, receiver: TcpKVReceiver) -> None:
         super().__init__(sock, receiver)
-        self.frame: _Partial | None = None
 
     @cached_property
     def scratch(self) -> memoryview:
@@ -116,11 +118,13 @@ class _Connection(Connection):
 
     def _frame_of(self, request_id: str, layer: int) -> _Partial:
         """The frame this part belongs to: the one in progress, or a new one."""
-        if self.frame is None:
-            self._begin(_Partial(request_id, layer))
-        elif (self.frame.request_id, self.frame.layer) != (request_id, layer):
-            raise ProtocolError(f"part of {request_id} inside a frame of {self.frame}")
-        return self.frame
+        frame = self.frame
+        if frame is None:
+            frame = _Partial(request_id, layer)
+            self._begin(frame)
+        elif (frame.request_id, frame.layer) != (request_id, layer):
+            raise ProtocolError(f"part of {request_id} inside a frame of {frame}")
+        return frame
 
     def _target(
         self, request_id: str, layer: int, span: BlockSpan, nbytes: int, digest: int

@@ -13,9 +13,11 @@ from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, send_all
 from shared.transfer.tcp.wire import GREETING, PART_BYTES, encode_end, encode_kv
 
 
-class _PeerChannel(PeerChannel):
+class _PeerChannel(PeerChannel[list[memoryview]]):
     """Writes a frame's wire parts, then counts it; a request's count starts at its first
     frame sent whole."""
+
+    sender: TcpKVSender
 
     def _send_frame(self, frame: Frame) -> None:
         rid = frame.request_id
@@ -31,11 +33,11 @@ class _PeerChannel(PeerChannel):
     def _encode_end(self, request_id: str, num_frames: int) -> list[memoryview]:
         return encode_end(request_id, num_frames)
 
-    def _handshake(self) -> None:
-        self.sender.prepare(self.sock)
+    def _handshake(self, sock: socket.socket) -> None:
+        self.sender.prepare(sock)
 
     def _transmit(self, data: list[memoryview]) -> None:
-        send_all(self.sock, data)
+        send_all(self._connected(), data)
 
 
 class TcpKVSender(ChannelSender):

@@ -46,7 +46,7 @@ def runs_of(spans: Sequence[SpanBytes], part_bytes: int) -> list[Sequence[SpanBy
 
 def encode_part(kind: int, rid: bytes, layer: int, spans: Sequence[SpanBytes]) -> list[memoryview]:
     """Header, span table and payload views of one wire part, checksums computed now."""
-    table, payload = [rid], []
+    table, payload = [rid], list[memoryview]()
     for span, k, v in spans:
         table.append(
             SPAN.pack(

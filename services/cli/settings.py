@@ -1,0 +1,445 @@
+"""Every command-line setting of `kvstack up` and of the service commands, once (see
+`setting.py`), and which command takes which. A setting is named by its key in SETTINGS;
+a command may give it another default or help (`COMMAND_CHANGES`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from typing import Any
+
+from services.cli import setting
+from services.cli.setting import Setting
+from services.gateway.backend import BackendTimeouts
+from shared.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
+from shared.costmodel import HARDWARE, MODELS
+from shared.engine.config import DTYPE_CHOICES
+from shared.engine.mock import ENGINES, MOCK_MAX_MODEL_LEN, MockSpec
+from shared.model.registry import DEFAULT_MODEL
+from shared.transfer.factory import TRANSPORTS
+
+_scheduling = SchedulingConfig()
+_timeouts = BackendTimeouts()
+_LONG_PREFILL_HELP = (
+    "most prompt tokens one request computes per step while others prefill too, so a long "
+    "prompt cannot starve short ones (default: max(block size, max-num-batched-tokens / 4); "
+    "0: no limit)"
+)
+
+SETTINGS: dict[str, Setting] = {
+    # Every service: the bus, identity, HTTP endpoint, lifecycle.
+    "nats": Setting(
+        "--nats",
+        "NATS server URL (env KVSTACK_NATS)",
+        default="nats://127.0.0.1:4222",
+        env="KVSTACK_NATS",
+    ),
+    "worker_id": Setting("--worker-id", "default: <service>-<host>-<pid>", default=""),
+    "host": Setting("--host", "HTTP bind address", default="127.0.0.1"),
+    "http_port": Setting("--http-port", "0: any free port", type=int, default=0),
+    "heartbeat_interval": Setting("--heartbeat-interval", type=float, default=1.0),
+    "drain_timeout": Setting(
+        "--drain-timeout",
+        "seconds each service may take to finish its work when stopping",
+        type=float,
+        default=30.0,
+    ),
+    # Credentials of the control bus and the data plane (docs/security.md).
+    "nats_creds": Setting(
+        "--nats-creds",
+        "this service's NATS credentials file (env KVSTACK_NATS_CREDS; made by "
+        "`kvstack up` or `kvstack auth init`)",
+        default="",
+        env="KVSTACK_NATS_CREDS",
+    ),
+    "nats_tls_ca": Setting(
+        "--nats-tls-ca",
+        "verify the NATS server's TLS certificate against this CA (PEM; env KVSTACK_NATS_TLS_CA)",
+        default="",
+        env="KVSTACK_NATS_TLS_CA",
+    ),
+    "data_token_file": Setting(
+        "--data-token-file",
+        "the data plane's shared secret, from a file (env KVSTACK_DATA_TOKEN_FILE; or the "
+        "secret itself in KVSTACK_DATA_TOKEN)",
+        default="",
+        env="KVSTACK_DATA_TOKEN_FILE",
+    ),
+    "insecure": Setting(
+        "--insecure",
+        "run without credentials: on a NATS server that lets anyone in, with an "
+        "unauthenticated data plane (env KVSTACK_INSECURE=1)",
+        default=False,
+        env="KVSTACK_INSECURE",
+        switch=True,
+    ),
+    # The model and its KV cache, on workers (the gateway names KV blocks with them too).
+    "model": Setting("--model", default=DEFAULT_MODEL),
+    "dtype": Setting("--dtype", choices=DTYPE_CHOICES, default="auto"),
+    "block_size": Setting("--block-size", type=int, default=16),
+    "kv_cache_gib": Setting("--kv-cache-gib", "KV cache size in GiB", type=float, default=1.0),
+    "max_num_batched_tokens": Setting("--max-num-batched-tokens", type=int, default=2048),
+    "max_num_seqs": Setting("--max-num-seqs", type=int, default=64),
+    "long_prefill_tokens": Setting("--long-prefill-tokens", _LONG_PREFILL_HELP, type=int),
+    "threads": Setting("--threads", "torch threads (1-2 on CPU)", type=int),
+    "no_prefix_cache": Setting(
+        "--no-prefix-cache",
+        "no local prefix cache (reuse only through the kvstore pool)",
+        switch=True,
+        default=False,
+    ),
+    # The data plane.
+    "data_host": Setting("--data-host", "data-plane bind address", default="127.0.0.1"),
+    "data_port": Setting("--data-port", type=int, default=0),
+    "advertise_data_addr": Setting(
+        "--advertise-data-addr", "host:port peers should dial", default=""
+    ),
+    "transport": Setting(
+        "--transport",
+        "data plane of the prefill -> decode KV stream",
+        choices=TRANSPORTS,
+        default="tcp",
+    ),
+    # The engine; the gateway takes these too (the mock model names the KV blocks).
+    "engine": Setting(
+        "--engine",
+        "torch: run --model; mock: no model, each step takes the cost model's time for "
+        "--mock-model on --mock-hardware (--model gives the tokenizer)",
+        choices=ENGINES,
+        default="torch",
+    ),
+    "mock_model": Setting(
+        "--mock-model",
+        f"the model a mock worker stands in for ({', '.join(MODELS)}; default {MockSpec.model})",
+    ),
+    "mock_hardware": Setting(
+        "--mock-hardware",
+        f"the instance it runs on ({', '.join(HARDWARE)}; default {MockSpec.hardware})",
+    ),
+    "mock_kv_scale": Setting(
+        "--mock-kv-scale",
+        f"KV bytes stored and moved, relative to the real model's (default "
+        f"{MockSpec.kv_scale:g}: llama3-70b's 320 KiB per token become 320 B)",
+        type=float,
+    ),
+    "max_model_len": Setting(
+        "--max-model-len",
+        f"context limit in tokens (0: the model's; mock: {MOCK_MAX_MODEL_LEN})",
+        type=int,
+        default=0,
+    ),
+    # Attention offload, on a decode worker.
+    "attention_workers": Setting(
+        "--attention-workers",
+        "offload attention to this group of attention-worker ids (comma-separated; the "
+        "group size must divide the model's KV heads)",
+        default="",
+    ),
+    "micro_batches": Setting(
+        "--micro-batches",
+        "staggered micro-batches per step when offloading (1: no overlap)",
+        type=int,
+        default=2,
+    ),
+    "attention_recovery_timeout": Setting(
+        "--attention-recovery-timeout",
+        "seconds to wait for attention workers to re-form a lost group",
+        type=float,
+        default=30.0,
+    ),
+    # An attention worker's links.
+    "link_port": Setting("--link-port", "the decode worker's link", type=int, default=0),
+    "advertise_host": Setting("--advertise-host", "host peers should dial", default=""),
+    # A kvstore instance's tiers.
+    "dram_gib": Setting("--dram-gib", "DRAM tier size", type=float, default=4.0),
+    "disk_dir": Setting("--disk-dir", "SSD tier directory (empty: none)", default=""),
+    "disk_gib": Setting("--disk-gib", "SSD tier size", type=float, default=0.0),
+    "compress": Setting("--compress", "lz4 on the SSD tier", switch=True, default=False),
+    # The gateway's HTTP edge.
+    "served_model_name": Setting("--served-model-name", "name clients use", default=""),
+    "api_key": Setting(
+        "--api-key",
+        "require this bearer key (env KVSTACK_API_KEY)",
+        default="",
+        env="KVSTACK_API_KEY",
+    ),
+    "max_tokens_limit": Setting("--max-tokens-limit", "0: the context size", type=int, default=0),
+    "read_timeout": Setting(
+        "--read-timeout",
+        "seconds a client has to send a request's headers, and then its body; a stalled "
+        "one is cut off",
+        type=float,
+        default=30.0,
+    ),
+    "max_concurrent_per_key": Setting(
+        "--max-concurrent-per-key",
+        "generation requests in flight per API key; more get 429 (0: no limit)",
+        type=int,
+        default=0,
+    ),
+    "cors_origins": Setting(
+        "--cors-origins",
+        "comma-separated browser origins allowed to call the API (* for any; default: CORS off)",
+        default="",
+    ),
+    # How the gateway moves a request off a worker that was lost.
+    "migration_limit": Setting(
+        "--migration-limit",
+        "times a streaming request may move to another worker after tokens arrived (its "
+        "worker died or stopped); then it ends with an error",
+        type=int,
+        default=_timeouts.migration_limit,
+    ),
+    "placement_wait": Setting(
+        "--placement-wait",
+        "seconds a request waits for a conductor or a live worker (a restart) before it gets 503",
+        type=float,
+        default=_timeouts.placement_wait,
+    ),
+    # The conductor's scheduling (docs/conductor.md).
+    "policy": Setting("--policy", choices=POLICY_NAMES, default=_scheduling.policy),
+    "admission": Setting(
+        "--admission",
+        "how overload is refused (see docs/conductor.md)",
+        choices=ADMISSION_MODES,
+        default=_scheduling.admission,
+    ),
+    "slo_ttft": Setting(
+        "--slo-ttft", "seconds (default SLO)", type=float, default=_scheduling.slo_ttft
+    ),
+    "slo_tbt": Setting(
+        "--slo-tbt", "seconds (default SLO)", type=float, default=_scheduling.slo_tbt
+    ),
+    "balancing_threshold": Setting(
+        "--balancing-threshold",
+        "kvcentric loads a remote prefix when it is this many times the local",
+        type=float,
+        default=_scheduling.balancing_threshold,
+    ),
+    "decode_time": Setting(
+        "--decode-time",
+        "predictive admission's uniform decode seconds, until learned",
+        type=float,
+        default=_scheduling.decode_time,
+    ),
+    "cost_model": Setting(
+        "--cost-model",
+        "a file from `kvstack profile`, or roofline:<model>:<hardware>; auto: the profile "
+        "of --model if there is one",
+        default="auto",
+    ),
+    # `kvstack up` alone: the shape of the stack and where it keeps its files.
+    "num_prefill": Setting("--prefill", "number of prefill workers", type=int, default=1),
+    "num_decode": Setting("--decode", "number of decode workers", type=int, default=1),
+    "num_kvstore": Setting("--kvstore", "kvstore instances (0: none)", type=int, default=1),
+    "kvstore_dram_gib": Setting(
+        "--kvstore-dram-gib", "per kvstore instance", type=float, default=2.0
+    ),
+    "attention_group_size": Setting(
+        "--attention-workers",
+        "attention workers per decode worker (0: attention stays in decode); must divide "
+        "the model's KV heads",
+        type=int,
+        default=0,
+    ),
+    "port": Setting("--port", type=int, default=8000),
+    "secrets_dir": Setting(
+        "--secrets-dir",
+        "NATS credentials (one user per service, each allowed only its own subjects), "
+        "nats-server's config and the data plane's secret; made on first start, reused "
+        "after (docs/security.md)",
+        default=".kvstack/secrets",
+    ),
+    "nats_tls": Setting(
+        "--nats-tls",
+        "TLS on NATS with a CA of this deployment's own (in --secrets-dir)",
+        switch=True,
+        default=False,
+    ),
+    "log_dir": Setting(
+        "--log-dir",
+        "one log per service; the previous run's is kept as NAME.log.1",
+        default=".kvstack/logs",
+    ),
+    "metrics_port": Setting(
+        "--metrics-port",
+        "kvstack up's own /metrics (restarts, children up) on --host; 0: a free port, "
+        "printed at start",
+        type=int,
+        default=0,
+    ),
+}
+
+COMMON = ("nats", "worker_id", "host", "http_port", "heartbeat_interval", "drain_timeout")
+SECURITY = ("nats_creds", "nats_tls_ca", "data_token_file", "insecure")
+ENGINE = ("engine", "mock_model", "mock_hardware", "mock_kv_scale", "max_model_len")
+DATA_PLANE = ("data_host", "data_port", "advertise_data_addr")
+WORKER = (
+    *COMMON,
+    *SECURITY,
+    "model",
+    "dtype",
+    "block_size",
+    "kv_cache_gib",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "long_prefill_tokens",
+    "threads",
+    "no_prefix_cache",
+    *DATA_PLANE,
+    "transport",
+    *ENGINE,
+)
+OFFLOAD = ("attention_workers", "micro_batches", "attention_recovery_timeout")
+RELIABILITY = ("migration_limit", "placement_wait")
+SCHEDULING = (
+    "policy",
+    "admission",
+    "slo_ttft",
+    "slo_tbt",
+    "balancing_threshold",
+    "decode_time",
+    "cost_model",
+    "model",
+)
+
+# Which settings each command takes, in the order of its --help.
+COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
+    "conductor": (*COMMON, *SECURITY, *SCHEDULING),
+    "prefill": WORKER,
+    "decode": (*WORKER, *OFFLOAD),
+    "attention-worker": (
+        *COMMON,
+        *SECURITY,
+        "kv_cache_gib",
+        "threads",
+        "data_host",
+        "data_port",
+        "link_port",
+        "advertise_host",
+    ),
+    "kvstore": (
+        *COMMON,
+        *SECURITY,
+        "dram_gib",
+        "disk_dir",
+        "disk_gib",
+        "compress",
+        *DATA_PLANE,
+    ),
+    "gateway": (
+        *COMMON,
+        *SECURITY,
+        "model",
+        "served_model_name",
+        "api_key",
+        "max_tokens_limit",
+        "dtype",
+        "block_size",
+        "read_timeout",
+        "max_concurrent_per_key",
+        "cors_origins",
+        *RELIABILITY,
+        *ENGINE,
+    ),
+    "up": (
+        "nats",
+        "num_prefill",
+        "num_decode",
+        "num_kvstore",
+        "kvstore_dram_gib",
+        "attention_group_size",
+        "micro_batches",
+        "model",
+        "dtype",
+        "host",
+        "port",
+        "kv_cache_gib",
+        "threads",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "long_prefill_tokens",
+        *ENGINE,
+        *RELIABILITY,
+        "api_key",
+        "secrets_dir",
+        "nats_tls",
+        "insecure",
+        "log_dir",
+        "metrics_port",
+        "drain_timeout",
+        "policy",
+        "admission",
+        "slo_ttft",
+        "slo_tbt",
+    ),
+}
+
+# Where a command means a setting a little differently: another default or help.
+COMMAND_CHANGES: dict[str, dict[str, dict[str, Any]]] = {
+    "gateway": {
+        "http_port": {"default": 8000},
+        "model": {"help": "the model the workers serve"},
+        "dtype": {"help": "the workers' dtype (names KV blocks)"},
+        "block_size": {"help": "the workers' block size"},
+    },
+    "conductor": {"model": {"help": "the model the workers serve"}},
+    "attention-worker": {
+        "kv_cache_gib": {"help": "KV pool size in GiB"},
+        "data_host": {"help": "bind address of the KV data plane and the attention link"},
+        "data_port": {"help": "KV from prefill workers"},
+    },
+    "up": {
+        "nats": {"default": "", "env": "", "help": "use this NATS server instead of starting one"},
+        "host": {"help": "the gateway's address (and that of kvstack up's /metrics)"},
+        "kv_cache_gib": {"help": "per worker"},
+        "threads": {"default": 1, "help": "torch threads per worker"},
+        "max_num_seqs": {"help": "per worker (decode batch)"},
+        "max_num_batched_tokens": {"help": "per worker and step (the prefill chunk)"},
+        "micro_batches": {"help": "when offloading attention"},
+        "api_key": {"env": "", "help": "require this bearer key at the gateway"},
+        "insecure": {
+            "env": "",
+            "help": "no credentials: NATS lets anyone on this host in, the data plane takes "
+            "any peer (for experiments only)",
+        },
+        "slo_ttft": {"help": "seconds"},
+        "slo_tbt": {"help": "seconds"},
+    },
+}
+
+# The settings `kvstack up` hands on to its children, by child command; each child takes
+# them under the same name (the few renamed ones, e.g. --kvstore-dram-gib becoming a
+# kvstore's --dram-gib, `up.py` passes itself).
+WORKER_TUNING = (
+    "dtype",
+    "kv_cache_gib",
+    "threads",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "long_prefill_tokens",
+    "max_model_len",
+)
+FORWARDED_BY_UP: dict[str, tuple[str, ...]] = {
+    "conductor": ("model", "policy", "admission", "slo_ttft", "slo_tbt"),
+    "prefill": WORKER_TUNING,
+    "decode": WORKER_TUNING,
+    "attention-worker": ("kv_cache_gib", "threads"),
+    "gateway": ("dtype", "max_model_len", *RELIABILITY, "api_key"),
+}
+
+
+def add_command(parser: argparse.ArgumentParser, command: str) -> None:
+    """Every setting of `command`, as it means them."""
+    setting.add(parser, SETTINGS, COMMAND_SETTINGS[command], COMMAND_CHANGES.get(command))
+
+
+def flags(**values: Any) -> list[str]:
+    """Command-line words giving these settings (by name) these values; unset ones (None,
+    empty, a switch off) are left out."""
+    return [word for name, value in values.items() for word in SETTINGS[name].argv(value)]
+
+
+def forward(args: argparse.Namespace, names: Iterable[str]) -> tuple[str, ...]:
+    """The command-line words that hand the parsed values of `names` on to a child."""
+    return tuple(flags(**{name: getattr(args, SETTINGS[name].dest) for name in names}))
