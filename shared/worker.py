@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.engine.config import EngineConfig
@@ -11,6 +12,7 @@ from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 from shared.messages import Heartbeat, WorkerStats
 from shared.service import ServiceConfig
+from shared.worker_core import WorkerLoad, load_heartbeat
 
 
 @dataclass(frozen=True)
@@ -74,23 +76,35 @@ def worker_heartbeat(
     scheduler = engine.scheduler
     queued = sum(s.num_tokens - s.num_computed_tokens for s in list(scheduler.waiting))
     context = sum(s.num_tokens for s in list(scheduler.running))
-    return Heartbeat(
-        service,
-        worker_id,
-        time.time(),
-        config.heartbeat_interval,
-        http_addr=http_addr,
-        data_addr=data_addr,
-        model=config.model,
-        block_size=config.block_size,
+    load = WorkerLoad(
         num_running=len(scheduler.running),
         num_waiting=len(scheduler.waiting),
         queued_tokens=queued,
         context_tokens=context,
         free_blocks=engine.kv.num_free_blocks,
         total_blocks=engine.kv.pool.num_blocks,
+    )
+    return load_heartbeat(
+        service,
+        worker_id,
+        time.time(),
+        config.heartbeat_interval,
+        config.block_size,
+        load,
+        http_addr=http_addr,
+        data_addr=data_addr,
+        model=config.model,
         draining=draining,
     )
+
+
+def prompt_problem(engine: LLMEngine, prompt_token_ids: Sequence[int]) -> str:
+    """What is wrong with a prompt for this engine, or "" when nothing."""
+    try:
+        engine.validate_prompt(prompt_token_ids)
+    except KvstackError as e:
+        return str(e)
+    return ""
 
 
 def worker_stats(

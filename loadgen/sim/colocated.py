@@ -20,6 +20,8 @@ from loadgen.sim.prefill import (
 )
 from shared.costmodel import CostModel
 from shared.messages import Heartbeat
+from shared.prefill.outcome import finish_at_first_token
+from shared.worker_core import load_heartbeat
 
 
 class ColocatedNode:
@@ -76,7 +78,7 @@ class ColocatedNode:
         job, self.prefilling = self.prefilling, None
         job.first_token = end
         self.cache.touch(full_blocks(job))
-        if job.num_output_tokens > 1:
+        if finish_at_first_token(False, job.num_output_tokens) is None:  # no stop tokens here
             self.batch.join(job)
             if self.last_decode_end is None:  # the batch starts: its first gap
                 self.last_decode_end = end  # counts from this first token
@@ -100,16 +102,9 @@ class ColocatedNode:
         prefill = prefill_heartbeat(
             self.worker_id, now, interval, int(self.prefilling is not None), self.queue, cache
         )
-        decode = Heartbeat(
-            "decode",
-            decode_id(self.worker_id),
-            now,
-            interval,
-            block_size=BLOCK_SIZE,
-            num_running=batch.size,
-            context_tokens=batch.context,
-            free_blocks=max(0, batch.capacity - batch.reserved) // BLOCK_SIZE,
-            total_blocks=batch.capacity // BLOCK_SIZE,
+        load = batch.load(BLOCK_SIZE)
+        decode = load_heartbeat(
+            "decode", decode_id(self.worker_id), now, interval, BLOCK_SIZE, load
         )
         return prefill, decode
 
