@@ -45,6 +45,7 @@ from shared.model.config import ModelConfig
 from shared.model.registry import resolve_model
 from shared.service import Service
 from shared.transfer.attention.client import AttentionLost
+from shared.transfer.base import KVReceiver
 from shared.transfer.factory import make_receiver
 from shared.transfer.tcp import TcpKVSender
 from shared.worker import WorkerConfig, prompt_problem, worker_heartbeat, worker_stats
@@ -60,11 +61,16 @@ ATTENTION_START_WAIT = 300.0
 
 class DecodeService(Service):
     name = "decode"
+    bus: Bus  # connected before start() (shared/service.py: run)
+    incoming: LocalKV | OffloadedKV
 
     def __init__(self, config: WorkerConfig) -> None:
         super().__init__(config)
         self.config: WorkerConfig = config
         self.decoding = TokenSequencer()
+        self.group: AttentionGroup | None = None  # offloaded: the attention workers
+        self.receiver: KVReceiver | None = None  # local KV: what prefill streams into
+        self.pool: KvstorePool | None = None  # local KV: the kvstore pool
         self.num_done = 0
         self.num_refused = 0
         self.num_rejected_after_prefill = 0
@@ -85,7 +91,6 @@ class DecodeService(Service):
         loop = asyncio.get_running_loop()
         token = self.config.data_token or None
         self.sender = TcpKVSender(auth_token=token)
-        self.group = None
         self.reattaching = False
         if self.config.attention_workers:
             await self._start_offloaded(bus, token)
@@ -109,7 +114,7 @@ class DecodeService(Service):
         self.engine = await loop.run_in_executor(None, LLMEngine, self.config.engine_config())
         storage = self.engine.runner.storage
         inbox = KVInbox(storage, loop)
-        self.receiver = make_receiver(
+        receiver = make_receiver(
             self.config.transport,
             inbox,
             self.config.data_host,
@@ -117,7 +122,8 @@ class DecodeService(Service):
             token,
             memory=[storage.kv],
         )
-        bound = self.receiver.start()
+        bound = receiver.start()
+        self.receiver = receiver
         self.data_addr = self.config.advertise_data_addr or bound
         self.incoming = LocalKV(
             inbox, self.engine.model_config.num_layers, self.config.request_timeout
@@ -130,7 +136,7 @@ class DecodeService(Service):
         """Attention goes to the group: attach it first, since its pool sizes ours."""
         config = self.config.engine_config()
         model = ModelConfig.from_dir(resolve_model(config.model))
-        self.group = AttentionGroup(
+        group = AttentionGroup(
             bus,
             self.worker_id,
             self.config.attention_workers,
@@ -140,10 +146,10 @@ class DecodeService(Service):
             token,
             self.config.request_timeout,
         )
-        await self.group.wait_for_workers(
+        await group.wait_for_workers(
             max(self.config.attention_recovery_timeout, ATTENTION_START_WAIT)
         )
-        num_blocks = await self.group.attach()
+        num_blocks = await group.attach()
         config = dataclasses.replace(
             config, num_blocks=num_blocks, local_kv=False, enable_prefix_cache=False
         )
@@ -151,10 +157,10 @@ class DecodeService(Service):
         self.engine = await loop.run_in_executor(None, LLMEngine, config)
         runner = self.engine.runner
         self.engine.runner = OffloadRunner(
-            runner.model, runner.storage, self.group, self.config.micro_batches
+            runner.model, runner.storage, group, self.config.micro_batches
         )
-        self.receiver, self.data_addr, self.pool = None, "", None
-        self.incoming = OffloadedKV(self.group, model.num_layers)
+        self.group, self.data_addr = group, ""
+        self.incoming = OffloadedKV(group, model.num_layers)
 
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
         if self.pool is not None:
@@ -201,7 +207,7 @@ class DecodeService(Service):
             if event is None:  # it finished meanwhile
                 continue
             await self.bus.publish(subjects.tokens(request_id), event)
-            await self.engine_loop.call(lambda e, rid=request_id: self._abort(e, rid))
+            await self._abort_now(request_id)
 
     async def stop(self) -> None:
         self.engine_loop.stop()
@@ -296,19 +302,17 @@ class DecodeService(Service):
     def _step(self, engine: LLMEngine) -> list[RequestOutput]:
         """One engine step (engine thread); offloaded, a step that loses an attention worker
         rebuilds the group and recomputes every running request's KV there."""
-        if self.group is None:
+        group = self.group
+        if group is None:
             return engine.step()
         try:
             outputs = engine.step()
         except AttentionLost as e:
             return self._recover(engine, str(e))
-        self._release_finished(outputs)
-        return outputs
-
-    def _release_finished(self, outputs: list[RequestOutput]) -> None:
         done = [out.request_id for out in outputs if out.finished]
         if done:
-            self.group.release(done)
+            group.release(done)
+        return outputs
 
     def _recover(self, engine: LLMEngine, error: str) -> list[RequestOutput]:
         log.warning("attention group lost (%s); rebuilding it and recomputing KV", error)
@@ -325,16 +329,19 @@ class DecodeService(Service):
     async def _rebuild_group(self) -> int:
         """Attach the largest group of live workers that splits the KV heads evenly, waiting
         up to the recovery timeout for enough of them to answer."""
-        for request_id in self.incoming.forget_all():
+        group, incoming = self.group, self.incoming
+        if group is None or not isinstance(incoming, OffloadedKV):
+            raise KvstackError("this decode worker has no attention group")
+        for request_id in incoming.forget_all():
             log.warning("request %s: its KV went to the lost group; refusing it", request_id)
         deadline = time.monotonic() + self.config.attention_recovery_timeout
         while True:
-            live = await self.group.live_workers()
+            live = await group.live_workers()
             size = usable_group_size(self.engine.model_config.num_kv_heads, len(live))
             problem = "no attention worker of the group answers"
             if size:
                 try:
-                    return await self.group.attach(live[:size])
+                    return await group.attach(live[:size])
                 except KvstackError as e:  # e.g. one is draining away: try without it
                     problem = str(e)
             if time.monotonic() > deadline:
@@ -368,10 +375,13 @@ class DecodeService(Service):
             await self._release(rid)
         if self.decoding.drop(rid):
             # NOTE: an aborted request is not written back: free its (held) blocks now.
-            await self.engine_loop.call(lambda e: self._abort(e, rid))
+            await self._abort_now(rid)
 
     def _free_held(self, request_id: str):
         return self.engine_loop.call(lambda e: e.release(request_id))
+
+    async def _abort_now(self, request_id: str) -> None:
+        await self.engine_loop.call(lambda e: self._abort(e, request_id))
 
     def _abort(self, engine: LLMEngine, request_id: str) -> None:
         if engine.abort(request_id):

@@ -52,6 +52,7 @@ log = logging.getLogger("kvstack.prefill")
 
 class PrefillService(Service):
     name = "prefill"
+    bus: Bus  # connected before start() (shared/service.py: run)
 
     def __init__(self, config: WorkerConfig) -> None:
         super().__init__(config)
@@ -268,8 +269,8 @@ class PrefillService(Service):
         rid = target.request_id
         self.targets.pop(rid, None)
         self.loader.forget(rid)
-        # written back in the background: the first token does not wait for it
-        if out is not None and kv_is_whole(out.finish_reason, sent):
+        whole = out is not None and kv_is_whole(out.finish_reason, sent)
+        if whole:  # in the background: the first token does not wait for the write-back
             self.tasks.spawn(
                 self._write_back(rid, target),
                 f"writing {rid} back to the pool",
@@ -279,12 +280,22 @@ class PrefillService(Service):
             await self.engine_loop.call(lambda e: e.release(rid))
         req = self.requests.get(rid)
         if req is None or out is None:  # aborted meanwhile
-            return await self._tell_decode(target.decode_id, KVCommit(rid, False, reason="aborted"))
-        if not kv_is_whole(out.finish_reason, sent):
-            cancel = KVCommit(rid, False, reason=error or "failed")
-            await self._tell_decode(target.decode_id, cancel)
+            await self._tell_decode(target.decode_id, KVCommit(rid, False, reason="aborted"))
+        elif not whole:
+            await self._tell_decode(
+                target.decode_id, KVCommit(rid, False, reason=error or "failed")
+            )
             code = error_code(out.error_kind)
-            return await self._fail(req, f"prefill failed: {error or out.stop_reason}", code)
+            await self._fail(req, f"prefill failed: {error or out.stop_reason}", code)
+        else:
+            await self._hand_over(req, out, target, num_frames)
+
+    async def _hand_over(
+        self, req: PrefillRequest, out: RequestOutput, target: Target, num_frames: int
+    ) -> None:
+        """The KV is whole on the decode worker: it adopts the request (unless the first
+        token ends it), and the first token goes out."""
+        rid = req.request_id
         token = out.new_token_ids[0]
         logprob = out.new_logprobs[0] if out.new_logprobs else None
         self.prompt_tokens.inc(out.num_prompt_tokens - out.num_cached_tokens)
@@ -302,15 +313,10 @@ class PrefillService(Service):
         self._trace(rid, "KV stream sent")
         reply = await self._tell_decode(target.decode_id, commit)
         self._trace(rid, "decode adopted it")
-        if done_here:
-            return await self._emit_first(req, out, token, logprob, done_here)
-        if not reply.ok:
-            return await self._fail(
-                req,
-                reply.error or "decode worker refused the KV",
-                refused_code(reply.code),
-            )
-        await self._emit_first(req, out, token, logprob, None)
+        if not done_here and not reply.ok:
+            reason = reply.error or "decode worker refused the KV"
+            return await self._fail(req, reason, refused_code(reply.code))
+        await self._emit_first(req, out, token, logprob, done_here)
 
     async def _write_back(self, rid: str, target: Target) -> None:
         """Offer the prompt's full blocks to the kvstore pool (it keeps what it lacks), then
