@@ -36,7 +36,7 @@ class ColocatedNode:
         self.batch = Batch(cost, capacity_tokens)
         self.queue = PromptQueue()
         self.prefilling: Job | None = None
-        self.step_start: float | None = None
+        self.step_start = 0.0  # of the step that ends at step_end
         self.step_end: float | None = None  # None: idle
         self.last_decode_end: float | None = None
         self.mean_gap_seconds = 0.0  # between a running request's tokens
@@ -72,10 +72,11 @@ class ColocatedNode:
         elif self.batch.size:
             self.step_end = now + self.batch.step_seconds()
         else:
-            self.step_start = self.step_end = None
+            self.step_end = None
 
     def _prefilled(self, end: float) -> None:
         job, self.prefilling = self.prefilling, None
+        assert job is not None, "a prefill step with no prefill"
         job.first_token = end
         self.cache.touch(full_blocks(job))
         if finish_at_first_token(False, job.num_output_tokens) is None:  # no stop tokens here
@@ -87,7 +88,9 @@ class ColocatedNode:
             self.done.append(job)
 
     def _decoded(self, end: float) -> None:
-        gap = end - self.last_decode_end
+        last = self.last_decode_end
+        assert last is not None, "a decode step before any request joined"
+        gap = end - last
         self.mean_gap_seconds += STEP_SMOOTHING * (gap - self.mean_gap_seconds)
         self.done += self.batch.complete_step(end)
         self.last_decode_end = end if self.batch.size else None

@@ -93,7 +93,7 @@ class DecodeNode:
         self.worker_id = worker_id
         self.batch = Batch(cost, capacity_tokens)
         self.waiting: deque[Job] = deque()  # KV arrived, no room yet
-        self.step_start: float | None = None
+        self.step_start = 0.0  # of the step that ends at step_end
         self.step_end: float | None = None  # None: idle
         self.mean_step_seconds = 0.0
         self.done: list[Job] = []  # finished since the simulator last looked
@@ -129,7 +129,7 @@ class DecodeNode:
             batch.reserve(job)
             batch.join(job)
         if not batch.size:
-            self.step_start = self.step_end = None
+            self.step_end = None
             return
         self.step_start, self.step_end = now, now + batch.step_seconds()
 

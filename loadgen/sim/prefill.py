@@ -150,6 +150,7 @@ class PrefillNode:
 
     def finish(self) -> Job:
         job, self.current = self.current, None
+        assert job is not None, "finish() with no prefill running"
         self.cache.touch(full_blocks(job))
         return job
 

@@ -222,12 +222,13 @@ class Simulation:
         """A request ended well: the gateway tells the conductor what it took."""
         self.open -= 1
         self.counts.finished += 1
-        n = job.num_output_tokens
-        tbt = (job.last_token - job.first_token) / (n - 1) if n > 1 else 0.0
+        n, first_token, last_token = job.num_output_tokens, job.first_token, job.last_token
+        assert first_token is not None and last_token is not None, "done before its first token"
+        tbt = (last_token - first_token) / (n - 1) if n > 1 else 0.0
         first = job.row.hash_ids[0] if full_blocks(job) else 0
         self.conductor.finished(
             RequestDone(
-                job.request_id, first, job.num_prompt_tokens, n, job.first_token - job.arrival, tbt
+                job.request_id, first, job.num_prompt_tokens, n, first_token - job.arrival, tbt
             )
         )
 

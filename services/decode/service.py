@@ -358,11 +358,16 @@ class DecodeService(Service):
                     self.bus.publish(subjects.tokens(rid), event), f"publishing tokens of {rid}"
                 )
             if out.finished and self.pool is not None:  # held only when a pool exists
-                self.tasks.spawn(
-                    write_back(self.pool, self.engine_loop, rid, f"{rid}:turn"),
-                    f"writing {rid} back to the pool",
-                    on_error=lambda _, rid=rid: self._free_held(rid),
-                )
+                self._write_back(self.pool, rid)
+
+    def _write_back(self, pool: KvstorePool, request_id: str) -> None:
+        """Offer a finished request's blocks to the pool (it keeps what it lacks); they are
+        freed here once sent, or at once if the write-back fails."""
+        self.tasks.spawn(
+            write_back(pool, self.engine_loop, request_id, f"{request_id}:turn"),
+            f"writing {request_id} back to the pool",
+            on_error=lambda _: self._free_held(request_id),
+        )
 
     def _count_tokens(self, event: TokenEvent) -> None:
         self.tokens_out.inc(len(event.token_ids))

@@ -4,12 +4,14 @@ replication), and KV events so the conductor knows what this worker holds."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from shared.bus import Bus
 from shared.engine.engine import LLMEngine
 from shared.engine.loop import EngineLoop
 from shared.kv_events import publish_kv_events
 from shared.kvblocks import BlockLayout
+from shared.kvcache.block import KVBlock
 from shared.kvstore_client import send_blocks
 from shared.messages import Ack, BlockGet, KVResync
 from shared.transfer.base import KVSender
@@ -62,9 +64,10 @@ class CacheSharing:
         await publish_kv_events(self.bus, self.worker_id, "prefill", hashes, snapshot=True)
 
 
-def _pin(engine: LLMEngine, block_hashes) -> list | None:
-    blocks = [engine.kv.pool.lookup(h) for h in block_hashes]
-    if any(b is None for b in blocks):
+def _pin(engine: LLMEngine, block_hashes: Sequence[int]) -> list[KVBlock] | None:
+    found = [engine.kv.pool.lookup(h) for h in block_hashes]
+    blocks = [b for b in found if b is not None]
+    if len(blocks) < len(found):
         return None
     engine.kv.pool.touch(blocks)
     return blocks
