@@ -52,7 +52,9 @@ def test_a_peer_that_lacks_a_block_sends_none(caches):
     mine, pool, peers = caches
     assert job_prefix_plan(job(peer="p1", peer_blocks=4), mine, pool, peers) == PrefixPlan(1)
     peers["p1"].touch([1, 2, 3, 4])
-    assert job_prefix_plan(job(peer="p1", peer_blocks=4), mine, None, peers) == PrefixPlan(1, 3, "p1")
+    assert job_prefix_plan(job(peer="p1", peer_blocks=4), mine, None, peers) == PrefixPlan(
+        1, 3, "p1"
+    )
 
 
 def test_a_node_runs_its_queue_in_order_and_caches_what_it_prefilled():
