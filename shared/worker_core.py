@@ -5,7 +5,7 @@ nodes)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from shared.engine.output import REQUEST_ERROR
 from shared.messages import Heartbeat
@@ -47,7 +47,7 @@ def error_code(error_kind: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class WorkerLoad:
-    """What a worker reports of its load in each heartbeat."""
+    """What a worker reports of its load in each heartbeat (Heartbeat's field names)."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -79,11 +79,6 @@ def load_heartbeat(
         data_addr=data_addr,
         model=model,
         block_size=block_size,
-        num_running=load.num_running,
-        num_waiting=load.num_waiting,
-        queued_tokens=load.queued_tokens,
-        context_tokens=load.context_tokens,
-        free_blocks=load.free_blocks,
-        total_blocks=load.total_blocks,
         draining=draining,
+        **asdict(load),
     )
