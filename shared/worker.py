@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
 from shared.engine.config import EngineConfig
 from shared.engine.interface import EngineInterface
@@ -11,6 +12,7 @@ from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 from shared.messages import Heartbeat, WorkerStats
 from shared.service import ServiceConfig
+from shared.worker_core import WorkerLoad, load_heartbeat
 
 
 @dataclass(frozen=True)
@@ -71,24 +73,27 @@ def worker_heartbeat(
     draining: bool,
 ) -> Heartbeat:
     """Load as the engine sees it (read without locks: a slightly stale view is fine)."""
-    stats = engine.stats()
-    return Heartbeat(
+    return load_heartbeat(
         service,
         worker_id,
         time.time(),
         config.heartbeat_interval,
+        config.block_size,
+        WorkerLoad(**asdict(engine.stats())),
         http_addr=http_addr,
         data_addr=data_addr,
         model=config.model,
-        block_size=config.block_size,
-        num_running=stats.num_running,
-        num_waiting=stats.num_waiting,
-        queued_tokens=stats.queued_tokens,
-        context_tokens=stats.context_tokens,
-        free_blocks=stats.free_blocks,
-        total_blocks=stats.total_blocks,
         draining=draining,
     )
+
+
+def prompt_problem(engine: EngineInterface, prompt_token_ids: Sequence[int]) -> str:
+    """What is wrong with a prompt for this engine, or "" when nothing."""
+    try:
+        engine.validate_prompt(prompt_token_ids)
+    except KvstackError as e:
+        return str(e)
+    return ""
 
 
 def worker_stats(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from services.kvstore.events import NetEvents
+from shared.net_events import NetEvents
 
 
 class BlockPool:

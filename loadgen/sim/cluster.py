@@ -48,10 +48,13 @@ class Cluster:
             )
             for i in range(config.num_colocated)
         }
-        self.caches = {
-            name: node.cache for name, node in {**self.prefill, **self.colocated}.items()
-        }
-        self.lazy = [*self.decode.values(), *self.colocated.values()]  # stepped by advance
+        with_cache: dict[str, PrefillNode | ColocatedNode] = {**self.prefill, **self.colocated}
+        self.caches = {name: node.cache for name, node in with_cache.items()}
+        # stepped by advance
+        self.lazy: list[DecodeNode | ColocatedNode] = [
+            *self.decode.values(),
+            *self.colocated.values(),
+        ]
 
     @property
     def names(self) -> list[str]:

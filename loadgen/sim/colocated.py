@@ -20,6 +20,8 @@ from loadgen.sim.prefill import (
 )
 from shared.costmodel import CostModel
 from shared.messages import Heartbeat
+from shared.prefill.outcome import finish_at_first_token
+from shared.worker_core import load_heartbeat
 
 
 class ColocatedNode:
@@ -34,7 +36,7 @@ class ColocatedNode:
         self.batch = Batch(cost, capacity_tokens)
         self.queue = PromptQueue()
         self.prefilling: Job | None = None
-        self.step_start: float | None = None
+        self.step_start = 0.0  # of the step that ends at step_end
         self.step_end: float | None = None  # None: idle
         self.last_decode_end: float | None = None
         self.mean_gap_seconds = 0.0  # between a running request's tokens
@@ -70,13 +72,14 @@ class ColocatedNode:
         elif self.batch.size:
             self.step_end = now + self.batch.step_seconds()
         else:
-            self.step_start = self.step_end = None
+            self.step_end = None
 
     def _prefilled(self, end: float) -> None:
         job, self.prefilling = self.prefilling, None
+        assert job is not None, "a prefill step with no prefill"
         job.first_token = end
         self.cache.touch(full_blocks(job))
-        if job.num_output_tokens > 1:
+        if finish_at_first_token(False, job.num_output_tokens) is None:  # no stop tokens here
             self.batch.join(job)
             if self.last_decode_end is None:  # the batch starts: its first gap
                 self.last_decode_end = end  # counts from this first token
@@ -85,7 +88,9 @@ class ColocatedNode:
             self.done.append(job)
 
     def _decoded(self, end: float) -> None:
-        gap = end - self.last_decode_end
+        last = self.last_decode_end
+        assert last is not None, "a decode step before any request joined"
+        gap = end - last
         self.mean_gap_seconds += STEP_SMOOTHING * (gap - self.mean_gap_seconds)
         self.done += self.batch.complete_step(end)
         self.last_decode_end = end if self.batch.size else None
@@ -100,16 +105,9 @@ class ColocatedNode:
         prefill = prefill_heartbeat(
             self.worker_id, now, interval, int(self.prefilling is not None), self.queue, cache
         )
-        decode = Heartbeat(
-            "decode",
-            decode_id(self.worker_id),
-            now,
-            interval,
-            block_size=BLOCK_SIZE,
-            num_running=batch.size,
-            context_tokens=batch.context,
-            free_blocks=max(0, batch.capacity - batch.reserved) // BLOCK_SIZE,
-            total_blocks=batch.capacity // BLOCK_SIZE,
+        load = batch.load(BLOCK_SIZE)
+        decode = load_heartbeat(
+            "decode", decode_id(self.worker_id), now, interval, BLOCK_SIZE, load
         )
         return prefill, decode
 

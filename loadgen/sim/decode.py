@@ -18,8 +18,9 @@ from collections import deque
 
 from loadgen.sim.job import Job
 from shared.costmodel import CostModel
-from shared.errors import OVERLOADED
+from shared.decode.commit import current_tbt
 from shared.messages import Heartbeat
+from shared.worker_core import WorkerLoad, load_heartbeat
 
 # The weight of the newest step in a worker's mean step time, the TBT it reports for the
 # baseline's decode-stage check (shared/engine/loop.py: mean_step_seconds).
@@ -71,6 +72,17 @@ class Batch:
             done.append(job)
         return done
 
+    def load(self, block_size: int, num_waiting: int = 0, queued_tokens: int = 0) -> WorkerLoad:
+        """The batch's load as a decode worker reports it, in blocks of `block_size`."""
+        return WorkerLoad(
+            num_running=self.size,
+            num_waiting=num_waiting,
+            queued_tokens=queued_tokens,
+            context_tokens=self.context,
+            free_blocks=max(0, self.capacity - self.reserved) // block_size,
+            total_blocks=self.capacity // block_size,
+        )
+
     @property
     def usage(self) -> float:
         return min(1.0, self.reserved / self.capacity) if self.capacity else 1.0
@@ -81,7 +93,7 @@ class DecodeNode:
         self.worker_id = worker_id
         self.batch = Batch(cost, capacity_tokens)
         self.waiting: deque[Job] = deque()  # KV arrived, no room yet
-        self.step_start: float | None = None
+        self.step_start = 0.0  # of the step that ends at step_end
         self.step_end: float | None = None  # None: idle
         self.mean_step_seconds = 0.0
         self.done: list[Job] = []  # finished since the simulator last looked
@@ -93,7 +105,7 @@ class DecodeNode:
     @property
     def tbt(self) -> float:
         """The TBT this node gives now (what the live decode worker checks)."""
-        return self.mean_step_seconds if self.has_unfinished else 0.0
+        return current_tbt(self.mean_step_seconds, self.has_unfinished)
 
     def advance(self, t: float) -> None:
         while self.step_end is not None and self.step_end <= t:
@@ -103,16 +115,6 @@ class DecodeNode:
             )
             self.done += self.batch.complete_step(end)
             self._start_step(end)
-
-    def over_tbt_slo(self, stage_tbt_slo: float) -> str:
-        """The baseline's decode-stage check on arrival, after prefill was spent, as
-        services/decode/service.py makes it: "" when within the SLO (or none is set)."""
-        if not stage_tbt_slo or self.tbt <= stage_tbt_slo:
-            return ""
-        return (
-            f"{OVERLOADED}decode TBT {self.tbt * 1000:.3g}ms exceeds the SLO "
-            f"{stage_tbt_slo * 1000:.3g}ms (prefill wasted)"
-        )
 
     def arrive(self, job: Job, now: float) -> None:
         """The job's KV landed at `now` (the node was advanced to it)."""
@@ -127,23 +129,12 @@ class DecodeNode:
             batch.reserve(job)
             batch.join(job)
         if not batch.size:
-            self.step_start = self.step_end = None
+            self.step_end = None
             return
         self.step_start, self.step_end = now, now + batch.step_seconds()
 
     def heartbeat(self, now: float, interval: float, block_size: int) -> Heartbeat:
         """What a live decode worker reports (shared/worker.py: worker_heartbeat)."""
-        batch = self.batch
-        return Heartbeat(
-            "decode",
-            self.worker_id,
-            now,
-            interval,
-            block_size=block_size,
-            num_running=batch.size,
-            num_waiting=len(self.waiting),
-            queued_tokens=len(self.waiting),
-            context_tokens=batch.context,
-            free_blocks=max(0, batch.capacity - batch.reserved) // block_size,
-            total_blocks=batch.capacity // block_size,
-        )
+        waiting = len(self.waiting)
+        load = self.batch.load(block_size, num_waiting=waiting, queued_tokens=waiting)
+        return load_heartbeat("decode", self.worker_id, now, interval, block_size, load)

@@ -1,5 +1,4 @@
-"""One trace request on its way through the simulated cluster, and how its prefill finds
-its prompt's prefix."""
+"""One trace request on its way through the simulated cluster."""
 
 from __future__ import annotations
 
@@ -7,22 +6,7 @@ from dataclasses import dataclass, field
 
 from loadgen.trace import TRACE_BLOCK_SIZE, TraceRow
 from shared.messages import Placement
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixPlan:
-    """Leading blocks a prefill finds in its node's cache, and fetches from elsewhere."""
-
-    local_blocks: int = 0
-    fetched_blocks: int = 0
-    source: str = ""  # "kvstore" (the pool), a peer prefill worker, or ""
-
-    @property
-    def blocks(self) -> int:
-        return self.local_blocks + self.fetched_blocks
-
-
-NO_PREFIX = PrefixPlan()
+from shared.prefill.prefix import NO_PREFIX, PrefixPlan
 
 
 @dataclass(slots=True, eq=False)

@@ -1,7 +1,7 @@
 """Prefill nodes of the disaggregated cluster: a FIFO queue, one prompt at a time.
 
-A node starts a request by finding its prefix as a live prefill worker does
-(services/prefill/prefix.py): its own cache first; then, unless the placement says to
+A node starts a request by finding its prefix with the live prefill worker's rules
+(shared/prefill/prefix.py): its own cache first; then, unless the placement says to
 recompute, the longest run the pool holds beyond it, or the peer the placement names when
 that one holds more (all or nothing). It is busy while it fetches the remote blocks
 (the cost model's transfer time) and then computes the rest (the cost model's prefill
@@ -14,21 +14,22 @@ blocks, computed or fetched, then enter the node's cache.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from loadgen.sim.cache import BlockCache, BlockPool
-from loadgen.sim.job import Job, PrefixPlan
+from loadgen.sim.job import Job
 from loadgen.trace import TRACE_BLOCK_SIZE
 from shared.conductor import estimate
 from shared.costmodel import CostModel
 from shared.messages import Heartbeat
+from shared.prefill.prefix import KVSTORE, PrefixPlan, after_fetch, plan_prefix, usable_blocks
+from shared.worker_core import WorkerLoad, load_heartbeat
 
 BLOCK_SIZE = TRACE_BLOCK_SIZE
 
 
-def usable_blocks(job: Job) -> int:
-    """Leading full blocks a prefix can cover: one prompt token is always computed."""
-    return min(len(job.row.hash_ids), (job.num_prompt_tokens - 1) // BLOCK_SIZE)
+def job_usable_blocks(job: Job) -> int:
+    return usable_blocks(job.num_prompt_tokens, len(job.row.hash_ids), BLOCK_SIZE)
 
 
 def full_blocks(job: Job) -> tuple[int, ...]:
@@ -37,28 +38,32 @@ def full_blocks(job: Job) -> tuple[int, ...]:
 
 
 def local_plan(job: Job, cache: BlockCache) -> PrefixPlan:
-    return PrefixPlan(cache.leading(job.row.hash_ids, usable_blocks(job)))
+    return PrefixPlan(cache.leading(job.row.hash_ids, job_usable_blocks(job)))
 
 
-def plan_prefix(
+def job_prefix_plan(
     job: Job, cache: BlockCache, pool: BlockPool | None, peers: Mapping[str, BlockCache]
 ) -> PrefixPlan:
-    """Where the job's prefix comes from, as PrefixLoader.prepare decides it."""
+    """Where the job's prefix comes from, as PrefixLoader.prepare decides it; the fetch is
+    simulated: the pool sends the run it holds, a peer sends all or nothing."""
     local = local_plan(job, cache)
     placement = job.placement
     if placement is None or not placement.load_prefix:
         return local
-    hashes, usable, have = job.row.hash_ids, usable_blocks(job), local.local_blocks
-    source, upto = "kvstore", have + (pool.leading(hashes, have, usable) if pool else 0)
-    peer_blocks = min(placement.prefix_peer_blocks, usable)
-    if placement.prefix_peer and peer_blocks > upto:
-        source, upto = placement.prefix_peer, peer_blocks
-    if upto <= have:
-        return local
-    peer = peers.get(source)
-    if source != "kvstore" and (peer is None or not peer.holds_all(hashes[have:upto])):
-        return local  # a peer that lacks a block sends none: compute instead
-    return PrefixPlan(have, upto - have, source)
+    hashes, usable, have = job.row.hash_ids, job_usable_blocks(job), local.local_blocks
+    pool_blocks = pool.leading(hashes, have, usable) if pool else 0
+    plan = plan_prefix(
+        usable, have, pool_blocks, placement.prefix_peer, placement.prefix_peer_blocks
+    )
+    return after_fetch(plan, _fetch_starts(plan, hashes, peers))
+
+
+def _fetch_starts(plan: PrefixPlan, hashes: Sequence[int], peers: Mapping[str, BlockCache]) -> bool:
+    """Whether the plan's fetch would start: a peer lacking any of the blocks sends none."""
+    if not plan.fetched_blocks or plan.source == KVSTORE:
+        return True
+    peer = peers.get(plan.source)
+    return peer is not None and peer.holds_all(hashes[plan.local_blocks : plan.blocks])
 
 
 def prefill_seconds(cost: CostModel, job: Job, plan: PrefixPlan) -> tuple[float, float]:
@@ -111,18 +116,14 @@ def prefill_heartbeat(
     cache: BlockCache,
 ) -> Heartbeat:
     """What a live prefill worker reports (shared/worker.py: worker_heartbeat)."""
-    return Heartbeat(
-        "prefill",
-        worker_id,
-        now,
-        interval,
-        block_size=BLOCK_SIZE,
+    load = WorkerLoad(
         num_running=num_running,
         num_waiting=len(queue),
         queued_tokens=queue.num_tokens,
         free_blocks=max(0, cache.capacity - len(cache)),
         total_blocks=cache.capacity,
     )
+    return load_heartbeat("prefill", worker_id, now, interval, BLOCK_SIZE, load)
 
 
 class PrefillNode:
@@ -149,6 +150,7 @@ class PrefillNode:
 
     def finish(self) -> Job:
         job, self.current = self.current, None
+        assert job is not None, "finish() with no prefill running"
         self.cache.touch(full_blocks(job))
         return job
 

@@ -128,7 +128,8 @@ def mooncake_slo(records: Sequence[RequestRecord], slo_ttft: float, slo_tbt: flo
     TBT (mean of the slowest 10% of gaps) is within the TBT SLO, over all requests sent."""
     done = [r for r in records if r.success]
     tbts = [mooncake_tbt(r.itl) for r in done]
-    good = sum(r.ttft <= slo_ttft and tbt <= slo_tbt for r, tbt in zip(done, tbts))
+    good = sum((r.ttft or 0.0) <= slo_ttft and tbt <= slo_tbt for r, tbt in zip(done, tbts))
+    # (every done record has a ttft: `success` says so)
     ms = np.asarray(tbts or [0.0]) * 1000
     return {
         "slo_attainment": good / len(records) if records else 0.0,

@@ -25,15 +25,17 @@ from loadgen.sim.job import Job
 from loadgen.sim.prefill import (
     PrefillNode,
     full_blocks,
+    job_prefix_plan,
     local_plan,
-    plan_prefix,
     prefill_seconds,
 )
 from loadgen.sim.series import Counts, LoadSeries
 from loadgen.trace import TraceRow
 from shared.conductor.core import Conductor, Counters
 from shared.costmodel import CostModel
+from shared.decode.commit import CommitVerdict, commit_verdict
 from shared.messages import PlacementRequest, RequestDone
+from shared.prefill.outcome import finish_at_first_token
 
 # Order of events at the same virtual time: reports before decisions, decisions before
 # the load sample.
@@ -177,7 +179,7 @@ class Simulation:
     def _plan(self, node: PrefillNode, job: Job):
         if not self.config.remote_prefix:
             return local_plan(job, node.cache)
-        return plan_prefix(job, node.cache, self.cluster.pool, self.cluster.caches)
+        return job_prefix_plan(job, node.cache, self.cluster.pool, self.cluster.caches)
 
     def _start_prefill(self, node: PrefillNode) -> None:
         node.start_next(self.now, self._plan(node, node.queue[0]))
@@ -192,18 +194,25 @@ class Simulation:
     def _kv_landed(self, job: Job) -> None:
         """The KV is on the decode node: it commits, and the first token goes out."""
         decode = self.cluster.decode[job.decode_id]
-        if job.num_output_tokens > 1:  # one-token answers end at prefill, unchecked
-            refusal = decode.over_tbt_slo(job.placement.stage_tbt_slo)
-            if refusal:
-                job.status, job.error, job.wasted = 503, refusal, True
-                self.counts.wasted += 1
-                self.open -= 1
-                return
+        # a trace names no stop tokens; a one-token answer ends at prefill, unchecked
+        ends_here = finish_at_first_token(False, job.num_output_tokens)
+        if ends_here is None:
+            slo = job.placement.stage_tbt_slo if job.placement else 0.0
+            verdict = commit_verdict("", decode.tbt, slo)  # the KV landed intact
+            if not verdict.adopt:
+                return self._rejected(job, verdict)
         job.first_token = self.now
-        if job.num_output_tokens > 1:
+        if ends_here is None:
             decode.arrive(job, self.now)
         else:
             self._done(job)
+
+    def _rejected(self, job: Job, verdict: CommitVerdict) -> None:
+        """The decode node refused the job after its prefill (the baseline's TBT check)."""
+        ack = verdict.ack(job.request_id)
+        job.status, job.error, job.wasted = ack.code, ack.error, verdict.wasted
+        self.counts.wasted += 1
+        self.open -= 1
 
     def _collect_done(self) -> None:
         for job in self.cluster.take_done():
@@ -213,12 +222,13 @@ class Simulation:
         """A request ended well: the gateway tells the conductor what it took."""
         self.open -= 1
         self.counts.finished += 1
-        n = job.num_output_tokens
-        tbt = (job.last_token - job.first_token) / (n - 1) if n > 1 else 0.0
+        n, first_token, last_token = job.num_output_tokens, job.first_token, job.last_token
+        assert first_token is not None and last_token is not None, "done before its first token"
+        tbt = (last_token - first_token) / (n - 1) if n > 1 else 0.0
         first = job.row.hash_ids[0] if full_blocks(job) else 0
         self.conductor.finished(
             RequestDone(
-                job.request_id, first, job.num_prompt_tokens, n, job.first_token - job.arrival, tbt
+                job.request_id, first, job.num_prompt_tokens, n, first_token - job.arrival, tbt
             )
         )
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loadgen.sim.cluster import Cluster
+from loadgen.sim.colocated import ColocatedNode
+from loadgen.sim.decode import DecodeNode
+from loadgen.sim.prefill import PrefillNode
 
 
 @dataclass
@@ -43,8 +46,9 @@ class LoadSeries:
 
     def sample(self, now: float, cluster: Cluster, counts: Counts) -> None:
         """Add a row (the cluster advanced to `now`)."""
-        prefill = list(cluster.prefill.values()) or list(cluster.colocated.values())
-        decode = list(cluster.decode.values()) or list(cluster.colocated.values())
+        colocated: list[ColocatedNode] = list(cluster.colocated.values())
+        prefill: list[PrefillNode | ColocatedNode] = [*cluster.prefill.values()] or [*colocated]
+        decode: list[DecodeNode | ColocatedNode] = [*cluster.decode.values()] or [*colocated]
         queue = [node.queue_seconds(now) for node in prefill]
         tbt = [node.tbt for node in decode]
         mean_queue, mean_tbt = sum(queue) / len(queue), sum(tbt) / len(tbt)

@@ -36,6 +36,8 @@ class LocalKV:
 
     async def verdict(self, request_id: str, num_frames: int) -> str:
         expected = self.inbox.get(request_id)
+        if expected is None:
+            return "no reservation for this request (expired?)"
         try:
             await asyncio.wait_for(expected.settled.wait(), self.timeout)
         except TimeoutError:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
 from services.decode.attention_group import AttentionGroup
 from shared.engine.runner import ModelRunner, SeqChunk, decode_first, in_order
 from shared.kvcache.storage import KVStorage
-from shared.model.llama import ForwardBatch, LlamaModel
+from shared.model.llama import DecoderLayer, ForwardBatch, LlamaModel
 
 
 @dataclass
@@ -20,7 +21,7 @@ class _MicroBatch:
     chunks: list[SeqChunk]
     batch: ForwardBatch
     x: torch.Tensor
-    residual: torch.Tensor | None = None
+    residual: torch.Tensor  # the residual stream, from the first layer on
 
 
 def split_micro_batches(chunks: Sequence[SeqChunk], count: int) -> list[list[SeqChunk]]:
@@ -45,7 +46,8 @@ class OffloadRunner(ModelRunner):
         group: AttentionGroup,
         num_micro_batches: int = 2,
     ) -> None:
-        super().__init__(model, storage, backend=None)
+        # NOTE: attention runs on the group: this runner has no backend of its own.
+        super().__init__(model, storage, backend=None)  # type: ignore[arg-type]
         self.group = group
         self.num_micro_batches = num_micro_batches
 
@@ -60,13 +62,13 @@ class OffloadRunner(ModelRunner):
         order, ordered = decode_first(chunks)
         parts = split_micro_batches(ordered, self.num_micro_batches)
         micro_batches = [self._start(i, part) for i, part in enumerate(parts)]
-        layers = self.model.layers
+        layers = self._layers()
         for layer_idx, layer in enumerate(layers):
             for mb in micro_batches:
                 out = self.group.wait(mb.index, layer_idx)
                 mb.x, mb.residual = layer.after_attention(out, mb.residual)
                 if layer_idx + 1 < len(layers):
-                    self._send(mb, layer_idx + 1)
+                    self._send(mb, layers[layer_idx + 1], layer_idx + 1)
         return in_order(
             order,
             [
@@ -78,13 +80,18 @@ class OffloadRunner(ModelRunner):
 
     def _start(self, index: int, chunks: list[SeqChunk]) -> _MicroBatch:
         input_ids, positions, _ = self.prepare(chunks)
-        batch = ForwardBatch(positions=positions, attention=None)
+        # NOTE: no attention callable: each layer's attention is sent to the group.
+        batch = ForwardBatch(positions=positions, attention=None)  # type: ignore[arg-type]
         self.group.begin_step(index, chunks)
-        mb = _MicroBatch(index, chunks, batch, self.model.embed(input_ids, batch))
-        self._send(mb, 0)
-        return mb
+        x = self.model.embed(input_ids, batch)
+        (q, k, v), residual = self._layers()[0].before_attention(x, None, batch)
+        self.group.send(index, 0, q, k, v)
+        return _MicroBatch(index, chunks, batch, x, residual)
 
-    def _send(self, mb: _MicroBatch, layer_idx: int) -> None:
-        layer = self.model.layers[layer_idx]
+    def _send(self, mb: _MicroBatch, layer: DecoderLayer, layer_idx: int) -> None:
         (q, k, v), mb.residual = layer.before_attention(mb.x, mb.residual, mb.batch)
         self.group.send(mb.index, layer_idx, q, k, v)
+
+    def _layers(self) -> list[DecoderLayer]:
+        # NOTE: nn.ModuleList types its items as Module; the model holds DecoderLayers only.
+        return cast("list[DecoderLayer]", list(self.model.layers))

@@ -14,11 +14,20 @@ from services.decode.incoming import LocalKV, OffloadedKV
 from services.decode.offload_runner import OffloadRunner
 from shared import subjects
 from shared.bus import Bus
+from shared.decode.admission import (
+    KV_FULL,
+    attention_refusal,
+    reattach_needed,
+    reservation_refusal,
+    reservation_size,
+)
+from shared.decode.commit import CommitVerdict, commit_verdict, current_tbt, holds_kv_for_pool
+from shared.decode.tokens import TokenSequencer
 from shared.engine.engine import LLMEngine
 from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
-from shared.errors import OVERLOADED, KvstackError
+from shared.errors import KvstackError
 from shared.heartbeats import subscribe_heartbeats
 from shared.kv_inbox import KVInbox
 from shared.kvstore_client import KvstorePool, write_back
@@ -37,15 +46,14 @@ from shared.model.config import ModelConfig
 from shared.model.registry import resolve_model
 from shared.service import Service
 from shared.transfer.attention.client import AttentionLost
+from shared.transfer.base import KVReceiver
 from shared.transfer.factory import make_receiver
 from shared.transfer.tcp import TcpKVSender
-from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
+from shared.worker import WorkerConfig, prompt_problem, worker_heartbeat, worker_stats
+from shared.worker_core import Refusal
 
 log = logging.getLogger("kvstack.decode")
 
-# Tokens of output an admitted request must still have room for: admission is refused
-# ("cannot admit") rather than filling the pool so tightly that requests preempt at once.
-ADMISSION_HEADROOM_TOKENS = 64
 RESERVATION_TTL = 30.0
 # At start attention workers may still be loading (a dozen processes share the machine):
 # wait for them as long as `kvstack up` waits for the whole stack.
@@ -54,11 +62,16 @@ ATTENTION_START_WAIT = 300.0
 
 class DecodeService(Service):
     name = "decode"
+    bus: Bus  # connected before start() (shared/service.py: run)
+    incoming: LocalKV | OffloadedKV
 
     def __init__(self, config: WorkerConfig) -> None:
         super().__init__(config)
         self.config: WorkerConfig = config
-        self.next_seq: dict[str, int] = {}
+        self.decoding = TokenSequencer()
+        self.group: AttentionGroup | None = None  # offloaded: the attention workers
+        self.receiver: KVReceiver | None = None  # local KV: what prefill streams into
+        self.pool: KvstorePool | None = None  # local KV: the kvstore pool
         self.num_done = 0
         self.num_refused = 0
         self.num_rejected_after_prefill = 0
@@ -79,7 +92,6 @@ class DecodeService(Service):
         loop = asyncio.get_running_loop()
         token = self.config.data_token or None
         self.sender = TcpKVSender(auth_token=token)
-        self.group = None
         self.reattaching = False
         if self.config.attention_workers:
             await self._start_offloaded(bus, token)
@@ -105,7 +117,7 @@ class DecodeService(Service):
         )
         storage = self.engine.kv_storage
         inbox = KVInbox(storage, loop)
-        self.receiver = make_receiver(
+        receiver = make_receiver(
             self.config.transport,
             inbox,
             self.config.data_host,
@@ -113,7 +125,8 @@ class DecodeService(Service):
             token,
             memory=[storage.kv],
         )
-        bound = self.receiver.start()
+        bound = receiver.start()
+        self.receiver = receiver
         self.data_addr = self.config.advertise_data_addr or bound
         self.incoming = LocalKV(
             inbox, self.engine.info.model.num_layers, self.config.request_timeout
@@ -126,7 +139,7 @@ class DecodeService(Service):
         """Attention goes to the group: attach it first, since its pool sizes ours."""
         config = self.config.engine_config()
         model = ModelConfig.from_dir(resolve_model(config.model))
-        self.group = AttentionGroup(
+        group = AttentionGroup(
             bus,
             self.worker_id,
             self.config.attention_workers,
@@ -136,27 +149,27 @@ class DecodeService(Service):
             token,
             self.config.request_timeout,
         )
-        await self.group.wait_for_workers(
+        await group.wait_for_workers(
             max(self.config.attention_recovery_timeout, ATTENTION_START_WAIT)
         )
-        num_blocks = await self.group.attach()
+        num_blocks = await group.attach()
         config = dataclasses.replace(
             config, num_blocks=num_blocks, local_kv=False, enable_prefix_cache=False
         )
         loop = asyncio.get_running_loop()
         self.engine = await loop.run_in_executor(None, LLMEngine, config)
-        group, micro_batches = self.group, self.config.micro_batches
+        micro_batches = self.config.micro_batches
         self.engine.use_runner(
             lambda runner: OffloadRunner(runner.model, runner.storage, group, micro_batches)
         )
-        self.receiver, self.data_addr, self.pool = None, "", None
-        self.incoming = OffloadedKV(self.group, model.num_layers)
+        self.group, self.data_addr = group, ""
+        self.incoming = OffloadedKV(group, model.num_layers)
 
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
         if self.pool is not None:
             self.pool.observe(hb)
         lost = self.group.lost_member(hb) if self.group is not None else ""
-        if lost and not self.reattaching:
+        if reattach_needed(lost, self.reattaching):
             await self._reattach(lost)
 
     async def _reattach(self, reason: str) -> None:
@@ -185,22 +198,19 @@ class DecodeService(Service):
 
     async def drain(self) -> None:
         """Decode what was adopted to the end (new reservations are refused meanwhile)."""
-        while self.next_seq or len(self.incoming):
+        while len(self.decoding) or len(self.incoming):
             await asyncio.sleep(0.05)
 
     async def abandon(self) -> None:
         """Past the drain timeout: hand each request still decoding back to its gateway,
         which places it again with the tokens so far (none is lost), and free it here."""
-        for request_id in list(self.next_seq):
-            seq = self.next_seq.pop(request_id)  # first: no token may follow the hand-back
-            error = f"decode worker {self.worker_id} is stopping; moving the request"
-            await self.bus.publish(
-                subjects.tokens(request_id),
-                TokenEvent(
-                    request_id, seq, finished=True, finish_reason="error", error=error, code=503
-                ),
-            )
-            await self.engine_loop.call(lambda e, rid=request_id: self._abort(e, rid))
+        error = f"decode worker {self.worker_id} is stopping; moving the request"
+        for request_id in self.decoding.request_ids():
+            event = self.decoding.hand_back(request_id, error)  # no token may follow it
+            if event is None:  # it finished meanwhile
+                continue
+            await self.bus.publish(subjects.tokens(request_id), event)
+            await self._abort_now(request_id)
 
     async def stop(self) -> None:
         self.engine_loop.stop()
@@ -215,40 +225,32 @@ class DecodeService(Service):
     async def _reserve(self, msg: KVReserve) -> KVReservation:
         refusal = self._refusal(msg)
         if refusal is not None:
-            self.refused.labels(refusal[0]).inc()
-            return KVReservation(msg.request_id, False, reason=refusal[1], code=refusal[2])
-        headroom = min(msg.params.max_tokens, ADMISSION_HEADROOM_TOKENS)
-        num_tokens = len(msg.prompt_token_ids) + 1
+            return self._refuse(msg, refusal)
+        num_tokens, headroom = reservation_size(len(msg.prompt_token_ids), msg.params.max_tokens)
         block_ids = await self.engine_loop.call(
             lambda e: e.reserve(msg.request_id, num_tokens, headroom)
         )
         if block_ids is None:
-            self.refused.labels("kv_full").inc()
-            return KVReservation(
-                msg.request_id, False, reason="cannot admit: KV cache full", code=503
-            )
+            return self._refuse(msg, KV_FULL)
         problem = await self.incoming.expect(msg.request_id, block_ids, RESERVATION_TTL, msg)
         if problem:
             await self.engine_loop.call(lambda e: e.release(msg.request_id))
-            self.refused.labels("attention").inc()
-            if not self.reattaching:  # a shard died or restarted: form the group anew
+            if reattach_needed(problem, self.reattaching):  # a shard died or restarted
                 self.tasks.spawn(self._reattach(problem), "re-forming the attention group")
-            return KVReservation(msg.request_id, False, reason=problem, code=503)
+            return self._refuse(msg, attention_refusal(problem))
         shards = self.group.shards if self.group is not None else ()
         return KVReservation(msg.request_id, True, tuple(block_ids), self.data_addr, shards=shards)
 
-    def _refusal(self, msg: KVReserve) -> tuple[str, str, int] | None:
-        if self.draining:
-            return "draining", "decode worker is draining", 503
-        if self.reattaching:
-            return "attention", "decode worker is re-forming its attention group", 503
-        if msg.block_size != self.config.block_size or msg.namespace != self.engine.info.namespace:
-            return "layout", "prefill and decode workers run a different model or KV layout", 500
-        try:
-            self.engine.validate_prompt(msg.prompt_token_ids)
-        except KvstackError as e:
-            return "invalid", str(e), 400
-        return None
+    def _refusal(self, msg: KVReserve) -> Refusal | None:
+        same_layout = (
+            msg.block_size == self.config.block_size and msg.namespace == self.engine.info.namespace
+        )
+        problem = prompt_problem(self.engine, msg.prompt_token_ids) if same_layout else ""
+        return reservation_refusal(self.draining, self.reattaching, same_layout, problem)
+
+    def _refuse(self, msg: KVReserve, refusal: Refusal) -> KVReservation:
+        self.refused.labels(refusal.label).inc()
+        return KVReservation(msg.request_id, False, reason=refusal.reason, code=refusal.code)
 
     async def _commit(self, msg: KVCommit) -> Ack:
         req = self.incoming.payload(msg.request_id)
@@ -259,20 +261,16 @@ class DecodeService(Service):
             return Ack(msg.request_id, True)
         problem = await self.incoming.verdict(msg.request_id, msg.num_frames)
         self.transfers.labels("refused" if problem else "ok").inc()
-        if problem:
-            self.num_refused += 1
-            log.warning("request %s: refusing its KV: %s", msg.request_id, problem)
+        tbt = current_tbt(self.engine_loop.mean_step_seconds, self.engine.has_unfinished)
+        verdict = commit_verdict(problem, tbt, req.stage_tbt_slo)
+        if not verdict.adopt:
+            self._count_refusal(req, verdict)
             await self._release(msg.request_id)
-            return Ack(msg.request_id, False, f"KV transfer failed: {problem}", 503)
-        overload = self._over_tbt_slo(req)
-        if overload:
-            self.num_rejected_after_prefill += 1
-            self.wasted_prefill.inc(len(req.prompt_token_ids))
-            await self._release(msg.request_id)
-            return Ack(msg.request_id, False, overload, 503)
+            return verdict.ack(msg.request_id)
         self.incoming.take(msg.request_id)
-        self.next_seq[msg.request_id] = 1
-        keep = self.pool is not None and bool(self.pool.ring())  # to the pool at the end
+        self.decoding.adopt(msg.request_id)
+        members = len(self.pool.ring().members) if self.pool is not None else 0
+        keep = holds_kv_for_pool(members)  # to the pool at the end
         await self.engine_loop.call(
             lambda e: e.install(
                 msg.request_id,
@@ -285,16 +283,13 @@ class DecodeService(Service):
         )
         return Ack(msg.request_id, True)
 
-    def _over_tbt_slo(self, req: KVReserve) -> str:
-        """The baseline's decode-stage check, after prefill was spent: "" when the TBT this
-        worker gives now is within the request's SLO (or it has none)."""
-        tbt = self.engine_loop.mean_step_seconds if self.engine.has_unfinished else 0.0
-        if not req.stage_tbt_slo or tbt <= req.stage_tbt_slo:
-            return ""
-        return (
-            f"{OVERLOADED}decode TBT {tbt * 1000:.3g}ms exceeds the SLO "
-            f"{req.stage_tbt_slo * 1000:.3g}ms (prefill wasted)"
-        )
+    def _count_refusal(self, req: KVReserve, verdict: CommitVerdict) -> None:
+        if verdict.transfer_failed:
+            self.num_refused += 1
+            log.warning("request %s: refusing its KV: %s", req.request_id, verdict.reason)
+        if verdict.wasted:
+            self.num_rejected_after_prefill += 1
+            self.wasted_prefill.inc(len(req.prompt_token_ids))
 
     async def _release(self, request_id: str) -> None:
         if await self.incoming.retire(request_id):
@@ -310,19 +305,17 @@ class DecodeService(Service):
     def _step(self, engine: EngineInterface) -> list[RequestOutput]:
         """One engine step (engine thread); offloaded, a step that loses an attention worker
         rebuilds the group and recomputes every running request's KV there."""
-        if self.group is None:
+        group = self.group
+        if group is None:
             return engine.step()
         try:
             outputs = engine.step()
         except AttentionLost as e:
             return self._recover(engine, str(e))
-        self._release_finished(outputs)
-        return outputs
-
-    def _release_finished(self, outputs: list[RequestOutput]) -> None:
         done = [out.request_id for out in outputs if out.finished]
         if done:
-            self.group.release(done)
+            group.release(done)
+        return outputs
 
     def _recover(self, engine: EngineInterface, error: str) -> list[RequestOutput]:
         log.warning("attention group lost (%s); rebuilding it and recomputing KV", error)
@@ -339,16 +332,19 @@ class DecodeService(Service):
     async def _rebuild_group(self) -> int:
         """Attach the largest group of live workers that splits the KV heads evenly, waiting
         up to the recovery timeout for enough of them to answer."""
-        for request_id in self.incoming.forget_all():
+        group, incoming = self.group, self.incoming
+        if group is None or not isinstance(incoming, OffloadedKV):
+            raise KvstackError("this decode worker has no attention group")
+        for request_id in incoming.forget_all():
             log.warning("request %s: its KV went to the lost group; refusing it", request_id)
         deadline = time.monotonic() + self.config.attention_recovery_timeout
         while True:
-            live = await self.group.live_workers()
+            live = await group.live_workers()
             size = usable_group_size(self.engine.info.model.num_kv_heads, len(live))
             problem = "no attention worker of the group answers"
             if size:
                 try:
-                    return await self.group.attach(live[:size])
+                    return await group.attach(live[:size])
                 except KvstackError as e:  # e.g. one is draining away: try without it
                     problem = str(e)
             if time.monotonic() > deadline:
@@ -358,51 +354,42 @@ class DecodeService(Service):
     def _on_outputs(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             rid = out.request_id
-            if rid in self.next_seq:
+            event = self.decoding.event(out)
+            if event is not None:
+                self._count_tokens(event)
                 self.tasks.spawn(
-                    self.bus.publish(subjects.tokens(rid), self._event(out)),
-                    f"publishing tokens of {rid}",
+                    self.bus.publish(subjects.tokens(rid), event), f"publishing tokens of {rid}"
                 )
             if out.finished and self.pool is not None:  # held only when a pool exists
-                self.tasks.spawn(
-                    write_back(self.pool, self.engine_loop, rid, f"{rid}:turn"),
-                    f"writing {rid} back to the pool",
-                    on_error=lambda _, rid=rid: self._free_held(rid),
-                )
+                self._write_back(self.pool, rid)
 
-    def _event(self, out: RequestOutput) -> TokenEvent:
-        seq = self.next_seq[out.request_id]
-        self.next_seq[out.request_id] = seq + 1
-        self.tokens_out.inc(len(out.new_token_ids))
-        error, code = "", 200
-        if out.finished:
-            del self.next_seq[out.request_id]
-            self.num_done += 1
-            if out.finish_reason == "error":  # the engine's fault: another worker goes on
-                error, code = str(out.stop_reason), 500 if out.error_kind == "request" else 503
-        return TokenEvent(
-            out.request_id,
-            seq,
-            out.new_token_ids,
-            out.new_logprobs,
-            out.finished,
-            out.finish_reason,
-            out.num_prompt_tokens,
-            out.num_cached_tokens,
-            error,
-            code,
+    def _write_back(self, pool: KvstorePool, request_id: str) -> None:
+        """Offer a finished request's blocks to the pool (it keeps what it lacks); they are
+        freed here once sent, or at once if the write-back fails."""
+        self.tasks.spawn(
+            write_back(pool, self.engine_loop, request_id, f"{request_id}:turn"),
+            f"writing {request_id} back to the pool",
+            on_error=lambda _: self._free_held(request_id),
         )
+
+    def _count_tokens(self, event: TokenEvent) -> None:
+        self.tokens_out.inc(len(event.token_ids))
+        if event.finished:
+            self.num_done += 1
 
     async def _on_abort(self, msg: Abort) -> None:
         rid = msg.request_id
         if self.incoming.payload(rid) is not None:
             await self._release(rid)
-        if self.next_seq.pop(rid, None) is not None:
+        if self.decoding.drop(rid):
             # NOTE: an aborted request is not written back: free its (held) blocks now.
-            await self.engine_loop.call(lambda e: self._abort(e, rid))
+            await self._abort_now(rid)
 
     def _free_held(self, request_id: str):
         return self.engine_loop.call(lambda e: e.release(request_id))
+
+    async def _abort_now(self, request_id: str) -> None:
+        await self.engine_loop.call(lambda e: self._abort(e, request_id))
 
     def _abort(self, engine: EngineInterface, request_id: str) -> None:
         if engine.abort(request_id):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from services.kvstore.blockfile import BlockHeader, encode_payload, write_block_file
 from services.kvstore.disk import DiskTier, max_file_bytes
 from services.kvstore.dram import BlockState, DramBlock, DramTier
-from services.kvstore.events import NetEvents
+from shared.net_events import NetEvents
 
 
 @dataclass(slots=True)

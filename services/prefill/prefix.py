@@ -18,6 +18,15 @@ from shared.engine.runner import SeqChunk
 from shared.kv_inbox import Expected, KVInbox
 from shared.kvstore_client import KvstorePool
 from shared.messages import PrefillRequest
+from shared.prefill.prefix import (
+    KVSTORE,
+    after_fetch,
+    after_reserve,
+    load_failure,
+    plan_prefix,
+    source_kind,
+    usable_blocks,
+)
 from shared.tasks import Tasks
 
 log = logging.getLogger("kvstack.prefill")
@@ -30,7 +39,7 @@ class PrefixLoad:
     request_id: str
     num_local_blocks: int
     fetched_hashes: list[int]
-    source: str  # "kvstore" or a peer's worker id
+    source: str  # KVSTORE or a peer's worker id
     expectations: list[Expected] = field(default_factory=list)
     failed: bool = False
 
@@ -50,7 +59,7 @@ class PrefixLoader:
         self.layer_timeout = layer_timeout
         self.tasks = tasks or Tasks("prefix loader")
         self.loads: dict[str, PrefixLoad] = {}  # fetches in flight, or failed (until forget)
-        self.blocks_loaded = {"kvstore": 0, "peer": 0}
+        self.blocks_loaded = {KVSTORE: 0, "peer": 0}
 
     async def prepare(self, req: PrefillRequest, hashes: list[int]) -> int:
         """Reserve and start fetching what is cached elsewhere; returns the prompt tokens
@@ -58,45 +67,42 @@ class PrefixLoader:
         if not req.load_prefix:  # the conductor found recomputing cheaper than loading
             return 0
         block_size = self.pool.layout.block_size
-        usable = (len(req.prompt_token_ids) - 1) // block_size  # one token is always computed
+        usable = usable_blocks(len(req.prompt_token_ids), len(hashes), block_size)
         local = await self.engine_loop.call(lambda e: e.cached_prefix_blocks(hashes, usable))
-        source, upto = await self._source(req, hashes[:usable], local)
-        if upto <= local:
+        pool_blocks = await self._pool_blocks(hashes[local:usable])
+        plan = plan_prefix(usable, local, pool_blocks, req.prefix_peer, req.prefix_peer_blocks)
+        if not plan.fetched_blocks:
             return 0
         reserved = await self.engine_loop.call(
-            lambda e: e.reserve_prefix(req.request_id, hashes, upto)
+            lambda e: e.reserve_prefix(req.request_id, hashes, plan.blocks)
         )
         if reserved is None:
             return 0
         num_local, new_ids = reserved
-        load = PrefixLoad(req.request_id, num_local, hashes[num_local:upto], source)
+        plan = after_reserve(plan, num_local)
+        load = PrefixLoad(req.request_id, num_local, hashes[num_local : plan.blocks], plan.source)
         started = await self._fetch(req, load, new_ids)
+        plan = after_fetch(plan, started)
         log.info(
             "request %s: %d prefix blocks local, %d from %s%s",
             req.request_id,
             num_local,
             len(load.fetched_hashes),
-            source,
+            load.source,
             "" if started else " (refused: computing)",
         )
-        if not started:
-            return num_local * block_size
-        self.loads[req.request_id] = load
-        self.tasks.spawn(self._settle(load), f"settling the prefix load of {req.request_id}")
-        return upto * block_size
+        if started:
+            self.loads[req.request_id] = load
+            self.tasks.spawn(self._settle(load), f"settling the prefix load of {req.request_id}")
+        return plan.blocks * block_size
 
-    async def _source(self, req: PrefillRequest, hashes: list[int], local: int) -> tuple[str, int]:
-        pool_blocks = local
-        if self.pool.ring():
-            pool_blocks += await self.pool.longest_prefix(hashes[local:])
-        peer_blocks = min(req.prefix_peer_blocks, len(hashes))
-        if req.prefix_peer and peer_blocks > pool_blocks:
-            return req.prefix_peer, peer_blocks
-        return "kvstore", pool_blocks
+    async def _pool_blocks(self, hashes: list[int]) -> int:
+        """How many of `hashes`, from the first, the kvstore pool holds (0: no pool)."""
+        return await self.pool.longest_prefix(hashes) if self.pool.ring() else 0
 
     async def _fetch(self, req: PrefillRequest, load: PrefixLoad, dest_ids: list[int]) -> bool:
         transfer = f"{req.request_id}:prefix"
-        if load.source == "kvstore":
+        if load.source == KVSTORE:
             started = await self.pool.get(transfer, load.fetched_hashes, dest_ids)
         else:
             one = await self.pool.fetch(
@@ -115,8 +121,7 @@ class PrefixLoader:
             self.inbox.take(expected.transfer_id)
         if any(e.verdict() for e in load.expectations):
             return
-        kind = "kvstore" if load.source == "kvstore" else "peer"
-        self.blocks_loaded[kind] += len(load.fetched_hashes)
+        self.blocks_loaded[source_kind(load.source)] += len(load.fetched_hashes)
         self.loads.pop(load.request_id, None)
 
     def forget(self, request_id: str) -> None:
@@ -136,10 +141,8 @@ class PrefixLoader:
                 continue
             for expected in load.expectations:
                 if not self.inbox.wait_layer(expected, layer, self.layer_timeout):
-                    reason = expected.error or f"layer {layer} did not arrive in time"
-                    log.warning(
-                        "request %s: loading the prefix failed: %s", load.request_id, reason
-                    )
-                    engine.invalidate(chunk.request_id, f"loading the prefix failed: {reason}")
+                    why = load_failure(expected.error, layer)
+                    log.warning("request %s: %s", load.request_id, why)
+                    engine.invalidate(chunk.request_id, why)
                     load.failed = True
                     break

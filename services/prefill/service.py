@@ -18,7 +18,6 @@ from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
 from shared.engine.runner import SeqChunk
-from shared.errors import KvstackError
 from shared.hashing import block_hashes
 from shared.heartbeats import subscribe_heartbeats
 from shared.kv_inbox import KVInbox
@@ -37,16 +36,24 @@ from shared.messages import (
     TokenEvent,
     WorkerStats,
 )
+from shared.prefill.outcome import (
+    finish_at_first_token,
+    kv_is_whole,
+    refused_code,
+    streams_verdict,
+)
 from shared.service import Service
 from shared.transfer.factory import make_sender
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
-from shared.worker import WorkerConfig, worker_heartbeat, worker_stats
+from shared.worker import WorkerConfig, prompt_problem, worker_heartbeat, worker_stats
+from shared.worker_core import error_code, intake_refusal
 
 log = logging.getLogger("kvstack.prefill")
 
 
 class PrefillService(Service):
     name = "prefill"
+    bus: Bus  # connected before start() (shared/service.py: run)
 
     def __init__(self, config: WorkerConfig) -> None:
         super().__init__(config)
@@ -134,12 +141,11 @@ class PrefillService(Service):
     # -- requests ---------------------------------------------------------------------
 
     async def _submit(self, req: PrefillRequest) -> Ack:
-        if self.draining:
-            return Ack(req.request_id, False, "prefill worker is draining", 503)
-        try:
-            self.engine.validate_prompt(req.prompt_token_ids)
-        except KvstackError as e:
-            return Ack(req.request_id, False, str(e), 400)
+        refusal = intake_refusal(
+            self.draining, prompt_problem(self.engine, req.prompt_token_ids), self.name
+        )
+        if refusal is not None:
+            return Ack(req.request_id, False, refusal.reason, refusal.code)
         self.requests[req.request_id] = req
         self.tasks.spawn(
             self._run(req), f"request {req.request_id}", on_error=lambda e: self._crashed(req, e)
@@ -246,7 +252,7 @@ class PrefillService(Service):
         def settled(result: tuple[bool, int, str]) -> None:
             results.append(result)
             if len(results) == len(targets):
-                ok, num_frames, error = _all_sent(results)
+                ok, num_frames, error = streams_verdict(results)
                 req = self.requests.get(targets[0].request_id)
                 self.tasks.spawn(
                     self._commit(out, targets[0], ok, num_frames, error),
@@ -268,8 +274,8 @@ class PrefillService(Service):
         rid = target.request_id
         self.targets.pop(rid, None)
         self.loader.forget(rid)
-        ok = out is not None and out.finish_reason not in ("abort", "error") and sent
-        if ok:  # in the background: the first token does not wait for the write-back
+        whole = out is not None and kv_is_whole(out.finish_reason, sent)
+        if whole:  # in the background: the first token does not wait for the write-back
             self.tasks.spawn(
                 self._write_back(rid, target),
                 f"writing {rid} back to the pool",
@@ -279,16 +285,27 @@ class PrefillService(Service):
             await self.engine_loop.call(lambda e: e.release(rid))
         req = self.requests.get(rid)
         if req is None or out is None:  # aborted meanwhile
-            return await self._tell_decode(target.decode_id, KVCommit(rid, False, reason="aborted"))
-        if out.finish_reason in ("abort", "error") or not sent:
-            cancel = KVCommit(rid, False, reason=error or "failed")
-            await self._tell_decode(target.decode_id, cancel)
-            code = 500 if out.error_kind == "request" else 503  # 503: retried elsewhere
-            return await self._fail(req, f"prefill failed: {error or out.stop_reason}", code)
+            await self._tell_decode(target.decode_id, KVCommit(rid, False, reason="aborted"))
+        elif not whole:
+            await self._tell_decode(
+                target.decode_id, KVCommit(rid, False, reason=error or "failed")
+            )
+            code = error_code(out.error_kind)
+            await self._fail(req, f"prefill failed: {error or out.stop_reason}", code)
+        else:
+            await self._hand_over(req, out, target, num_frames)
+
+    async def _hand_over(
+        self, req: PrefillRequest, out: RequestOutput, target: Target, num_frames: int
+    ) -> None:
+        """The KV is whole on the decode worker: it adopts the request (unless the first
+        token ends it), and the first token goes out."""
+        rid = req.request_id
         token = out.new_token_ids[0]
         logprob = out.new_logprobs[0] if out.new_logprobs else None
         self.prompt_tokens.inc(out.num_prompt_tokens - out.num_cached_tokens)
-        done_here = self._finishes_at_first_token(req, token)
+        stopped = self.engine.stop_reason(req.params, token) is not None
+        done_here = finish_at_first_token(stopped, req.params.max_tokens)
         commit = KVCommit(
             rid,
             not done_here,
@@ -301,26 +318,15 @@ class PrefillService(Service):
         self._trace(rid, "KV stream sent")
         reply = await self._tell_decode(target.decode_id, commit)
         self._trace(rid, "decode adopted it")
-        if done_here:
-            return await self._emit_first(req, out, token, logprob, done_here)
-        if not reply.ok:
-            return await self._fail(
-                req,
-                reply.error or "decode worker refused the KV",
-                reply.code if reply.code != 200 else 503,
-            )
-        await self._emit_first(req, out, token, logprob, None)
+        if not done_here and not reply.ok:
+            reason = reply.error or "decode worker refused the KV"
+            return await self._fail(req, reason, refused_code(reply.code))
+        await self._emit_first(req, out, token, logprob, done_here)
 
     async def _write_back(self, rid: str, target: Target) -> None:
         """Offer the prompt's full blocks to the kvstore pool (it keeps what it lacks), then
         free them here."""
         await write_back(self.pool, self.engine_loop, rid, f"{rid}:put")
-
-    def _finishes_at_first_token(self, req: PrefillRequest, token: int) -> str | None:
-        stop = self.engine.stop_reason(req.params, token)
-        if stop is not None:
-            return "stop"
-        return "length" if req.params.max_tokens == 1 else None
 
     async def _tell_decode(self, decode_id: str, commit: KVCommit) -> Ack:
         try:
@@ -402,13 +408,3 @@ def _targets(req: PrefillRequest, reservation: KVReservation) -> list[Target]:
         )
         for shard in reservation.shards
     ]
-
-
-def _all_sent(results: list[tuple[bool, int, str]]) -> tuple[bool, int, str]:
-    """Every stream carries the same frames (one per layer and run of blocks), so their
-    counts must agree; the first error otherwise."""
-    counts = {num_frames for _, num_frames, _ in results}
-    error = next((e for ok, _, e in results if not ok), "")
-    if len(counts) > 1 and not error:
-        error = f"KV streams sent different frame counts {sorted(counts)}"
-    return not error, results[0][1], error

@@ -45,9 +45,9 @@ class EngineInfo:
         return self.config.block_size
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EngineStats:
-    """The engine's load at one moment."""
+    """The engine's load at one moment (a heartbeat's load fields: shared/worker_core.py)."""
 
     num_running: int
     num_waiting: int

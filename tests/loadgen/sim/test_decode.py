@@ -2,6 +2,7 @@ import pytest
 
 from loadgen.sim.decode import Batch, DecodeNode
 from loadgen.sim.job import Job
+from shared.decode.commit import over_tbt_slo
 from tests.loadgen.sim.builders import COST, row
 
 
@@ -45,11 +46,11 @@ def test_a_request_larger_than_the_pool_runs_alone():
 
 def test_the_baseline_check_uses_the_mean_step_time_while_busy():
     node = DecodeNode("d", COST, 100_000)
-    assert node.over_tbt_slo(0.001) == ""  # idle: TBT 0
+    assert node.tbt == 0.0  # idle
     node.arrive(job(0, 1000, 50), 0.0)
     node.advance(0.2)
-    assert node.tbt > 0.001 and "prefill wasted" in node.over_tbt_slo(0.001)
-    assert node.over_tbt_slo(0.0) == "" and node.over_tbt_slo(1.0) == ""
+    assert node.tbt == pytest.approx(node.mean_step_seconds) and node.tbt > 0.001
+    assert "prefill wasted" in over_tbt_slo(node.tbt, 0.001)
 
 
 def test_heartbeat_reports_the_batch():

@@ -1,9 +1,10 @@
 import pytest
 
 from loadgen.sim.cache import BlockCache, BlockPool
-from loadgen.sim.job import Job, PrefixPlan
-from loadgen.sim.prefill import PrefillNode, full_blocks, plan_prefix, usable_blocks
+from loadgen.sim.job import Job
+from loadgen.sim.prefill import PrefillNode, full_blocks, job_prefix_plan, job_usable_blocks
 from shared.messages import Placement
+from shared.prefill.prefix import PrefixPlan
 from tests.loadgen.sim.builders import COST, row
 
 HASHES = (1, 2, 3, 4, 5)
@@ -33,25 +34,27 @@ def caches():
 
 
 def test_one_token_is_always_computed_and_partial_blocks_are_not_named():
-    assert usable_blocks(job(tokens=2048)) == 3  # 4 full blocks, the last token computed
+    assert job_usable_blocks(job(tokens=2048)) == 3  # 4 full blocks, the last token computed
     assert full_blocks(job(tokens=2200)) == (1, 2, 3, 4)
 
 
 def test_loads_the_longest_run_the_pool_holds_beyond_its_own(caches):
     mine, pool, peers = caches
-    assert plan_prefix(job(), mine, pool, peers) == PrefixPlan(1, 2, "kvstore")
+    assert job_prefix_plan(job(), mine, pool, peers) == PrefixPlan(1, 2, "kvstore")
 
 
 def test_recomputes_when_told_not_to_load(caches):
     mine, pool, peers = caches
-    assert plan_prefix(job(load_prefix=False), mine, pool, peers) == PrefixPlan(1)
+    assert job_prefix_plan(job(load_prefix=False), mine, pool, peers) == PrefixPlan(1)
 
 
 def test_a_peer_that_lacks_a_block_sends_none(caches):
     mine, pool, peers = caches
-    assert plan_prefix(job(peer="p1", peer_blocks=4), mine, pool, peers) == PrefixPlan(1)
+    assert job_prefix_plan(job(peer="p1", peer_blocks=4), mine, pool, peers) == PrefixPlan(1)
     peers["p1"].touch([1, 2, 3, 4])
-    assert plan_prefix(job(peer="p1", peer_blocks=4), mine, None, peers) == PrefixPlan(1, 3, "p1")
+    assert job_prefix_plan(job(peer="p1", peer_blocks=4), mine, None, peers) == PrefixPlan(
+        1, 3, "p1"
+    )
 
 
 def test_a_node_runs_its_queue_in_order_and_caches_what_it_prefilled():
