@@ -18,7 +18,9 @@ from loadgen.sim.config import (
     node_kv_tokens,
 )
 from loadgen.trace import load_trace
-from shared.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
+from shared import setting
+from shared.conductor.config import SchedulingConfig
+from shared.conductor.settings import SCHEDULING_SETTINGS
 from shared.costmodel import ROOFLINE_PREFIX, CostModel, from_spec, roofline
 from shared.errors import KvstackError
 
@@ -120,23 +122,14 @@ def add_cluster_args(g: argparse._ArgumentGroup) -> None:
 
 
 def add_scheduling_args(g: argparse._ArgumentGroup) -> None:
-    d = SchedulingConfig()
-    g.add_argument(
-        "--policy",
-        choices=POLICY_NAMES,
-        help=f"default {d.policy}; colocated: round-robin (one of {', '.join(COLOCATED_POLICIES)})",
+    """The live conductor's settings; only --policy's default differs (it depends on the
+    cluster: round-robin for colocated nodes)."""
+    policy_help = (
+        f"default {SchedulingConfig().policy}; colocated: round-robin "
+        f"(one of {', '.join(COLOCATED_POLICIES)})"
     )
-    g.add_argument("--admission", choices=ADMISSION_MODES, default=d.admission)
-    g.add_argument("--slo-ttft", type=float, default=d.slo_ttft, metavar="S", help="seconds")
-    g.add_argument("--slo-tbt", type=float, default=d.slo_tbt, metavar="S", help="seconds")
-    g.add_argument("--balancing-threshold", type=float, default=d.balancing_threshold)
-    g.add_argument(
-        "--decode-time",
-        type=float,
-        default=d.decode_time,
-        metavar="S",
-        help="predictive admission's uniform decode seconds, until learned",
-    )
+    changes = {"policy": {"default": None, "help": policy_help}}
+    setting.add(g, SCHEDULING_SETTINGS, SCHEDULING_SETTINGS, changes)
 
 
 def run(args: argparse.Namespace) -> int:

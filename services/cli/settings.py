@@ -8,17 +8,16 @@ import argparse
 from collections.abc import Iterable
 from typing import Any
 
-from services.cli import setting
-from services.cli.setting import Setting
 from services.gateway.backend import BackendTimeouts
-from shared.conductor.config import ADMISSION_MODES, POLICY_NAMES, SchedulingConfig
+from shared import setting
+from shared.conductor.settings import SCHEDULING_SETTINGS
 from shared.costmodel import HARDWARE, MODELS
 from shared.engine.config import DTYPE_CHOICES
 from shared.engine.mock import ENGINES, MOCK_MAX_MODEL_LEN, MockSpec
 from shared.model.registry import DEFAULT_MODEL
+from shared.setting import Setting
 from shared.transfer.factory import TRANSPORTS
 
-_scheduling = SchedulingConfig()
 _timeouts = BackendTimeouts()
 _LONG_PREFILL_HELP = (
     "most prompt tokens one request computes per step while others prefill too, so a long "
@@ -196,32 +195,8 @@ SETTINGS: dict[str, Setting] = {
         type=float,
         default=_timeouts.placement_wait,
     ),
-    # The conductor's scheduling (docs/conductor.md).
-    "policy": Setting("--policy", choices=POLICY_NAMES, default=_scheduling.policy),
-    "admission": Setting(
-        "--admission",
-        "how overload is refused (see docs/conductor.md)",
-        choices=ADMISSION_MODES,
-        default=_scheduling.admission,
-    ),
-    "slo_ttft": Setting(
-        "--slo-ttft", "seconds (default SLO)", type=float, default=_scheduling.slo_ttft
-    ),
-    "slo_tbt": Setting(
-        "--slo-tbt", "seconds (default SLO)", type=float, default=_scheduling.slo_tbt
-    ),
-    "balancing_threshold": Setting(
-        "--balancing-threshold",
-        "kvcentric loads a remote prefix when it is this many times the local",
-        type=float,
-        default=_scheduling.balancing_threshold,
-    ),
-    "decode_time": Setting(
-        "--decode-time",
-        "predictive admission's uniform decode seconds, until learned",
-        type=float,
-        default=_scheduling.decode_time,
-    ),
+    # The conductor's scheduling (docs/conductor.md), shared with `loadgen sim`.
+    **SCHEDULING_SETTINGS,
     "cost_model": Setting(
         "--cost-model",
         "a file from `kvstack profile`, or roofline:<model>:<hardware>; auto: the profile "

@@ -1,7 +1,10 @@
 """One command-line setting, defined once: its flag, environment variable, type, default
-and help. `settings.py` holds the table; the parsers of `kvstack up` and of every
-service are built from it (`add`), and `kvstack up` writes its children's command
-lines with it (`argv`), so a setting reaches every command from one definition."""
+and help. `services/cli/settings.py` holds the table; the parsers of `kvstack up` and of
+every service are built from it (`add`), and `kvstack up` writes its children's command
+lines with it (`argv`), so a setting reaches every command from one definition. The
+conductor's scheduling settings live in `shared/conductor/settings.py`, which the
+simulator's command line (`loadgen sim`) shares.
+"""
 
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ class Setting:
         value = os.environ[self.env]
         return value not in ("", "0") if self.switch else value
 
-    def add_to(self, parser: argparse.ArgumentParser) -> None:
+    def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         options: dict[str, Any] = dict(default=self.current_default())
         if self.help:
             options["help"] = self.help
@@ -58,7 +61,7 @@ class Setting:
 
 
 def add(
-    parser: argparse.ArgumentParser,
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     table: Mapping[str, Setting],
     names: Iterable[str],
     changes: Mapping[str, Mapping[str, Any]] | None = None,
