@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import math
 import os
 import sys
@@ -22,6 +23,7 @@ from loadgen.console import format_summary
 from loadgen.datasets import Prompt, TokenSpace
 from loadgen.metrics import describe, parse_goodput, summarize
 from loadgen.output import build_result, save_result
+from loadgen.plots import NO_MATPLOTLIB
 from loadgen.preflight import normalize_base_url, resolve_model, served_models
 from loadgen.progress import Progress
 from loadgen.runner import Runner, RunOutcome
@@ -325,12 +327,18 @@ def write_outputs(result: dict, args: argparse.Namespace) -> None:
     print(f"result: {path}", file=sys.stderr)
     if args.save_records:
         write_records(result["records"], Path(args.save_records))
-    if not args.no_plots:
-        from loadgen.plots import plot_run  # matplotlib loads only when plotting
+    if args.no_plots:
+        return
+    # Plots by default only where matplotlib is installed (the bench extra); asked for by
+    # --plot-dir, a missing matplotlib is a usage error (after the JSON is safe).
+    if not args.plot_dir and importlib.util.find_spec("matplotlib") is None:
+        print(f"no plots: {NO_MATPLOTLIB}", file=sys.stderr)
+        return
+    from loadgen.plots import plot_run  # matplotlib loads only when plotting
 
-        plot_dir = Path(args.plot_dir) if args.plot_dir else path.parent
-        for plot in plot_run(result, plot_dir, prefix=f"{path.stem}-"):
-            print(f"plot: {plot}", file=sys.stderr)
+    plot_dir = Path(args.plot_dir) if args.plot_dir else path.parent
+    for plot in plot_run(result, plot_dir, prefix=f"{path.stem}-"):
+        print(f"plot: {plot}", file=sys.stderr)
 
 
 def default_json_path(result: dict, args: argparse.Namespace) -> Path:

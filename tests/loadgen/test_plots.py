@@ -93,3 +93,21 @@ def test_plots_without_matplotlib_are_a_usage_error(tmp_path) -> None:
     assert result.returncode == 2, result.stderr
     assert "plots need matplotlib: pip install 'kvstack[bench]'" in result.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_a_run_without_matplotlib_writes_its_json_and_skips_the_default_plots(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    # A runtime install has no matplotlib: the default plots are skipped with a note.
+    import argparse
+
+    from loadgen.run_command import write_outputs
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    path = tmp_path / "run.json"
+    args = argparse.Namespace(
+        output_json=str(path), save_records=None, no_plots=False, plot_dir=None
+    )
+    write_outputs(make_result("run"), args)
+    assert path.exists() and [p.name for p in tmp_path.iterdir()] == ["run.json"]
+    assert "no plots: plots need matplotlib" in capsys.readouterr().err
