@@ -10,7 +10,7 @@ import time
 import orjson
 import torch
 
-from shared.engine.config import DTYPE_CHOICES, DTYPES, EngineConfig, resolve_dtype
+from shared.engine.config import DTYPE_CHOICES, EngineConfig, resolve_dtype
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
@@ -168,7 +168,7 @@ class TransformersSide:
                 "(pip install -e '.[bench]'), or pass --no-baseline"
             ) from None
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            engine.info.model_dir, dtype=DTYPES[dtype]
+            engine.info.model_dir, dtype=getattr(torch, dtype)
         ).eval()
         self.vocab = engine.info.model.vocab_size
         self.seed = 10_000

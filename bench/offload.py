@@ -142,7 +142,7 @@ def wire_bytes(
 
 
 def formula(mc, config: EngineConfig) -> dict:
-    e = torch.empty((), dtype=config.torch_dtype).element_size()
+    e = torch.empty((), dtype=getattr(torch, config.resolved_dtype)).element_size()
     return {
         "send": (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim * e,
         "receive": mc.num_heads * mc.head_dim * e,

@@ -59,7 +59,7 @@ class AttentionShard:
         self.kv_heads = kv_head_range(spec.num_kv_heads, spec.group_size, spec.shard)
         self.num_kv_heads = self.kv_heads[1] - self.kv_heads[0]
         self.num_heads = spec.num_heads // spec.group_size
-        dtype = DTYPES[spec.dtype]
+        dtype = getattr(torch, spec.dtype)
         per_block = KVStorage.bytes_per_block(
             spec.num_layers, spec.block_size, self.num_kv_heads, spec.head_dim, dtype
         )

@@ -28,7 +28,7 @@ from services.gateway.responses import (
     usage_chunk,
 )
 from services.gateway.sse import SSE_DONE, SSE_HEADERS, sse_error, sse_event
-from shared.engine.sampler import TokenLogprob
+from shared.engine.logprob import TokenLogprob
 
 log = logging.getLogger("kvstack.gateway")
 _counter = itertools.count()

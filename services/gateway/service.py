@@ -17,8 +17,8 @@ from services.gateway.relay import Relay
 from shared import subjects
 from shared.bus import Bus
 from shared.engine.config import resolve_dtype
-from shared.engine.engine import kv_namespace
 from shared.engine.mock import MockSpec
+from shared.engine.namespace import kv_namespace
 from shared.heartbeats import subscribe_heartbeats
 from shared.messages import Heartbeat, RequestDone
 from shared.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS

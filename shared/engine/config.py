@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The dtypes an engine computes in, by torch's names (torch loads only where a model runs:
+# the gateway reads this config without it).
+DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = ("auto", *DTYPES)
 
 
@@ -70,7 +70,3 @@ class EngineConfig:
     @property
     def resolved_dtype(self) -> str:
         return resolve_dtype(self.dtype, self.device)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.resolved_dtype]

@@ -11,17 +11,16 @@ import itertools
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import xxhash
 
 from shared.engine.config import EngineConfig
 from shared.engine.interface import EngineInfo, EngineInterface, EngineStats
 from shared.engine.isolation import LayerHook, execute_isolated
 from shared.engine.logprob import TokenLogprob
 from shared.engine.mock_runner import MockRunner, mock_runner
+from shared.engine.namespace import kv_namespace
 from shared.engine.output import ENGINE_ERROR, REQUEST_ERROR, Completion, RequestOutput
 from shared.engine.runner import ModelRunner, SeqChunk, torch_runner
 from shared.engine.sampler import SAMPLING_FAILED, sampling_failure, seeded_generator
@@ -35,7 +34,6 @@ from shared.kvcache.manager import KVCacheManager
 from shared.kvcache.storage import KVStorage
 from shared.model.config import ModelConfig
 from shared.model.detokenizer import IncrementalDetokenizer
-from shared.model.loader import weight_files
 from shared.model.registry import resolve_model
 from shared.model.tokenizer import Tokenizer, has_tokenizer
 
@@ -447,14 +445,6 @@ class LLMEngine:
                 self._tokenizer, seq.token_ids, params.skip_special_tokens
             )
         return _Extras(detokenizer, StopStringMatcher(params.stop))
-
-
-def kv_namespace(model_dir: Path, dtype: str) -> str:
-    """Names the KV layout: the same model weights and dtype give the same block hashes."""
-    digest = xxhash.xxh3_64((model_dir / "config.json").read_bytes())
-    for path in weight_files(model_dir):
-        digest.update(f"{path.name}:{path.stat().st_size}".encode())
-    return f"{digest.hexdigest()}/{dtype}"
 
 
 if TYPE_CHECKING:  # mypy holds LLMEngine to the interface services are typed with

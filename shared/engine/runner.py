@@ -112,13 +112,18 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
     `num_blocks`, or as many as `kv_cache_bytes` holds)."""
     if config.device == "cpu":
         cpu_ops()  # build (once per machine) before serving, not in a first request
-    model = load_model(model_dir, config.torch_dtype, config.device)
+    dtype = getattr(torch, config.resolved_dtype)
+    model = load_model(model_dir, dtype, config.device)
     mc = model.config
     num_blocks = config.num_blocks or max(
         1,
         config.kv_cache_bytes
         // KVStorage.bytes_per_block(
-            mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype
+            mc.num_layers,
+            config.block_size,
+            mc.num_kv_heads,
+            mc.head_dim,
+            dtype,
         ),
     )
     storage = KVStorage(
@@ -127,7 +132,7 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
         config.block_size,
         mc.num_kv_heads,
         mc.head_dim,
-        config.torch_dtype,
+        dtype,
         config.device,
     )
     return ModelRunner(model, storage, TorchPagedAttention(storage, mc.head_dim)), mc, num_blocks

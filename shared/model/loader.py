@@ -6,7 +6,6 @@ Checkpoints keep q/k/v and gate/up as separate tensors; the model keeps them fus
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from safetensors import safe_open
 
 from shared.errors import ModelNotFound
 from shared.model.config import ModelConfig
+from shared.model.files import weight_files
 from shared.model.llama import LlamaModel
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -30,17 +30,6 @@ def load_model(
     model = model.to_empty(device=device).to(dtype)
     load_weights(model, files)
     return model.eval().requires_grad_(False)
-
-
-def weight_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [model_dir / name for name in names]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ModelNotFound(f"no weights (*.safetensors) in {model_dir}")
-    return files
 
 
 def load_weights(model: LlamaModel, files: list[Path]) -> None:

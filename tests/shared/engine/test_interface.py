@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from shared.engine.config import EngineConfig
-from shared.engine.engine import LLMEngine, kv_namespace
+from shared.engine.engine import LLMEngine
 from shared.engine.interface import EngineInterface
 from shared.engine.mock import MockSpec
+from shared.engine.namespace import kv_namespace
 from shared.engine.runner import ModelRunner
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
