@@ -79,3 +79,19 @@ def test_lint_imports_fails_on_a_broken_contract(tmp_path) -> None:
     result = run_python("-c", LINT_IMPORTS, "--no-cache", str(config))
     assert result.returncode != 0
     assert "messages without the codec (they use it: broken) BROKEN" in result.stdout
+
+
+def test_no_two_modules_import_each_other() -> None:
+    # import-linter checks cycles between the subpackages of shared; this checks every
+    # module of each top-level package (a cycle through function-level imports counts too).
+    import grimp
+
+    for package in ("shared", "services", "loadgen", "bench"):
+        graph = grimp.build_graph(package)
+        cycles = {
+            tuple(sorted((module, imported)))
+            for module in graph.modules
+            for imported in graph.find_modules_directly_imported_by(module)
+            if graph.chain_exists(importer=imported, imported=module)
+        }
+        assert not cycles, f"{package}: {sorted(cycles)}"
