@@ -8,7 +8,7 @@ its gap between two tokens includes the whole prefill.
 from __future__ import annotations
 
 from loadgen.sim.cache import BlockCache
-from loadgen.sim.decode import STEP_SMOOTHING, Batch
+from loadgen.sim.decode import Batch
 from loadgen.sim.job import Job
 from loadgen.sim.prefill import (
     BLOCK_SIZE,
@@ -19,6 +19,7 @@ from loadgen.sim.prefill import (
     prefill_seconds,
 )
 from shared.costmodel import CostModel
+from shared.engine.step_time import smoothed
 from shared.messages import Heartbeat
 from shared.prefill.outcome import finish_at_first_token
 from shared.worker_core import load_heartbeat
@@ -91,7 +92,7 @@ class ColocatedNode:
         last = self.last_decode_end
         assert last is not None, "a decode step before any request joined"
         gap = end - last
-        self.mean_gap_seconds += STEP_SMOOTHING * (gap - self.mean_gap_seconds)
+        self.mean_gap_seconds = smoothed(self.mean_gap_seconds, gap)
         self.done += self.batch.complete_step(end)
         self.last_decode_end = end if self.batch.size else None
 

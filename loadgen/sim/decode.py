@@ -19,12 +19,9 @@ from collections import deque
 from loadgen.sim.job import Job
 from shared.costmodel import CostModel
 from shared.decode.commit import current_tbt
+from shared.engine.step_time import smoothed
 from shared.messages import Heartbeat
 from shared.worker_core import WorkerLoad, load_heartbeat
-
-# The weight of the newest step in a worker's mean step time, the TBT it reports for the
-# baseline's decode-stage check (shared/engine/loop.py: mean_step_seconds).
-STEP_SMOOTHING = 0.2
 
 
 class Batch:
@@ -110,9 +107,7 @@ class DecodeNode:
     def advance(self, t: float) -> None:
         while self.step_end is not None and self.step_end <= t:
             end = self.step_end
-            self.mean_step_seconds += STEP_SMOOTHING * (
-                end - self.step_start - self.mean_step_seconds
-            )
+            self.mean_step_seconds = smoothed(self.mean_step_seconds, end - self.step_start)
             self.done += self.batch.complete_step(end)
             self._start_step(end)
 

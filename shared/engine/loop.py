@@ -21,6 +21,7 @@ from typing import Any
 
 from shared.engine.interface import EngineInterface
 from shared.engine.output import RequestOutput
+from shared.engine.step_time import smoothed
 
 log = logging.getLogger("kvstack.engine")
 
@@ -82,7 +83,7 @@ class EngineLoop:
             outputs = self._run_step()
             self.num_steps += 1
             self.step_seconds = time.perf_counter() - started
-            self.mean_step_seconds += 0.2 * (self.step_seconds - self.mean_step_seconds)
+            self.mean_step_seconds = smoothed(self.mean_step_seconds, self.step_seconds)
             if self.on_step is not None:
                 self.on_step(self.step_seconds)
             log.debug("step %d: %.1f ms", self.num_steps, self.step_seconds * 1000)
