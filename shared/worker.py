@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from shared.engine.config import EngineConfig
 from shared.engine.interface import EngineInterface
@@ -12,7 +12,7 @@ from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 from shared.messages import Heartbeat, WorkerStats
 from shared.service import ServiceConfig
-from shared.worker_core import WorkerLoad, load_heartbeat
+from shared.worker_core import load_heartbeat
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def worker_heartbeat(
         time.time(),
         config.heartbeat_interval,
         config.block_size,
-        WorkerLoad(**asdict(engine.stats())),
+        engine.stats(),
         http_addr=http_addr,
         data_addr=data_addr,
         model=config.model,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from shared.engine.output import REQUEST_ERROR
+from shared.engine.stats import EngineStats
 from shared.messages import Heartbeat
 
 
@@ -45,25 +46,13 @@ def error_code(error_kind: str) -> int:
     return 500 if error_kind == REQUEST_ERROR else 503
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
-    """What a worker reports of its load in each heartbeat (Heartbeat's field names)."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    queued_tokens: int = 0  # prompt tokens admitted but not yet computed
-    context_tokens: int = 0  # KV tokens of the running requests
-    free_blocks: int = 0
-    total_blocks: int = 0
-
-
 def load_heartbeat(
     service: str,
     worker_id: str,
     now: float,
     interval: float,
     block_size: int,
-    load: WorkerLoad,
+    load: EngineStats,
     *,
     http_addr: str = "",
     data_addr: str = "",

@@ -19,9 +19,10 @@ from collections import deque
 from loadgen.sim.job import Job
 from shared.costmodel import CostModel
 from shared.decode.commit import current_tbt
+from shared.engine.stats import EngineStats
 from shared.engine.step_time import smoothed
 from shared.messages import Heartbeat
-from shared.worker_core import WorkerLoad, load_heartbeat
+from shared.worker_core import load_heartbeat
 
 
 class Batch:
@@ -69,9 +70,9 @@ class Batch:
             done.append(job)
         return done
 
-    def load(self, block_size: int, num_waiting: int = 0, queued_tokens: int = 0) -> WorkerLoad:
+    def load(self, block_size: int, num_waiting: int = 0, queued_tokens: int = 0) -> EngineStats:
         """The batch's load as a decode worker reports it, in blocks of `block_size`."""
-        return WorkerLoad(
+        return EngineStats(
             num_running=self.size,
             num_waiting=num_waiting,
             queued_tokens=queued_tokens,

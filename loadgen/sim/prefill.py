@@ -21,9 +21,10 @@ from loadgen.sim.job import Job
 from loadgen.trace import TRACE_BLOCK_SIZE
 from shared.conductor import estimate
 from shared.costmodel import CostModel
+from shared.engine.stats import EngineStats
 from shared.messages import Heartbeat
 from shared.prefill.prefix import KVSTORE, PrefixPlan, after_fetch, plan_prefix, usable_blocks
-from shared.worker_core import WorkerLoad, load_heartbeat
+from shared.worker_core import load_heartbeat
 
 BLOCK_SIZE = TRACE_BLOCK_SIZE
 
@@ -116,7 +117,7 @@ def prefill_heartbeat(
     cache: BlockCache,
 ) -> Heartbeat:
     """What a live prefill worker reports (shared/worker.py: worker_heartbeat)."""
-    load = WorkerLoad(
+    load = EngineStats(
         num_running=num_running,
         num_waiting=len(queue),
         queued_tokens=queue.num_tokens,

@@ -21,6 +21,7 @@ from shared.engine.isolation import LayerHook
 from shared.engine.output import Completion, RequestOutput
 from shared.engine.runner import ModelRunner
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.stats import EngineStats
 from shared.kvcache.block_pool import KVEvents
 from shared.kvcache.storage import KVStorage
 from shared.model.config import ModelConfig
@@ -43,23 +44,6 @@ class EngineInfo:
     @property
     def block_size(self) -> int:
         return self.config.block_size
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """The engine's load at one moment (a heartbeat's load fields: shared/worker_core.py)."""
-
-    num_running: int
-    num_waiting: int
-    queued_tokens: int  # tokens the waiting requests still need computed
-    context_tokens: int  # tokens of the running requests
-    free_blocks: int  # allocatable now, counting freed blocks still in the prefix cache
-    total_blocks: int
-
-    @property
-    def usage(self) -> float:
-        """The share of KV blocks in use."""
-        return 1.0 - self.free_blocks / self.total_blocks
 
 
 class EngineInterface(Protocol):

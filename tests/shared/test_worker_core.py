@@ -1,7 +1,8 @@
 """Decisions prefill and decode workers share."""
 
 from shared.engine.output import ENGINE_ERROR, REQUEST_ERROR
-from shared.worker_core import WorkerLoad, error_code, intake_refusal, load_heartbeat
+from shared.engine.stats import EngineStats
+from shared.worker_core import error_code, intake_refusal, load_heartbeat
 
 
 def test_a_draining_worker_refuses_first_then_an_invalid_prompt():
@@ -18,7 +19,7 @@ def test_only_a_requests_own_fault_is_final():
 
 
 def test_a_heartbeat_carries_the_load_numbers():
-    load = WorkerLoad(2, 3, 40, 500, 7, 9)
+    load = EngineStats(2, 3, 40, 500, 7, 9)
     hb = load_heartbeat("decode", "d0", 12.5, 1.0, 16, load, model="m", draining=True)
     assert (hb.service, hb.worker_id, hb.time, hb.interval, hb.block_size) == (
         "decode",
