@@ -267,16 +267,7 @@ WORKER = (
 )
 OFFLOAD = ("attention_workers", "micro_batches", "attention_recovery_timeout")
 RELIABILITY = ("migration_limit", "placement_wait")
-SCHEDULING = (
-    "policy",
-    "admission",
-    "slo_ttft",
-    "slo_tbt",
-    "balancing_threshold",
-    "decode_time",
-    "cost_model",
-    "model",
-)
+SCHEDULING = (*SCHEDULING_SETTINGS, "cost_model", "model")
 
 # Which settings each command takes, in the order of its --help.
 COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
