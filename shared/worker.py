@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from shared.engine.config import EngineConfig
 from shared.engine.interface import EngineInterface
 from shared.engine.mock import MockSpec
+from shared.engine.stats import EngineStats
 from shared.errors import KvstackError
 from shared.messages import Heartbeat, WorkerStats
 from shared.service import ServiceConfig
@@ -71,15 +72,17 @@ def worker_heartbeat(
     http_addr: str,
     data_addr: str,
     draining: bool,
+    load: EngineStats | None = None,
 ) -> Heartbeat:
-    """Load as the engine sees it (read without locks: a slightly stale view is fine)."""
+    """Load as the engine sees it (read without locks: a slightly stale view is fine), or
+    `load` where the worker counts more than its engine does."""
     return load_heartbeat(
         service,
         worker_id,
         time.time(),
         config.heartbeat_interval,
         config.block_size,
-        engine.stats(),
+        engine.stats() if load is None else load,
         http_addr=http_addr,
         data_addr=data_addr,
         model=config.model,

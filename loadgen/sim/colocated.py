@@ -13,6 +13,7 @@ from loadgen.sim.job import Job
 from loadgen.sim.prefill import (
     BLOCK_SIZE,
     PromptQueue,
+    expected_prefill,
     full_blocks,
     local_plan,
     prefill_heartbeat,
@@ -49,7 +50,7 @@ class ColocatedNode:
 
     def arrive(self, job: Job, now: float) -> None:
         """`job` is placed here at `now` (the node was advanced to it)."""
-        self.queue.push(job, sum(prefill_seconds(self.cost, job, local_plan(job, self.cache))))
+        self.queue.push(job, *expected_prefill(self.cost, job, local_plan(job, self.cache)))
         if self.step_end is None:
             self._start_step(now)
 
@@ -102,11 +103,10 @@ class ColocatedNode:
 
     def heartbeats(self, now: float, interval: float) -> tuple[Heartbeat, Heartbeat]:
         """The node as the conductor's prefill worker and decode worker."""
-        batch, cache = self.batch, self.cache
         prefill = prefill_heartbeat(
-            self.worker_id, now, interval, int(self.prefilling is not None), self.queue, cache
+            self.worker_id, now, interval, self.prefilling, self.queue, self.cache
         )
-        load = batch.load(BLOCK_SIZE)
+        load = self.batch.load(BLOCK_SIZE)
         decode = load_heartbeat(
             "decode", decode_id(self.worker_id), now, interval, BLOCK_SIZE, load
         )

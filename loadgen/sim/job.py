@@ -22,6 +22,7 @@ class Job:
     decode_id: str = ""
     plan: PrefixPlan = NO_PREFIX
     expected_seconds: float = 0.0  # its prefill as predicted when it was queued
+    expected_tokens: int = 0  # the prompt's tokens to compute, as predicted then
     prefill_start: float = 0.0  # when its node started on it (fetch, then compute)
     fetch_seconds: float = 0.0  # loading the remote prefix
     compute_seconds: float = 0.0  # computing the rest of the prompt

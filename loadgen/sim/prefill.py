@@ -21,8 +21,9 @@ from loadgen.sim.job import Job
 from loadgen.trace import TRACE_BLOCK_SIZE
 from shared.conductor import estimate
 from shared.costmodel import CostModel
-from shared.engine.stats import EngineStats
+from shared.engine.stats import EngineStats, tokens_to_compute
 from shared.messages import Heartbeat
+from shared.prefill.load import tokens_left
 from shared.prefill.prefix import KVSTORE, PrefixPlan, after_fetch, plan_prefix, usable_blocks
 from shared.worker_core import load_heartbeat
 
@@ -75,12 +76,18 @@ def prefill_seconds(cost: CostModel, job: Job, plan: PrefixPlan) -> tuple[float,
     )
 
 
+def expected_prefill(cost: CostModel, job: Job, plan: PrefixPlan) -> tuple[float, int]:
+    """(seconds, tokens to compute) of the job's prefill with `plan`."""
+    prefix = min(plan.blocks * BLOCK_SIZE, job.num_prompt_tokens - 1)
+    return sum(prefill_seconds(cost, job, plan)), tokens_to_compute(job.num_prompt_tokens, prefix)
+
+
 class PromptQueue:
     """Prompts waiting for their prefill, in order, with the totals heartbeats report."""
 
     def __init__(self) -> None:
         self.jobs: deque[Job] = deque()
-        self.num_tokens = 0
+        self.num_tokens = 0  # the waiting jobs' tokens to compute, as expected
         self.seconds = 0.0  # the waiting jobs' expected prefill seconds
 
     def __len__(self) -> int:
@@ -89,15 +96,15 @@ class PromptQueue:
     def __getitem__(self, index: int) -> Job:
         return self.jobs[index]
 
-    def push(self, job: Job, expected_seconds: float) -> None:
-        job.expected_seconds = expected_seconds
+    def push(self, job: Job, expected_seconds: float, expected_tokens: int) -> None:
+        job.expected_seconds, job.expected_tokens = expected_seconds, expected_tokens
         self.jobs.append(job)
-        self.num_tokens += job.num_prompt_tokens
+        self.num_tokens += expected_tokens
         self.seconds += expected_seconds
 
     def pop(self) -> Job:
         job = self.jobs.popleft()
-        self.num_tokens -= job.num_prompt_tokens
+        self.num_tokens -= job.expected_tokens
         self.seconds -= job.expected_seconds
         return job
 
@@ -112,15 +119,21 @@ def prefill_heartbeat(
     worker_id: str,
     now: float,
     interval: float,
-    num_running: int,
+    current: Job | None,
     queue: PromptQueue,
     cache: BlockCache,
 ) -> Heartbeat:
-    """What a live prefill worker reports (shared/worker.py: worker_heartbeat)."""
+    """What a live prefill worker reports (shared/prefill/load.py): the tokens it has left
+    to compute, of the prefill in progress and of the waiting ones."""
+    left = 0
+    if current is not None:
+        to_compute = tokens_to_compute(current.num_prompt_tokens, current.prefix_tokens)
+        computing = current.prefill_start + current.fetch_seconds
+        left = tokens_left(to_compute, computing, current.compute_seconds, now)
     load = EngineStats(
-        num_running=num_running,
+        num_running=int(current is not None),
         num_waiting=len(queue),
-        queued_tokens=queue.num_tokens,
+        queued_tokens=left + queue.num_tokens,
         free_blocks=max(0, cache.capacity - len(cache)),
         total_blocks=cache.capacity,
     )
@@ -136,10 +149,10 @@ class PrefillNode:
         self.current: Job | None = None
         self.busy_until = 0.0
 
-    def enqueue(self, job: Job, expected_seconds: float) -> None:
-        """Queue `job`, whose prefill should take `expected_seconds` (for load reports;
-        its real plan is made when it starts)."""
-        self.queue.push(job, expected_seconds)
+    def enqueue(self, job: Job, plan: PrefixPlan) -> None:
+        """Queue `job`, whose prefix should come as `plan` says (for load reports; its real
+        plan is made when it starts)."""
+        self.queue.push(job, *expected_prefill(self.cost, job, plan))
 
     def start_next(self, now: float, plan: PrefixPlan) -> Job:
         """Start the head of the queue with its prefix `plan`; it ends at busy_until."""
@@ -166,5 +179,5 @@ class PrefillNode:
 
     def heartbeat(self, now: float, interval: float) -> Heartbeat:
         return prefill_heartbeat(
-            self.worker_id, now, interval, int(self.current is not None), self.queue, self.cache
+            self.worker_id, now, interval, self.current, self.queue, self.cache
         )

@@ -27,7 +27,6 @@ from loadgen.sim.prefill import (
     full_blocks,
     job_prefix_plan,
     local_plan,
-    prefill_seconds,
 )
 from loadgen.sim.series import Counts, LoadSeries
 from loadgen.trace import TraceRow
@@ -172,7 +171,7 @@ class Simulation:
             self.cluster.colocated[job.prefill_id].arrive(job, self.now)
             return
         node = self.cluster.prefill[job.prefill_id]
-        node.enqueue(job, sum(prefill_seconds(self.cost, job, self._plan(node, job))))
+        node.enqueue(job, self._plan(node, job))
         if node.current is None:
             self._start_prefill(node)
 

@@ -36,6 +36,7 @@ from shared.messages import (
     TokenEvent,
     WorkerStats,
 )
+from shared.prefill.load import prefill_load
 from shared.prefill.outcome import (
     finish_at_first_token,
     kv_is_whole,
@@ -61,6 +62,8 @@ class PrefillService(Service):
         self.targets: dict[str, list[Target]] = {}  # one per decode worker or KV shard
         self.started: dict[str, float] = {}  # for debug timing of each request's stages
         self.requests: dict[str, PrefillRequest] = {}
+        # accepted, not in the engine yet (reserving on decode, loading a prefix): tokens
+        self.arriving: dict[str, int] = {}
         self.num_done = 0
         self.prompt_tokens = self.metrics.counter("prompt_tokens", "prompt tokens prefilled")
         self.kv_bytes = self.metrics.gauge("kv_transfer_bytes", "KV bytes sent so far")
@@ -119,6 +122,7 @@ class PrefillService(Service):
             self.http_addr,
             self.data_addr,
             self.draining,
+            load=prefill_load(self.engine.stats(), self.arriving.values()),
         )
 
     async def drain(self) -> None:
@@ -147,6 +151,7 @@ class PrefillService(Service):
         if refusal is not None:
             return Ack(req.request_id, False, refusal.reason, refusal.code)
         self.requests[req.request_id] = req
+        self.arriving[req.request_id] = len(req.prompt_token_ids)
         self.tasks.spawn(
             self._run(req), f"request {req.request_id}", on_error=lambda e: self._crashed(req, e)
         )
@@ -178,6 +183,7 @@ class PrefillService(Service):
         hashes = self._block_hashes(req)
         self.targets[req.request_id] = _targets(req, reservation)
         external = await self.loader.prepare(req, hashes)
+        self.arriving.pop(req.request_id, None)  # the engine counts it from here
         self._trace(req.request_id, f"prefix planned ({external} tokens not computed)")
         prefill_only = dataclasses.replace(req.params, max_tokens=1)
         await self.engine_loop.call(
@@ -367,6 +373,7 @@ class PrefillService(Service):
 
     def _done(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
+        self.arriving.pop(request_id, None)
         self.started.pop(request_id, None)
         self.num_done += 1
 
@@ -376,6 +383,7 @@ class PrefillService(Service):
             log.debug("request %s +%.1f ms: %s", request_id, elapsed, what)
 
     async def _on_abort(self, msg: Abort) -> None:
+        self.arriving.pop(msg.request_id, None)
         if self.requests.pop(msg.request_id, None) is None:
             return
         aborted = await self.engine_loop.call(lambda e: e.abort(msg.request_id))

@@ -151,7 +151,8 @@ class Conductor:
             choice.busy_seconds,
             until=now + choice.ttft,
         )
-        self.state.assign(choice.decode_id, n + 1)
+        # the decode worker reports the request once its KV lands (its first token)
+        self.state.assign(choice.decode_id, n + 1, reported_from=now + choice.ttft)
         if admission.forecasts(self.config):
             duration = admission.decode_duration(inputs, choice, self.outputs)
             self.ledger.book(

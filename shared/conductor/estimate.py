@@ -10,7 +10,7 @@ from shared.costmodel import CostModel
 def prefill_queue_time(worker: WorkerLoad, cost: CostModel) -> float:
     """Seconds of prefill already queued on `worker`: its reported queue plus the
     predicted seconds assigned since its last beat."""
-    return reported_queue_time(*worker.reported_waiting, cost) + worker.pending.seconds
+    return reported_queue_time(*worker.reported_queue, cost) + worker.pending.seconds
 
 
 def reported_queue_time(requests: int, tokens: int, cost: CostModel) -> float:

@@ -60,6 +60,10 @@ class WorkerLoad(NamedTuple):
         return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 1.0
 
     @property
-    def reported_waiting(self) -> tuple[int, int]:
-        """(requests, tokens) queued by the worker's own last report."""
-        return (self.num_waiting - self.pending.requests, self.queued_tokens - self.pending.tokens)
+    def reported_queue(self) -> tuple[int, int]:
+        """(requests, tokens to compute) by the worker's own last report: waiting and in
+        progress (a prefill worker's running requests are prefills under way)."""
+        return (
+            self.num_waiting + self.num_running - self.pending.requests,
+            self.queued_tokens - self.pending.tokens,
+        )

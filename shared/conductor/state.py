@@ -28,6 +28,9 @@ class ClusterState:
 
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
     pending: dict[str, Pending] = field(default_factory=dict)
+    # work a worker's beats report only from some time on (a decode worker's request once
+    # its KV has landed): (from when, tokens), kept pending through the beats before then
+    arriving: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     # service -> worker id -> load, of every non-draining worker, in heartbeat order; valid
     # while all are alive (None: to rebuild)
     _loads: dict[str, dict[str, WorkerLoad]] | None = field(
@@ -51,6 +54,8 @@ class ClusterState:
         old = self.heartbeats.get(hb.worker_id)
         self.heartbeats[hb.worker_id] = hb
         self.pending.pop(hb.worker_id, None)
+        if hb.worker_id in self.arriving:
+            self._still_arriving(hb.worker_id, hb.time)
         self._alive_until = min(self._alive_until, _death(hb) - MARGIN)
         if old is None or (old.service, old.draining) != (hb.service, hb.draining):
             self._loads = None
@@ -60,13 +65,22 @@ class ClusterState:
         """A worker that left (a clean stop): no longer placed on, at once."""
         if self.heartbeats.pop(worker_id, None) is not None:
             self.pending.pop(worker_id, None)
+            self.arriving.pop(worker_id, None)
             self._loads = None
 
     def assign(
-        self, worker_id: str, num_tokens: int, seconds: float = 0.0, until: float = math.inf
+        self,
+        worker_id: str,
+        num_tokens: int,
+        seconds: float = 0.0,
+        until: float = math.inf,
+        reported_from: float = -math.inf,
     ) -> None:
         """Count work sent to a worker until its next beat reports it, or until `until`, when
-        it is predicted done (a worker that finished before its next beat is not busy)."""
+        it is predicted done (a worker that finished before its next beat is not busy).
+        Beats before `reported_from` cannot report it yet: it stays pending through them."""
+        if reported_from > -math.inf:
+            self.arriving.setdefault(worker_id, []).append((reported_from, num_tokens))
         old = self.pending.get(worker_id)
         until = until if old is None else max(old.until, until)
         old = old or NO_PENDING
@@ -90,6 +104,7 @@ class ClusterState:
         for worker_id in dead:
             del self.heartbeats[worker_id]
             self.pending.pop(worker_id, None)
+            self.arriving.pop(worker_id, None)
         if dead:
             self._loads = None
         return dead
@@ -125,6 +140,15 @@ class ClusterState:
         self._handed[service] = loads
         changed.clear()
         return loads
+
+    def _still_arriving(self, worker_id: str, beat_time: float) -> None:
+        """After a beat at `beat_time`: what it could not report stays pending."""
+        later = [(t, tokens) for t, tokens in self.arriving[worker_id] if t > beat_time]
+        if not later:
+            del self.arriving[worker_id]
+            return
+        self.arriving[worker_id] = later
+        self.pending[worker_id] = Pending(sum(tokens for _, tokens in later), len(later))
 
     def _expire(self, now: float) -> None:
         done = [w for w, pending in self.pending.items() if pending.until <= now]

@@ -152,7 +152,7 @@ class PrefillView(SyncedView):
 
     def _queue_time(self, load: WorkerLoad, cost: CostModel) -> float:
         """estimate.prefill_queue_time, its reported part remembered."""
-        waiting, known = load.reported_waiting, self._reported.get(load.worker_id)
+        waiting, known = load.reported_queue, self._reported.get(load.worker_id)
         if known is None or known[0] != waiting:
             known = self._reported[load.worker_id] = (
                 waiting,

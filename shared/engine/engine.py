@@ -25,8 +25,9 @@ from shared.engine.output import ENGINE_ERROR, REQUEST_ERROR, Completion, Reques
 from shared.engine.runner import ModelRunner, SeqChunk, torch_runner
 from shared.engine.sampler import SAMPLING_FAILED, sampling_failure, seeded_generator
 from shared.engine.sampling_params import SamplingParams
-from shared.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
+from shared.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, is_prefilling
 from shared.engine.sequence import Sequence
+from shared.engine.stats import tokens_to_compute
 from shared.engine.stop import StopStringMatcher
 from shared.errors import InvalidRequest, KvstackError
 from shared.kvcache.block_pool import KVEvents
@@ -120,11 +121,21 @@ class LLMEngine:
         return EngineStats(
             num_running=len(running),
             num_waiting=len(waiting),
-            queued_tokens=sum(s.num_tokens - s.num_computed_tokens for s in waiting),
+            queued_tokens=sum(map(self._waiting_tokens, waiting))
+            + sum(s.num_tokens - s.num_computed_tokens for s in running if is_prefilling(s)),
             context_tokens=sum(s.num_tokens for s in running),
             free_blocks=self._kv.num_free_blocks,
             total_blocks=self._kv.pool.num_blocks,
         )
+
+    def _waiting_tokens(self, seq: Sequence) -> int:
+        """Tokens a waiting prompt will compute: not its prefix, loaded or cached here."""
+        prefix = seq.num_external_tokens
+        if not prefix:
+            # NOTE: lookups only (no reference taken), safe beside the engine thread
+            blocks = self._kv.match_prefix(seq.block_hashes, (seq.num_tokens - 1) // seq.block_size)
+            prefix = len(blocks) * seq.block_size
+        return tokens_to_compute(seq.num_tokens, max(prefix, seq.num_computed_tokens))
 
     def use_runner(self, make: Callable[[ModelRunner], ModelRunner]) -> None:
         if not isinstance(self._runner, ModelRunner):

@@ -67,7 +67,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         if self.prefill_chunk_cap:  # decodes first (stable: each kind keeps its order)
-            self.running.sort(key=_is_prefilling)
+            self.running.sort(key=is_prefilling)
         limit = self._chunk_limit()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens, limit)
         if not out.preempted:
@@ -80,7 +80,7 @@ class Scheduler:
         if not self.prefill_chunk_cap:
             return budget
         admissible = len(self.waiting) if len(self.running) < self.config.max_num_seqs else 0
-        prefilling = admissible + sum(map(_is_prefilling, self.running))
+        prefilling = admissible + sum(map(is_prefilling, self.running))
         return self.prefill_chunk_cap if prefilling > 1 else budget
 
     def finish(
@@ -171,7 +171,7 @@ class Scheduler:
         self.running.append(seq)
 
 
-def _is_prefilling(seq: Sequence) -> bool:
+def is_prefilling(seq: Sequence) -> bool:
     """More than the one token of a decode step left to compute."""
     return seq.num_tokens - seq.num_computed_tokens > 1
 

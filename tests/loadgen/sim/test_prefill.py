@@ -60,10 +60,11 @@ def test_a_peer_that_lacks_a_block_sends_none(caches):
 def test_a_node_runs_its_queue_in_order_and_caches_what_it_prefilled():
     node = PrefillNode("p0", COST, BlockCache(100))
     first, second = job(), job()
-    node.enqueue(first, 1.0)
-    node.enqueue(second, 2.0)
+    node.enqueue(first, PrefixPlan())
+    node.enqueue(second, PrefixPlan(2))
     assert node.heartbeat(0.0, 1.0).num_waiting == 2
     node.start_next(0.0, PrefixPlan())
-    assert node.queue_seconds(0.5) == pytest.approx(node.busy_until - 0.5 + 2.0)
+    second_seconds = COST.prefill_time(2200 - 1024, 1024)
+    assert node.queue_seconds(0.5) == pytest.approx(node.busy_until - 0.5 + second_seconds)
     assert node.finish() is first and 4 in node.cache and 5 not in node.cache
     assert node.kv_landed(first) == pytest.approx(COST.prefill_time(2200, 0))

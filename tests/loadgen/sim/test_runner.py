@@ -148,7 +148,7 @@ def test_placements_are_the_conductors_for_what_it_was_told(monkeypatch):
     conductor into a fresh Conductor gives the same placements, which the jobs follow."""
     Recording.log = []
     monkeypatch.setattr(runner, "Conductor", Recording)
-    sim_config = config(4, 2, admission="predictive-request", slo_tbt=0.05)
+    sim_config = config(4, 2, admission="predictive-request", slo_tbt=0.02)
     run = simulate(conversations(80, rate=4.0), sim_config)
     fresh = Conductor(sim_config.scheduling, COST)
     placements = []

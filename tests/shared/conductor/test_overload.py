@@ -152,14 +152,11 @@ def test_early_rejection_wastes_no_prefill(mode: str) -> None:
     assert simulate(mode).wasted == 0
 
 
-def test_early_rejection_on_current_decode_load_misses_slos() -> None:
-    early, predictive = simulate("early"), simulate("predictive")
-    assert early.attainment < predictive.attainment and early.good < predictive.good
-
-
-def test_predictive_fails_fewer_requests_than_early() -> None:
-    early, predictive = simulate("early"), simulate("predictive")
-    assert predictive.rejected + predictive.late < early.rejected + early.late
+def test_early_rejection_counts_the_requests_on_their_way_to_decode() -> None:
+    """The decode load early rejection judges by includes the requests placed there whose
+    KV has not landed yet (booked until a beat reports them): without them it admitted
+    into a TBT it could not see, and missed the SLOs for half of what it admitted."""
+    assert simulate("early").attainment >= 0.95
 
 
 def test_predictive_request_is_at_least_as_good_as_predictive() -> None:

@@ -118,3 +118,29 @@ def test_a_heartbeat_replaces_what_was_pending_on_that_worker() -> None:
     core.observe(beat("p0", "prefill", 0.2))
     assert "p0" not in core.state.pending and core.state.pending["p1"].requests == 1
     assert core.place(request(1000, "r2"), 0.3).prefill_id == "p0"
+
+
+def test_a_decode_booking_stays_pending_until_a_beat_can_report_it() -> None:
+    """A decode worker reports a request once its KV has landed (its first token): beats
+    before that cannot count it, so the conductor keeps counting it itself."""
+    state = ClusterState()
+    state.observe(beat("d0", "decode", time=0.0, free=100, total=100))
+    state.assign("d0", 33, reported_from=2.5)  # KV predicted to land at 2.5 s
+    state.assign("d0", 17)  # reported by the next beat
+    state.observe(beat("d0", "decode", time=1.0, free=100, total=100))
+    load = state.snapshot(now=1.1).decode[0]
+    assert load.pending == Pending(33, 1) and load.free_blocks == 97
+    state.observe(beat("d0", "decode", time=2.0, free=100, total=100))
+    assert state.snapshot(now=2.1).decode[0].pending == Pending(33, 1)
+    state.observe(beat("d0", "decode", time=3.0, free=97, total=100))  # it reports it now
+    assert state.snapshot(now=3.1).decode[0].pending == Pending()
+    assert state.arriving == {}
+
+
+def test_a_prefill_in_progress_counts_in_the_queue_time() -> None:
+    """A worker that reports one prefill under way and none waiting is busy."""
+    core = conductor()
+    core.observe(beat("p0", "prefill", time=0.0, running=1, queued=500))
+    core.observe(beat("p1", "prefill", time=0.0))
+    core.observe(beat("d0", "decode", time=0.0, free=100, total=100))
+    assert core.place(request(100), now=0.1).prefill_id == "p1"

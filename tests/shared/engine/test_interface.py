@@ -57,6 +57,14 @@ def test_stats_count_requests_tokens_and_blocks(engine) -> None:
     assert after.free_blocks == 31 and after.usage == 1 / 32
 
 
+def test_queued_tokens_leave_out_a_waiting_prompts_cached_prefix(engine) -> None:
+    engine.add_request("a", PROMPT, FIRST_TOKEN)
+    engine.step()  # its three full blocks enter the prefix cache
+    engine.add_request("b", PROMPT, FIRST_TOKEN)
+    engine.add_request("c", PROMPT[:2] + [99] * 11, FIRST_TOKEN)  # a different first block
+    assert engine.stats().queued_tokens == 1 + 13  # b computes only its last token
+
+
 def test_the_prefix_cache_is_counted_pinned_and_reported_by_hash(engine) -> None:
     hashes = block_hashes(PROMPT, 4, engine.info.namespace)
     assert engine.cached_prefix_blocks(hashes, 3) == 0
