@@ -66,6 +66,11 @@ class Placement:
     stage_tbt_slo: float = 0.0  # > 0: decode re-checks its own TBT on arrival (baseline)
     predicted_ttft: float = 0.0
     predicted_tbt: float = 0.0
+    # what predicted_ttft is made of: waiting (the request's way to the worker included),
+    # loading the prefix, computing the rest (seconds)
+    predicted_queue: float = 0.0
+    predicted_transfer: float = 0.0
+    predicted_prefill: float = 0.0
 
 
 @message("prefill_request")
@@ -275,6 +280,20 @@ class RequestDone:
     num_output_tokens: int
     ttft: float
     tbt: float  # mean seconds between tokens after the first
+    predicted_ttft: float = 0.0  # the placement's (0: not known)
+    predicted_tbt: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EstimateError:
+    """How far one of the conductor's estimates fell from what happened, over requests."""
+
+    estimate: str  # queue, transfer, prefill, ttft or tbt
+    count: int
+    median_abs_rel_error: float  # |predicted - actual| / actual, the median over requests
+    p90_abs_rel_error: float
+    mean_rel_error: float  # signed: > 0 when predictions run long on average
+    median_abs_error_s: float
 
 
 @message("conductor_stats")
@@ -289,6 +308,7 @@ class ConductorStats:
     num_replications: int  # placements that pull a remote prefix into the chosen worker
     live_prefill: tuple[str, ...] = ()
     live_decode: tuple[str, ...] = ()
+    estimates: tuple[EstimateError, ...] = ()  # over the latest finished requests
 
 
 @message("store_stats")

@@ -15,6 +15,7 @@ from loadgen.metrics import summarize
 from loadgen.output import build_result
 from loadgen.records import RequestRecord
 from loadgen.sim.config import SimConfig
+from loadgen.sim.estimates import estimate_errors
 from loadgen.sim.job import Job
 from loadgen.sim.runner import SimRun
 from loadgen.trace import TraceRow
@@ -175,6 +176,7 @@ def sim_section(
         },
         "prefill_busy_seconds": sum(job.busy_seconds for job in run.jobs if prefilled(job)),
         "mooncake_slo": mooncake_slo(records, scheduling.slo_ttft, scheduling.slo_tbt),
+        "estimates": estimate_errors(run.jobs),
         "conductor": asdict(run.conductor),
         "virtual_seconds": run.end,
         "wall_seconds": run.wall_seconds,

@@ -225,9 +225,18 @@ class Simulation:
         assert first_token is not None and last_token is not None, "done before its first token"
         tbt = (last_token - first_token) / (n - 1) if n > 1 else 0.0
         first = job.row.hash_ids[0] if full_blocks(job) else 0
+        placement = job.placement
+        assert placement is not None, "done without a placement"
         self.conductor.finished(
             RequestDone(
-                job.request_id, first, job.num_prompt_tokens, n, first_token - job.arrival, tbt
+                job.request_id,
+                first,
+                job.num_prompt_tokens,
+                n,
+                first_token - job.arrival,
+                tbt,
+                placement.predicted_ttft,
+                placement.predicted_tbt,
             )
         )
 

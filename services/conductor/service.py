@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from shared import subjects
 from shared.bus import Bus
+from shared.conductor.accuracy import done_pairs, relative_error
 from shared.conductor.config import SchedulingConfig
 from shared.conductor.core import Conductor
 from shared.costmodel import CostModel
@@ -28,6 +29,7 @@ from shared.metrics import TTFT_BUCKETS
 from shared.service import Service, ServiceConfig
 
 log = logging.getLogger("kvstack.conductor")
+ERROR_BUCKETS = (0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,12 @@ class ConductorService(Service):
         )
         self.predicted_ttft = self.metrics.histogram(
             "predicted_ttft_seconds", "TTFT predicted for admitted requests", TTFT_BUCKETS
+        )
+        self.estimate_error = self.metrics.histogram(
+            "estimate_error_ratio",
+            "|predicted - actual| / actual of finished requests, by estimate",
+            ERROR_BUCKETS,
+            ("estimate",),
         )
         self.live_workers = self.metrics.gauge("live_workers", "workers alive", ("service",))
         self.indexed_blocks = self.metrics.gauge("indexed_blocks", "blocks in the prefix index")
@@ -80,6 +88,8 @@ class ConductorService(Service):
 
     async def _on_done(self, done: RequestDone) -> None:
         self.core.finished(done)
+        for name, predicted, actual in done_pairs(done):
+            self.estimate_error.labels(name).observe(abs(relative_error(predicted, actual)))
 
     async def _place(self, request: PlacementRequest) -> Placement:
         before = self.core.counters.replicated_blocks
@@ -103,6 +113,7 @@ class ConductorService(Service):
             core.counters.replications,
             tuple(hb.worker_id for hb in core.state.live("prefill", now)),
             tuple(hb.worker_id for hb in core.state.live("decode", now)),
+            core.estimates.summary(),
         )
 
     def heartbeat(self) -> Heartbeat:

@@ -107,7 +107,7 @@ class Backend:
         sub = await self.bus.nc.subscribe(subjects.tokens(request_id), cb=_enqueuer(events))
         finished = False
         try:
-            placement = await self._place(progress, request_id)
+            placement = progress.placement = await self._place(progress, request_id)
             workers = (placement.prefill_id, placement.decode_id)
             attempt = _Attempt(request_id, placement, self.liveness.watch(workers), epoch)
             await self._submit(progress, attempt)

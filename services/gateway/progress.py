@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from services.gateway.errors import ApiError, service_unavailable
 from services.gateway.protocol import GenerateRequest
 from shared.engine.sampling_params import SamplingParams
-from shared.messages import TokenEvent
+from shared.messages import Placement, TokenEvent
 
 Worker = tuple[str, str]  # (worker id, instance): one process behind an id
 
@@ -41,6 +41,7 @@ class Progress:
     attempts: int = 0
     migrations: int = 0
     lost_workers: tuple[Worker, ...] = ()  # avoided until another process takes the id
+    placement: Placement | None = None  # the latest attempt's (its predicted TTFT and TBT)
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:

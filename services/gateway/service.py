@@ -20,7 +20,7 @@ from shared.engine.config import resolve_dtype
 from shared.engine.mock import MockSpec
 from shared.engine.namespace import kv_namespace
 from shared.heartbeats import subscribe_heartbeats
-from shared.messages import Heartbeat, RequestDone
+from shared.messages import Heartbeat, Placement, RequestDone
 from shared.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from shared.model.config import ModelConfig
 from shared.model.registry import resolve_model
@@ -166,6 +166,7 @@ class GatewayService(Service):
         """What the conductor learns output lengths and decode times from."""
         req, num_tokens = relay.req, relay.stream.num_tokens if relay.stream else 0
         tbt = (relay.token_times[-1] - first_token_at) / max(1, num_tokens - 1)
+        predicted = _first_placement(relay)
         return RequestDone(
             req.request_id,
             self.backend.first_block_hash(req),
@@ -173,4 +174,15 @@ class GatewayService(Service):
             num_tokens,
             first_token_at - relay.started,
             tbt,
+            predicted.predicted_ttft if predicted else 0.0,
+            predicted.predicted_tbt if predicted else 0.0,
         )
+
+
+def _first_placement(relay: Relay) -> Placement | None:
+    """The placement whose predictions the request's times answer: its only one (a request
+    placed again was predicted from a later start, and by other workers)."""
+    progress = relay.progress
+    if progress is None or progress.attempts != 1:
+        return None
+    return progress.placement

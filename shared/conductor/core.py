@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shared.conductor import admission
+from shared.conductor.accuracy import EstimateLog, done_pairs
 from shared.conductor.config import SchedulingConfig
 from shared.conductor.forecast import Booking, Ledger
 from shared.conductor.index import PrefixIndex
@@ -72,6 +73,7 @@ class Conductor:
     def __post_init__(self) -> None:
         self.outputs = OutputLengths(self.config.decode_time)
         self.policy = POLICIES[self.config.policy]
+        self.estimates = EstimateLog()
 
     def observe(self, hb: Heartbeat) -> None:
         """`hb` as heard: its `time` is when it arrived (shared/heartbeats.py)."""
@@ -105,6 +107,8 @@ class Conductor:
 
     def finished(self, done: RequestDone) -> None:
         self.outputs.observe(done)
+        for name, predicted, actual in done_pairs(done):
+            self.estimates.observe(name, predicted, actual)
 
     def forget_dead(self, now: float) -> list[str]:
         dead = self.state.forget_dead(now)
@@ -181,4 +185,7 @@ class Conductor:
             stage_tbt_slo=stage_tbt,
             predicted_ttft=choice.ttft,
             predicted_tbt=choice.tbt,
+            predicted_queue=choice.ttft - choice.busy_seconds,
+            predicted_transfer=choice.transfer_seconds,
+            predicted_prefill=choice.busy_seconds - choice.transfer_seconds,
         )

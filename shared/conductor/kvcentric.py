@@ -114,6 +114,7 @@ def _plan(inputs: Inputs, worker: WorkerLoad, balancing: bool) -> Choice:
         source_blocks=source_len,
         load_prefix=load_prefix,
         busy_seconds=t_transfer + t_prefill,
+        transfer_seconds=t_transfer,
     )
 
 

@@ -42,6 +42,7 @@ class Choice(NamedTuple):  # NOTE: built twice a decision: see loads.py's NOTE
     source_blocks: int = 0  # leading blocks of the prompt the source holds
     load_prefix: bool = True  # False: the worker recomputes what it does not hold
     busy_seconds: float = 0.0  # predicted seconds it keeps the prefill worker busy
+    transfer_seconds: float = 0.0  # of those, loading the prefix from its source
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,7 @@ class Own(NamedTuple):
     fetch_blocks: int
     prefix_tokens: int
     seconds: float  # of fetch and prefill
+    transfer: float  # of those, the fetch
 
 
 class Best(NamedTuple):
@@ -187,6 +189,7 @@ def _place(
         choice.source_blocks,
         choice.load_prefix,
         choice.busy_seconds,
+        choice.transfer_seconds,
     )
 
 
@@ -334,6 +337,7 @@ def _plan(
         way.source_blocks,
         way.load_prefix,
         own.seconds,
+        own.transfer,
     )
 
 
@@ -354,8 +358,8 @@ def _own(
     prefills = {} if prefills is None else prefills
     if prefix_tokens not in prefills:
         prefills[prefix_tokens] = estimate.prefill_time(cost, n, prefix_tokens)
-    seconds = estimate.transfer_time(cost, fetch_blocks, block_size) + prefills[prefix_tokens]
-    return Own(fetch_blocks, prefix_tokens, seconds)
+    transfer = estimate.transfer_time(cost, fetch_blocks, block_size)
+    return Own(fetch_blocks, prefix_tokens, transfer + prefills[prefix_tokens], transfer)
 
 
 def _most_free(workers: Sequence[WorkerLoad]) -> WorkerLoad:

@@ -88,18 +88,21 @@ def kv_bytes_sent(stack) -> int:
     return total
 
 
-def indexed_blocks(stack) -> int:
-    async def ask() -> int:
-        bus = await stack.bus("test-index")
+def conductor_stats(stack) -> ConductorStats:
+    async def ask() -> ConductorStats:
+        bus = await stack.bus("test-conductor")
         try:
-            stats = await bus.request(
+            return await bus.request(
                 subjects.conductor_stats(), StatsRequest(), 5.0, expected=ConductorStats
             )
-            return stats.num_indexed_blocks
         finally:
             await bus.drain()
 
     return asyncio.run(ask())
+
+
+def indexed_blocks(stack) -> int:
+    return conductor_stats(stack).num_indexed_blocks
 
 
 def wait_until(condition, timeout: float = 10.0) -> None:
@@ -142,3 +145,16 @@ def test_the_kvstore_holds_blocks_of_the_scaled_size(mock_stack) -> None:
     held = stats()
     assert held.dram_blocks >= 12
     assert held.dram_bytes == held.dram_blocks * 16 * SPEC.kv_bytes_per_token
+
+
+def test_the_conductor_reports_how_far_its_ttft_and_tbt_estimates_fell(mock_stack) -> None:
+    """Each finished request tells the conductor its TTFT and TBT beside the placement's
+    predictions; the conductor reports the error distribution (and exports it)."""
+    for seed in (7, 8, 9):
+        complete(mock_stack, token_prompt(seed, 2000))
+    errors = lambda: {e.estimate: e for e in conductor_stats(mock_stack).estimates}
+    wait_until(lambda: errors().get("ttft") is not None and errors()["ttft"].count >= 3)
+    found = errors()
+    assert found["ttft"].count >= 3 and found["tbt"].count >= 3
+    for error in found.values():
+        assert 0 <= error.median_abs_rel_error <= error.p90_abs_rel_error
