@@ -82,9 +82,10 @@ def gen_params(args: argparse.Namespace) -> GenParams:
     """A preset (or the defaults), then the flags given."""
     base = PRESETS[args.preset].params if args.preset else GenParams()
     given = {name: getattr(args, name) for name in FIELDS if getattr(args, name) is not None}
-    if KNOB_FIELDS[replace(base, **given).knob] in given and "target_reuse" not in given:
-        given["target_reuse"] = None  # the value asked for wins over the preset's target
-    return replace(base, **given).check()
+    params = replace(base, **given).check()
+    if KNOB_FIELDS[params.knob] in given and "target_reuse" not in given:
+        return replace(params, target_reuse=None)  # the value asked for wins over the target
+    return params
 
 
 def run_gen(args: argparse.Namespace) -> int:
