@@ -4,5 +4,6 @@
 - `presets.py`: named workloads to sweep the conductor on;
 - `plan.py`: who asks what and when (sessions, shared prefixes, lengths, arrivals);
 - `hashids.py`: the prompts' block ids, prefix-chained as Mooncake's are;
-- `generate.py`: plan + ids + the window kept = the trace; `tune.py`: a target reuse.
+- `generate.py`: plan + ids + the window kept = the trace; `tune.py`: a target reuse;
+- `flags.py`: the command-line flags, one per parameter.
 """
