@@ -1,5 +1,6 @@
 """`loadgen`: measure OpenAI-compatible endpoints (`run`), compare results (`report`) and
-simulate a cluster in virtual time (`sim`, `sim-sweep`). The chaos run, which starts a kvstack
+simulate a cluster in virtual time (`sim`, `sim-sweep`), and generate, inspect and import
+traces (`trace gen|stats|import`). The chaos run, which starts a kvstack
 of its own, is `python -m bench chaos`.
 
 Each command is a module with `add_parser(sub)`, which adds its subparser and sets
@@ -12,12 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from loadgen import report, run_command
+from loadgen import report, run_command, trace_command
 from loadgen.sim import cli as sim
 from loadgen.sim import sweep
 from shared import cli
 
-COMMANDS = (run_command, report, sim, sweep)
+COMMANDS = (run_command, report, sim, sweep, trace_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
