@@ -13,6 +13,7 @@ from pathlib import Path
 
 from loadgen.output import save_result
 from loadgen.records import RequestRecord
+from loadgen.sim import grid_command
 from loadgen.sim.args import (
     add_cluster_args,
     add_scheduling_args,
@@ -64,6 +65,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=run)
+    commands = p.add_subparsers(
+        title="commands", metavar="COMMAND", dest="sim_command", prog="loadgen sim"
+    )
+    grid_command.add_parser(commands)
 
 
 def run(args: argparse.Namespace) -> int:
