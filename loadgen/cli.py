@@ -1,5 +1,6 @@
 """`loadgen`: measure OpenAI-compatible endpoints (`run`), compare results (`report`) and
-simulate a cluster in virtual time (`sim`, `sim-sweep`). The chaos run, which starts a kvstack
+simulate a cluster in virtual time (`sim`; `sim sweep`: policies x loads x traces;
+`sim-sweep`: a capacity search). The chaos run, which starts a kvstack
 of its own, is `python -m bench chaos`.
 
 Each command is a module with `add_parser(sub)`, which adds its subparser and sets

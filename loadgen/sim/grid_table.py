@@ -75,7 +75,8 @@ def load_label(load: float) -> str:
 
 
 def metric_table(runs: Sequence[dict], metric: Metric, policies: Sequence[str]) -> str:
-    """A row per load, a column per policy; each row's best value bolded (ties too)."""
+    """A row per load, a column per policy; each row's best value bolded (ties as
+    printed too)."""
     lines = [
         f"| {metric.title} | " + " | ".join(policies) + " |",
         "| --- |" + " ---: |" * len(policies),
@@ -83,8 +84,9 @@ def metric_table(runs: Sequence[dict], metric: Metric, policies: Sequence[str]) 
     for load, row in by_load(runs).items():
         values = [metric.value(row[p]) if p in row else None for p in policies]
         known = [v for v in values if v is not None]
-        best = metric.best(known) if known else None
-        cells = [bold(metric.cell(v), v == best and len(known) > 1) for v in values]
+        # bold what shows as the best: equal to it as printed
+        best = metric.cell(metric.best(known)) if known else None
+        cells = [bold(metric.cell(v), metric.cell(v) == best and len(known) > 1) for v in values]
         lines.append(f"| {load_label(load)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -49,6 +49,11 @@ def test_a_metric_table_has_a_row_per_load_and_bolds_the_best():
     ]
     attainment = metric_table(RUNS, BY_KEY["slo_attainment"], ["cache-aware", "kvcentric"])
     assert attainment.splitlines()[-1] == "| 2x | **85.0%** | **85.0%** |"  # ties both bolded
+    near = [
+        run("a", 1, 1.0, 1.0, 1.0, goodput_rps=3.891),
+        run("b", 1, 1.0, 1.0, 1.0, goodput_rps=3.889),
+    ]
+    assert metric_table(near, BY_KEY["goodput_rps"], ["a", "b"]).endswith("| **3.89** | **3.89** |")
 
 
 def test_a_metric_no_run_has_is_left_out_and_estimates_show_where_present():
