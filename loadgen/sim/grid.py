@@ -41,7 +41,9 @@ def grid_points(
     return [GridPoint(t, p, load) for t in traces for p in policies for load in sorted(loads)]
 
 
-def one_run_args(args: argparse.Namespace, trace: str, policy: str, **more: Any):
+def one_run_args(
+    args: argparse.Namespace, trace: str, policy: str, **more: Any
+) -> argparse.Namespace:
     """The sweep's flags as one `loadgen sim` run's (the load series sampled seldom: it is
     not kept, and one sample interval for grid and capacity runs makes them the same)."""
     return argparse.Namespace(

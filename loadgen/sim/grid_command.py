@@ -147,8 +147,11 @@ def trace_names(paths: list[str]) -> dict[str, str]:
 
 
 def trace_facts(path: str, max_requests: int | None) -> dict:
+    """Requests replayed and their rate at 1x (which also checks the trace, before any run)."""
     rows = load_trace(path, max_requests)
-    span = rows[-1].timestamp if rows else 0.0
+    if not rows:
+        raise KvstackError(f"{path}: no requests to replay (is --max-requests 0?)")
+    span = rows[-1].timestamp
     return {"requests": len(rows), "rate_rps": len(rows) / span if span > 0 else 0.0}
 
 
@@ -186,6 +189,7 @@ class Progress:
 def run(args: argparse.Namespace) -> int:
     check_args(args)
     started = time.perf_counter()
+    facts = {path: trace_facts(path, args.max_requests) for path in args.trace}
     points = grid_points(args.trace, args.policies, args.loads)
     progress = Progress(len(points), args.quiet)
     traces = f"{len(args.trace)} trace{'s' if len(args.trace) > 1 else ''}"
@@ -195,20 +199,21 @@ def run(args: argparse.Namespace) -> int:
     if args.capacity:
         progress.say(f"capacity searches: {len(args.trace) * len(args.policies)}")
         capacities = run_all(capacity_calls(args, runs), args.jobs, progress.capacity_done)
-    summary = sweep_summary(args, runs, capacities, time.perf_counter() - started)
+    summary = sweep_summary(args, facts, runs, capacities, time.perf_counter() - started)
     print(format_sweep(summary))
     write_outputs(summary, args)
     return 0
 
 
 def sweep_summary(
-    args: argparse.Namespace, runs: list[dict], capacities: list[dict], wall_seconds: float
+    args: argparse.Namespace,
+    facts: dict[str, dict],
+    runs: list[dict],
+    capacities: list[dict],
+    wall_seconds: float,
 ) -> dict:
     names = trace_names(args.trace)
-    traces = [
-        {"path": path, "name": name, **trace_facts(path, args.max_requests)}
-        for path, name in names.items()
-    ]
+    traces = [{"path": path, "name": name, **facts[path]} for path, name in names.items()]
     for trace in traces:
         mine = [r for r in runs if r["trace"] == trace["path"]]
         trace["reuse_ceiling"] = max((r["hit_ceiling"] for r in mine), default=0.0)

@@ -100,3 +100,13 @@ def test_records_itl_needs_records(trace, capsys):
 def test_sim_without_a_trace_names_both_forms(capsys):
     assert main(["sim", "--prefill", "1", "--decode", "1"]) == 2
     assert "loadgen sim sweep" in capsys.readouterr().err
+
+
+def test_report_reads_a_sim_result_and_leaves_it_out_of_the_plots(trace, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    argv = ["sim", "--trace", str(trace), "--prefill", "1", "--decode", "1", "--quiet"]
+    assert main([*argv, "--output-json", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out), "--plot-dir", str(tmp_path / "cmp")]) == 0
+    printed = capsys.readouterr()
+    assert "Mean TTFT (ms)" in printed.out and "not plotted" in printed.err

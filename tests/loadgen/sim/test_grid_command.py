@@ -81,6 +81,8 @@ def test_the_capacity_search_starts_beside_the_fastest_load_that_met_the_target(
         (["--policies", "kvcentric,fastest"], "--policies"),
         (["--loads", "0,1"], "--loads"),
         (["--plot"], "--output-dir"),
+        (["--max-requests", "0"], "no requests"),
+        (["--trace", "missing.jsonl"], "trace file not found"),
         (["--colocated", "2", "--prefill", "0", "--decode", "0"], "no KV pool"),
     ],
 )
