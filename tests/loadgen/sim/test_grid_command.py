@@ -90,3 +90,13 @@ def test_bad_arguments_exit_2_with_a_message(traces, capsys, args, message):
     argv = ["sim", "sweep", "--trace", str(traces[0]), "--prefill", "1", "--decode", "1"]
     assert main([*argv, "--quiet", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_help_of_sim_names_the_sweep_and_the_sweep_has_its_own(capsys):
+    for argv in (["sim", "-h"], ["sim", "sweep", "-h"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 0
+    helps = capsys.readouterr().out
+    assert "loadgen sim sweep --trace FILE" in helps and "usage: loadgen sim sweep [-h]" in helps
+    assert "--loads X,Y,..." in helps and "--time-scale X" in helps
