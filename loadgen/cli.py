@@ -1,6 +1,7 @@
 """`loadgen`: measure OpenAI-compatible endpoints (`run`), compare results (`report`) and
-simulate a cluster in virtual time (`sim`, `sim-sweep`), and generate, inspect and import
-traces (`trace gen|stats|import`). The chaos run, which starts a kvstack
+simulate a cluster in virtual time (`sim`; `sim sweep`: policies x loads x traces;
+`sim-sweep`: a capacity search), and generate, inspect and import traces
+(`trace gen|stats|import`). The chaos run, which starts a kvstack
 of its own, is `python -m bench chaos`.
 
 Each command is a module with `add_parser(sub)`, which adds its subparser and sets

@@ -1,7 +1,10 @@
 """A run's result as one JSON document: vLLM's top-level keys (what `vllm bench serve
 --save-result` writes, so tools that read those files read ours), vLLM's per-request
-arrays, and kvstack's per-request records. `loadgen run`, `loadgen sim` and
-`loadgen report` all read and write this one shape."""
+arrays, and kvstack's per-request records. `loadgen run` writes this shape and
+`loadgen report` reads it. `loadgen sim` writes the same document without the per-request
+parts (`result_header` and its "sim" section): a simulation replays thousands of
+requests, and their token gaps would make the file hundreds of MB (its records go to a
+columnar file on request, `loadgen/sim/records_file.py`)."""
 
 from __future__ import annotations
 
@@ -19,12 +22,15 @@ def build_result(summary: dict, records: Sequence[RequestRecord], meta: dict) ->
     """`meta`: how the run was made (backend, model_id, dataset, request_rate, burstiness,
     max_concurrency, label, ...); `summary`: `metrics.summarize`'s numbers."""
     return {
-        "date": datetime.now(UTC).strftime("%Y%m%d-%H%M%S"),
-        **meta,
-        **summary,
+        **result_header(summary, meta),
         **vllm_arrays(records),
         "records": [r.to_json() for r in records],
     }
+
+
+def result_header(summary: dict, meta: dict) -> dict:
+    """The document's run-level part: the date, `meta` and `summary`, no per-request data."""
+    return {"date": datetime.now(UTC).strftime("%Y%m%d-%H%M%S"), **meta, **summary}
 
 
 def vllm_arrays(records: Sequence[RequestRecord]) -> dict:
@@ -55,10 +61,19 @@ def load_result(path: str | Path) -> dict:
         result = orjson.loads(path.read_bytes())
     except orjson.JSONDecodeError as e:
         raise KvstackError(f"{path}: not a JSON result ({e})") from None
-    if not isinstance(result, dict) or "records" not in result:
-        raise KvstackError(f"{path}: not a loadgen result (no 'records')")
+    if not isinstance(result, dict) or not ({"records", "num_prompts"} & result.keys()):
+        raise KvstackError(f"{path}: not a loadgen result (no 'records', no 'num_prompts')")
     return result
 
 
+def has_records(result: dict) -> bool:
+    return "records" in result
+
+
 def records_of(result: dict) -> list[RequestRecord]:
+    if not has_records(result):
+        raise KvstackError(
+            f"{result.get('label') or 'the result'} has no per-request records "
+            "(`loadgen sim` writes them only with --records, to a file of their own)"
+        )
     return [RequestRecord.from_json(r) for r in result["records"]]

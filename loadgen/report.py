@@ -1,16 +1,18 @@
 """`loadgen report A.json B.json ...`: runs side by side, one column per run and one row
 per metric (as text or as a Markdown table), and overlaid plots of their latency CDFs and
-throughput. Reads any result document that `loadgen run` or `loadgen sim` wrote."""
+throughput. Reads any result document that `loadgen run` or `loadgen sim` wrote (a
+`loadgen sim` result has no per-request records, so it is left out of the plots)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from loadgen.console import LATENCIES, percentile_labels
-from loadgen.output import load_result
+from loadgen.output import has_records, load_result
 
 # (key in the result, row name)
 TOTALS = (
@@ -48,11 +50,20 @@ def run(args: argparse.Namespace) -> int:
     rows = table_rows(results)
     print(markdown_table(labels, rows) if args.markdown else text_table(labels, rows))
     if args.plot_dir:
-        from loadgen.plots import plot_compare  # matplotlib loads only when plotting
-
-        for plot in plot_compare(list(zip(labels, results)), Path(args.plot_dir), "compare-"):
-            print(f"plot: {plot}")
+        plot_runs(list(zip(labels, results)), Path(args.plot_dir))
     return 0
+
+
+def plot_runs(runs: list[tuple[str, dict]], out_dir: Path) -> None:
+    """The plots are drawn from per-request records, which `loadgen sim` results lack."""
+    from loadgen.plots import plot_compare  # matplotlib loads only when plotting
+
+    missing = [label for label, result in runs if not has_records(result)]
+    if missing:
+        print(f"not plotted (no per-request records): {', '.join(missing)}", file=sys.stderr)
+    runs = [(label, result) for label, result in runs if has_records(result)]
+    for plot in plot_compare(runs, out_dir, "compare-") if runs else []:
+        print(f"plot: {plot}")
 
 
 def column_labels(results: Sequence[dict], paths: Sequence[Path]) -> list[str]:

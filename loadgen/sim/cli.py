@@ -1,4 +1,5 @@
-"""`loadgen sim`: replay a Mooncake trace on a simulated cluster, in virtual time.
+"""`loadgen sim`: replay a Mooncake trace on a simulated cluster, in virtual time;
+`loadgen sim sweep` (`grid_command.py`): many such replays, policies x loads x traces.
 
 The parser imports little: the simulation (the conductor, and through its messages torch)
 loads only when `sim` runs, so other loadgen commands start fast."""
@@ -7,38 +8,52 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from loadgen.output import save_result
-from loadgen.sim.config import (
-    COLOCATED_POLICIES,
-    DEFAULT_CACHE_TOKENS,
-    HEARTBEAT_INTERVAL,
-    SimConfig,
-    node_kv_tokens,
+from loadgen.records import RequestRecord
+from loadgen.sim import grid_command
+from loadgen.sim.args import (
+    add_cluster_args,
+    add_scheduling_args,
+    add_trace_args,
+    cluster_name,
+    cost_model,
+    sim_config,
 )
+from loadgen.sim.config import SimConfig
 from loadgen.trace import load_trace
-from shared import setting
-from shared.conductor.config import SchedulingConfig
-from shared.conductor.settings import SCHEDULING_SETTINGS
-from shared.costmodel import ROOFLINE_PREFIX, CostModel, from_spec, roofline
 from shared.errors import KvstackError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sim",
-        help="replay a trace on a simulated cluster (virtual time)",
+        help="replay a trace on a simulated cluster (virtual time); `sim sweep`: a grid",
+        usage="%(prog)s --trace FILE [options]\n       %(prog)s sweep --trace FILE ... [options]",
         description="Replay a Mooncake trace on a simulated cluster of "
         "prefill, decode and kvstore nodes (or colocated ones), "
         "in virtual time, through the conductor's own policy "
-        "and admission code. See docs/simulator.md.",
+        "and admission code. `loadgen sim sweep` replays traces under "
+        "several policies and loads (see `loadgen sim sweep -h`). "
+        "See docs/simulator.md.",
     )
-    add_trace_args(p.add_argument_group("trace"))
+    add_trace_args(p.add_argument_group("trace"), required=False)
     add_cluster_args(p.add_argument_group("cluster"))
     add_scheduling_args(p.add_argument_group("scheduling (the conductor's)"))
     g = p.add_argument_group("output")
     g.add_argument("--output-json", metavar="PATH", help="write the result document here")
+    g.add_argument(
+        "--records",
+        metavar="PATH",
+        help="write every request's record here, as columns (.npz; the JSON has none)",
+    )
+    g.add_argument(
+        "--records-itl",
+        action="store_true",
+        help="put every gap between tokens in the --records file too (large)",
+    )
     g.add_argument("--plot-dir", metavar="DIR", help="write PNG plots here")
     g.add_argument("--label", help="names the run (default: policy/admission/cluster)")
     g.add_argument(
@@ -50,92 +65,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=run)
-
-
-def add_trace_args(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--trace", required=True, metavar="FILE", help="Mooncake trace (JSONL)")
-    g.add_argument(
-        "--time-scale",
-        type=float,
-        default=1.0,
-        metavar="X",
-        help="multiply arrival times (0.5: twice as fast)",
+    commands = p.add_subparsers(
+        title="commands", metavar="COMMAND", dest="sim_command", prog="loadgen sim"
     )
-    g.add_argument("--max-requests", type=int, metavar="N", help="replay the first N")
-    g.add_argument(
-        "--duration",
-        type=float,
-        metavar="S",
-        help="replay arrivals before S seconds (after scaling)",
-    )
-    g.add_argument("--seed", type=int, default=0, help="varies the random policy's choices")
-
-
-def add_cluster_args(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--prefill", type=int, default=0, metavar="N", help="prefill nodes")
-    g.add_argument("--decode", type=int, default=0, metavar="M", help="decode nodes")
-    g.add_argument(
-        "--colocated",
-        type=int,
-        default=0,
-        metavar="K",
-        help="colocated (vLLM-like) nodes instead of prefill and decode ones",
-    )
-    g.add_argument("--model", default="llama3-70b", help="roofline model shape")
-    g.add_argument("--hardware", default="a800", help="roofline hardware: one node")
-    g.add_argument(
-        "--cost-model",
-        metavar="SPEC",
-        help="roofline:<model>:<hw> or a `kvstack profile` file (overrides --model/--hardware)",
-    )
-    g.add_argument(
-        "--cache-tokens",
-        type=int,
-        default=DEFAULT_CACHE_TOKENS,
-        metavar="T",
-        help=f"each node's DRAM prefix cache (default {DEFAULT_CACHE_TOKENS:,})",
-    )
-    g.add_argument(
-        "--no-pool",
-        action="store_true",
-        help="no global pool (kvstore): prefill nodes load only from peers the conductor names",
-    )
-    g.add_argument(
-        "--local-prefix-only",
-        action="store_true",
-        help="prefill nodes reuse only their own cache, whatever the conductor "
-        "names (no pool, no peer): local-cache-only baselines",
-    )
-    g.add_argument(
-        "--kv-tokens",
-        type=int,
-        metavar="T",
-        help="KV tokens a decode node's HBM holds (default: HBM minus weights)",
-    )
-    g.add_argument(
-        "--heartbeat-interval",
-        type=float,
-        default=HEARTBEAT_INTERVAL,
-        metavar="S",
-        help=f"seconds between heartbeats (default {HEARTBEAT_INTERVAL})",
-    )
-
-
-def add_scheduling_args(g: argparse._ArgumentGroup) -> None:
-    """The live conductor's settings; only --policy's default differs (it depends on the
-    cluster: round-robin for colocated nodes)."""
-    policy_help = (
-        f"default {SchedulingConfig().policy}; colocated: round-robin "
-        f"(one of {', '.join(COLOCATED_POLICIES)})"
-    )
-    changes = {"policy": {"default": None, "help": policy_help}}
-    setting.add(g, SCHEDULING_SETTINGS, SCHEDULING_SETTINGS, changes)
+    grid_command.add_parser(commands)
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadgen.sim.report import build_sim_result
+    from loadgen.sim.report import record_of, sim_result
     from loadgen.sim.runner import Simulation
 
+    check_args(args)
     cost, spec = cost_model(args)
     config = sim_config(args, cost, spec)
     rows = load_trace(args.trace, args.max_requests, args.duration, args.time_scale)
@@ -148,64 +88,25 @@ def run(args: argparse.Namespace) -> int:
             f"{config.scheduling.policy}/{config.scheduling.admission}, {spec}"
         )
     outcome = Simulation(rows, config, cost, progress).run()
-    result = build_sim_result(
+    records = [record_of(job) for job in outcome.jobs]
+    result = sim_result(
         outcome,
         rows,
+        records,
         config,
         run_meta(args, config, spec),
         {"cost_model": spec, "trace": str(args.trace), "time_scale": args.time_scale},
     )
     print(format_sim(result))
-    write_outputs(result, args)
+    write_outputs(result, records, args)
     return 0
 
 
-def cost_model(args: argparse.Namespace) -> tuple[CostModel, str]:
-    if args.cost_model:
-        return from_spec(args.cost_model), args.cost_model
-    return roofline(args.model, args.hardware), f"{ROOFLINE_PREFIX}{args.model}:{args.hardware}"
-
-
-def sim_config(args: argparse.Namespace, cost: CostModel, spec: str) -> SimConfig:
-    policy = args.policy or ("round-robin" if args.colocated else SchedulingConfig.policy)
-    scheduling = SchedulingConfig(
-        policy,
-        args.admission,
-        args.slo_ttft,
-        args.slo_tbt,
-        args.balancing_threshold,
-        args.decode_time,
-    )
-    return SimConfig(
-        kv_tokens(args, spec),
-        args.prefill,
-        args.decode,
-        args.colocated,
-        scheduling,
-        args.cache_tokens,
-        not (args.no_pool or args.local_prefix_only),
-        args.heartbeat_interval,
-        sample_interval=args.sample_interval,
-        seed=args.seed,
-        remote_prefix=not args.local_prefix_only,
-    )
-
-
-def kv_tokens(args: argparse.Namespace, spec: str) -> int:
-    if args.kv_tokens is not None:
-        return args.kv_tokens
-    if not spec.startswith(ROOFLINE_PREFIX):
-        raise KvstackError(
-            "a profiled cost model does not say how much KV a node holds: give --kv-tokens"
-        )
-    _, model, hardware = spec.split(":")
-    return node_kv_tokens(model, hardware)
-
-
-def cluster_name(config: SimConfig) -> str:
-    if config.colocated:
-        return f"{config.num_colocated} colocated nodes"
-    return f"{config.num_prefill}P+{config.num_decode}D"
+def check_args(args: argparse.Namespace) -> None:
+    if not args.trace:
+        raise KvstackError("give --trace FILE (or run `loadgen sim sweep`)")
+    if args.records_itl and not args.records:
+        raise KvstackError("--records-itl adds to the --records file: give --records PATH")
 
 
 def run_meta(args: argparse.Namespace, config: SimConfig, spec: str) -> dict:
@@ -264,17 +165,24 @@ def format_sim(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(result: dict, args: argparse.Namespace) -> None:
+def write_outputs(result: dict, records: Sequence[RequestRecord], args: argparse.Namespace) -> None:
+    if args.records:
+        from loadgen.sim.records_file import save_records
+
+        path = save_records(args.records, records, args.records_itl)
+        result["sim"]["records_file"] = str(path)
+        print(f"records: {path}", file=sys.stderr)
     if args.output_json:
         print(f"result: {save_result(result, args.output_json)}", file=sys.stderr)
     if args.plot_dir:
-        for path in plot(result, Path(args.plot_dir)):
+        for path in plot(result, records, Path(args.plot_dir)):
             print(f"plot: {path}", file=sys.stderr)
 
 
-def plot(result: dict, out_dir: Path) -> list[Path]:
+def plot(result: dict, records: Sequence[RequestRecord], out_dir: Path) -> list[Path]:
     from loadgen.plots import plot_run  # matplotlib loads only when plotting
     from loadgen.sim.plots import plot_load
 
     prefix = f"{result['label']}-"
-    return plot_run(result, out_dir, prefix) + plot_load(result, out_dir, prefix)
+    with_records = {**result, "records": [r.to_json() for r in records]}
+    return plot_run(with_records, out_dir, prefix) + plot_load(result, out_dir, prefix)

@@ -1,6 +1,7 @@
-"""A simulation's result: one RequestRecord per request (virtual times), vLLM's summary
-(`loadgen.metrics.summarize`) in loadgen's result document, and a "sim" section: cache hit
-ratios, rejections, wasted prefill, Mooncake-style SLO attainment and the load series."""
+"""A simulation's result: one RequestRecord per request (virtual times), vLLM's summary of
+them (`loadgen.metrics.summarize`) in loadgen's result document, and a "sim" section:
+cache hit ratios, rejections, wasted prefill, Mooncake-style SLO attainment and the load
+series. The records themselves stay out of the document (`records_file.py`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from itertools import pairwise
 import numpy as np
 
 from loadgen.metrics import summarize
-from loadgen.output import build_result
+from loadgen.output import result_header
 from loadgen.records import RequestRecord
 from loadgen.sim.config import SimConfig
 from loadgen.sim.estimates import estimate_errors
@@ -139,6 +140,13 @@ def mooncake_slo(records: Sequence[RequestRecord], slo_ttft: float, slo_tbt: flo
     }
 
 
+def rounded(column: Sequence[float]) -> list[float]:
+    """A load sample to 6 significant digits (a count without ".0"): plenty for a plot,
+    and a smaller JSON."""
+    values = (float(f"{value:.6g}") for value in column)
+    return [int(value) if value.is_integer() else value for value in values]
+
+
 def sim_section(
     run: SimRun,
     rows: Sequence[TraceRow],
@@ -180,19 +188,31 @@ def sim_section(
         "conductor": asdict(run.conductor),
         "virtual_seconds": run.end,
         "wall_seconds": run.wall_seconds,
-        "timeseries": run.series,
+        "timeseries": {name: rounded(column) for name, column in run.series.items()},
     }
 
 
 def build_sim_result(
     run: SimRun, rows: Sequence[TraceRow], config: SimConfig, meta: dict, describe: dict
 ) -> dict:
-    """The result document, as `loadgen run` writes it, with the "sim" section. SLOs for
-    goodput: the TTFT SLO and the TBT SLO as a TPOT bound (vLLM's keys)."""
-    records = [record_of(job) for job in run.jobs]
+    """The result document of `run` (see `sim_result`)."""
+    return sim_result(run, rows, [record_of(job) for job in run.jobs], config, meta, describe)
+
+
+def sim_result(
+    run: SimRun,
+    rows: Sequence[TraceRow],
+    records: Sequence[RequestRecord],
+    config: SimConfig,
+    meta: dict,
+    describe: dict,
+) -> dict:
+    """The result document as `loadgen run` writes it, less the per-request arrays and
+    records (`loadgen/sim/records_file.py` writes those on request), with the "sim"
+    section. SLOs for goodput: the TTFT SLO and the TBT SLO as a TPOT bound (vLLM's keys)."""
     first = min((job.arrival for job in run.jobs), default=0.0)
     slos = {"ttft": config.scheduling.slo_ttft, "tpot": config.scheduling.slo_tbt}
     summary = summarize(records, run.end - first, slos)
-    result = build_result(summary, records, meta)
+    result = result_header(summary, meta)
     result["sim"] = sim_section(run, rows, records, config, describe)
     return result

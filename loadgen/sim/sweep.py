@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.sim.cli import (
+from loadgen.sim.args import (
     add_cluster_args,
     add_scheduling_args,
     add_trace_args,
@@ -135,6 +135,12 @@ class Sweep:
             self.probes[key] = self._simulate(time_scale, slo_tbt)
             self._report(self.probes[key])
         return self.probes[key]
+
+    def add_known(self, probe: Probe) -> None:
+        """A probe simulated elsewhere with the same flags (`loadgen sim sweep`'s grid),
+        so that the search does not simulate its time scale again."""
+        for slo_tbt in probe.attainment:
+            self.probes[(probe.time_scale, None if self.shared else slo_tbt)] = probe
 
     def capacity(self, slo_tbt: float) -> Capacity:
         a = self.args

@@ -2,6 +2,7 @@ import pytest
 
 from loadgen.cli import main
 from loadgen.output import load_result
+from loadgen.sim.records_file import load_records
 from tests.loadgen.sim.builders import conversations, write_trace
 
 
@@ -11,7 +12,7 @@ def trace(tmp_path):
 
 
 def test_sim_writes_the_result_and_plots(trace, tmp_path, capsys):
-    out, plots = tmp_path / "out.json", tmp_path / "plots"
+    out, plots, records = tmp_path / "out.json", tmp_path / "plots", tmp_path / "r.npz"
     code = main(
         [
             "sim",
@@ -31,6 +32,8 @@ def test_sim_writes_the_result_and_plots(trace, tmp_path, capsys):
             str(plots),
             "--label",
             "t",
+            "--records",
+            str(records),
             "--quiet",
         ]
     )
@@ -42,7 +45,12 @@ def test_sim_writes_the_result_and_plots(trace, tmp_path, capsys):
     assert 0 < sim["hit_ratio"]["global"] <= sim["hit_ratio"]["ceiling"]
     assert sim["hit_ratio"]["local"] <= sim["hit_ratio"]["global"]
     assert len(sim["timeseries"]["time"]) > 10
-    assert {"prefill", "decode", "local_blocks"} <= set(result["records"][0]["extra"])
+    # the records go to their own file, as columns; the JSON keeps the run's numbers
+    assert not {"records", "itls", "ttfts", "start_times"} & result.keys()
+    assert out.stat().st_size < 100_000 and sim["records_file"] == str(records)
+    columns = load_records(records)
+    assert len(columns["arrival"]) == 40 and "itl" not in columns
+    assert set(columns["node_names"][columns["prefill"]]) <= {"prefill-00", "prefill-01"}
     assert (plots / "t-load.png").is_file() and len(list(plots.glob("t-*.png"))) > 1
     assert "cache hits" in capsys.readouterr().out
 
@@ -81,3 +89,24 @@ def test_a_missing_trace_is_a_clear_error(tmp_path, capsys):
         == 2
     )
     assert "trace file not found" in capsys.readouterr().err
+
+
+def test_records_itl_needs_records(trace, capsys):
+    args = ["sim", "--trace", str(trace), "--prefill", "1", "--decode", "1", "--records-itl"]
+    assert main(args) == 2
+    assert "--records PATH" in capsys.readouterr().err
+
+
+def test_sim_without_a_trace_names_both_forms(capsys):
+    assert main(["sim", "--prefill", "1", "--decode", "1"]) == 2
+    assert "loadgen sim sweep" in capsys.readouterr().err
+
+
+def test_report_reads_a_sim_result_and_leaves_it_out_of_the_plots(trace, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    argv = ["sim", "--trace", str(trace), "--prefill", "1", "--decode", "1", "--quiet"]
+    assert main([*argv, "--output-json", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out), "--plot-dir", str(tmp_path / "cmp")]) == 0
+    printed = capsys.readouterr()
+    assert "Mean TTFT (ms)" in printed.out and "not plotted" in printed.err
