@@ -34,6 +34,11 @@ Where the paper leaves a detail open, kvstack reads it so:
 - A worker that fetches nothing loads what it finds of the prompt when no longer prefix
   is known elsewhere (the index may lag its writes), and recomputes it when it turns a
   longer one down (`load_prefix`).
+- Below the balancing threshold the paper recomputes the blocks a longer remote prefix
+  holds; kvstack loads them when the cost model says loading and computing the rest is
+  faster than computing it all (`_loading_is_faster`): recomputing spent prefill capacity
+  on work a transfer does for less, and under load that cost the requests queued behind
+  (docs/experiments.md, the sweep).
 - `cache-aware` is the same loop with every worker in the "cache-aware only" branch: its
   own prefix, nothing fetched, nothing loaded beyond it.
 """
@@ -93,6 +98,9 @@ def _plan(inputs: Inputs, worker: WorkerLoad, balancing: bool) -> Choice:
     if balancing and longer and (local_len == 0 or best_len / local_len > threshold):
         # cache-aware and balancing: fetch the best prefix, keep a replica
         source, source_len, load_prefix = best_instance, best_len, True
+    elif balancing and longer and _loading_is_faster(inputs, worker, local_len, best_len):
+        # below the threshold, but loading beats recomputing (kvstack's addition)
+        source, source_len, load_prefix = best_instance, best_len, True
     else:  # cache-aware only: the local prefix; the rest is computed
         source, source_len, load_prefix = "", 0, balancing and not longer
     fetch_blocks = max(0, source_len - local_len)
@@ -116,6 +124,16 @@ def _plan(inputs: Inputs, worker: WorkerLoad, balancing: bool) -> Choice:
         busy_seconds=t_transfer + t_prefill,
         transfer_seconds=t_transfer,
     )
+
+
+def _loading_is_faster(inputs: Inputs, worker: WorkerLoad, local_len: int, best_len: int) -> bool:
+    """Whether loading the prompt's prefix up to `best_len` blocks and computing the rest
+    takes less time than computing all past the worker's `local_len` blocks."""
+    cost, n, block = inputs.cost, inputs.request.num_prompt_tokens, worker.block_size
+    fetch = estimate.transfer_time(cost, best_len - local_len, block)
+    loaded = estimate.prefill_time(cost, n, min(best_len * block, n - 1))
+    computed = estimate.prefill_time(cost, n, min(local_len * block, n - 1))
+    return fetch + loaded < computed
 
 
 def _best_remote(prefix: PrefixMatch, worker_id: str) -> tuple[str, int]:

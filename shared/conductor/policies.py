@@ -102,7 +102,7 @@ class Best(NamedTuple):
     own: Own
 
 
-Route = Callable[[Inputs, int, Remote], Way]
+Route = Callable[[Inputs, int, int, Remote], Way]  # (inputs, block size, local blocks, remote)
 
 
 def random(inputs: Inputs) -> Choice | Rejection:
@@ -210,7 +210,7 @@ def _fastest(inputs: Inputs, route: Route) -> Choice:
     prefills: dict[int, float] = {}  # the request's prefill seconds by prefix tokens
     best: Best | None = None
     for (block_size, local_blocks), workers in _holders(inputs, view).items():
-        way = route(inputs, local_blocks, remote)
+        way = route(inputs, block_size, local_blocks, remote)
         own = _own(inputs, block_size, local_blocks, way.source_blocks, prefills)
         ttft, worker_id = _least_ttft(workers, queue, overhead, own.seconds)
         if best is None or (ttft, worker_id) < (best.ttft, best.worker_id):
@@ -220,7 +220,7 @@ def _fastest(inputs: Inputs, route: Route) -> Choice:
         first = next(cold, None)
         if first is None:
             continue
-        way = route(inputs, 0, remote)
+        way = route(inputs, block_size, 0, remote)
         own = _own(inputs, block_size, 0, way.source_blocks, prefills)
         ttft, worker_id = _coldest(first, cold, queue, overhead, own.seconds)
         if best is None or (ttft, worker_id) < (best.ttft, best.worker_id):
@@ -304,17 +304,24 @@ def _route_default(inputs: Inputs, local: int, remote: Remote) -> Way:
     return Way(local, "", 0, True)
 
 
-def _route_local(inputs: Inputs, local: int, remote: Remote) -> Way:
+def _route_local(inputs: Inputs, block_size: int, local: int, remote: Remote) -> Way:
     return Way(local, "", 0, False)
 
 
-def _route_kvcentric(inputs: Inputs, local: int, remote: Remote) -> Way:
+def _route_kvcentric(inputs: Inputs, block_size: int, local: int, remote: Remote) -> Way:
     best = remote.blocks
-    if best > local and (local == 0 or best / local > inputs.config.balancing_threshold):
-        return Way(local, remote.source, best, True)
-    # Recompute what a known remote prefix would add; with none known, the worker may still
-    # find blocks the index has not heard of yet (events lag writes by a fraction of a second).
-    return Way(local, "", 0, best <= local)
+    if best <= local:
+        # nothing longer known; the worker may still find blocks the index has not heard
+        # of yet (events lag writes by a fraction of a second)
+        return Way(local, "", 0, True)
+    fetch = Way(local, remote.source, best, True)
+    if local == 0 or best / local > inputs.config.balancing_threshold:
+        return fetch
+    # Algorithm 1 recomputes below the threshold; loading is kept where it is faster (it
+    # also spares the worker's compute for the requests behind this one)
+    if _own(inputs, block_size, local, best).seconds < _own(inputs, block_size, local, 0).seconds:
+        return fetch
+    return Way(local, "", 0, False)
 
 
 def _plan(

@@ -3,6 +3,7 @@ checked against numbers computed by hand from the builders' cost model."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import pytest
@@ -20,6 +21,7 @@ from shared.conductor.policies import (
 )
 from shared.conductor.snapshot import PrefixMatch
 from tests.shared.conductor.builders import (
+    COST,
     OVERHEAD,
     decode_worker,
     inputs,
@@ -129,22 +131,32 @@ def test_cache_aware_leaves_the_holder_when_its_queue_makes_ttft_worse() -> None
 # kvcentric: the balancing threshold (Algorithm 1)
 
 
-def kv_alone(local: int, pool: int, **config) -> Choice:
-    return kvcentric(
-        inputs(
-            [prefill_worker("p0")],
-            DECODE2,
-            prefix=PrefixMatch({"p0": local}, pool_blocks=pool),
-            **config,
-        )
+def kv_alone(local: int, pool: int, cost=COST, **config) -> Choice:
+    made = inputs(
+        [prefill_worker("p0")],
+        DECODE2,
+        prefix=PrefixMatch({"p0": local}, pool_blocks=pool),
+        **config,
     )
+    return kvcentric(dataclasses.replace(made, cost=cost))
 
 
-def test_kvcentric_recomputes_when_remote_is_below_the_threshold() -> None:
-    choice = kv_alone(local=4, pool=5)  # 5/4 = 1.25 <= 1.5
+# loading a block takes 16 ms on it, computing one 14.4 ms: below the balancing threshold,
+# kvcentric recomputes as Algorithm 1 does
+SLOW_LINK = dataclasses.replace(COST, link_bw=1e8)
+
+
+def test_kvcentric_recomputes_below_the_threshold_when_loading_is_slower() -> None:
+    choice = kv_alone(local=4, pool=5, cost=SLOW_LINK)  # 5/4 = 1.25 <= 1.5
     assert (choice.fetch_from, choice.fetch_blocks, choice.load_prefix) == ("", 0, False)
     assert choice.prefix_tokens == 64
     assert choice.ttft == pytest.approx(OVERHEAD + prefill_s(1600 - 64, 64))
+
+
+def test_kvcentric_loads_below_the_threshold_when_that_is_faster() -> None:
+    choice = kv_alone(local=4, pool=5)  # 5/4 = 1.25 <= 1.5, but a block loads in 2.6 ms
+    assert (choice.fetch_from, choice.fetch_blocks, choice.load_prefix) == ("kvstore", 1, True)
+    assert choice.ttft == pytest.approx(OVERHEAD + transfer_s(1) + prefill_s(1600 - 80, 80))
 
 
 def test_kvcentric_leaves_loading_on_when_no_remote_prefix_is_known() -> None:
@@ -155,7 +167,7 @@ def test_kvcentric_leaves_loading_on_when_no_remote_prefix_is_known() -> None:
 
 
 def test_kvcentric_threshold_is_strict() -> None:
-    assert kv_alone(local=4, pool=6).fetch_blocks == 0  # 6/4 = 1.5, not above
+    assert kv_alone(local=4, pool=6, cost=SLOW_LINK).fetch_blocks == 0  # 6/4 = 1.5, not above
 
 
 def test_kvcentric_fetches_when_remote_is_above_the_threshold() -> None:
@@ -166,7 +178,7 @@ def test_kvcentric_fetches_when_remote_is_above_the_threshold() -> None:
 
 
 def test_kvcentric_threshold_comes_from_the_config() -> None:
-    assert kv_alone(local=4, pool=8, balancing_threshold=3.0).fetch_blocks == 0
+    assert kv_alone(local=4, pool=8, cost=SLOW_LINK, balancing_threshold=3.0).fetch_blocks == 0
 
 
 def test_kvcentric_nothing_local_counts_as_an_infinite_ratio() -> None:
