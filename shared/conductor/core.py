@@ -11,6 +11,7 @@ from shared.conductor.accuracy import EstimateLog, done_pairs
 from shared.conductor.config import SchedulingConfig
 from shared.conductor.forecast import Booking, Ledger
 from shared.conductor.index import PrefixIndex
+from shared.conductor.inflight import InflightPrefixes
 from shared.conductor.outputs import OutputLengths
 from shared.conductor.policies import POLICIES, Choice, Inputs, Rejection, request_seed
 from shared.conductor.state import ClusterState
@@ -64,6 +65,7 @@ class Conductor:
     state: ClusterState = field(default_factory=ClusterState)
     index: PrefixIndex = field(default_factory=PrefixIndex)
     ledger: Ledger = field(default_factory=Ledger)
+    inflight: InflightPrefixes = field(default_factory=InflightPrefixes)
     outputs: OutputLengths = field(init=False)
     counters: Counters = field(default_factory=Counters)
     unregistered: WaitingEvents = field(default_factory=lambda: WaitingEvents())
@@ -115,18 +117,21 @@ class Conductor:
         for worker_id in dead:
             self.index.forget(worker_id)
             self.ledger.forget(worker_id)
+            self.inflight.forget(worker_id)
         return dead
 
     def forget(self, worker_id: str) -> None:
         self.state.forget(worker_id)
         self.index.forget(worker_id)
         self.ledger.forget(worker_id)
+        self.inflight.forget(worker_id)
 
     def place(self, request: PlacementRequest, now: float) -> Placement:
         self.forget_dead(now)
         self.ledger.prune(now)
         snapshot = self.state.snapshot(now)
         prefix = self.index.match(request.block_hashes, snapshot.prefill_view().ids)
+        prefix = self.inflight.extend(prefix, request.block_hashes, now)
         inputs = Inputs(
             snapshot, request, prefix, self.config, self.cost, self.turns, request_seed(request)
         )
@@ -162,6 +167,7 @@ class Conductor:
             self.ledger.book(
                 choice.decode_id, Booking(now + choice.ttft, now + choice.ttft + duration, n)
             )
+        self.inflight.placed(choice.prefill_id, inputs.request.block_hashes, now + choice.ttft)
         self.counters.accepted += 1
         if choice.fetch_blocks:
             self.counters.replications += 1

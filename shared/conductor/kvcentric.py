@@ -139,7 +139,8 @@ def _loading_is_faster(inputs: Inputs, worker: WorkerLoad, local_len: int, best_
 def _best_remote(prefix: PrefixMatch, worker_id: str) -> tuple[str, int]:
     """FindBestPrefixMatch, seen from `worker_id`: (where, leading blocks) of the longest
     prefix held elsewhere."""
-    others = {w: blocks for w, blocks in prefix.by_worker.items() if w != worker_id and blocks}
+    senders = prefix.sender_blocks()
+    others = {w: blocks for w, blocks in senders.items() if w != worker_id and blocks}
     best_len = max(others.values(), default=0)
     if best_len <= prefix.pool_blocks:
         return POOL, prefix.pool_blocks

@@ -25,8 +25,11 @@ class PrefixMatch:
     """How much of one request's prompt (in leading blocks) is cached where."""
 
     by_worker: dict[str, int]  # prefill worker -> leading blocks in its local cache (a
-    # worker that holds none may be left out)
+    # worker that holds none may be left out), or there before a prompt placed now starts
     pool_blocks: int = 0  # leading blocks in the kvstore pool
+    # prefill worker -> leading blocks it can send a peer now; None: by_worker's (they differ
+    # by blocks still on their way into a worker's cache: inflight.py)
+    senders: dict[str, int] | None = None
     # NOTE: found on the first ask and kept: every prefill worker asks, so a decision groups
     # and ranks the workers once, not once per worker.
     _holders: dict[int, list[str]] | None = field(
@@ -42,13 +45,14 @@ class PrefixMatch:
     def holders(self) -> dict[int, list[str]]:
         """The workers that hold some of the prompt, by how many leading blocks."""
         if self._holders is None:
-            holders: dict[int, list[str]] = {}
-            for worker, blocks in self.by_worker.items():
-                if blocks > 0:
-                    holders.setdefault(blocks, []).append(worker)
+            holders = _by_blocks(self.by_worker)
             object.__setattr__(self, "_holders", holders)
             return holders
         return self._holders
+
+    def sender_blocks(self) -> dict[str, int]:
+        """Leading blocks each worker can send a peer now."""
+        return self.by_worker if self.senders is None else self.senders
 
     def best_peer(self, exclude: str) -> Remote:
         """The other prefill worker with the longest match (ties: lowest id)."""
@@ -65,13 +69,22 @@ class PrefixMatch:
     def _ranked(self) -> tuple[tuple[int, str], ...]:
         """The two longest matches as (-blocks, worker), ties by lowest id."""
         if self._top is None:
-            top = _two_longest(self.holders())
+            held = self.holders() if self.senders is None else _by_blocks(self.senders)
+            top = _two_longest(held)
             object.__setattr__(self, "_top", top)
             return top
         return self._top
 
     def _or_pool(self, peer: str, blocks: int) -> Remote:
         return Remote(peer, blocks) if blocks > self.pool_blocks else Remote(POOL, self.pool_blocks)
+
+
+def _by_blocks(by_worker: dict[str, int]) -> dict[int, list[str]]:
+    holders: dict[int, list[str]] = {}
+    for worker, blocks in by_worker.items():
+        if blocks > 0:
+            holders.setdefault(blocks, []).append(worker)
+    return holders
 
 
 def _two_longest(holders: dict[int, list[str]]) -> tuple[tuple[int, str], ...]:

@@ -96,6 +96,10 @@ def placements(draw: st.DrawFn) -> Inputs:
         for w in draw(st.lists(st.sampled_from(holders), unique=True))
     }
     pool = draw(st.sampled_from((0, 3, 40, 90, 200)))
+    # blocks on their way into a worker's cache count as its own, not as sendable
+    senders = None
+    if draw(st.booleans()):
+        senders = {w: draw(st.integers(0, blocks)) for w, blocks in by_worker.items()}
     everyone = [w.worker_id for w in prefill + decode]
     exclude = draw(st.lists(st.sampled_from(everyone), max_size=2, unique=True)) if everyone else []
     req = request(
@@ -109,7 +113,8 @@ def placements(draw: st.DrawFn) -> Inputs:
         admission="early", balancing_threshold=draw(st.sampled_from((1.0, 1.5, 3.0)))
     )
     snapshot = ClusterSnapshot(0.0, tuple(prefill), tuple(decode))
-    return Inputs(snapshot, req, PrefixMatch(by_worker, pool), config, draw(st.sampled_from(COSTS)))
+    prefix = PrefixMatch(by_worker, pool, senders)
+    return Inputs(snapshot, req, prefix, config, draw(st.sampled_from(COSTS)))
 
 
 @EXAMPLES

@@ -144,3 +144,25 @@ def test_a_prefill_in_progress_counts_in_the_queue_time() -> None:
     core.observe(beat("p1", "prefill", time=0.0))
     core.observe(beat("d0", "decode", time=0.0, free=100, total=100))
     assert core.place(request(100), now=0.1).prefill_id == "p1"
+
+
+def test_a_prompt_placed_behind_its_previous_turn_counts_that_turns_blocks_as_local() -> None:
+    """The next turn arrives while the previous one is still queued: the worker it was
+    placed on will hold its blocks before anything placed now starts there, but it cannot
+    send them to a peer yet."""
+    core = conductor(prefill=("p0", "p1"), policy="kvcentric")
+    first = core.place(request(1600, "t1", hashes=tuple(range(1, 101))), now=0.0)
+    follow_up = request(3200, "t2", hashes=tuple(range(1, 201)))
+    snapshot = core.state.snapshot(0.01)
+    prefix = core.inflight.extend(
+        core.index.match(follow_up.block_hashes, snapshot.prefill_view().ids),
+        follow_up.block_hashes,
+        0.01,
+    )
+    assert prefix.local(first.prefill_id) == 100
+    assert prefix.best_remote("").blocks == 0  # nothing to send anyone yet
+    other = "p1" if first.prefill_id == "p0" else "p0"
+    core.observe(beat(other, "prefill", time=0.01, waiting=1, queued=1500))  # less busy
+    assert core.place(follow_up, now=0.02).prefill_id == first.prefill_id
+    core.forget(first.prefill_id)
+    assert core.inflight.by_first == {}
