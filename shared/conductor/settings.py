@@ -24,7 +24,8 @@ SCHEDULING_SETTINGS: dict[str, Setting] = {
     ),
     "balancing_threshold": Setting(
         "--balancing-threshold",
-        "kvcentric loads a remote prefix when it is this many times the local",
+        "kvcentric loads a remote prefix when it is this many times the local (below it, "
+        "when loading is faster than recomputing)",
         type=float,
         default=_scheduling.balancing_threshold,
     ),
