@@ -99,7 +99,8 @@ def lengths(values: Sequence[int]) -> Lengths:
 
 def infinite_cache_hit_ratio(rows: Sequence[TraceRow]) -> float:
     """Blocks seen before (in arrival order) over all blocks: the hit ratio of a cache that
-    never evicts, the ceiling of any other (loadgen/sim/report.py's definition)."""
+    never evicts, the ceiling of any other (the simulator reports it beside its hit
+    ratios)."""
     seen: set[int] = set()
     repeated = total = 0
     for row in rows:

@@ -20,6 +20,7 @@ from loadgen.sim.estimates import estimate_errors
 from loadgen.sim.job import Job
 from loadgen.sim.runner import SimRun
 from loadgen.trace import TraceRow
+from loadgen.tracestats import infinite_cache_hit_ratio
 
 SLOWEST_SHARE = 0.1  # Mooncake's TBT of a request: mean of its slowest 10% of gaps
 
@@ -89,19 +90,6 @@ def mooncake_tbt(itl: Sequence[float]) -> float:
         return 0.0
     slowest = np.sort(np.asarray(itl))[-math.ceil(SLOWEST_SHARE * len(itl)) :]
     return float(slowest.mean())
-
-
-def infinite_cache_hit_ratio(rows: Sequence[TraceRow]) -> float:
-    """Blocks seen before (in arrival order) over all blocks: the hit ratio of a cache that
-    never evicts, the ceiling of any other."""
-    seen: set[int] = set()
-    repeated = total = 0
-    for row in rows:
-        for block_hash in row.hash_ids:
-            repeated += block_hash in seen
-            seen.add(block_hash)
-        total += len(row.hash_ids)
-    return repeated / total if total else 0.0
 
 
 def hit_ratios(jobs: Sequence[Job], rows: Sequence[TraceRow]) -> dict:
