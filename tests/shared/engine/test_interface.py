@@ -65,6 +65,21 @@ def test_queued_tokens_leave_out_a_waiting_prompts_cached_prefix(engine) -> None
     assert engine.stats().queued_tokens == 1 + 13  # b computes only its last token
 
 
+def test_queued_tokens_count_what_a_prefill_in_progress_has_left(tiny_llama_dir) -> None:
+    config = EngineConfig(
+        model=str(tiny_llama_dir),
+        dtype="float32",
+        block_size=4,
+        num_blocks=32,
+        max_num_batched_tokens=8,
+    )
+    chunked = LLMEngine(config)
+    chunked.add_request("a", PROMPT, FIRST_TOKEN)
+    chunked.step()  # its first 8 of 13 tokens
+    stats = chunked.stats()
+    assert (stats.num_running, stats.num_waiting, stats.queued_tokens) == (1, 0, 5)
+
+
 def test_the_prefix_cache_is_counted_pinned_and_reported_by_hash(engine) -> None:
     hashes = block_hashes(PROMPT, 4, engine.info.namespace)
     assert engine.cached_prefix_blocks(hashes, 3) == 0
