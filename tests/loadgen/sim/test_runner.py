@@ -3,12 +3,16 @@ admission under overload, and the conductor's own decisions."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
 
 from loadgen.sim import runner
 from loadgen.sim.report import record_of
+from services.conductor import service as conductor_service
+from shared import codec
 from shared.conductor.core import Conductor
 from tests.loadgen.sim.builders import COST, config, conversations, row, simulate
 
@@ -165,3 +169,40 @@ def test_placements_are_the_conductors_for_what_it_was_told(monkeypatch):
         assert (job.prefill_id, job.decode_id) == (
             (placement.prefill_id, placement.decode_id) if placement.accepted else ("", "")
         )
+
+
+def test_the_live_conductor_service_places_as_the_simulation_did(monkeypatch):
+    """The conductor service, fed the simulation's heartbeats, KV events and finished
+    requests as they cross the wire (encoded and decoded) and asked at the same times,
+    makes the simulation's placements: the simulator decides as the live stack does."""
+    Recording.log = []
+    monkeypatch.setattr(runner, "Conductor", Recording)
+    sim_config = config(4, 2, policy="kvcentric", admission="predictive-request", slo_tbt=0.02)
+    simulate(conversations(80, rate=4.0), sim_config)
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(conductor_service, "time", SimpleNamespace(time=lambda: clock.now))
+    live = conductor_service.ConductorService(
+        conductor_service.ConductorConfig(
+            worker_id="conductor-0", scheduling=sim_config.scheduling
+        ),
+        COST,
+    )
+    handlers = {
+        "observe": live._on_heartbeat,
+        "apply": live._on_kv_event,
+        "finished": live._on_done,
+    }
+    wire = lambda msg: codec.decode(codec.encode(msg))
+
+    async def replay() -> int:
+        placed = 0
+        for kind, arg, *made in Recording.log:
+            if kind != "place":
+                await handlers[kind](wire(arg))
+                continue
+            request, clock.now = arg
+            assert await live._place(wire(request)) == made[0]
+            placed += 1
+        return placed
+
+    assert asyncio.run(replay()) == 80
