@@ -1,13 +1,17 @@
 """Prefill nodes of the disaggregated cluster: a FIFO queue, one prompt at a time.
 
-A node starts a request by finding its prefix with the live prefill worker's rules
-(shared/prefill/prefix.py): its own cache first; then, unless the placement says to
+A node plans a request's prefix when the request arrives, with the live prefill worker's
+rules (shared/prefill/prefix.py): its own cache first; then, unless the placement says to
 recompute, the longest run the pool holds beyond it, or the peer the placement names when
-that one holds more (all or nothing). It is busy while it fetches the remote blocks
-(the cost model's transfer time) and then computes the rest (the cost model's prefill
-time), as the conductor predicts. Its KV streams to the decode node layer by layer while
-it computes, so the KV has landed when both the compute and the transfer of the prompt's
-KV are done (the last layer's share of the transfer is not added). The prompt's full
+that one holds more (all or nothing). A plan that fetches stands (a live worker reserves
+the blocks and starts the transfer on arrival); one that fetches nothing is made again
+from the node's own cache when the prefill starts (a live engine matches its prefix cache
+when it schedules the prompt), and finds what the prompts before it added. It is busy
+while it fetches the remote blocks (the cost model's transfer time) and then computes the
+rest (the cost model's prefill time), as the conductor predicts. Its KV streams to the
+decode node layer by layer while it computes, so the KV has landed when both the compute
+and the transfer of the prompt's KV are done (the last layer's share of the transfer is
+not added). The prompt's full
 blocks, computed or fetched, then enter the node's cache.
 """
 

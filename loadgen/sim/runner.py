@@ -35,6 +35,7 @@ from shared.costmodel import CostModel
 from shared.decode.commit import CommitVerdict, commit_verdict
 from shared.messages import PlacementRequest, RequestDone
 from shared.prefill.outcome import finish_at_first_token
+from shared.prefill.prefix import PrefixPlan
 
 # Order of events at the same virtual time: reports before decisions, decisions before
 # the load sample.
@@ -171,7 +172,8 @@ class Simulation:
             self.cluster.colocated[job.prefill_id].arrive(job, self.now)
             return
         node = self.cluster.prefill[job.prefill_id]
-        node.enqueue(job, self._plan(node, job))
+        job.plan = self._plan(node, job)
+        node.enqueue(job, job.plan)
         if node.current is None:
             self._start_prefill(node)
 
@@ -180,8 +182,16 @@ class Simulation:
             return local_plan(job, node.cache)
         return job_prefix_plan(job, node.cache, self.cluster.pool, self.cluster.caches)
 
+    def _plan_at_start(self, node: PrefillNode, job: Job) -> PrefixPlan:
+        """As a live worker: a fetch is planned (and started) when the request arrives
+        (PrefixLoader.prepare); without one, the engine matches its own cache when the
+        prefill starts, and finds what the prompts before it added."""
+        if job.plan.fetched_blocks:
+            return job.plan
+        return local_plan(job, node.cache)
+
     def _start_prefill(self, node: PrefillNode) -> None:
-        node.start_next(self.now, self._plan(node, node.queue[0]))
+        node.start_next(self.now, self._plan_at_start(node, node.queue[0]))
         self._at(node.busy_until, PREFILLED, self._prefilled, node)
 
     def _prefilled(self, node: PrefillNode) -> None:

@@ -14,6 +14,7 @@ from shared.conductor.index import PrefixIndex
 from shared.conductor.inflight import InflightPrefixes
 from shared.conductor.outputs import OutputLengths
 from shared.conductor.policies import POLICIES, Choice, Inputs, Rejection, request_seed
+from shared.conductor.snapshot import PrefixMatch
 from shared.conductor.state import ClusterState
 from shared.costmodel import CostModel
 from shared.messages import Heartbeat, KVEvent, Placement, PlacementRequest, RequestDone
@@ -36,6 +37,16 @@ def _beating(holder: Heartbeat, now: float) -> bool:
     """Whether the process that holds a worker id still beats (a restart after a crash
     comes later than this; a second process claiming a live id is refused)."""
     return not holder.stopped and now - holder.time < HOLD_BEATS * holder.interval
+
+
+def _waits_for_own_cache(choice: Choice, prefix: PrefixMatch) -> bool:
+    """Whether the choice counts on blocks still on their way into its worker's cache
+    (inflight.py) and fetches nothing: the worker must not load a shorter prefix from
+    elsewhere when the request arrives, since its own cache will hold the longer one when
+    the request runs (it checks its cache then)."""
+    worker_id = choice.prefill_id
+    arriving = prefix.local(worker_id) > prefix.sender_blocks().get(worker_id, 0)
+    return arriving and not choice.fetch_from
 
 
 @dataclass
@@ -149,7 +160,7 @@ class Conductor:
                 request.request_id, False, reason=reason, retry_after=self.config.retry_after
             )
         self._book(inputs, choice)
-        return self._placement(request, choice)
+        return self._placement(request, choice, inputs.prefix)
 
     def _book(self, inputs: Inputs, choice: Choice) -> None:
         """Count the request against its workers until their next heartbeats report it."""
@@ -173,8 +184,11 @@ class Conductor:
             self.counters.replications += 1
             self.counters.replicated_blocks += choice.fetch_blocks
 
-    def _placement(self, request: PlacementRequest, choice: Choice) -> Placement:
+    def _placement(
+        self, request: PlacementRequest, choice: Choice, prefix: PrefixMatch
+    ) -> Placement:
         peer = choice.fetch_from if choice.fetch_from not in ("", "kvstore") else ""
+        load_prefix = choice.load_prefix and not _waits_for_own_cache(choice, prefix)
         stage_tbt = (
             admission.slo_of(request, self.config).tbt
             if self.config.admission == "baseline"
@@ -187,7 +201,7 @@ class Conductor:
             choice.decode_id,
             prefix_peer=peer,
             prefix_peer_blocks=choice.source_blocks if peer else 0,
-            load_prefix=choice.load_prefix,
+            load_prefix=load_prefix,
             stage_tbt_slo=stage_tbt,
             predicted_ttft=choice.ttft,
             predicted_tbt=choice.tbt,

@@ -206,3 +206,42 @@ def test_the_live_conductor_service_places_as_the_simulation_did(monkeypatch):
         return placed
 
     assert asyncio.run(replay()) == 80
+
+
+def _behind_its_predecessor(policy: str):
+    """X puts three blocks in the pool; C keeps prefill-00 busy; A (X's three blocks and
+    five more) prefills on prefill-01, and B, A's eight blocks and more, arrives while A
+    is still prefilling."""
+    x = row(0.0, 2000, 2, 1)
+    c = row(50.0, 5000, 2, 100)
+    a = row(50.001, 4500, 2, 200, prefix=x.hash_ids[:3])
+    b = row(50.002, 6000, 2, 300, prefix=a.hash_ids[:8])
+    run = simulate([x, c, a, b], config(2, 1, policy=policy))
+    assert (run.jobs[1].prefill_id, run.jobs[2].prefill_id) == ("prefill-00", "prefill-01")
+    return run.jobs[3]
+
+
+def test_a_fetch_is_planned_when_the_request_arrives_as_a_live_worker_plans_it():
+    """round-robin: X and A (X's three blocks and five more) on prefill-00, a long C and
+    then B (A's eight blocks and more) on prefill-01. B's worker plans its fetch on
+    arrival, from what the pool holds then (X's three blocks), and keeps that plan when it
+    starts after C, although A's eight blocks are in the pool by then: a live worker
+    reserves and starts the transfer on arrival."""
+    x = row(0.0, 2000, 2, 1)
+    c = row(50.0, 20000, 2, 100)
+    a = row(50.001, 4500, 2, 200, prefix=x.hash_ids[:3])
+    b = row(50.002, 6000, 2, 300, prefix=a.hash_ids[:8])
+    run = simulate([x, c, a, b], config(2, 1, policy="round-robin"))
+    job_a, job_b = run.jobs[2], run.jobs[3]
+    assert (job_a.prefill_id, job_b.prefill_id) == ("prefill-00", "prefill-01")
+    assert job_a.first_token < job_b.prefill_start  # A's blocks were there when B started
+    assert (job_b.plan.local_blocks, job_b.plan.fetched_blocks) == (0, 3)
+
+
+def test_a_prompt_counting_on_its_workers_cache_fetches_nothing_and_finds_it_there():
+    """kvcentric counts A's blocks, on their way into prefill-01's cache, as that worker's
+    own; the placement tells it not to load the pool's shorter prefix, so B finds all
+    eight blocks in its own cache when it starts."""
+    b = _behind_its_predecessor("kvcentric")
+    assert b.prefill_id == "prefill-01" and not b.placement.load_prefix
+    assert (b.plan.local_blocks, b.plan.fetched_blocks) == (8, 0)
