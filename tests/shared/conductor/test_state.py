@@ -163,6 +163,8 @@ def test_a_prompt_placed_behind_its_previous_turn_counts_that_turns_blocks_as_lo
     assert prefix.best_remote("").blocks == 0  # nothing to send anyone yet
     other = "p1" if first.prefill_id == "p0" else "p0"
     core.observe(beat(other, "prefill", time=0.01, waiting=1, queued=1500))  # less busy
-    assert core.place(follow_up, now=0.02).prefill_id == first.prefill_id
+    placement = core.place(follow_up, now=0.02)
+    assert placement.prefill_id == first.prefill_id
+    assert not placement.load_prefix  # its own cache will hold them: load nothing shorter
     core.forget(first.prefill_id)
     assert core.inflight.by_first == {}
