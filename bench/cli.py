@@ -12,9 +12,10 @@ import argparse
 
 from bench import conductor, engine, fairness, kvstore, offload, transfer
 from bench.chaos import cli as chaos
+from bench.live_vs_sim import cli as live_vs_sim
 from shared import cli
 
-BENCHMARKS = (engine, fairness, transfer, kvstore, conductor, offload, chaos)
+BENCHMARKS = (engine, fairness, transfer, kvstore, conductor, offload, chaos, live_vs_sim)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,16 @@ import pytest
 from bench.cli import build_parser
 from services.cli.main import main as kvstack
 
-BENCHMARKS = ("engine", "fairness", "transfer", "kvstore", "conductor", "offload", "chaos")
+BENCHMARKS = (
+    "engine",
+    "fairness",
+    "transfer",
+    "kvstore",
+    "conductor",
+    "offload",
+    "chaos",
+    "live-vs-sim",
+)
 
 
 def test_every_benchmark_is_a_command() -> None:
