@@ -122,7 +122,8 @@ class PrefillService(Service):
             self.http_addr,
             self.data_addr,
             self.draining,
-            load=prefill_load(self.engine.stats(), self.arriving.values()),
+            # NOTE: a copy in one call: the engine thread removes prompts it takes
+            load=prefill_load(self.engine.stats(), list(self.arriving.values())),
         )
 
     async def drain(self) -> None:
@@ -183,18 +184,22 @@ class PrefillService(Service):
         hashes = self._block_hashes(req)
         self.targets[req.request_id] = _targets(req, reservation)
         external = await self.loader.prepare(req, hashes)
-        self.arriving.pop(req.request_id, None)  # the engine counts it from here
         self._trace(req.request_id, f"prefix planned ({external} tokens not computed)")
         prefill_only = dataclasses.replace(req.params, max_tokens=1)
-        await self.engine_loop.call(
-            lambda e: e.add_request(
+
+        def add(engine: EngineInterface) -> None:
+            engine.add_request(
                 req.request_id,
                 req.prompt_token_ids,
                 prefill_only,
                 hold_kv=True,
                 external_tokens=external,
             )
-        )
+            # NOTE: here, not after the await: the call waits for a step boundary, and a
+            # heartbeat in between would count the prompt nowhere
+            self.arriving.pop(req.request_id, None)  # the engine counts it from here
+
+        await self.engine_loop.call(add)
 
     async def _reserve(self, req: PrefillRequest) -> KVReservation:
         message = KVReserve(
