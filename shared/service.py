@@ -91,6 +91,12 @@ class Service:
             draining=self.draining,
         )
 
+    def beat_now(self) -> None:
+        """Publish a heartbeat at once, outside the interval: the load just fell (a
+        prefill ended), and the conductor should not count it until the next beat."""
+        if self.bus is not None and not self.leaving:
+            self.tasks.spawn(_beat(self), "an early heartbeat")
+
     @property
     def live_bus(self) -> Bus:
         """The bus, for what runs once `run` connected it (handlers, tasks, heartbeats)."""

@@ -3,7 +3,8 @@ decode nodes, heartbeats, KV events and load samples, in virtual time.
 
 Every request goes through `Conductor.place` (shared/conductor/core.py), the same code
 the live conductor runs, which hears of the cluster only through heartbeats (sampled every
-heartbeat interval, phases spread over it as live workers' are), KV events (every cache's
+heartbeat interval, phases spread over it as live workers' are, and from a prefill node
+when a prefill ends, as a live one beats then), KV events (every cache's
 changes, flushed every event interval) and RequestDone of finished requests; between
 beats it books its own placements as it does live. Before each event, every decode (and
 colocated) node is advanced to the event's time.
@@ -199,6 +200,7 @@ class Simulation:
         self._at(node.kv_landed(job), KV_LANDED, self._kv_landed, job)
         if node.queue:
             self._start_prefill(node)
+        self._beat(node.worker_id)  # as a live worker does when a prefill ends
 
     def _kv_landed(self, job: Job) -> None:
         """The KV is on the decode node: it commits, and the first token goes out."""

@@ -381,6 +381,7 @@ class PrefillService(Service):
         self.arriving.pop(request_id, None)
         self.started.pop(request_id, None)
         self.num_done += 1
+        self.beat_now()  # its tokens left the queue the last beat reported
 
     def _trace(self, request_id: str, what: str) -> None:
         if log.isEnabledFor(logging.DEBUG) and request_id in self.started:
