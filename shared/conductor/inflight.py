@@ -68,10 +68,14 @@ class InflightPrefixes:
 
 
 def _common_run(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading hashes two prompts share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """How many leading hashes two prompts share. Hashes chain (shared/hashing.py): equal
+    hashes at a position mean equal prompts up to it, so a binary search finds where they
+    part, O(log n) comparisons."""
+    low, high = 0, min(len(a), len(b))  # they share `low` blocks; not more than `high`
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[mid - 1] == b[mid - 1]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
