@@ -13,6 +13,7 @@ LAG); the index has the blocks by then, or the worker lost them.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -32,11 +33,15 @@ class Inflight(NamedTuple):
 class InflightPrefixes:
     # first block hash -> prompts placed with it, oldest first
     by_first: dict[int, list[Inflight]] = field(default_factory=dict)
+    # (until, first block hash) of every entry, soonest first: an entry goes when its time
+    # is up, also when no later prompt starts with the same block
+    _expiry: list[tuple[float, int]] = field(default_factory=list, repr=False)
 
     def placed(self, worker_id: str, hashes: Sequence[int], prefill_end: float) -> None:
         if hashes:
             entry = Inflight(worker_id, tuple(hashes), prefill_end + LAG)
             self.by_first.setdefault(hashes[0], []).append(entry)
+            heapq.heappush(self._expiry, (entry.until, hashes[0]))
 
     def forget(self, worker_id: str) -> None:
         for first in list(self.by_first):
@@ -46,19 +51,23 @@ class InflightPrefixes:
     def extend(self, prefix: PrefixMatch, hashes: Sequence[int], now: float) -> PrefixMatch:
         """`prefix` with each worker's local run lengthened by what prompts placed there
         will have added to its cache before a prompt placed now starts."""
+        self._expire(now)
         if not hashes or hashes[0] not in self.by_first:
             return prefix
-        first = hashes[0]
-        entries = [e for e in self.by_first[first] if e.until > now]
-        self._keep(first, entries)
         longer = dict(prefix.by_worker)
-        for entry in entries:
+        for entry in self.by_first[hashes[0]]:
             run = _common_run(entry.hashes, hashes)
             if run > longer.get(entry.worker_id, 0):
                 longer[entry.worker_id] = run
         if longer == prefix.by_worker:
             return prefix
         return PrefixMatch(longer, prefix.pool_blocks, prefix.sender_blocks())
+
+    def _expire(self, now: float) -> None:
+        while self._expiry and self._expiry[0][0] <= now:
+            _, first = heapq.heappop(self._expiry)
+            if first in self.by_first:
+                self._keep(first, [e for e in self.by_first[first] if e.until > now])
 
     def _keep(self, first: int, entries: list[Inflight]) -> None:
         if entries:

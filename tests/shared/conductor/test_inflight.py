@@ -24,3 +24,15 @@ def test_an_entry_lengthens_only_its_workers_run_and_expires() -> None:
     assert longer.sender_blocks() == {"p0": 2}  # p1 has nothing to send yet
     assert inflight.extend(index_match, (1, 2, 3, 4, 5), now=6.5) is index_match  # expired
     assert inflight.by_first == {}
+
+
+def test_entries_go_when_their_time_is_up_whatever_prompts_come_later() -> None:
+    """A long-lived conductor must not keep every prompt it ever placed: entries expire by
+    time, also under first blocks no later prompt shares."""
+    inflight = InflightPrefixes()
+    for first in range(100):
+        inflight.placed("p0", (first, first + 1000), prefill_end=float(first))
+    inflight.extend(PrefixMatch({}), (5000,), now=49.5)  # another first block
+    assert sorted(inflight.by_first) == list(range(49, 100))
+    inflight.extend(PrefixMatch({}), (), now=200.0)
+    assert inflight.by_first == {}
