@@ -130,11 +130,9 @@ class LLMEngine:
 
     def _waiting_tokens(self, seq: Sequence) -> int:
         """Tokens a waiting prompt will compute: not its prefix, loaded or cached here."""
-        prefix = seq.num_external_tokens
-        if not prefix:
-            # NOTE: lookups only (no reference taken), safe beside the engine thread
-            blocks = self._kv.match_prefix(seq.block_hashes, (seq.num_tokens - 1) // seq.block_size)
-            prefix = len(blocks) * seq.block_size
+        # NOTE: prefix() only looks blocks up (no reference taken), safe beside the engine
+        # thread
+        _, prefix = self._scheduler.prefix(seq)
         return tokens_to_compute(seq.num_tokens, max(prefix, seq.num_computed_tokens))
 
     def use_runner(self, make: Callable[[ModelRunner], ModelRunner]) -> None:

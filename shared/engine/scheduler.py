@@ -143,7 +143,7 @@ class Scheduler:
     def _admit_waiting(self, out: SchedulerOutput, budget: int, limit: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            cached, num_cached = self._prefix(seq)
+            cached, num_cached = self.prefix(seq)
             num_new = min(seq.num_tokens - num_cached, budget, limit)
             if num_new < seq.num_tokens - num_cached and not self.config.enable_chunked_prefill:
                 return
@@ -154,7 +154,7 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
 
-    def _prefix(self, seq: Sequence) -> tuple[list, int]:
+    def prefix(self, seq: Sequence) -> tuple[list, int]:
         """Blocks to attach from the prefix cache, and how many tokens need no compute."""
         if seq.num_external_tokens:  # its table already holds them (see LLMEngine.reserve_prefix)
             return [], seq.num_external_tokens
