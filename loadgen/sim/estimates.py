@@ -24,9 +24,8 @@ def pairs(job: Job) -> dict[str, tuple[float, float]]:
         "prefill": (placement.predicted_prefill, job.compute_seconds),
         "ttft": (placement.predicted_ttft, first_token - job.arrival),
     }
-    n, last = job.num_output_tokens, job.last_token
-    if n > 1 and last is not None:
-        found["tbt"] = (placement.predicted_tbt, (last - first_token) / (n - 1))
+    if job.num_output_tokens > 1:
+        found["tbt"] = (placement.predicted_tbt, job.mean_gap)
     return found
 
 

@@ -58,3 +58,12 @@ class Job:
     @property
     def last_token(self) -> float | None:
         return self.token_ends[-1] if self.token_ends else self.first_token
+
+    @property
+    def mean_gap(self) -> float:
+        """Seconds between its tokens after the first, on average (0: one token, or none
+        yet): the TBT the gateway reports for it."""
+        first, last, n = self.first_token, self.last_token, self.num_output_tokens
+        if first is None or last is None or n < 2:
+            return 0.0
+        return (last - first) / (n - 1)

@@ -11,8 +11,7 @@ while it fetches the remote blocks (the cost model's transfer time) and then com
 rest (the cost model's prefill time), as the conductor predicts. Its KV streams to the
 decode node layer by layer while it computes, so the KV has landed when both the compute
 and the transfer of the prompt's KV are done (the last layer's share of the transfer is
-not added). The prompt's full
-blocks, computed or fetched, then enter the node's cache.
+not added). The prompt's full blocks, computed or fetched, then enter the node's cache.
 """
 
 from __future__ import annotations
@@ -82,8 +81,8 @@ def prefill_seconds(cost: CostModel, job: Job, plan: PrefixPlan) -> tuple[float,
 
 def expected_prefill(cost: CostModel, job: Job, plan: PrefixPlan) -> tuple[float, int]:
     """(seconds, tokens to compute) of the job's prefill with `plan`."""
-    prefix = min(plan.blocks * BLOCK_SIZE, job.num_prompt_tokens - 1)
-    return sum(prefill_seconds(cost, job, plan)), tokens_to_compute(job.num_prompt_tokens, prefix)
+    to_compute = tokens_to_compute(job.num_prompt_tokens, plan.blocks * BLOCK_SIZE)
+    return sum(prefill_seconds(cost, job, plan)), to_compute
 
 
 class PromptQueue:

@@ -233,9 +233,8 @@ class Simulation:
         """A request ended well: the gateway tells the conductor what it took."""
         self.open -= 1
         self.counts.finished += 1
-        n, first_token, last_token = job.num_output_tokens, job.first_token, job.last_token
-        assert first_token is not None and last_token is not None, "done before its first token"
-        tbt = (last_token - first_token) / (n - 1) if n > 1 else 0.0
+        first_token = job.first_token
+        assert first_token is not None, "done before its first token"
         first = job.row.hash_ids[0] if full_blocks(job) else 0
         placement = job.placement
         assert placement is not None, "done without a placement"
@@ -244,9 +243,9 @@ class Simulation:
                 job.request_id,
                 first,
                 job.num_prompt_tokens,
-                n,
+                job.num_output_tokens,
                 first_token - job.arrival,
-                tbt,
+                job.mean_gap,
                 placement.predicted_ttft,
                 placement.predicted_tbt,
             )
