@@ -14,21 +14,21 @@ from aiohttp import web
 
 from services.gateway import errors
 from services.gateway.body import read_body
+from services.gateway.choices import Choices
 from services.gateway.concurrency import PerKeyLimit
 from services.gateway.cors import Cors
 from services.gateway.errors import ApiError, error_body
 from services.gateway.openapi import OPENAPI
 from services.gateway.protocol import GenerateRequest, decode_body, parse_chat, parse_completion
-from services.gateway.relay import Relay
 from services.gateway.responses import (
-    final_response,
+    choice,
+    choices_response,
     format_logprobs,
     models_response,
     stream_chunk,
     usage_chunk,
 )
 from services.gateway.sse import SSE_DONE, SSE_HEADERS, sse_error, sse_event
-from shared.engine.logprob import TokenLogprob
 
 log = logging.getLogger("kvstack.gateway")
 _counter = itertools.count()
@@ -143,30 +143,36 @@ class GatewayApp:
             _internal_id(request_id),
             self.service.model_aliases,
         )
-        relay = Relay(req, self.service.tokenizer, self.service.backend)
+        choices = Choices.of(req, self.service.tokenizer, self.service.backend)
         self.service.begin()
         try:
             if req.stream:
-                return await self._stream(request, req, relay)
-            return await self._complete(req, relay)
+                return await self._stream(request, req, choices)
+            return await self._complete(req, choices)
         finally:
-            self.service.end(relay)
+            self.service.end(choices.relays)
 
-    async def _complete(self, req: GenerateRequest, relay: Relay) -> web.Response:
-        text, finish = "", "length"
-        entries: list[TokenLogprob] = []
-        async for piece in relay.pieces():
-            text += piece.text
-            entries.extend(piece.entries)
-            finish = piece.finish_reason or finish
-        logprobs = format_logprobs(req, self.service.tokenizer, entries if entries else None)
+    async def _complete(self, req: GenerateRequest, choices: Choices) -> web.Response:
+        answers = await choices.answers()
+        tokenizer, echo = self.service.tokenizer, req.echo or ""
+        bodies = [
+            choice(
+                req,
+                a.index,
+                echo + a.text,
+                a.finish_reason,
+                format_logprobs(req, tokenizer, a.entries or None),
+            )
+            for a in answers
+        ]
         self.service.count_request(200)
-        return web.json_response(final_response(req, text, finish, relay.usage(), logprobs))
+        token_usage = choices.usage([a.source for a in answers])
+        return web.json_response(choices_response(req, bodies, token_usage))
 
     async def _stream(
-        self, request: web.Request, req: GenerateRequest, relay: Relay
+        self, request: web.Request, req: GenerateRequest, choices: Choices
     ) -> web.StreamResponse:
-        pieces = relay.pieces()
+        pieces = choices.pieces()
         try:
             first = await anext(pieces)  # errors before the first token keep their status
         except StopAsyncIteration:
@@ -175,7 +181,7 @@ class GatewayApp:
         await response.prepare(request)
         self.service.count_request(200)
         try:
-            await self._write_stream(response, req, relay, first, pieces)
+            await self._write_stream(response, req, choices, first, pieces)
         except ConnectionResetError:  # the client left; its request is aborted below
             log.info("request %s: the client went away mid-stream", req.request_id)
         finally:
@@ -183,16 +189,21 @@ class GatewayApp:
         return response
 
     async def _write_stream(
-        self, response: web.StreamResponse, req: GenerateRequest, relay: Relay, first, pieces
+        self, response: web.StreamResponse, req: GenerateRequest, choices: Choices, first, pieces
     ) -> None:
         """Chunks, then usage and [DONE]; once the status line is out, any error travels
         in the stream as an error event (never a second HTTP response inside it)."""
+        started: set[int] = set()  # choices with a chunk sent
+
+        async def write(index: int, piece) -> None:
+            await response.write(sse_event(self._chunk(req, piece, index, started)))
+
         try:
-            await response.write(sse_event(self._chunk(req, first, True)))
-            async for piece in pieces:
-                await response.write(sse_event(self._chunk(req, piece, False)))
+            await write(*first)
+            async for index, piece in pieces:
+                await write(index, piece)
             if req.include_usage:
-                await response.write(sse_event(usage_chunk(req, relay.usage())))
+                await response.write(sse_event(usage_chunk(req, choices.usage())))
         except ApiError as e:
             await response.write(sse_error(e))
         except (asyncio.CancelledError, ConnectionResetError):
@@ -203,9 +214,18 @@ class GatewayApp:
         await response.write(SSE_DONE)
 
     @staticmethod
-    def _chunk(req: GenerateRequest, piece, first: bool) -> dict:
+    def _chunk(req: GenerateRequest, piece, index: int, started: set[int]) -> dict:
+        """A choice's first chunk carries the echoed prompt (and, in chat, the role)."""
+        first = index not in started
+        started.add(index)
+        text = (req.echo or "") + piece.text if first else piece.text
         return stream_chunk(
-            req, piece.text, first=first, logprobs=piece.logprobs, finish_reason=piece.finish_reason
+            req,
+            text,
+            first=first,
+            logprobs=piece.logprobs,
+            finish_reason=piece.finish_reason,
+            index=index,
         )
 
 

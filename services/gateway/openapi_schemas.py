@@ -13,14 +13,18 @@ from typing import Any
 
 from services.gateway.protocol import (
     CHAT_ROLES,
+    MAX_CHOICES,
+    MAX_LOGIT_BIAS_ENTRIES,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     MAX_TEMPERATURE,
+    NOT_YET,
     SEED_RANGE,
+    UNSUPPORTED,
 )
 from services.gateway.responses import FINISH_REASONS
-from shared.engine.sampling_params import MAX_TOP_LOGPROBS
+from shared.engine.sampling_params import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS
 
 
 def ref(name: str) -> dict:
@@ -31,6 +35,17 @@ def nullable(schema: dict, description: str = "") -> dict:
     """`schema` or null (null: the default)."""
     described = {"description": description} if description else {}
     return {"anyOf": [schema, {"type": "null"}], **described}
+
+
+def refused(names: tuple[str, ...]) -> dict:
+    """Fields kvstack does not implement: null or one of the values that ask for nothing."""
+    return {
+        name: {
+            "anyOf": [{"type": "null"}, *({"const": value} for value in NOT_YET.get(name, ()))],
+            "description": "not supported: any other value is a 400",
+        }
+        for name in (*names, *NOT_YET)
+    }
 
 
 INTEGER = {"type": "integer"}
@@ -50,6 +65,8 @@ MAX_TOKENS = {
         "prompt plus this must fit the context (GET /v1/models: max_model_len); else 400"
     ),
 }
+CHOICES = {"type": "integer", "minimum": 1, "maximum": MAX_CHOICES}
+PENALTY = {"type": "number", "minimum": -MAX_PENALTY, "maximum": MAX_PENALTY}
 TOP_LOGPROBS = {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}
 
 # Fields both endpoints read the same way.
@@ -79,8 +96,30 @@ SAMPLING = {
     ),
     "ignore_eos": nullable(BOOLEAN),
     "skip_special_tokens": nullable(BOOLEAN),
-    "n": nullable({"enum": [1]}, "only one choice per request"),
-    "best_of": nullable({"enum": [1]}),
+    "n": nullable(CHOICES, "choices returned, each generated on its own"),
+    "presence_penalty": nullable(PENALTY, "subtracted once from every token in the output"),
+    "frequency_penalty": nullable(PENALTY, "subtracted per occurrence in the output"),
+    "repetition_penalty": nullable(
+        {"type": "number", "exclusiveMinimum": 0}, "vLLM's: >1 discourages prompt+output tokens"
+    ),
+    "logit_bias": nullable(
+        {
+            "type": "object",
+            "maxProperties": MAX_LOGIT_BIAS_ENTRIES,
+            "propertyNames": {"pattern": "^[0-9]+$"},
+            "additionalProperties": {
+                "type": "number",
+                "minimum": -MAX_LOGIT_BIAS,
+                "maximum": MAX_LOGIT_BIAS,
+            },
+        },
+        "token id (below the vocabulary size, else 400) -> added to its logit",
+    ),
+    "min_tokens": nullable(
+        {"type": "integer", "minimum": 0},
+        "no EOS, stop token or stop string before this many tokens; at most max_tokens",
+    ),
+    "user": nullable(STRING, "the end user's id (accepted, not used)"),
     "stream": nullable(BOOLEAN, "true: server-sent events (text/event-stream)"),
     "stream_options": nullable(
         {
@@ -138,8 +177,10 @@ COMPLETION_REQUEST = {
         "prompt": PROMPT,
         "max_tokens": nullable(MAX_TOKENS, "default 16, cut to what fits"),
         "logprobs": nullable(TOP_LOGPROBS, "alternatives listed per token"),
-        "echo": nullable({"const": False}, "echo is not supported"),
+        "echo": nullable(BOOLEAN, "the prompt's text before the reply (not with logprobs)"),
+        "best_of": nullable(CHOICES, "generated; the n likeliest returned; >= n, not streamed"),
         **SAMPLING,
+        **refused(UNSUPPORTED["completions"]),
     },
 }
 
@@ -153,6 +194,7 @@ CHAT_REQUEST = {
         "logprobs": nullable(BOOLEAN),
         "top_logprobs": nullable(TOP_LOGPROBS, "needs logprobs: true when above 0"),
         **SAMPLING,
+        **refused(UNSUPPORTED["chat"]),
     },
 }
 

@@ -49,8 +49,15 @@ class Progress:
 
     @property
     def params(self) -> SamplingParams:
-        left = self.req.params.max_tokens - len(self.token_ids)
-        return dataclasses.replace(self.req.params, max_tokens=left)
+        """The next attempt's: what is left of the budgets, and how many of its prompt's
+        tokens are output already (so penalties and a grammar see them as output)."""
+        params, done = self.req.params, len(self.token_ids)
+        return dataclasses.replace(
+            params,
+            max_tokens=params.max_tokens - done,
+            min_tokens=max(0, params.min_tokens - done),
+            prior_output_tokens=params.prior_output_tokens + done,
+        )
 
     def next_attempt(self) -> str:
         """The internal id of the next attempt (its own, so no stale token mixes in)."""

@@ -7,6 +7,7 @@ as vLLM does, but a known field of the wrong type is a 400 that names it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -28,8 +29,52 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's, l
 SEED_RANGE = range(-(2**63), 2**64)  # what torch.Generator.manual_seed accepts
 # SamplingParams' messages start with the field at fault; these are request fields too.
 SAMPLING_FIELDS = frozenset(
-    {"max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "logprobs"}
+    {
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "stop",
+        "logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "min_tokens",
+    }
 )
+MAX_CHOICES = 16  # n and best_of: each choice is a request of its own on the workers
+MAX_LOGIT_BIAS_ENTRIES = 1024
+# Fields of OpenAI's or vLLM's API that kvstack does not implement: a 400 that names
+# the field, never a 200 that silently ignored it.
+UNSUPPORTED = {
+    "completions": (
+        "suffix",
+        "prompt_logprobs",
+        "use_beam_search",
+        "allowed_token_ids",
+        "bad_words",
+        "guided_grammar",
+        "guided_decoding_backend",
+    ),
+    "chat": (
+        "functions",
+        "function_call",
+        "audio",
+        "modalities",
+        "prediction",
+        "web_search_options",
+        "prompt_logprobs",
+        "use_beam_search",
+        "allowed_token_ids",
+        "bad_words",
+        "guided_grammar",
+        "guided_decoding_backend",
+        "echo",
+        "best_of",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -98,6 +143,9 @@ class GenerateRequest:
     logprobs: int | None  # top alternatives per token; None: no logprobs
     slo_ttft: float = 0.0  # seconds (kvstack extension); 0: the conductor's
     slo_tbt: float = 0.0
+    n: int = 1  # choices returned
+    best_of: int = 1  # choices generated, the n likeliest returned (completions)
+    echo: str | None = None  # the prompt's text, put before the reply (completions)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -132,9 +180,7 @@ def parse_completion(
     """POST /v1/completions. `aliases`: other names the served model answers to."""
     body = _object(body)
     model = _model(body, served_model, aliases)
-    _check_single_choice(body)
-    if _read(body, "echo", BOOL):
-        raise invalid_request("echo is not supported.", param="echo")
+    _check_supported(body, "completions")
     prompt_ids = _completion_prompt(body.get("prompt"), tokenizer, limits)
     _check_prompt_length(len(prompt_ids), limits, "prompt")
     max_tokens = _max_tokens(
@@ -146,7 +192,8 @@ def parse_completion(
     )
     logprobs = _read(body, "logprobs", INT)
     params = _sampling_params(body, tokenizer, limits, max_tokens, logprobs, "logprobs")
-    return _request(body, request_id, "completions", model, prompt_ids, params)
+    request = _request(body, request_id, "completions", model, prompt_ids, params)
+    return _with_choices(body, request, _echo(body, logprobs, tokenizer, prompt_ids))
 
 
 def parse_chat(
@@ -160,7 +207,7 @@ def parse_chat(
     """POST /v1/chat/completions. `aliases`: other names the served model answers to."""
     body = _object(body)
     model = _model(body, served_model, aliases)
-    _check_single_choice(body)
+    _check_supported(body, "chat")
     prompt_ids = _chat_prompt(body.get("messages"), tokenizer)
     _check_prompt_length(len(prompt_ids), limits, "messages")
     requested, param = _chat_max_tokens(body)
@@ -169,7 +216,7 @@ def parse_chat(
     params = _sampling_params(
         body, tokenizer, limits, max_tokens, _chat_logprobs(body), "top_logprobs"
     )
-    return _request(body, request_id, "chat", model, prompt_ids, params)
+    return _with_choices(body, _request(body, request_id, "chat", model, prompt_ids, params))
 
 
 def _request(
@@ -222,11 +269,66 @@ def _model(body: dict, served_model: str, aliases: Collection[str]) -> str:
     return served_model
 
 
-def _check_single_choice(body: dict) -> None:
-    for name in ("n", "best_of"):
-        count = _read(body, name, INT)
-        if count not in (None, 1):
-            raise invalid_request(f"Only {name}=1 is supported, got {count}.", param=name)
+# Structured output and tools, until the grammar engine is wired in: only values that ask
+# for nothing pass.
+NOT_YET: dict[str, tuple] = {
+    "response_format": ({"type": "text"},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "parallel_tool_calls": (True, False),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "structured_outputs": (),
+}
+
+
+def _check_supported(body: dict, endpoint: Endpoint) -> None:
+    _read(body, "user", STRING)  # accepted, as OpenAI's end-user id; not used
+    given = [name for name in UNSUPPORTED[endpoint] if body.get(name) is not None]
+    given += [name for name, harmless in NOT_YET.items() if not _is(body.get(name), harmless)]
+    if given:
+        raise invalid_request(f"{given[0]} is not supported by kvstack.", param=given[0])
+
+
+def _is(value: Any, harmless: tuple) -> bool:
+    return value is None or value in harmless
+
+
+def _with_choices(body: dict, req: GenerateRequest, echo: str | None = None) -> GenerateRequest:
+    """`req` with its n, best_of (completions) and echo, checked."""
+    n = _count(body, "n", 1)
+    best_of = _count(body, "best_of", n) if req.endpoint == "completions" else n
+    if best_of < n:
+        raise invalid_request(f"best_of must be at least n ({n}), got {best_of}.", param="best_of")
+    if best_of > n and req.stream:
+        raise invalid_request("best_of above n cannot be streamed.", param="best_of")
+    return dataclasses.replace(req, n=n, best_of=best_of, echo=echo)
+
+
+def _count(body: dict, name: str, default: int) -> int:
+    count = _read(body, name, INT)
+    if count is None:
+        return default
+    if not 1 <= count <= MAX_CHOICES:
+        raise invalid_request(
+            f"{name} must be between 1 and {MAX_CHOICES}, got {count}.", param=name
+        )
+    return count
+
+
+def _echo(
+    body: dict, logprobs: int | None, tokenizer: Tokenizer | None, prompt_ids: tuple[int, ...]
+) -> str | None:
+    """The prompt's text when the client asked for it back."""
+    if not _read(body, "echo", BOOL):
+        return None
+    if logprobs is not None:
+        raise invalid_request(
+            "echo together with logprobs (the prompt's logprobs) is not supported.",
+            param="echo",
+        )
+    return _tokenizer_for("echo", tokenizer).decode(list(prompt_ids), skip_special_tokens=False)
 
 
 def _include_usage(body: dict, stream: bool) -> bool:
@@ -406,8 +508,18 @@ def _sampling_params(
         seed=_seed(body),
         ignore_eos=_read(body, "ignore_eos", BOOL),
         skip_special_tokens=_read(body, "skip_special_tokens", BOOL),
+        presence_penalty=_read(body, "presence_penalty", NUMBER),
+        frequency_penalty=_read(body, "frequency_penalty", NUMBER),
+        repetition_penalty=_read(body, "repetition_penalty", NUMBER),
+        logit_bias=_logit_bias(body, tokenizer, limits),
+        min_tokens=_read(body, "min_tokens", INT),
     )
     given = {name: value for name, value in settings.items() if value is not None}
+    if given.get("min_tokens", 0) > max_tokens:
+        raise invalid_request(
+            f"min_tokens must be at most max_tokens ({max_tokens}), got {given['min_tokens']}.",
+            param="min_tokens",
+        )
     try:
         return SamplingParams(**given)
     except InvalidRequest as exc:
@@ -448,6 +560,26 @@ def _stop_token_ids(
             param="stop_token_ids",
         )
     return _checked_ids(ids, tokenizer, limits, "stop_token_ids")
+
+
+def _logit_bias(
+    body: dict, tokenizer: Tokenizer | None, limits: GatewayLimits
+) -> tuple[tuple[int, float], ...] | None:
+    """OpenAI's {"token id": bias}: ids as decimal strings, biases numbers."""
+    bias = _read(body, "logit_bias", OBJECT)
+    if not bias:
+        return None
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise invalid_request(
+            f"logit_bias may hold at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(bias)}.",
+            param="logit_bias",
+        )
+    if not all(key.isdecimal() and NUMBER.accepts(value) for key, value in bias.items()):
+        raise invalid_request(
+            'logit_bias must map token ids to numbers, as {"1234": -100}.', param="logit_bias"
+        )
+    ids = _checked_ids([int(key) for key in bias], tokenizer, limits, "logit_bias")
+    return tuple(sorted(zip(ids, map(float, bias.values()))))
 
 
 def _temperature(body: dict) -> float | None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from services.gateway.backend import Backend
 from services.gateway.progress import Progress
 from services.gateway.protocol import GenerateRequest
-from services.gateway.responses import format_logprobs, usage
+from services.gateway.responses import format_logprobs
 from services.gateway.text import TextStream
 from shared.engine.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
@@ -59,13 +59,9 @@ class Relay:
         finally:
             await events.aclose()  # an unfinished request is aborted on the workers
 
-    def usage(self) -> dict:
-        return usage(
-            self.req.num_prompt_tokens,
-            self.stream.num_tokens if self.stream is not None else 0,
-            self.num_cached_tokens,
-            self.migrations,
-        )
+    @property
+    def num_output_tokens(self) -> int:
+        return self.stream.num_tokens if self.stream is not None else 0
 
     def _piece(
         self, stream: TextStream, token_ids, logprobs, finished: bool, finish_reason: str | None

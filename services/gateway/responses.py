@@ -59,40 +59,31 @@ def final_response(
     token_usage: dict,
     logprobs: dict | None = None,
 ) -> dict:
-    build = chat_response if req.endpoint == "chat" else completion_response
-    return build(req, text, finish_reason, token_usage, logprobs)
+    """A one-choice answer."""
+    return choices_response(req, [choice(req, 0, text, finish_reason, logprobs)], token_usage)
 
 
-def completion_response(
-    req: GenerateRequest,
-    text: str,
-    finish_reason: str,
-    token_usage: dict,
-    logprobs: dict | None = None,
+def choices_response(req: GenerateRequest, choices: list[dict], token_usage: dict) -> dict:
+    """The whole answer of either endpoint, its `choices` built by `choice`."""
+    obj = "chat.completion" if req.endpoint == "chat" else "text_completion"
+    return {**_envelope(req, obj, choices), "usage": token_usage}
+
+
+def choice(
+    req: GenerateRequest, index: int, text: str, finish_reason: str, logprobs: dict | None
 ) -> dict:
-    choice = {
-        "index": 0,
-        "text": text,
+    """One choice of a whole answer: `text` for completions, a `message` for chat."""
+    content = (
+        {"message": {"role": "assistant", "content": text}}
+        if req.endpoint == "chat"
+        else {"text": text}
+    )
+    return {
+        "index": index,
+        **content,
         "logprobs": logprobs,
         "finish_reason": _checked(finish_reason),
     }
-    return {**_envelope(req, "text_completion", [choice]), "usage": token_usage}
-
-
-def chat_response(
-    req: GenerateRequest,
-    text: str,
-    finish_reason: str,
-    token_usage: dict,
-    logprobs: dict | None = None,
-) -> dict:
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "logprobs": logprobs,
-        "finish_reason": _checked(finish_reason),
-    }
-    return {**_envelope(req, "chat.completion", [choice]), "usage": token_usage}
 
 
 # -- stream chunks -------------------------------------------------------------------------------
@@ -105,11 +96,15 @@ def stream_chunk(
     first: bool,
     logprobs: dict | None = None,
     finish_reason: str | None = None,
+    index: int = 0,
 ) -> dict:
-    """A content chunk of either endpoint; `first`: no chunk was sent before this one."""
+    """A content chunk of either endpoint; `first`: no chunk of this choice (`index`) was
+    sent before this one."""
     if req.endpoint == "chat":
-        return chat_chunk(req, text, first=first, logprobs=logprobs, finish_reason=finish_reason)
-    return completion_chunk(req, text, logprobs=logprobs, finish_reason=finish_reason)
+        return chat_chunk(
+            req, text, first=first, logprobs=logprobs, finish_reason=finish_reason, index=index
+        )
+    return completion_chunk(req, text, logprobs=logprobs, finish_reason=finish_reason, index=index)
 
 
 def completion_chunk(
@@ -118,14 +113,15 @@ def completion_chunk(
     *,
     logprobs: dict | None = None,
     finish_reason: str | None = None,
+    index: int = 0,
 ) -> dict:
-    choice = {
-        "index": 0,
+    body = {
+        "index": index,
         "text": text,
         "logprobs": logprobs,
         "finish_reason": _checked_or_none(finish_reason),
     }
-    return _chunk(req, [choice])
+    return _chunk(req, [body])
 
 
 def chat_chunk(
@@ -135,15 +131,16 @@ def chat_chunk(
     first: bool,
     logprobs: dict | None = None,
     finish_reason: str | None = None,
+    index: int = 0,
 ) -> dict:
     """`first` puts the role in this chunk's delta, next to its text (never on its own)."""
-    choice = {
-        "index": 0,
+    body = {
+        "index": index,
         "delta": _delta(text, first),
         "logprobs": logprobs,
         "finish_reason": _checked_or_none(finish_reason),
     }
-    return _chunk(req, [choice])
+    return _chunk(req, [body])
 
 
 def _delta(text: str, first: bool) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -123,12 +124,14 @@ class GatewayService(Service):
         self.inflight.inc()
         self.idle.clear()
 
-    def end(self, relay: Relay) -> None:
+    def end(self, relays: Sequence[Relay]) -> None:
+        """A request has ended; `relays`: one per choice it generated."""
         self.num_inflight -= 1
         self.inflight.dec()
         if self.num_inflight == 0:
             self.idle.set()
-        self.observe(relay)
+        for relay in relays:
+            self.observe(relay)
 
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
         self.liveness.observe(hb)

@@ -49,6 +49,7 @@ class TextStream:
         )
         self._stops = StopStringMatcher(params.stop)
         self._silent_ids = _silent_ids(tokenizer, params)
+        self._min_tokens = params.min_tokens
         self.text = ""
         self.num_tokens = 0
         self.stopped = False
@@ -81,7 +82,9 @@ class TextStream:
         self.num_tokens += 1
         if self._detokenizer is None or token_id in self._silent_ids:
             return ""
-        shown = self._stops.feed(self._detokenizer.step(token_id))
+        # Stop strings count only from min_tokens on (vLLM's rule).
+        matching = self.num_tokens >= self._min_tokens
+        shown = self._stops.feed(self._detokenizer.step(token_id), matching)
         self.stopped = self._stops.matched is not None
         return shown
 

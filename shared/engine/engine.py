@@ -18,6 +18,7 @@ import torch
 from shared.engine.config import EngineConfig
 from shared.engine.interface import EngineInfo, EngineInterface, EngineStats
 from shared.engine.isolation import LayerHook, execute_isolated
+from shared.engine.logits_process import History
 from shared.engine.logprob import TokenLogprob
 from shared.engine.mock_runner import MockRunner, mock_runner
 from shared.engine.namespace import kv_namespace
@@ -375,7 +376,11 @@ class LLMEngine:
         rows = torch.cat([row for _, row in ready])
         seqs = [seq for seq, _ in ready]
         token_ids, token_logprobs = self._runner.sample(
-            rows, [s.params for s in seqs], [self._generator_for(s) for s in seqs]
+            rows,
+            [s.params for s in seqs],
+            [self._generator_for(s) for s in seqs],
+            [_history(s) if s.params.adjusts_logits else None for s in seqs],
+            self._eos_token_ids,
         )
         return [
             self._fail(seq, sampling_failure(seq.params), REQUEST_ERROR)
@@ -399,7 +404,9 @@ class LLMEngine:
         stop: _Stop | None = self.stop_reason(seq.params, token_id)
         text = ""
         if stop is None and extras.detokenizer is not None:
-            text = extras.stops.feed(extras.detokenizer.step(token_id))
+            # Stop strings count only from min_tokens on (vLLM's rule).
+            matching = seq.num_output_tokens >= seq.params.min_tokens
+            text = extras.stops.feed(extras.detokenizer.step(token_id), matching)
             stop = ("stop", extras.stops.matched) if extras.stops.matched else None
         stop = stop or self._length_stop(seq)
         if stop is not None:
@@ -454,6 +461,11 @@ class LLMEngine:
                 self._tokenizer, seq.token_ids, params.skip_special_tokens
             )
         return _Extras(detokenizer, StopStringMatcher(params.stop))
+
+
+def _history(seq: Sequence) -> History:
+    num_output = seq.num_output_tokens + seq.params.prior_output_tokens
+    return History(seq.token_ids, min(num_output, seq.num_tokens), seq.num_output_tokens)
 
 
 if TYPE_CHECKING:  # mypy holds LLMEngine to the interface services are typed with

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Protocol
 
 import torch
 import xxhash
 
 from shared.engine.config import EngineConfig
+from shared.engine.logits_process import History
 from shared.engine.logprob import TokenLogprob
 from shared.engine.mock import MockSpec
 from shared.engine.runner import SeqChunk
@@ -107,8 +108,11 @@ class MockRunner:
         rows: torch.Tensor,
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
+        histories: Sequence[History | None],
+        stop_ids: Collection[int],
     ) -> tuple[list[int], list[TokenLogprob | None]]:
-        """The rows are the tokens already chosen; the mock model is sure of each one."""
+        """The rows are the tokens already chosen; the mock model is sure of each one
+        (penalties and biases do not move it)."""
         token_ids = rows.tolist()
         return token_ids, [
             None if p.logprobs is None else TokenLogprob(t, 0.0, ((t, 0.0),) if p.logprobs else ())

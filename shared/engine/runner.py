@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from shared.engine.config import EngineConfig
+from shared.engine.logits_process import History, adjusted
 from shared.engine.logprob import TokenLogprob
 from shared.engine.metadata import attention_metadata
 from shared.engine.sampler import logprobs, sample
@@ -80,9 +81,12 @@ class ModelRunner:
         logits: torch.Tensor,
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
+        histories: Sequence[History | None],
+        stop_ids: Collection[int],
     ) -> tuple[list[int], list[TokenLogprob | None]]:
-        """logits [B, vocab] -> a token id per row, and its logprob where one is asked for."""
-        token_ids = sample(logits, params, generators)
+        """logits [B, vocab] -> a token id per row, and its logprob where one is asked for
+        (of the model's own logits: penalties and biases change the choice, not those)."""
+        token_ids = sample(adjusted(logits, params, histories, stop_ids), params, generators)
         return token_ids, logprobs(logits, token_ids, [p.logprobs for p in params])
 
     def prepare(

@@ -1,6 +1,6 @@
 """Next-token choice from logits: greedy, temperature, min-p, top-k, top-p, seeds, logprobs.
 
-A row that cannot be sampled (its logits or probabilities are not finite, or no token is
+A row that cannot be sampled (a NaN or +inf logit, every token masked to -inf, or no token
 left with any probability) gets SAMPLING_FAILED instead of a token: the engine ends that
 request alone, and every other row of the batch is sampled as usual.
 """
@@ -24,11 +24,11 @@ def sample(
     generators: Sequence[torch.Generator | None],
 ) -> list[int]:
     """logits [B, vocab] float32 -> one token id per row, or SAMPLING_FAILED."""
-    finite = torch.isfinite(logits).all(dim=-1).tolist()
+    usable = _usable_rows(logits).tolist()
     greedy = logits.argmax(dim=-1).tolist()
     return [
         SAMPLING_FAILED
-        if not finite[i]
+        if not usable[i]
         else greedy[i]
         if p.greedy
         else _sample_row(logits[i], p, generators[i])
@@ -36,10 +36,16 @@ def sample(
     ]
 
 
+def _usable_rows(logits: torch.Tensor) -> torch.Tensor:
+    """-inf is a masked token (penalties, biases, a grammar); NaN and +inf are broken."""
+    broken = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1)
+    return ~broken & torch.isfinite(logits).any(dim=-1)
+
+
 def sampling_failure(params: SamplingParams) -> str:
     """Why a request got SAMPLING_FAILED: what its client sees."""
     return (
-        f"sampling failed: the next-token distribution is not finite or empty "
+        f"sampling failed: the next-token distribution is broken (NaN or +inf) or empty "
         f"(temperature={params.temperature}, top_p={params.top_p}, top_k={params.top_k}, "
         f"min_p={params.min_p})"
     )

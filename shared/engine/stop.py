@@ -17,11 +17,12 @@ class StopStringMatcher:
         self.num_emitted = 0
         self.matched: str | None = None
 
-    def feed(self, delta: str) -> str:
-        """Add `delta`; return the text that is now safe to emit."""
+    def feed(self, delta: str, matching: bool = True) -> str:
+        """Add `delta`; return the text that is now safe to emit. Without `matching` the
+        text is only kept (a stop string that ends in it is not looked for again)."""
         search_from = max(0, len(self.text) - self.holdback)
         self.text += delta
-        hit = self._first_hit(search_from)
+        hit = self._first_hit(search_from) if matching else None
         if hit is not None:
             self.matched, self.text = hit[1], self.text[: hit[0]]
             return self._emit(len(self.text))

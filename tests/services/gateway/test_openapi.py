@@ -16,8 +16,7 @@ from services.gateway.errors import ApiError, error_body
 from services.gateway.openapi import OPENAPI
 from services.gateway.protocol import GatewayLimits, parse_chat, parse_completion
 from services.gateway.responses import (
-    chat_response,
-    completion_response,
+    final_response,
     format_logprobs,
     models_response,
     stream_chunk,
@@ -125,11 +124,23 @@ COMPLETIONS = [
     ({**PROMPT, "stop": "x" * 1001}, False),
     ({**PROMPT, "stop_token_ids": [-1]}, False),
     ({**PROMPT, "stop_token_ids": list(range(65))}, False),
-    ({**PROMPT, "n": 2}, False),
-    ({**PROMPT, "best_of": 3}, False),
+    ({**PROMPT, "n": 2}, True),
+    ({**PROMPT, "best_of": 3}, True),
+    ({**PROMPT, "n": 17}, False),
+    ({**PROMPT, "n": 0}, False),
+    ({**PROMPT, "presence_penalty": 2, "frequency_penalty": -2, "repetition_penalty": 1.3}, True),
+    ({**PROMPT, "presence_penalty": 2.5}, False),
+    ({**PROMPT, "frequency_penalty": "1"}, False),
+    ({**PROMPT, "repetition_penalty": 0}, False),
+    ({**PROMPT, "logit_bias": {"5": -100, "7": 100}, "min_tokens": 3}, True),
+    ({**PROMPT, "logit_bias": {"x": 1}}, False),
+    ({**PROMPT, "logit_bias": {"5": 101}}, False),
+    ({**PROMPT, "logit_bias": {"5": "1"}}, False),
+    ({**PROMPT, "min_tokens": -1}, False),
     ({**PROMPT, "logprobs": 21}, False),
     ({**PROMPT, "logprobs": -1}, False),
-    ({**PROMPT, "echo": True}, False),
+    ({**PROMPT, "echo": True}, True),
+    ({**PROMPT, "echo": 1}, False),
     ({**PROMPT, "stream": "yes"}, False),
     ({**PROMPT, "stream": True, "stream_options": []}, False),
     ({**PROMPT, "ignore_eos": 1}, False),
@@ -178,6 +189,11 @@ CHATS = [
     ({**USER, "logprobs": 1}, False),
     ({**USER, "logprobs": True, "top_logprobs": 21}, False),
     ({**USER, "temperature": 3}, False),
+    ({**USER, "n": 3, "presence_penalty": 1, "logit_bias": {"2": -100}, "user": "u"}, True),
+    ({**USER, "best_of": 2}, False),
+    ({**USER, "echo": True}, False),
+    ({**USER, "functions": [{"name": "f"}]}, False),
+    ({**USER, "response_format": {"type": "text"}, "tool_choice": "none"}, True),
 ]
 
 
@@ -224,7 +240,7 @@ def test_completions_and_their_chunks_fit(tokenizer, logprobs) -> None:
         "r1",
     )
     formatted = format_logprobs(req, tokenizer, entries([42, 43]))
-    assert_fits("Completion", completion_response(req, "Hi", "length", usage(3, 2), formatted))
+    assert_fits("Completion", final_response(req, "Hi", "length", usage(3, 2), formatted))
     assert_fits("CompletionChunk", stream_chunk(req, "Hi", first=True, logprobs=formatted))
     assert_fits("CompletionChunk", stream_chunk(req, "", first=False, finish_reason="stop"))
     assert_fits("CompletionChunk", usage_chunk(req, usage(3, 2, cached_tokens=1, migrations=1)))
@@ -237,7 +253,7 @@ def test_chat_completions_and_their_chunks_fit(tokenizer, logprobs) -> None:
         {**USER, **fields, "stream": True, "stream_options": {}}, tokenizer, LIMITS, MODEL, "r1"
     )
     formatted = format_logprobs(req, tokenizer, entries([42, 43]))
-    assert_fits("ChatCompletion", chat_response(req, "Hi", "stop", usage(9, 2), formatted))
+    assert_fits("ChatCompletion", final_response(req, "Hi", "stop", usage(9, 2), formatted))
     assert_fits("ChatCompletionChunk", stream_chunk(req, "Hi", first=True, logprobs=formatted))
     assert_fits("ChatCompletionChunk", stream_chunk(req, " there", first=False))
     assert_fits("ChatCompletionChunk", stream_chunk(req, "", first=False, finish_reason="length"))

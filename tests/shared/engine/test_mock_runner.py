@@ -87,7 +87,11 @@ def test_avoided_tokens_are_never_answered() -> None:
 def test_the_mock_model_is_sure_of_its_tokens() -> None:
     rows = runner().execute([decode("a", 3), decode("b", 4)])
     token_ids, logprobs = runner().sample(
-        torch.cat(rows), [SamplingParams(logprobs=2), SamplingParams()], [None, None]
+        torch.cat(rows),
+        [SamplingParams(logprobs=2), SamplingParams()],
+        [None, None],
+        [None, None],
+        (),
     )
     assert token_ids == [row.item() for row in rows]
     assert logprobs == [TokenLogprob(token_ids[0], 0.0, ((token_ids[0], 0.0),)), None]

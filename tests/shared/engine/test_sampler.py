@@ -63,9 +63,18 @@ def test_an_unusable_row_fails_alone_and_the_others_are_sampled() -> None:
     assert sample(logits, params, gens) == [SAMPLING_FAILED, 2, SAMPLING_FAILED, 2]
     assert logprobs(logits, [SAMPLING_FAILED, 2], [1, 1])[0] is None
     assert sampling_failure(params[2]).startswith(
-        "sampling failed: the next-token distribution is not finite"
+        "sampling failed: the next-token distribution is broken"
     )
     assert "temperature=0.0001, top_p=0.9" in sampling_failure(params[2])
+
+
+def test_masked_tokens_are_not_a_failure_unless_all_are() -> None:
+    inf = float("-inf")
+    logits = torch.tensor([[inf, 1.0, inf, 0.0], [inf] * 4, [1.0, inf, 3.0, inf]])
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0), SamplingParams()]
+    gens = [None, None, torch.Generator().manual_seed(0)]
+    assert sample(logits, params, gens)[:2] == [1, SAMPLING_FAILED]
+    assert {sample(logits, params, gens)[2] for _ in range(50)} == {0, 2}
 
 
 def seeded_draw(seed: int, position: int) -> int:
