@@ -15,10 +15,12 @@ from pathlib import Path
 
 import openai
 import pytest
+from openapi_schema_validator import OAS31Validator
 
 from services.gateway.liveness import Liveness
 from services.gateway.model_names import ModelNames
 from services.gateway.model_routes import readiness, version
+from services.gateway.openapi import OPENAPI
 from services.gateway.protocol import GatewayLimits, parse_chat
 from services.gateway.service import GatewayConfig
 from shared.messages import Heartbeat
@@ -224,3 +226,20 @@ def test_ready_is_a_503_saying_what_is_missing(gateway) -> None:
     status, body = call(gateway, "/ready", key="")
     assert status == 503 and body["status"] == "not ready"  # no NATS here, no workers
     assert body["missing"] == ["gateway", "conductor", "prefill", "decode"]
+
+
+def test_the_answers_fit_the_openapi_document(gateway) -> None:
+    def fits(name: str, body: dict) -> None:
+        schema = {"$ref": f"#/components/schemas/{name}", "components": OPENAPI["components"]}
+        assert not [e.message for e in OAS31Validator(schema).iter_errors(body)], (name, body)
+
+    fits("ModelList", call(gateway, "/v1/models")[1])
+    fits("Model", call(gateway, "/v1/models/HuggingFaceTB%2FSmolLM2-135M-Instruct")[1])
+    fits("Tokens", call(gateway, "/tokenize", {"prompt": "Hello"})[1])
+    fits("Tokens", call(gateway, "/tokenize", {"messages": MESSAGES})[1])
+    fits("Text", call(gateway, "/detokenize", {"tokens": [1, 2, 3]})[1])
+    fits("Version", call(gateway, "/version")[1])
+    fits("Ready", call(gateway, "/ready")[1])
+    fits("TokenizeRequest", {"model": "smol", "prompt": "Hello", "add_special_tokens": False})
+    fits("TokenizeRequest", {"messages": MESSAGES, "add_generation_prompt": False})
+    fits("DetokenizeRequest", {"tokens": [1, 2]})
