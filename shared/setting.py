@@ -25,6 +25,7 @@ class Setting:
     env: str = ""  # the environment variable that gives the default ("": none)
     choices: tuple[str, ...] | None = None
     switch: bool = False  # a flag without a value (store_true)
+    many: bool = False  # one or more values (`--flag a b`); parsed as a list
 
     @property
     def dest(self) -> str:
@@ -50,11 +51,15 @@ class Setting:
             options["type"] = self.type
         if self.choices is not None:
             options["choices"] = self.choices
+        if self.many:
+            options["nargs"] = "+"
         parser.add_argument(self.flag, **options)
 
     def argv(self, value: Any) -> list[str]:
         """`value` as this setting's command-line words; none for an unset one (None, an
-        empty string, a switch that is off), so the child keeps its own default."""
+        empty string or list, a switch that is off), so the child keeps its own default."""
+        if self.many:
+            return [self.flag, *map(str, value)] if value else []
         if value is None or value == "" or value is False:
             return []
         return [self.flag] if value is True else [self.flag, str(value)]

@@ -30,7 +30,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
-NOT_ERRORS = frozenset({"/health"})  # its 503 is a health report, not a failed request
+# Their 503 is a health (readiness) report, not a failed request.
+NOT_ERRORS = frozenset({"/health", "/ready"})
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     config = GatewayConfig(
         **common_config(args),
         model=args.model,
-        served_model_name=args.served_model_name,
+        served_model_names=tuple(args.served_model_name),
         api_key=args.api_key,
         max_tokens_limit=args.max_tokens_limit,
         dtype=args.dtype,

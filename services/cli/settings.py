@@ -155,7 +155,14 @@ SETTINGS: dict[str, Setting] = {
     "disk_gib": Setting("--disk-gib", "SSD tier size", type=float, default=0.0),
     "compress": Setting("--compress", "lz4 on the SSD tier", switch=True, default=False),
     # The gateway's HTTP edge.
-    "served_model_name": Setting("--served-model-name", "name clients use", default=""),
+    "served_model_name": Setting(
+        "--served-model-name",
+        "the names clients use for the model, e.g. `--served-model-name smol chat`: the "
+        "first is the one responses and GET /v1/models report, all are accepted (default: "
+        "--model; a known model's Hugging Face repo id is always accepted too)",
+        default=(),
+        many=True,
+    ),
     "api_key": Setting(
         "--api-key",
         "require this bearer key (env KVSTACK_API_KEY)",
@@ -327,6 +334,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "long_prefill_tokens",
         *ENGINE,
         *RELIABILITY,
+        "served_model_name",
         "api_key",
         "secrets_dir",
         "nats_tls",
@@ -391,7 +399,7 @@ FORWARDED_BY_UP: dict[str, tuple[str, ...]] = {
     "prefill": WORKER_TUNING,
     "decode": WORKER_TUNING,
     "attention-worker": ("kv_cache_gib", "threads"),
-    "gateway": ("dtype", "max_model_len", *RELIABILITY, "api_key"),
+    "gateway": ("dtype", "max_model_len", *RELIABILITY, "served_model_name", "api_key"),
 }
 
 

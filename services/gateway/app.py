@@ -18,13 +18,13 @@ from services.gateway.choices import Choices
 from services.gateway.concurrency import PerKeyLimit
 from services.gateway.cors import Cors
 from services.gateway.errors import ApiError, error_body
+from services.gateway.model_routes import KEYED_PATHS, ModelRoutes
 from services.gateway.openapi import OPENAPI
 from services.gateway.protocol import GenerateRequest, decode_body, parse_chat, parse_completion
 from services.gateway.responses import (
     choice,
     choices_response,
     format_logprobs,
-    models_response,
     stream_chunk,
     usage_chunk,
 )
@@ -43,12 +43,13 @@ class GatewayApp:
         edge = service.config.edge
         self.per_key = PerKeyLimit(edge.max_concurrent_per_key)
         self.cors = Cors(edge.cors_origins) if edge.cors_origins else None
+        self.model_routes = ModelRoutes(service, self.created)
 
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat),
-            web.get("/v1/models", self.models),
+            *self.model_routes.routes(),
             web.get("/openapi.json", self.openapi),
         ]
 
@@ -88,7 +89,8 @@ class GatewayApp:
     async def auth_middleware(self, request: web.Request, handler) -> web.StreamResponse:
         key = self.service.config.api_key
         bearer = request.headers.get("Authorization", "")
-        if key and request.path.startswith("/v1/") and not _same(bearer, f"Bearer {key}"):
+        keyed = request.path.startswith("/v1/") or request.path in KEYED_PATHS
+        if key and keyed and not _same(bearer, f"Bearer {key}"):
             raise errors.authentication_failed()
         return await handler(request)
 
@@ -110,12 +112,6 @@ class GatewayApp:
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(OPENAPI)
-
-    async def models(self, request: web.Request) -> web.Response:
-        body = models_response(
-            self.service.served_model, self.created, self.service.limits.max_model_len
-        )
-        return web.json_response(body)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, parse_completion)

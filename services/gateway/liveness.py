@@ -25,6 +25,8 @@ class _Seen:
     interval: float
     instance: str
     stopped: bool
+    service: str = ""  # "prefill", "decode", "conductor", ...
+    draining: bool = False
 
 
 class Liveness:
@@ -33,7 +35,9 @@ class Liveness:
         self._heard_since = 0.0  # after a reconnection nobody could be heard before it
 
     def observe(self, hb: Heartbeat) -> None:
-        self._last[hb.worker_id] = _Seen(time.monotonic(), hb.interval, hb.instance, hb.stopped)
+        self._last[hb.worker_id] = _Seen(
+            time.monotonic(), hb.interval, hb.instance, hb.stopped, hb.service, hb.draining
+        )
 
     def reconnected(self) -> None:
         """Silence while this gateway was cut off says nothing about the workers."""
@@ -55,6 +59,18 @@ class Liveness:
             w
             for w, seen in self._last.items()
             if seen.stopped or now - max(seen.at, self._heard_since) > QUIET_BEATS * seen.interval
+        )
+
+    def serving(self, service: str) -> tuple[str, ...]:
+        """Workers of `service` ("prefill", "decode", "conductor") that take work now: heard
+        within MISSED_BEATS of their intervals, neither draining nor stopped (GET /ready)."""
+        now = time.monotonic()
+        return tuple(
+            w
+            for w, seen in self._last.items()
+            if seen.service == service
+            and not (seen.stopped or seen.draining)
+            and now - max(seen.at, self._heard_since) <= MISSED_BEATS * seen.interval
         )
 
     def lost(self, watched: tuple[tuple[str, str], ...]) -> tuple[str, str] | None:

@@ -25,6 +25,11 @@ Limits the gateway enforces (defaults; flags of `kvstack gateway`):
   (429 with Retry-After);
 - the prompt plus max_tokens within the model's context (GET /v1/models: max_model_len).
 
+The model answers to each --served-model-name (the first is the one responses report),
+to --model and, for a known model, to its Hugging Face repo id, in any case. The /v1/
+routes, /tokenize and /detokenize want the API key when the gateway has one; /health,
+/ready, /version, /metrics and this document do not.
+
 Errors are OpenAI error objects: {{"error": {{"message", "type", "param", "code"}}}}. A
 stream that fails after its first event carries the error object as an event, then
 `data: [DONE]`."""
@@ -118,6 +123,28 @@ def generation(summary: str, operation_id: str, request: str, response: str, chu
     }
 
 
+def post(summary: str, operation_id: str, request: str, response: str) -> dict:
+    """POST /tokenize or /detokenize: a JSON body in, a JSON body out, the API key wanted."""
+    return {
+        "post": {
+            "summary": summary,
+            "operationId": operation_id,
+            "security": BEARER,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": ref(request)}},
+            },
+            "responses": {
+                "200": {
+                    "description": f"a {response}",
+                    "content": {"application/json": {"schema": ref(response)}},
+                },
+                **errors(400, 401, 404, 408, 413, 415, 431),
+            },
+        }
+    }
+
+
 def plain_get(
     summary: str, operation_id: str, media_type: str, schema: dict, extra: dict | None = None
 ) -> dict:
@@ -153,18 +180,67 @@ OPENAPI = {
         ),
         "/v1/models": {
             "get": {
-                "summary": "The served model",
+                "summary": "The served model: a card per served name",
                 "operationId": "listModels",
                 "security": BEARER,
                 "responses": {
                     "200": {
-                        "description": "the served model",
+                        "description": "a card per --served-model-name (the first is the "
+                        "name responses report), then a known model's Hugging Face repo id",
                         "content": {"application/json": {"schema": ref("ModelList")}},
                     },
                     **errors(401),
                 },
             }
         },
+        "/v1/models/{model_id}": {
+            "get": {
+                "summary": "The card of one model name",
+                "operationId": "retrieveModel",
+                "security": BEARER,
+                "parameters": [
+                    {
+                        "name": "model_id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "minLength": 1},
+                        "description": "any name the gateway accepts, in any case; may hold "
+                        "a slash (HuggingFaceTB/SmolLM2-135M-Instruct)",
+                    }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "the model's card",
+                        "content": {"application/json": {"schema": ref("Model")}},
+                    },
+                    **errors(401, 404),
+                },
+            }
+        },
+        "/tokenize": post(
+            "Tokenize a prompt or chat messages as the completions and chat routes do",
+            "tokenize",
+            "TokenizeRequest",
+            "Tokens",
+        ),
+        "/detokenize": post(
+            "The text of token ids (special tokens kept)", "detokenize", "DetokenizeRequest", "Text"
+        ),
+        "/version": plain_get(
+            "The gateway's kvstack version", "version", "application/json", ref("Version")
+        ),
+        "/ready": plain_get(
+            "Whether a conductor, a prefill and a decode worker are there to serve requests",
+            "ready",
+            "application/json",
+            ref("Ready"),
+            {
+                "503": {
+                    "description": "not ready: `missing` says what is missing",
+                    "content": {"application/json": {"schema": ref("Ready")}},
+                }
+            },
+        ),
         "/health": plain_get(
             "Whether the gateway takes requests",
             "health",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.gateway.model_routes import READY_NEEDS
 from services.gateway.protocol import (
     CHAT_ROLES,
     MAX_CHOICES,
@@ -70,10 +71,12 @@ PENALTY = {"type": "number", "minimum": -MAX_PENALTY, "maximum": MAX_PENALTY}
 TOP_LOGPROBS = {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}
 
 # Fields both endpoints read the same way.
+MODEL_FIELD = nullable(
+    STRING,
+    "a served model name or one of its aliases, in any case (else 404); absent: the served model",
+)
 SAMPLING = {
-    "model": nullable(
-        STRING, "the served model or one of its aliases (else 404); absent: the served model"
-    ),
+    "model": MODEL_FIELD,
     "temperature": nullable(
         {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE}, "0 samples greedily"
     ),
@@ -170,6 +173,8 @@ MESSAGE = {
     },
 }
 
+MESSAGES = {"type": "array", "items": MESSAGE, "minItems": 1}
+
 COMPLETION_REQUEST = {
     "type": "object",
     "required": ["prompt"],
@@ -188,7 +193,7 @@ CHAT_REQUEST = {
     "type": "object",
     "required": ["messages"],
     "properties": {
-        "messages": {"type": "array", "items": MESSAGE, "minItems": 1},
+        "messages": MESSAGES,
         "max_completion_tokens": nullable(MAX_TOKENS, "default: what fits the context"),
         "max_tokens": nullable(MAX_TOKENS, "older name of max_completion_tokens"),
         "logprobs": nullable(BOOLEAN),
@@ -319,6 +324,49 @@ CHUNK_USAGE = nullable(
     "include_usage; the last chunk (no choices) carries the usage",
 )
 
+MODEL_CARD = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by", "root", "max_model_len", "permission"],
+    "properties": {
+        "id": STRING,
+        "object": {"const": "model"},
+        "created": INTEGER,
+        "owned_by": STRING,
+        "root": {**STRING, "description": "the model's Hugging Face repo id, or --model"},
+        "parent": {"type": "null"},
+        "max_model_len": {"type": "integer", "minimum": 1},
+        "permission": {"type": "array", "items": {"type": "object"}},
+    },
+}
+
+# POST /tokenize: a text prompt or chat messages, never both (as vLLM's two request kinds).
+TOKENIZE_REQUEST = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["prompt"],
+            "properties": {
+                "model": MODEL_FIELD,
+                "prompt": STRING,
+                "messages": {"type": "null"},
+                "add_special_tokens": nullable(BOOLEAN, "default true"),
+            },
+        },
+        {
+            "type": "object",
+            "required": ["messages"],
+            "properties": {
+                "model": MODEL_FIELD,
+                "prompt": {"type": "null"},
+                "messages": MESSAGES,
+                "add_generation_prompt": nullable(
+                    BOOLEAN, "default true, as a chat completion tokenizes them"
+                ),
+            },
+        },
+    ]
+}
+
 SCHEMAS = {
     "CompletionRequest": COMPLETION_REQUEST,
     "ChatCompletionRequest": CHAT_REQUEST,
@@ -340,26 +388,47 @@ SCHEMAS = {
         choice({"delta": DELTA}, CHAT_LOGPROBS, nullable(FINISH)),
         CHUNK_USAGE,
     ),
+    "Model": MODEL_CARD,
     "ModelList": {
         "type": "object",
         "required": ["object", "data"],
         "properties": {
             "object": {"const": "list"},
-            "data": {
+            "data": {"type": "array", "items": ref("Model"), "minItems": 1},
+        },
+    },
+    "TokenizeRequest": TOKENIZE_REQUEST,
+    "Tokens": {
+        "type": "object",
+        "required": ["count", "max_model_len", "tokens"],
+        "properties": {
+            "count": COUNT,
+            "max_model_len": {"type": "integer", "minimum": 1},
+            "tokens": {"type": "array", "items": TOKEN_ID},
+        },
+    },
+    "DetokenizeRequest": {
+        "type": "object",
+        "required": ["tokens"],
+        "properties": {"model": MODEL_FIELD, "tokens": {"type": "array", "items": TOKEN_ID}},
+    },
+    "Text": {"type": "object", "required": ["prompt"], "properties": {"prompt": STRING}},
+    "Version": {"type": "object", "required": ["version"], "properties": {"version": STRING}},
+    "Ready": {
+        "type": "object",
+        "required": ["status", "workers", "missing"],
+        "properties": {
+            "status": {"enum": ["ready", "not ready"]},
+            "workers": {
+                "type": "object",
+                "additionalProperties": COUNT,
+                "description": "how many of each service take work now, by their heartbeats",
+            },
+            "missing": {
                 "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["id", "object", "created", "owned_by"],
-                    "properties": {
-                        "id": STRING,
-                        "object": {"const": "model"},
-                        "created": INTEGER,
-                        "owned_by": STRING,
-                        "root": STRING,
-                        "parent": {"type": "null"},
-                        "max_model_len": {"type": "integer", "minimum": 1},
-                    },
-                },
+                "items": {"enum": ["gateway", *READY_NEEDS]},
+                "description": "what keeps the gateway from serving (gateway: draining or "
+                "cut off from NATS)",
             },
         },
     },

