@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import nats.micro
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Info, generate_latest
 
 from shared import codec, subjects
 from shared.auth.credentials import NatsAuth
@@ -63,6 +63,10 @@ class Service:
                 "'_' only (it is a NATS subject token)"
             )
         self.metrics = Metrics(self.name.replace("-", "_"))
+        # NOTE: names each scrape target: dashboards join it to show worker ids, not ports
+        Info(
+            "kvstack_worker", "this process's service and worker id", registry=self.metrics.registry
+        ).info({"service": self.name, "worker_id": self.worker_id, "version": VERSION})
         self.instance = uuid.uuid4().hex[:12]
         self.tasks = Tasks(self.worker_id)
         self.bus: Bus | None = None

@@ -43,6 +43,7 @@ def up_argv(replay: Replay, policy: str, port: int, log_dir: Path) -> list[str]:
         *("--prefill", str(replay.prefill), "--decode", str(replay.decode)),
         *("--kvstore", str(replay.kvstore), "--policy", policy, "--admission", replay.admission),
         *("--insecure", "--port", str(port), "--log-dir", str(log_dir)),
+        *("--base-port", "0"),  # every other service on a free port, beside other stacks
     ]
 
 

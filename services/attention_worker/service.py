@@ -53,7 +53,12 @@ class AttentionWorkerService(Service):
         self.config: AttentionWorkerConfig = config
         self.slot = ShardSlot()
         self.decode_id = ""
-        self.kv_usage = self.metrics.gauge("kv_cache_usage_perc", "share of KV blocks in use")
+        self.running = self.metrics.gauge(
+            "num_requests_running", "requests whose KV shard this worker holds"
+        )
+        self.kv_usage = self.metrics.gauge(
+            "kv_cache_usage_ratio", "share of KV blocks in use (0 to 1)"
+        )
 
     async def start(self, bus: Bus) -> None:
         if self.config.num_threads:
@@ -74,6 +79,14 @@ class AttentionWorkerService(Service):
             subjects.worker_stats(self.name, self.worker_id), self._stats, expected=StatsRequest
         )
         self.tasks.every(1.0, self._expire, "expiring unsettled KV")
+        self.metrics.counter_of(
+            "data_sent_bytes", "attention outputs sent back", lambda: self.link.bytes_sent
+        )
+        self.metrics.counter_of(
+            "data_received_bytes",
+            "data-plane bytes received: q/k/v over the link, KV from prefill",
+            lambda: self.link.bytes_received + self.receiver.bytes_received,
+        )
 
     def _advertised(self, bound: str) -> str:
         host = self.config.advertise_host
@@ -94,6 +107,7 @@ class AttentionWorkerService(Service):
         used = shard.used_blocks if shard else 0
         total = shard.storage.num_blocks if shard else 0
         self.kv_usage.set(used / total if total else 0.0)
+        self.running.set(len(shard.request_blocks) if shard else 0)
         return Heartbeat(
             self.name,
             self.worker_id,

@@ -245,10 +245,22 @@ SETTINGS: dict[str, Setting] = {
     ),
     "metrics_port": Setting(
         "--metrics-port",
-        "kvstack up's own /metrics (restarts, children up) on --host; 0: a free port, "
-        "printed at start",
+        "kvstack up's own /metrics (restarts, children up) on --host (default: the base "
+        "port; 0: a free port, printed at start)",
         type=int,
-        default=0,
+    ),
+    "base_port": Setting(
+        "--base-port",
+        "every service's HTTP (/health, /metrics) at a fixed port from here: kvstack up "
+        "+0, conductor +1, kvstore-i +10+i, prefill-i +100+i, decode-i +200+i, attention "
+        "workers +300+k (docs/observability.md); 0: each on a free port",
+        type=int,
+        default=8100,
+    ),
+    "prometheus_config": Setting(
+        "--prometheus-config",
+        "write a Prometheus config scraping every service here at start (fixed ports only)",
+        default=".kvstack/prometheus.yml",
     ),
 }
 
@@ -327,6 +339,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "dtype",
         "host",
         "port",
+        "base_port",
         "kv_cache_gib",
         "threads",
         "max_num_seqs",
@@ -341,6 +354,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "insecure",
         "log_dir",
         "metrics_port",
+        "prometheus_config",
         "drain_timeout",
         "policy",
         "admission",

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.cli import stack_process
+from services.cli.ports import Listener, PortLayout, check_free
 from services.cli.restarts import RestartPolicy
 from services.cli.settings import flags
 from services.cli.stack_auth import StackAuth
@@ -65,6 +66,7 @@ class StackConfig:
     mock: MockSpec | None = None  # workers run the mock engine (model: the tokenizer)
     host: str = "127.0.0.1"
     port: int = 8000
+    base_port: int | None = None  # fixed HTTP ports from here (ports.py); None: free ones
     worker_args: tuple[str, ...] = ()  # extra args for prefill and decode workers
     decode_args: tuple[str, ...] = ()  # extra args for decode workers only
     prefill_args: tuple[str, ...] = ()  # extra args for prefill workers only
@@ -101,6 +103,7 @@ class Stack:
     def start(self) -> None:
         cfg = self.config
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        check_free([x for x in self.listeners() if x.port])
         if cfg.metrics_port is not None:
             self._serve_metrics(cfg.metrics_port)
         identities = [Identity(args[0], name) for name, args in self.commands()]
@@ -150,10 +153,38 @@ class Stack:
             http = flags(model=cfg.model, host=cfg.host, http_port=cfg.port)
             commands.append(("gateway-0", ["gateway", *http, *engine, *cfg.gateway_args]))
         drain = flags(drain_timeout=f"{cfg.drain_timeout:g}")
+        ports = self._fixed_ports(commands)
         return [
-            (name, [command, *flags(worker_id=name), *args, *drain])
+            (name, [command, *flags(worker_id=name, http_port=ports.get(name)), *args, *drain])
             for name, (command, *args) in commands
         ]
+
+    def _fixed_ports(self, commands: list[tuple[str, list[str]]]) -> dict[str, int]:
+        """Each child's HTTP port by its name, from the base port (none without one; the
+        gateway's is --port)."""
+        if self.config.base_port is None:
+            return {}
+        layout, seen = PortLayout(self.config.base_port), Counter[str]()
+        ports = {}
+        for name, (command, *_) in commands:
+            if command != "gateway":
+                ports[name] = layout.port(command, seen[command])
+                seen[command] += 1
+        return ports
+
+    def listeners(self) -> list[Listener]:
+        """Every HTTP endpoint of the stack with its port (0: a free one, known later)."""
+        cfg = self.config
+        children = [
+            Listener(
+                name, args[0], cfg.host if args[0] == "gateway" else "127.0.0.1", _http_port(args)
+            )
+            for name, args in self.commands()
+        ]
+        if cfg.metrics_port is not None:
+            port = self.metrics.port or cfg.metrics_port  # served: the port it got
+            children.append(Listener("up", "up", cfg.host, port))
+        return children
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
         """Run `kvstack <args>`; the NATS URL comes from KVSTACK_NATS unless args give one,
@@ -358,3 +389,9 @@ def engine_args(mock: MockSpec | None) -> list[str]:
 
 async def _quiet(e: Exception) -> None:
     pass
+
+
+def _http_port(args: list[str]) -> int:
+    """The --http-port a child's command line gives (0: none, a free port)."""
+    flag = flags(http_port=1)[0]
+    return int(args[args.index(flag) + 1]) if flag in args else 0

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from services.attention_worker.shard import kv_head_range
-from services.cli import settings
+from services.cli import prometheus_config, settings
+from services.cli.ports import PortLayout
 from services.cli.restarts import RestartPolicy
 from services.cli.serve import backend_timeouts, engine_options
 from services.cli.settings import FORWARDED_BY_UP, flags, forward
@@ -80,13 +81,14 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         mock=mock,
         host=args.host,
         port=args.port,
+        base_port=args.base_port or None,
         worker_args=forwarded["prefill"],
         gateway_args=forwarded["gateway"],
         conductor_args=forwarded["conductor"],
         log_dir=Path(args.log_dir),
         drain_timeout=args.drain_timeout,
         restart=RestartPolicy(),
-        metrics_port=args.metrics_port,
+        metrics_port=_metrics_port(args),
         secrets_dir=Path(args.secrets_dir),
         insecure=args.insecure,
         nats_tls=args.nats_tls,
@@ -100,6 +102,7 @@ def run_until_stopped(stack: Stack, args: argparse.Namespace) -> None:
         f"starting {len(stack.processes)} services (logs in {args.log_dir}; "
         f"metrics of kvstack up on {stack.metrics.url}) ..."
     )
+    _write_prometheus_config(stack, Path(args.prometheus_config))
     stack.wait_ready()
     mock = stack.config.mock
     serving = args.model if mock is None else f"mock {mock.model} on {mock.hardware}"
@@ -107,6 +110,21 @@ def run_until_stopped(stack: Stack, args: argparse.Namespace) -> None:
     while True:
         stack.check_alive()
         time.sleep(0.5)
+
+
+def _metrics_port(args: argparse.Namespace) -> int:
+    """--metrics-port as given, else the base port's slot (0, a free port, without one)."""
+    if args.metrics_port is not None:
+        return args.metrics_port
+    return PortLayout(args.base_port).port("up") if args.base_port else 0
+
+
+def _write_prometheus_config(stack: Stack, path: Path) -> None:
+    if stack.config.base_port is None:
+        say("no Prometheus config: --base-port 0 puts every service on a free port")
+        return
+    prometheus_config.write(path, stack.listeners())
+    say(f"Prometheus config for this stack: {path} (services from port {stack.config.base_port})")
 
 
 def shut_down(stack: Stack) -> None:

@@ -25,6 +25,11 @@ class UpMetrics:
         self.url = f"http://{host}:{server.server_port}/metrics"
         return self.url
 
+    @property
+    def port(self) -> int:
+        """The port /metrics is served on (0: not served)."""
+        return self._server.server_port if self._server is not None else 0
+
     def close(self) -> None:
         if self._server is not None:
             self._server.shutdown()

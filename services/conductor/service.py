@@ -44,7 +44,14 @@ class ConductorService(Service):
     def __init__(self, config: ConductorConfig, cost: CostModel) -> None:
         super().__init__(config)
         self.core = Conductor(config.scheduling, cost)
-        self.placements = self.metrics.counter("placements", "placement decisions", ("result",))
+        self.placements = self.metrics.counter(
+            "placements",
+            "placement decisions: accepted, rejected (admission: overload), unplaceable (no "
+            "worker could take it)",
+            ("result",),
+        )
+        for result in ("accepted", "rejected", "unplaceable"):
+            self.placements.labels(result)
         self.replications = self.metrics.counter(
             "replicated_blocks", "prefix blocks placements pull into a worker (replicas)"
         )
@@ -92,11 +99,11 @@ class ConductorService(Service):
             self.estimate_error.labels(name).observe(abs(relative_error(predicted, actual)))
 
     async def _place(self, request: PlacementRequest) -> Placement:
-        before = self.core.counters.replicated_blocks
+        counters = self.core.counters
+        before, unplaceable = counters.replicated_blocks, counters.unplaceable
         placement = self.core.place(request, time.time())
-        result = "accepted" if placement.accepted else "rejected"
-        self.placements.labels(result).inc()
-        self.replications.inc(self.core.counters.replicated_blocks - before)
+        self.placements.labels(_result(placement, counters.unplaceable > unplaceable)).inc()
+        self.replications.inc(counters.replicated_blocks - before)
         if placement.accepted:
             self.predicted_ttft.observe(placement.predicted_ttft)
         return placement
@@ -122,3 +129,9 @@ class ConductorService(Service):
             self.live_workers.labels(service).set(len(self.core.state.live(service, now)))
         self.indexed_blocks.set(len(self.core.index))
         return super().heartbeat()
+
+
+def _result(placement: Placement, unplaceable: bool) -> str:
+    if placement.accepted:
+        return "accepted"
+    return "unplaceable" if unplaceable else "rejected"

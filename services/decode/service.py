@@ -51,6 +51,7 @@ from shared.transfer.factory import make_receiver
 from shared.transfer.tcp import TcpKVSender
 from shared.worker import WorkerConfig, prompt_problem, worker_heartbeat, worker_stats
 from shared.worker_core import Refusal
+from shared.worker_metrics import LoadGauges
 
 log = logging.getLogger("kvstack.decode")
 
@@ -83,7 +84,7 @@ class DecodeService(Service):
         self.wasted_prefill = self.metrics.counter(
             "wasted_prefill_tokens", "prompt tokens prefilled, then refused here (baseline)"
         )
-        self.kv_usage = self.metrics.gauge("kv_cache_usage_perc", "share of KV blocks in use")
+        self.load_gauges = LoadGauges.of(self.metrics)
         self.recoveries = self.metrics.counter(
             "attention_recoveries", "attention groups re-formed after losing a worker"
         )
@@ -108,6 +109,25 @@ class DecodeService(Service):
         )
         await bus.subscribe(subjects.abort(), self._on_abort, expected=Abort)
         await subscribe_heartbeats(bus, self._on_heartbeat)
+        self._data_plane_metrics()
+
+    def _data_plane_metrics(self) -> None:
+        """Local KV: the stream from prefill in, write-backs out; offloaded: q, k, v out
+        to the attention workers and their outputs back."""
+        group, receiver = self.group, self.receiver
+        self.metrics.counter_of(
+            "data_sent_bytes",
+            "data-plane bytes sent: write-backs to the pool, q/k/v to attention workers",
+            lambda: self.sender.bytes_sent + (group.counter("qkv_bytes") if group else 0),
+        )
+        self.metrics.counter_of(
+            "data_received_bytes",
+            "data-plane bytes received: KV from prefill, attention outputs",
+            lambda: (
+                (receiver.bytes_received if receiver else 0)
+                + (group.counter("out_bytes") if group else 0)
+            ),
+        )
 
     async def _start_local(
         self, bus: Bus, loop: asyncio.AbstractEventLoop, token: str | None
@@ -185,7 +205,7 @@ class DecodeService(Service):
             self._on_outputs(outputs)
 
     def heartbeat(self) -> Heartbeat:
-        self.kv_usage.set(self.engine.stats().usage)
+        self.load_gauges.show(self.engine.stats())
         return worker_heartbeat(
             self.name,
             self.worker_id,

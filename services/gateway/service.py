@@ -90,6 +90,11 @@ class GatewayService(Service):
         )
         self.ttft = m.histogram("time_to_first_token_seconds", "time to first token", TTFT_BUCKETS)
         self.itl = m.histogram("inter_token_latency_seconds", "time between tokens", ITL_BUCKETS)
+        self.tpot = m.histogram(
+            "request_time_per_output_token_seconds",
+            "a request's mean time between its tokens after the first",
+            ITL_BUCKETS,
+        )
         self.e2e = m.histogram(
             "e2e_request_latency_seconds", "request latency", REQUEST_LATENCY_BUCKETS
         )
@@ -161,6 +166,9 @@ class GatewayService(Service):
         times = relay.token_times
         for earlier, later in itertools.pairwise(times):
             self.itl.observe(later - earlier)
+        num_tokens = relay.stream.num_tokens if relay.stream else 0
+        if num_tokens > 1:
+            self.tpot.observe((times[-1] - first_token_at) / (num_tokens - 1))
         self.e2e.observe(times[-1] - relay.started)
         self.tasks.spawn(
             self.live_bus.publish(subjects.request_done(), self._done(relay, first_token_at)),

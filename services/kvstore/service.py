@@ -65,6 +65,13 @@ class KvstoreService(Service):
         self.num_gets = self.num_get_misses = 0
         self.served_bytes = self.metrics.counter("served_bytes", "block bytes sent to clients")
         self.stored_bytes = self.metrics.gauge("stored_bytes", "block bytes held", ("tier",))
+        self.metrics.counter_of("block_queries", "blocks clients asked to get", self._queries)
+        self.metrics.counter_of(
+            "block_hits",
+            "blocks served, by the tier that held them (dram, or ssd: promoted first)",
+            self._hits,
+            label="tier",
+        )
 
     async def start(self, bus: Bus) -> None:
         token = self.config.data_token or None
@@ -85,6 +92,22 @@ class KvstoreService(Service):
         )
         await bus.subscribe(subjects.kv_resync(), self._resync, expected=KVResync)
         self.tasks.every(EVENT_INTERVAL, self._housekeeping, "housekeeping")
+        self.metrics.counter_of(
+            "data_sent_bytes", "data-plane bytes sent (gets)", lambda: self.sender.bytes_sent
+        )
+        self.metrics.counter_of(
+            "data_received_bytes",
+            "data-plane bytes received (puts)",
+            lambda: self.receiver.bytes_received,
+        )
+
+    def _queries(self) -> int:
+        s = self.store.stats()
+        return s["dram_hits"] + s["dram_misses"]  # a DRAM miss is an SSD hit or a miss
+
+    def _hits(self) -> dict[str, int]:
+        s = self.store.stats()
+        return {"dram": s["dram_hits"], "ssd": s["disk_hits"]}
 
     async def drain(self) -> None:
         """Let puts in flight land (a few seconds: one whose sender died would wait for its

@@ -20,6 +20,8 @@ from shared.kvstore_client import KvstorePool
 from shared.messages import PrefillRequest
 from shared.prefill.prefix import (
     KVSTORE,
+    NO_PREFIX,
+    PrefixPlan,
     after_fetch,
     after_reserve,
     load_failure,
@@ -61,23 +63,23 @@ class PrefixLoader:
         self.loads: dict[str, PrefixLoad] = {}  # fetches in flight, or failed (until forget)
         self.blocks_loaded = {KVSTORE: 0, "peer": 0}
 
-    async def prepare(self, req: PrefillRequest, hashes: list[int]) -> int:
-        """Reserve and start fetching what is cached elsewhere; returns the prompt tokens
-        whose KV needs no compute (0: nothing remote, the engine matches locally)."""
+    async def prepare(self, req: PrefillRequest, hashes: list[int]) -> PrefixPlan:
+        """Reserve and start fetching what is cached elsewhere; returns the plan, whose
+        blocks need no compute (NO_PREFIX: nothing remote, the engine matches locally)."""
         if not req.load_prefix:  # the conductor found recomputing cheaper than loading
-            return 0
+            return NO_PREFIX
         block_size = self.pool.layout.block_size
         usable = usable_blocks(len(req.prompt_token_ids), len(hashes), block_size)
         local = await self.engine_loop.call(lambda e: e.cached_prefix_blocks(hashes, usable))
         pool_blocks = await self._pool_blocks(hashes[local:usable])
         plan = plan_prefix(usable, local, pool_blocks, req.prefix_peer, req.prefix_peer_blocks)
         if not plan.fetched_blocks:
-            return 0
+            return NO_PREFIX
         reserved = await self.engine_loop.call(
             lambda e: e.reserve_prefix(req.request_id, hashes, plan.blocks)
         )
         if reserved is None:
-            return 0
+            return NO_PREFIX
         num_local, new_ids = reserved
         plan = after_reserve(plan, num_local)
         load = PrefixLoad(req.request_id, num_local, hashes[num_local : plan.blocks], plan.source)
@@ -94,7 +96,7 @@ class PrefixLoader:
         if started:
             self.loads[req.request_id] = load
             self.tasks.spawn(self._settle(load), f"settling the prefix load of {req.request_id}")
-        return plan.blocks * block_size
+        return plan
 
     async def _pool_blocks(self, hashes: list[int]) -> int:
         """How many of `hashes`, from the first, the kvstore pool holds (0: no pool)."""

@@ -37,17 +37,20 @@ from shared.messages import (
     WorkerStats,
 )
 from shared.prefill.load import prefill_load
+from shared.prefill.metrics import PrefixCounters
 from shared.prefill.outcome import (
     finish_at_first_token,
     kv_is_whole,
     refused_code,
     streams_verdict,
 )
+from shared.prefill.prefix import PrefixPlan
 from shared.service import Service
 from shared.transfer.factory import make_sender
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from shared.worker import WorkerConfig, prompt_problem, worker_heartbeat, worker_stats
 from shared.worker_core import error_code, intake_refusal
+from shared.worker_metrics import LoadGauges
 
 log = logging.getLogger("kvstack.prefill")
 
@@ -64,9 +67,13 @@ class PrefillService(Service):
         self.requests: dict[str, PrefillRequest] = {}
         # accepted, not in the engine yet (reserving on decode, loading a prefix): tokens
         self.arriving: dict[str, int] = {}
+        self.plans: dict[str, PrefixPlan] = {}  # where each prompt's prefix comes from
         self.num_done = 0
-        self.prompt_tokens = self.metrics.counter("prompt_tokens", "prompt tokens prefilled")
-        self.kv_bytes = self.metrics.gauge("kv_transfer_bytes", "KV bytes sent so far")
+        self.prompt_tokens = self.metrics.counter(
+            "prompt_tokens", "prompt tokens computed (not found in a prefix cache)"
+        )
+        self.prefix_hits = PrefixCounters.of(self.metrics)
+        self.load_gauges = LoadGauges.of(self.metrics)
 
     async def start(self, bus: Bus) -> None:
         loop = asyncio.get_running_loop()
@@ -108,12 +115,33 @@ class PrefillService(Service):
         await subscribe_heartbeats(bus, self._on_heartbeat)
         await bus.subscribe(subjects.kv_resync(), self.sharing.resync, expected=KVResync)
         self.tasks.every(EVENT_INTERVAL, self.sharing.publish_events, "publishing KV events")
+        self._data_plane_metrics()
+
+    def _data_plane_metrics(self) -> None:
+        m = self.metrics
+        m.counter_of(
+            "kv_transfer_bytes",
+            "KV bytes streamed to decode workers (--transport)",
+            lambda: self.kv_out.bytes_sent,
+        )
+        m.counter_of(
+            "data_sent_bytes",
+            "data-plane bytes sent: the KV stream, shards, write-backs, blocks to peers",
+            lambda: self.kv_out.bytes_sent + self.sender.bytes_sent,
+        )
+        m.counter_of(
+            "data_received_bytes",
+            "data-plane bytes received: prefix blocks from the pool and peers",
+            lambda: self.receiver.bytes_received,
+        )
 
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
         self.pool.observe(hb)
 
     def heartbeat(self) -> Heartbeat:
-        self.kv_bytes.set(self.kv_out.bytes_sent)
+        # NOTE: a copy in one call: the engine thread removes prompts it takes
+        load = prefill_load(self.engine.stats(), list(self.arriving.values()))
+        self.load_gauges.show(load)
         return worker_heartbeat(
             self.name,
             self.worker_id,
@@ -122,8 +150,7 @@ class PrefillService(Service):
             self.http_addr,
             self.data_addr,
             self.draining,
-            # NOTE: a copy in one call: the engine thread removes prompts it takes
-            load=prefill_load(self.engine.stats(), list(self.arriving.values())),
+            load=load,
         )
 
     async def drain(self) -> None:
@@ -162,6 +189,7 @@ class PrefillService(Service):
         """A bug ended the request's task: end the request too, and free what it held."""
         rid = req.request_id
         self.targets.pop(rid, None)
+        self.plans.pop(rid, None)
         self.loader.forget(rid)
         await self.engine_loop.call(lambda e: e.abort(rid) and None)
         await self.engine_loop.call(lambda e: e.release(rid))
@@ -183,7 +211,9 @@ class PrefillService(Service):
             return await self._fail(req, reservation.reason, reservation.code)
         hashes = self._block_hashes(req)
         self.targets[req.request_id] = _targets(req, reservation)
-        external = await self.loader.prepare(req, hashes)
+        plan = await self.loader.prepare(req, hashes)
+        self.plans[req.request_id] = plan
+        external = plan.blocks * self.config.block_size
         self._trace(req.request_id, f"prefix planned ({external} tokens not computed)")
         prefill_only = dataclasses.replace(req.params, max_tokens=1)
 
@@ -284,6 +314,7 @@ class PrefillService(Service):
     ) -> None:
         rid = target.request_id
         self.targets.pop(rid, None)
+        plan = self.plans.pop(rid, None)
         self.loader.forget(rid)
         whole = out is not None and kv_is_whole(out.finish_reason, sent)
         if whole:  # in the background: the first token does not wait for the write-back
@@ -304,6 +335,9 @@ class PrefillService(Service):
             code = error_code(out.error_kind)
             await self._fail(req, f"prefill failed: {error or out.stop_reason}", code)
         else:
+            self.prefix_hits.count(
+                out.num_prompt_tokens, out.num_cached_tokens, plan, self.config.block_size
+            )
             await self._hand_over(req, out, target, num_frames)
 
     async def _hand_over(
@@ -378,6 +412,7 @@ class PrefillService(Service):
 
     def _done(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
+        self.plans.pop(request_id, None)
         self.arriving.pop(request_id, None)
         self.started.pop(request_id, None)
         self.num_done += 1

@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_stack(log_dir: Path, **overrides) -> Iterator[Stack]:
+def running_stack(
+    log_dir: Path, before_ready: Callable[[Stack], object] | None = None, **overrides
+) -> Iterator[Stack]:
+    """A stack started with these StackConfig overrides; `before_ready` may spawn more
+    children before it waits for all of them."""
     config = dict(
         port=free_port(),
         worker_args=WORKER_ARGS,
@@ -42,6 +46,8 @@ def running_stack(log_dir: Path, **overrides) -> Iterator[Stack]:
     stack = Stack(StackConfig(**{**config, **overrides}))
     try:
         stack.start()
+        if before_ready is not None:
+            before_ready(stack)
         stack.wait_ready()
         yield stack
     finally:

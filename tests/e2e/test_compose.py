@@ -16,6 +16,7 @@ import jsonschema
 import openai
 import yaml
 
+from services.cli.main import build_parser
 from services.cli.main import main as kvstack
 from services.cli.stack import Stack, StackConfig
 from shared.nats_server import NatsServer
@@ -38,9 +39,62 @@ def test_compose_has_nats_every_service_and_prometheus() -> None:
     services = compose()["services"]
     assert {"nats", "prometheus", *KVSTACK_SERVICES} <= set(services)
     assert "-js" in services["nats"]["command"]
-    assert services["grafana"]["profiles"] == ["grafana"]
+    assert "profiles" not in services["grafana"]  # it comes up with Prometheus
     for name in KVSTACK_SERVICES:
         assert services[name]["command"][:2] == ["kvstack", name]
+
+
+def mounts(service: dict) -> dict[str, Path]:
+    """Where each file or folder of the repository a service mounts goes."""
+    pairs = [v.split(":")[:2] for v in service.get("volumes", []) if v.startswith("./")]
+    return {target: ROOT / source for source, target in pairs}
+
+
+def test_prometheus_scrapes_every_kvstack_service_at_its_metrics_port() -> None:
+    services = compose()["services"]
+    prometheus = services["prometheus"]
+    [config_flag] = [a for a in prometheus["command"] if a.startswith("--config.file=")]
+    config = yaml.safe_load(mounts(prometheus)[config_flag.partition("=")[2]].read_text())
+    [job] = config["scrape_configs"]
+    [dns] = job["dns_sd_configs"]
+    scraped = {f"{name}:{dns['port']}" for name in dns["names"]}
+    scraped |= {t for c in job["static_configs"] for t in c["targets"]}
+    for name, service in services.items():
+        command = service.get("command", [])
+        if command[:1] == ["kvstack"]:
+            port = command[command.index("--http-port") + 1]
+            assert f"{name}:{port}" in scraped, name
+
+
+def test_grafana_is_provisioned_with_the_dashboard_and_its_datasource() -> None:
+    grafana = mounts(compose()["services"]["grafana"])
+    provisioning = grafana["/etc/grafana/provisioning"]
+    [datasource] = yaml.safe_load((provisioning / "datasources" / "kvstack.yml").read_text())[
+        "datasources"
+    ]
+    [provider] = yaml.safe_load((provisioning / "dashboards" / "kvstack.yml").read_text())[
+        "providers"
+    ]
+    folder = grafana[provider["options"]["path"]]
+    dashboard = json.loads((folder / "kvstack.json").read_text())
+    uids = {t["datasource"]["uid"] for p in dashboard["panels"] for t in p.get("targets", [])}
+    assert uids == {datasource["uid"]}
+    assert datasource["url"] == "http://prometheus:9090"
+
+
+def test_attention_workers_run_behind_the_offload_profile(tmp_path) -> None:
+    services = compose()["services"]
+    worker, decode = services["attention-worker"], services["decode-offload"]
+    assert worker["profiles"] == decode["profiles"] == ["offload"]
+    worker_args = build_parser().parse_args(worker["command"][1:])
+    decode_args = build_parser().parse_args(decode["command"][1:])
+    assert decode_args.attention_workers == worker_args.worker_id
+    secrets = tmp_path / "secrets"
+    assert kvstack(["auth", "init", "--dir", str(secrets)]) == 0
+    for service in (worker, decode):
+        creds = service["environment"]["KVSTACK_NATS_CREDS"]
+        assert (secrets / Path(creds).name).is_file()
+        assert Path(creds).name in service["secrets"]
 
 
 def local_command(name: str, service: dict, tmp_path) -> tuple[list[str], int]:

@@ -76,13 +76,15 @@ def http_addrs(stack, service: str, count: int) -> list[str]:
 
 
 def kv_bytes_sent(stack) -> int:
-    """KV payload bytes the prefill workers streamed to decode workers (updated each beat)."""
+    """KV payload bytes the prefill workers streamed to decode workers (a counter)."""
     total = 0
     for addr in http_addrs(stack, "prefill", 2):
         with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as response:
             text = response.read().decode()
         line = next(
-            row for row in text.splitlines() if row.startswith("kvstack_prefill_kv_transfer_bytes ")
+            row
+            for row in text.splitlines()
+            if row.startswith("kvstack_prefill_kv_transfer_bytes_total ")
         )
         total += int(float(line.split()[1]))
     return total
