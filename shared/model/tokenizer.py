@@ -81,6 +81,11 @@ class Tokenizer:
         marked_prompt = self.apply_chat_template(marked, add_generation_prompt)
         return self._spelled_tokens.encode(prompt, marked_prompt)
 
+    def to_json(self) -> str:
+        """The tokenizer.json text (the `tokenizers` library's own serialisation), for libraries
+        that build their own view of the vocabulary, such as the grammar engine."""
+        return self._backend.to_str()
+
     @property
     def vocab_size(self) -> int:
         return self._backend.get_vocab_size(with_added_tokens=True)
