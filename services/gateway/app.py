@@ -9,26 +9,30 @@ import logging
 import os
 import time
 import uuid
+from collections import defaultdict
 
 from aiohttp import web
 
 from services.gateway import errors
 from services.gateway.body import read_body
-from services.gateway.choices import Choices
+from services.gateway.choices import Answer, Choices
 from services.gateway.concurrency import PerKeyLimit
 from services.gateway.cors import Cors
 from services.gateway.errors import ApiError, error_body
+from services.gateway.grammar_check import GrammarCheck
 from services.gateway.model_routes import KEYED_PATHS, ModelRoutes
 from services.gateway.openapi import OPENAPI
 from services.gateway.protocol import GenerateRequest, decode_body, parse_chat, parse_completion
 from services.gateway.responses import (
     choice,
     choices_response,
+    delta_chunk,
     format_logprobs,
     stream_chunk,
     usage_chunk,
 )
 from services.gateway.sse import SSE_DONE, SSE_HEADERS, sse_error, sse_event
+from services.gateway.tool_replies import StreamedReply, whole_reply
 
 log = logging.getLogger("kvstack.gateway")
 _counter = itertools.count()
@@ -43,6 +47,7 @@ class GatewayApp:
         edge = service.config.edge
         self.per_key = PerKeyLimit(edge.max_concurrent_per_key)
         self.cors = Cors(edge.cors_origins) if edge.cors_origins else None
+        self.grammars = GrammarCheck(service.tokenizer)
         self.model_routes = ModelRoutes(service, self.created)
 
     def routes(self) -> list[web.RouteDef]:
@@ -139,6 +144,7 @@ class GatewayApp:
             _internal_id(request_id),
             self.service.model_aliases,
         )
+        await self.grammars.check(req)
         choices = Choices.of(req, self.service.tokenizer, self.service.backend)
         self.service.begin()
         try:
@@ -150,20 +156,18 @@ class GatewayApp:
 
     async def _complete(self, req: GenerateRequest, choices: Choices) -> web.Response:
         answers = await choices.answers()
-        tokenizer, echo = self.service.tokenizer, req.echo or ""
-        bodies = [
-            choice(
-                req,
-                a.index,
-                echo + a.text,
-                a.finish_reason,
-                format_logprobs(req, tokenizer, a.entries or None),
-            )
-            for a in answers
-        ]
+        bodies = [self._choice(req, answer) for answer in answers]
         self.service.count_request(200)
         token_usage = choices.usage([a.source for a in answers])
         return web.json_response(choices_response(req, bodies, token_usage))
+
+    def _choice(self, req: GenerateRequest, answer: Answer) -> dict:
+        logprobs = format_logprobs(req, self.service.tokenizer, answer.entries or None)
+        text, finish = (req.echo or "") + answer.text, answer.finish_reason
+        message = None
+        if req.tools is not None:
+            message, finish = whole_reply(text, finish)
+        return choice(req, answer.index, text, finish, logprobs, message)
 
     async def _stream(
         self, request: web.Request, req: GenerateRequest, choices: Choices
@@ -190,9 +194,14 @@ class GatewayApp:
         """Chunks, then usage and [DONE]; once the status line is out, any error travels
         in the stream as an error event (never a second HTTP response inside it)."""
         started: set[int] = set()  # choices with a chunk sent
+        replies: dict[int, StreamedReply] = defaultdict(StreamedReply)  # with tools
 
         async def write(index: int, piece) -> None:
-            await response.write(sse_event(self._chunk(req, piece, index, started)))
+            if req.tools is None:
+                await response.write(sse_event(self._chunk(req, piece, index, started)))
+                return
+            for chunk in self._tool_chunks(req, piece, index, started, replies[index]):
+                await response.write(sse_event(chunk))
 
         try:
             await write(*first)
@@ -223,6 +232,33 @@ class GatewayApp:
             finish_reason=piece.finish_reason,
             index=index,
         )
+
+    @staticmethod
+    def _tool_chunks(
+        req: GenerateRequest, piece, index: int, started: set[int], reply: StreamedReply
+    ) -> list[dict]:
+        """A piece of a reply read for tool calls: a chunk per delta, the last one with
+        the piece's logprobs and finish reason (`tool_calls` once a call was made)."""
+        deltas = reply.deltas(piece.text, finished=piece.finish_reason is not None)
+        finish = reply.finish_reason(piece.finish_reason)
+        if not deltas and (finish or piece.logprobs):
+            deltas = [{}]
+        chunks = []
+        for i, delta in enumerate(deltas):
+            last = i == len(deltas) - 1
+            first = index not in started
+            started.add(index)
+            chunks.append(
+                delta_chunk(
+                    req,
+                    delta,
+                    first=first,
+                    logprobs=piece.logprobs if last else None,
+                    finish_reason=finish if last else None,
+                    index=index,
+                )
+            )
+        return chunks
 
 
 def _same(given: str, expected: str) -> bool:

@@ -20,7 +20,6 @@ from services.gateway.protocol import (
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     MAX_TEMPERATURE,
-    NOT_YET,
     SEED_RANGE,
     UNSUPPORTED,
 )
@@ -39,14 +38,8 @@ def nullable(schema: dict, description: str = "") -> dict:
 
 
 def refused(names: tuple[str, ...]) -> dict:
-    """Fields kvstack does not implement: null or one of the values that ask for nothing."""
-    return {
-        name: {
-            "anyOf": [{"type": "null"}, *({"const": value} for value in NOT_YET.get(name, ()))],
-            "description": "not supported: any other value is a 400",
-        }
-        for name in (*names, *NOT_YET)
-    }
+    """Fields kvstack does not implement: null, or a 400 naming the field."""
+    return {name: {"type": "null", "description": "not supported (400)"} for name in names}
 
 
 INTEGER = {"type": "integer"}
@@ -123,6 +116,21 @@ SAMPLING = {
         "no EOS, stop token or stop string before this many tokens; at most max_tokens",
     ),
     "user": nullable(STRING, "the end user's id (accepted, not used)"),
+    "response_format": nullable(
+        {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"enum": ["text", "json_object", "json_schema"]}},
+        },
+        "json_object, or json_schema {name, schema, strict}: enforced while sampling",
+    ),
+    "guided_json": nullable({"anyOf": [{"type": "object"}, STRING]}, "vLLM's: a JSON schema"),
+    "guided_regex": nullable(STRING, "vLLM's: the whole output matches it"),
+    "guided_choice": nullable({"type": "array", "items": STRING, "minItems": 1}),
+    "guided_grammar": nullable(STRING, "vLLM's: a Lark or GBNF grammar"),
+    "structured_outputs": nullable(
+        {"type": "object"}, "vLLM's: one of json, regex, choice, grammar, json_object"
+    ),
     "stream": nullable(BOOLEAN, "true: server-sent events (text/event-stream)"),
     "stream_options": nullable(
         {
@@ -198,6 +206,12 @@ CHAT_REQUEST = {
         "max_tokens": nullable(MAX_TOKENS, "older name of max_completion_tokens"),
         "logprobs": nullable(BOOLEAN),
         "top_logprobs": nullable(TOP_LOGPROBS, "needs logprobs: true when above 0"),
+        "tools": nullable({"type": "array", "items": {"type": "object"}}, "functions offered"),
+        "tool_choice": nullable(
+            {"anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}]},
+            "required or a named function: the reply is calls, enforced while sampling",
+        ),
+        "parallel_tool_calls": nullable(BOOLEAN),
         **SAMPLING,
         **refused(UNSUPPORTED["chat"]),
     },

@@ -19,6 +19,11 @@ from services.gateway.errors import body_too_large, internal_error, invalid_requ
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest, KvstackError
 from shared.model.tokenizer import Tokenizer
+from shared.structured.request import grammar_from_request
+from shared.structured.spec import GrammarSpec
+from shared.structured.tool_grammar import tool_call_grammar
+from shared.structured.tool_prompt import messages_for_template
+from shared.structured.tools import ToolChoice, tools_from_request
 
 Endpoint = Literal["completions", "chat"]
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -146,6 +151,8 @@ class GenerateRequest:
     n: int = 1  # choices returned
     best_of: int = 1  # choices generated, the n likeliest returned (completions)
     echo: str | None = None  # the prompt's text, put before the reply (completions)
+    tools: ToolChoice | None = None  # tools the prompt offers: the reply is read for calls
+    grammar_field: str | None = None  # the field that asked for params.grammar (for a 400)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -192,7 +199,10 @@ def parse_completion(
     )
     logprobs = _read(body, "logprobs", INT)
     params = _sampling_params(body, tokenizer, limits, max_tokens, logprobs, "logprobs")
+    spec, field_name = _grammar(body, None)
+    params = dataclasses.replace(params, grammar=spec)
     request = _request(body, request_id, "completions", model, prompt_ids, params)
+    request = dataclasses.replace(request, grammar_field=field_name)
     return _with_choices(body, request, _echo(body, logprobs, tokenizer, prompt_ids))
 
 
@@ -208,7 +218,8 @@ def parse_chat(
     body = _object(body)
     model = _model(body, served_model, aliases)
     _check_supported(body, "chat")
-    prompt_ids = _chat_prompt(body.get("messages"), tokenizer)
+    tools = _tools(body)
+    prompt_ids = _chat_prompt(body.get("messages"), tokenizer, tools)
     _check_prompt_length(len(prompt_ids), limits, "messages")
     requested, param = _chat_max_tokens(body)
     # Without a limit a chat reply may fill the context (vLLM does the same).
@@ -216,7 +227,12 @@ def parse_chat(
     params = _sampling_params(
         body, tokenizer, limits, max_tokens, _chat_logprobs(body), "top_logprobs"
     )
-    return _with_choices(body, _request(body, request_id, "chat", model, prompt_ids, params))
+    spec, field_name = _grammar(body, tools)
+    params = dataclasses.replace(params, grammar=spec)
+    request = _request(body, request_id, "chat", model, prompt_ids, params)
+    offered = tools if tools is not None and tools.offered else None
+    request = dataclasses.replace(request, tools=offered, grammar_field=field_name)
+    return _with_choices(body, request)
 
 
 def _request(
@@ -269,30 +285,42 @@ def _model(body: dict, served_model: str, aliases: Collection[str]) -> str:
     return served_model
 
 
-# Structured output and tools, until the grammar engine is wired in: only values that ask
-# for nothing pass.
-NOT_YET: dict[str, tuple] = {
-    "response_format": ({"type": "text"},),
-    "tools": ([],),
-    "tool_choice": ("none",),
-    "parallel_tool_calls": (True, False),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
-    "structured_outputs": (),
-}
+GRAMMAR_FIELDS = (
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+)
+
+
+def _tools(body: dict) -> ToolChoice | None:
+    try:
+        return tools_from_request(body)
+    except InvalidRequest as exc:
+        param = "tool_choice" if "tool_choice" in str(exc) else "tools"
+        raise invalid_request(str(exc), param=param) from None
+
+
+def _grammar(body: dict, tools: ToolChoice | None) -> tuple[GrammarSpec | None, str | None]:
+    """What the output must match, and the field that asked for it. Calls that tools force
+    come first (the answer is then calls only)."""
+    forced = tool_call_grammar(tools) if tools is not None else None
+    if forced is not None:
+        return forced, "tool_choice"
+    given = next((name for name in GRAMMAR_FIELDS if body.get(name) is not None), None)
+    try:
+        return grammar_from_request(body), given
+    except InvalidRequest as exc:
+        raise invalid_request(str(exc), param=given) from None
 
 
 def _check_supported(body: dict, endpoint: Endpoint) -> None:
     _read(body, "user", STRING)  # accepted, as OpenAI's end-user id; not used
     given = [name for name in UNSUPPORTED[endpoint] if body.get(name) is not None]
-    given += [name for name, harmless in NOT_YET.items() if not _is(body.get(name), harmless)]
     if given:
         raise invalid_request(f"{given[0]} is not supported by kvstack.", param=given[0])
-
-
-def _is(value: Any, harmless: tuple) -> bool:
-    return value is None or value in harmless
 
 
 def _with_choices(body: dict, req: GenerateRequest, echo: str | None = None) -> GenerateRequest:
@@ -361,7 +389,9 @@ def _completion_prompt(
     raise invalid_request("prompt must be a string or a list of token ids.", param="prompt")
 
 
-def _chat_prompt(messages: Any, tokenizer: Tokenizer | None) -> tuple[int, ...]:
+def _chat_prompt(
+    messages: Any, tokenizer: Tokenizer | None, tools: ToolChoice | None = None
+) -> tuple[int, ...]:
     if not isinstance(messages, list) or not messages:
         raise invalid_request(
             "messages must be a non-empty list of {role, content} objects.", param="messages"
@@ -369,6 +399,9 @@ def _chat_prompt(messages: Any, tokenizer: Tokenizer | None) -> tuple[int, ...]:
     turns = [_chat_message(message, index) for index, message in enumerate(messages)]
     tokenizer = _tokenizer_for("chat", tokenizer)
     try:
+        # Tool calls and results as text, and the tools offered in the system turn, for
+        # templates that know no tools (docs/structured-output.md).
+        turns = messages_for_template(turns, tools.offered if tools else ())
         return tuple(tokenizer.encode_chat(turns, add_generation_prompt=True))
     except InvalidRequest as exc:
         raise invalid_request(str(exc), param="messages") from None
@@ -386,7 +419,13 @@ def _chat_message(message: Any, index: int) -> dict:
             f"Unknown role {message['role']!r}; the roles are {', '.join(CHAT_ROLES)}.",
             param=f"messages[{index}].role",
         )
-    return {"role": message["role"], "content": _chat_content(message.get("content"), index)}
+    calls = message.get("tool_calls") if message["role"] == "assistant" else None
+    if calls is not None and not isinstance(calls, list):
+        raise invalid_request("tool_calls must be a list.", param=f"messages[{index}].tool_calls")
+    if calls and message.get("content") is None:  # a turn of calls only
+        return {"role": "assistant", "content": "", "tool_calls": calls}
+    turn = {"role": message["role"], "content": _chat_content(message.get("content"), index)}
+    return {**turn, "tool_calls": calls} if calls else turn
 
 
 def _chat_content(content: Any, index: int) -> str:

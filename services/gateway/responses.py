@@ -17,7 +17,9 @@ from services.gateway.protocol import GenerateRequest
 from shared.engine.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
 
-FINISH_REASONS = ("stop", "length")  # all a client is sent; aborts and errors become errors
+# All a client is sent (tool_calls: a chat reply that called tools); aborts and errors
+# become errors.
+FINISH_REASONS = ("stop", "length", "tool_calls")
 MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 OWNED_BY = "kvstack"
 
@@ -56,11 +58,17 @@ def choices_response(req: GenerateRequest, choices: list[dict], token_usage: dic
 
 
 def choice(
-    req: GenerateRequest, index: int, text: str, finish_reason: str, logprobs: dict | None
+    req: GenerateRequest,
+    index: int,
+    text: str,
+    finish_reason: str,
+    logprobs: dict | None,
+    message: dict | None = None,
 ) -> dict:
-    """One choice of a whole answer: `text` for completions, a `message` for chat."""
+    """One choice of a whole answer: `text` for completions, a `message` for chat (its
+    content and tool calls given as `message`, else `text` as content)."""
     content = (
-        {"message": {"role": "assistant", "content": text}}
+        {"message": {"role": "assistant", **(message or {"content": text})}}
         if req.endpoint == "chat"
         else {"text": text}
     )
@@ -120,19 +128,29 @@ def chat_chunk(
     index: int = 0,
 ) -> dict:
     """`first` puts the role in this chunk's delta, next to its text (never on its own)."""
+    return delta_chunk(
+        req, {"content": text} if text or first else {}, first=first, logprobs=logprobs,
+        finish_reason=finish_reason, index=index,
+    )  # fmt: skip
+
+
+def delta_chunk(
+    req: GenerateRequest,
+    delta: dict,
+    *,
+    first: bool,
+    logprobs: dict | None = None,
+    finish_reason: str | None = None,
+    index: int = 0,
+) -> dict:
+    """A chat chunk with any delta (content, or tool calls); `first` adds the role."""
     body = {
         "index": index,
-        "delta": _delta(text, first),
+        "delta": {"role": "assistant", **delta} if first else delta,
         "logprobs": logprobs,
         "finish_reason": _checked_or_none(finish_reason),
     }
     return _chunk(req, [body])
-
-
-def _delta(text: str, first: bool) -> dict:
-    if first:
-        return {"role": "assistant", "content": text}
-    return {"content": text} if text else {}
 
 
 def usage_chunk(req: GenerateRequest, token_usage: dict) -> dict:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from shared.engine.config import EngineConfig
+from shared.engine.grammar import Grammars
 from shared.engine.interface import EngineInfo, EngineInterface, EngineStats
 from shared.engine.isolation import LayerHook, execute_isolated
 from shared.engine.logits_process import History
@@ -38,6 +39,7 @@ from shared.model.config import ModelConfig
 from shared.model.detokenizer import IncrementalDetokenizer
 from shared.model.registry import resolve_model
 from shared.model.tokenizer import Tokenizer, has_tokenizer
+from shared.structured.matcher import GrammarMatcher, GrammarViolation
 
 # How a request ends: ("stop", its stop token or string) or ("length", None).
 _Stop = tuple[str, int | str | None]
@@ -45,10 +47,11 @@ _Stop = tuple[str, int | str | None]
 
 @dataclass
 class _Extras:
-    """Per-request state beside the Sequence: text and stops."""
+    """Per-request state beside the Sequence: text, stops and grammar."""
 
     detokenizer: IncrementalDetokenizer | None
     stops: StopStringMatcher
+    grammar: GrammarMatcher | None = None
 
 
 class LLMEngine:
@@ -89,6 +92,7 @@ class LLMEngine:
         self._eos_token_ids = set(mc.eos_token_ids)
         if self._tokenizer is not None and self._tokenizer.eos_token_id is not None:
             self._eos_token_ids.add(self._tokenizer.eos_token_id)
+        self._grammars = Grammars(self._tokenizer, self._eos_token_ids, config.mock is not None)
         self._extras: dict[str, _Extras] = {}
         self._hold_kv: set[str] = set()
         self._held: dict[str, Sequence] = {}  # finished, blocks kept until `release`
@@ -379,7 +383,7 @@ class LLMEngine:
             rows,
             [s.params for s in seqs],
             [self._generator_for(s) for s in seqs],
-            [_history(s) if s.params.adjusts_logits else None for s in seqs],
+            [self._history(s) if s.params.adjusts_logits else None for s in seqs],
             self._eos_token_ids,
         )
         return [
@@ -399,16 +403,21 @@ class LLMEngine:
         return seeded_generator(seq.params.seed, seq.num_tokens, self._config.device)
 
     def _append(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> RequestOutput:
-        seq.append(token_id)
         extras = self._extras[seq.request_id]
         stop: _Stop | None = self.stop_reason(seq.params, token_id)
+        if stop is None and extras.grammar is not None:
+            try:
+                extras.grammar.accept(token_id)
+            except GrammarViolation as exc:  # the mask should have made this impossible
+                return self._fail(seq, str(exc), REQUEST_ERROR)
+        seq.append(token_id)
         text = ""
         if stop is None and extras.detokenizer is not None:
             # Stop strings count only from min_tokens on (vLLM's rule).
             matching = seq.num_output_tokens >= seq.params.min_tokens
             text = extras.stops.feed(extras.detokenizer.step(token_id), matching)
             stop = ("stop", extras.stops.matched) if extras.stops.matched else None
-        stop = stop or self._length_stop(seq)
+        stop = stop or self._length_stop(seq) or _grammar_stop(extras)
         if stop is not None:
             text += extras.stops.flush()
             held = seq.request_id in self._hold_kv
@@ -453,6 +462,11 @@ class LLMEngine:
         )
         return ("length", None) if full else None
 
+    def _history(self, seq: Sequence) -> History:
+        num_output = min(seq.num_output_tokens + seq.params.prior_output_tokens, seq.num_tokens)
+        grammar = self._extras[seq.request_id].grammar
+        return History(seq.token_ids, num_output, seq.num_output_tokens, grammar)
+
     def _make_extras(self, seq: Sequence) -> _Extras:
         params = seq.params
         detokenizer = None
@@ -460,12 +474,14 @@ class LLMEngine:
             detokenizer = IncrementalDetokenizer(
                 self._tokenizer, seq.token_ids, params.skip_special_tokens
             )
-        return _Extras(detokenizer, StopStringMatcher(params.stop))
+        return _Extras(detokenizer, StopStringMatcher(params.stop), self._grammars.matcher(seq))
 
 
-def _history(seq: Sequence) -> History:
-    num_output = seq.num_output_tokens + seq.params.prior_output_tokens
-    return History(seq.token_ids, min(num_output, seq.num_tokens), seq.num_output_tokens)
+def _grammar_stop(extras: _Extras) -> _Stop | None:
+    """A grammar that admits nothing more ends the request (no need to sample the EOS it
+    would force)."""
+    done = extras.grammar is not None and extras.grammar.is_finished
+    return ("stop", None) if done else None
 
 
 if TYPE_CHECKING:  # mypy holds LLMEngine to the interface services are typed with

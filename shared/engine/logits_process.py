@@ -1,4 +1,5 @@
-"""Logits adjusted before sampling: min_tokens, logit_bias and the three penalties.
+"""Logits adjusted before sampling: a grammar's mask, min_tokens, logit_bias and the
+three penalties.
 
 vLLM v1's order and definitions: the min_tokens mask and the biases first, then the
 penalties (repetition over prompt and output, frequency and presence over the output),
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from shared.engine.sampling_params import SamplingParams
+from shared.structured.logits import mask_logits_
+from shared.structured.matcher import GrammarMatcher
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class History:
     token_ids: Sequence[int]
     num_output: int
     num_new_output: int  # this attempt's output only: what min_tokens counts
+    grammar: GrammarMatcher | None = None  # where the row's output is in its grammar
 
     @property
     def output_ids(self) -> Sequence[int]:
@@ -54,6 +58,8 @@ def adjust_row(
     row: torch.Tensor, params: SamplingParams, history: History, stop_ids: Collection[int]
 ) -> None:
     """One row [vocab], in place."""
+    if history.grammar is not None:
+        mask_logits_(row, history.grammar)
     if history.num_new_output < params.min_tokens:
         _mask(row, _stops(params, stop_ids))
     for token_id, bias in params.logit_bias:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.errors import InvalidRequest
+from shared.structured.spec import GrammarSpec
 
 MAX_TOP_LOGPROBS = 20
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's range)
@@ -37,6 +38,7 @@ class SamplingParams:
     # (a migrated request continues from prompt + output so far): penalties count them as
     # output, as the first attempt did.
     prior_output_tokens: int = 0
+    grammar: GrammarSpec | None = None  # what the output must match (structured output)
 
     def __post_init__(self) -> None:
         checks = [
@@ -84,6 +86,7 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
             or self.logit_bias
             or self.min_tokens
+            or self.grammar is not None
         )
 
     @property

@@ -1,8 +1,13 @@
 """The OpenAI parameters beyond the basics, through the live stack and the official client:
-penalties, logit_bias, min_tokens, n, best_of, echo; and a 400 for what kvstack lacks."""
+penalties, logit_bias, min_tokens, n, best_of, echo, structured output, tools; and a 400
+for what kvstack lacks."""
 
 from __future__ import annotations
 
+import json
+import re
+
+import jsonschema
 import openai
 import pytest
 
@@ -145,3 +150,150 @@ def test_an_unsupported_parameter_is_a_400_naming_it(client, extra, param) -> No
         )  # fmt: skip
     assert info.value.param == param
     assert param in info.value.message
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 30},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+PARIS = '{"city": "Paris", "unit": "celsius"}'
+NOPE = {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}
+ASK_WEATHER = [{"role": "user", "content": "What's the weather in Paris?"}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_json_schema_reply_validates(client, stream) -> None:
+    kwargs = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        max_tokens=80,
+        temperature=1.0,
+        seed=5,
+        n=2,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+        },
+    )
+    if stream:
+        texts = ["", ""]
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            for c in chunk.choices:
+                texts[c.index] += c.delta.content or ""
+    else:
+        texts = [c.message.content for c in client.chat.completions.create(**kwargs).choices]
+    for text in texts:
+        jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_json_object_regex_and_choice(client) -> None:
+    ask = 'Return a JSON object with one key "ok" set to true.'
+    obj = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": ask}], max_tokens=120,
+        temperature=0, response_format={"type": "json_object"},
+    )  # fmt: skip
+    assert obj.choices[0].finish_reason == "stop", obj.choices[0].message.content
+    assert isinstance(json.loads(obj.choices[0].message.content), dict)
+    choices = ["Paris", "London", "Rome"]
+    pick = complete(
+        client, prompt="The capital of France is", max_tokens=8,
+        extra_body={"guided_choice": choices},
+    )  # fmt: skip
+    assert pick.choices[0].text in choices and pick.choices[0].finish_reason == "stop"
+    date = complete(
+        client, prompt="A date:", max_tokens=16, extra_body={"guided_regex": r"\d{4}-\d{2}-\d{2}"}
+    )
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", date.choices[0].text)
+
+
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_forced_tool_calls_validate(client, tool_choice) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=ASK_WEATHER, tools=[WEATHER], tool_choice=tool_choice,
+        max_tokens=80, temperature=0,
+    )  # fmt: skip
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert call.function.name == "get_weather" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(
+        model=MODEL, messages=ASK_WEATHER, tools=[WEATHER], tool_choice=tool_choice,
+        max_tokens=80, temperature=0, stream=True,
+    ):  # fmt: skip
+        for c in chunk.choices:
+            finish = c.finish_reason or finish
+            for piece in c.delta.tool_calls or []:
+                call = calls.setdefault(piece.index, {"name": "", "arguments": ""})
+                call["name"] += piece.function.name or ""
+                call["arguments"] += piece.function.arguments or ""
+    assert finish == "tool_calls"
+    streamed = [(c["name"], json.loads(c["arguments"])) for c in calls.values()]
+    whole = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+    assert streamed == whole
+
+
+def test_a_tool_result_in_the_history_is_accepted(client) -> None:
+    history = [
+        *ASK_WEATHER,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": PARIS},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'},
+    ]  # fmt: skip
+    reply = client.chat.completions.create(
+        model=MODEL, messages=history, tools=[WEATHER], tool_choice="none", max_tokens=24,
+        temperature=0,
+    )  # fmt: skip
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"response_format": NOPE}, "response_format"),
+        ({"guided_regex": "(unclosed"}, "guided_regex"),
+        ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, None),
+        ({"tool_choice": "required"}, "tool_choice"),
+    ],
+)  # fmt: skip
+def test_a_bad_constraint_is_a_400(client, extra, param) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=MODEL, messages=ASK_WEATHER, max_tokens=4, extra_body=extra
+        )
+    if param is not None:
+        assert info.value.param == param

@@ -360,7 +360,9 @@ BAD_CHATS = [
     ),
     ({"messages": user("Hi"), "n": 0}, 400, "n"),
     ({"messages": user("Hi"), "best_of": 2}, 400, "best_of"),
-    ({"messages": user("Hi"), "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"messages": user("Hi"), "response_format": {"type": "xml"}}, 400, "response_format"),
+    ({"messages": user("Hi"), "guided_choice": []}, 400, "guided_choice"),
+    ({"messages": user("Hi"), "tool_choice": "required"}, 400, "tool_choice"),
     ({"messages": user("Hi"), "tools": [{"type": "function"}]}, 400, "tools"),
     ({"messages": user("Hi"), "functions": []}, 400, "functions"),
     ({"messages": user("Hi"), "audio": {}}, 400, "audio"),
@@ -426,3 +428,50 @@ def test_decode_body() -> None:
     with pytest.raises(ApiError) as info:
         decode_body(b'{"prompt": "Hello there"}', small)
     assert_api_error(info, 413)
+
+
+def test_penalties_bias_min_tokens_choices_and_echo_reach_the_request(tokenizer) -> None:
+    req = completion(
+        {
+            "prompt": "Hi there",
+            "presence_penalty": 0.5,
+            "frequency_penalty": -1,
+            "repetition_penalty": 1.2,
+            "logit_bias": {"7": -100, "3": 2.5},
+            "min_tokens": 2,
+            "n": 2,
+            "best_of": 3,
+            "echo": True,
+            "user": "u-1",
+        },
+        tokenizer,
+    )
+    p = req.params
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -1, 1.2)
+    assert p.logit_bias == ((3, 2.5), (7, -100.0)) and p.min_tokens == 2
+    assert (req.n, req.best_of, req.echo) == (2, 3, "Hi there")
+
+
+def test_tools_and_constraints_reach_the_request(tokenizer) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    plain = chat({"messages": user("Hi")}, tokenizer, GatewayLimits(max_model_len=2048))
+    offered = chat(
+        {"messages": user("Hi"), "tools": [tool]}, tokenizer, GatewayLimits(max_model_len=2048)
+    )
+    assert offered.tools is not None and offered.params.grammar is None  # auto: free text
+    assert len(offered.prompt_token_ids) > len(plain.prompt_token_ids)  # tools in the prompt
+    forced = chat(
+        {"messages": user("Hi"), "tools": [tool], "tool_choice": "required"},
+        tokenizer,
+        GatewayLimits(max_model_len=2048),
+    )
+    assert forced.params.grammar is not None and forced.grammar_field == "tool_choice"
+    none = chat(
+        {"messages": user("Hi"), "tools": [tool], "tool_choice": "none"},
+        tokenizer,
+        GatewayLimits(max_model_len=2048),
+    )
+    assert none.tools is None and none.prompt_token_ids == plain.prompt_token_ids
+    schema = chat({"messages": user("Hi"), "response_format": {"type": "json_object"}}, tokenizer)
+    assert schema.params.grammar.kind == "json_object"
+    assert schema.grammar_field == "response_format"

@@ -1,8 +1,9 @@
-"""The real SmolLM2-135M, driven by the engine, sampling under the grammar's mask (a runner
-whose sample() masks, as the sampler will): its output parses and validates."""
+"""The real SmolLM2-135M, driven by the engine with a grammar in its sampling params: its
+output parses and validates; and a request moved mid-answer goes on under the same grammar."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
@@ -10,10 +11,7 @@ import pytest
 
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.runner import ModelRunner
 from shared.engine.sampling_params import SamplingParams
-from shared.structured.logits import FINITE_FILL, mask_batch_
-from shared.structured.matcher import GrammarMatcher
 from shared.structured.request import grammar_from_request
 from shared.structured.tool_grammar import tool_call_grammar
 from shared.structured.tool_parser import parse_tool_calls
@@ -47,56 +45,38 @@ WEATHER_TOOL = {
 }
 
 
-class MaskingRunner(ModelRunner):
-    """Masks each sampled row with its request's matcher (one request at a time here);
-    finite fill, as the sampler refuses rows with -inf."""
-
-    matcher: GrammarMatcher | None = None
-
-    def sample(self, logits, params, generators):
-        mask_batch_(logits, [self.matcher], FINITE_FILL)
-        token_ids, logprobs = super().sample(logits, params, generators)
-        if self.matcher is not None:
-            self.matcher.accept(token_ids[0])
-        return token_ids, logprobs
-
-
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    engine = LLMEngine(
+    return LLMEngine(
         EngineConfig(model="SmolLM2-135M-Instruct", dtype="float32", kv_cache_bytes=64 << 20)
     )
-    engine.use_runner(lambda runner: MaskingRunner(runner.model, runner.storage, runner.backend))
-    return engine
 
 
-def generate(engine, compiler, messages, spec, params) -> str:
-    runner = engine._runner
-    runner.matcher = compiler.matcher(spec)
+def generate(engine, messages, spec, params) -> str:
     prompt = engine.info.tokenizer.encode_chat(messages)
-    (result,) = engine.generate([prompt], params)
-    assert result.finish_reason == "stop" and runner.matcher.is_finished, result.text
+    (result,) = engine.generate([prompt], dataclasses.replace(params, grammar=spec))
+    assert result.finish_reason == "stop", result.text
     return result.text
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_schema_answer_parses_and_validates(engine, compiler, temperature) -> None:
+def test_a_schema_answer_parses_and_validates(engine, temperature) -> None:
     body = {"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON}}}
     messages = [{"role": "user", "content": "Describe a person as JSON."}]
     params = SamplingParams(max_tokens=120, temperature=temperature, seed=3)
-    text = generate(engine, compiler, messages, grammar_from_request(body), params)
+    text = generate(engine, messages, grammar_from_request(body), params)
     jsonschema.validate(json.loads(text), PERSON)
 
 
-def test_a_choice_answer_is_one_of_the_choices(engine, compiler) -> None:
+def test_a_choice_answer_is_one_of_the_choices(engine) -> None:
     choices = ["Paris", "London", "Rome"]
     spec = grammar_from_request({"guided_choice": choices})
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    text = generate(engine, compiler, messages, spec, SamplingParams(max_tokens=8, temperature=0))
+    text = generate(engine, messages, spec, SamplingParams(max_tokens=8, temperature=0))
     assert text in choices
 
 
-def test_a_required_tool_call_parses_and_validates(engine, compiler) -> None:
+def test_a_required_tool_call_parses_and_validates(engine) -> None:
     body = {"tools": [WEATHER_TOOL], "tool_choice": "required", "parallel_tool_calls": False}
     choice = tools_from_request(body)
     assert choice is not None
@@ -104,7 +84,23 @@ def test_a_required_tool_call_parses_and_validates(engine, compiler) -> None:
         [{"role": "user", "content": "What's the weather in Paris?"}], choice.offered
     )
     params = SamplingParams(max_tokens=60, temperature=0)
-    text = generate(engine, compiler, messages, tool_call_grammar(choice), params)
+    text = generate(engine, messages, tool_call_grammar(choice), params)
     content, (call,) = parse_tool_calls(text)
     assert content is None and call.name == "get_weather"
     jsonschema.validate(json.loads(call.arguments), WEATHER_TOOL["function"]["parameters"])
+
+
+def test_a_moved_request_continues_under_its_grammar(engine) -> None:
+    """Prefill samples the first tokens, decode goes on from prompt + those (counted as
+    output): the answer is the one an unmoved request gives."""
+    body = {"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON}}}
+    spec = grammar_from_request(body)
+    prompt = engine.info.tokenizer.encode_chat(
+        [{"role": "user", "content": "Describe a person as JSON."}]
+    )
+    params = SamplingParams(max_tokens=120, temperature=0, grammar=spec)
+    (whole,) = engine.generate([prompt], params)
+    moved = dataclasses.replace(params, max_tokens=120 - 4, prior_output_tokens=4)
+    (rest,) = engine.generate([prompt + whole.token_ids[:4]], moved)
+    assert whole.token_ids[:4] + rest.token_ids == whole.token_ids
+    jsonschema.validate(json.loads(whole.text), PERSON)
