@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from shared.engine.output import REQUEST_ERROR
+from shared.engine.output import REQUEST_ERROR, UNSATISFIABLE_ERROR
 from shared.engine.stats import EngineStats
 from shared.messages import Heartbeat
 
@@ -41,8 +41,11 @@ def intake_refusal(draining: bool, prompt_problem: str, service: str) -> Refusal
 
 
 def error_code(error_kind: str) -> int:
-    """A request the engine ended with an error: 500 when it was the request's own fault
-    (a retry fails again), else 503 (another worker goes on with it)."""
+    """A request the engine ended with an error: 400 when what it asks cannot be done,
+    500 when it was the request's own fault otherwise (a retry fails again), else 503
+    (another worker goes on with it)."""
+    if error_kind == UNSATISFIABLE_ERROR:
+        return 400
     return 500 if error_kind == REQUEST_ERROR else 503
 
 

@@ -24,7 +24,12 @@ from services.gateway.protocol import (
     UNSUPPORTED,
 )
 from services.gateway.responses import FINISH_REASONS
-from shared.engine.sampling_params import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_TOP_LOGPROBS
+from shared.engine.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_PENALTY,
+    MAX_TOP_LOGPROBS,
+    REPETITION_PENALTY_RANGE,
+)
 
 
 def ref(name: str) -> dict:
@@ -96,7 +101,12 @@ SAMPLING = {
     "presence_penalty": nullable(PENALTY, "subtracted once from every token in the output"),
     "frequency_penalty": nullable(PENALTY, "subtracted per occurrence in the output"),
     "repetition_penalty": nullable(
-        {"type": "number", "exclusiveMinimum": 0}, "vLLM's: >1 discourages prompt+output tokens"
+        {
+            "type": "number",
+            "minimum": REPETITION_PENALTY_RANGE[0],
+            "maximum": REPETITION_PENALTY_RANGE[1],
+        },
+        "vLLM's: >1 discourages prompt+output tokens",
     ),
     "logit_bias": nullable(
         {

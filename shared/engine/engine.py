@@ -23,7 +23,13 @@ from shared.engine.logits_process import History
 from shared.engine.logprob import TokenLogprob
 from shared.engine.mock_runner import MockRunner, mock_runner
 from shared.engine.namespace import kv_namespace
-from shared.engine.output import ENGINE_ERROR, REQUEST_ERROR, Completion, RequestOutput
+from shared.engine.output import (
+    ENGINE_ERROR,
+    REQUEST_ERROR,
+    UNSATISFIABLE_ERROR,
+    Completion,
+    RequestOutput,
+)
 from shared.engine.runner import ModelRunner, SeqChunk, torch_runner
 from shared.engine.sampler import SAMPLING_FAILED, sampling_failure, seeded_generator
 from shared.engine.sampling_params import SamplingParams
@@ -387,11 +393,14 @@ class LLMEngine:
             self._eos_token_ids,
         )
         return [
-            self._fail(seq, sampling_failure(seq.params), REQUEST_ERROR)
-            if t == SAMPLING_FAILED
-            else self._append(seq, t, lp)
+            self._sampling_failed(seq) if t == SAMPLING_FAILED else self._append(seq, t, lp)
             for seq, t, lp in zip(seqs, token_ids, token_logprobs)
         ]
+
+    def _sampling_failed(self, seq: Sequence) -> RequestOutput:
+        if seq.params.grammar is not None:  # the grammar left no token of this vocabulary
+            return self._fail(seq, _unsatisfiable(None), UNSATISFIABLE_ERROR)
+        return self._fail(seq, sampling_failure(seq.params), REQUEST_ERROR)
 
     def _generator_for(self, seq: Sequence) -> torch.Generator | None:
         """A seeded request's randomness depends on the token's position alone (so a
@@ -408,8 +417,8 @@ class LLMEngine:
         if stop is None and extras.grammar is not None:
             try:
                 extras.grammar.accept(token_id)
-            except GrammarViolation as exc:  # the mask should have made this impossible
-                return self._fail(seq, str(exc), REQUEST_ERROR)
+            except GrammarViolation as exc:  # no token of this vocabulary can go on
+                return self._fail(seq, _unsatisfiable(exc), UNSATISFIABLE_ERROR)
         seq.append(token_id)
         text = ""
         if stop is None and extras.detokenizer is not None:
@@ -475,6 +484,14 @@ class LLMEngine:
                 self._tokenizer, seq.token_ids, params.skip_special_tokens
             )
         return _Extras(detokenizer, StopStringMatcher(params.stop), self._grammars.matcher(seq))
+
+
+def _unsatisfiable(violation: GrammarViolation | None) -> str:
+    detail = f" ({str(violation).splitlines()[0]})" if violation is not None else ""
+    return (
+        "the output constraint cannot be met with this model's vocabulary: no token it "
+        f"has can continue the output here{detail}"
+    )
 
 
 def _grammar_stop(extras: _Extras) -> _Stop | None:

@@ -9,6 +9,9 @@ from shared.engine.logprob import TokenLogprob
 # Why a request ended with finish_reason "error" (RequestOutput.error_kind):
 REQUEST_ERROR = "request"  # its own fault (its sampling, its chunk): a retry fails again
 ENGINE_ERROR = "engine"  # the engine or a transfer failed: retry it elsewhere
+# What it asked for cannot be done (a grammar this model's vocabulary cannot write): the
+# client's to change, a 400.
+UNSATISFIABLE_ERROR = "unsatisfiable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +28,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
-    error_kind: str = ""  # with "error": REQUEST_ERROR or ENGINE_ERROR
+    error_kind: str = ""  # with "error": REQUEST_ERROR, ENGINE_ERROR or UNSATISFIABLE_ERROR
 
 
 @dataclass

@@ -10,6 +10,8 @@ from shared.structured.spec import GrammarSpec
 MAX_TOP_LOGPROBS = 20
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2] (OpenAI's range)
 MAX_LOGIT_BIAS = 100.0  # a bias lies in [-100, 100] (OpenAI's range)
+# A repetition penalty divides or multiplies logits: bounded, so they stay finite.
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
 # Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing logits by a
 # smaller one overflows them (1e-320 is 0 in float32), and the result would be the argmax
 # anyway.
@@ -57,8 +59,10 @@ class SamplingParams:
                 f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
             ),
             (
-                self.repetition_penalty > 0,
-                f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+                REPETITION_PENALTY_RANGE[0]
+                <= self.repetition_penalty
+                <= REPETITION_PENALTY_RANGE[1],
+                f"repetition_penalty must be in [0.01, 100], got {self.repetition_penalty}",
             ),
             (
                 all(abs(bias) <= MAX_LOGIT_BIAS for _, bias in self.logit_bias),

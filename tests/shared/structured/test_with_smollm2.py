@@ -13,6 +13,7 @@ from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.structured.request import grammar_from_request
+from shared.structured.spec import GrammarSpec
 from shared.structured.tool_grammar import tool_call_grammar
 from shared.structured.tool_parser import parse_tool_calls
 from shared.structured.tool_prompt import messages_for_template
@@ -104,3 +105,21 @@ def test_a_moved_request_continues_under_its_grammar(engine) -> None:
     (rest,) = engine.generate([prompt + whole.token_ids[:4]], moved)
     assert whole.token_ids[:4] + rest.token_ids == whole.token_ids
     jsonschema.validate(json.loads(whole.text), PERSON)
+
+
+def test_a_grammar_the_vocabulary_cannot_write_ends_with_a_clear_error(engine) -> None:
+    """SmolLM2 has no token for the byte 0xF1 that starts this character's UTF-8: the
+    request ends with an error the client can act on (a 400), not a worker fault."""
+    from shared.engine.output import UNSATISFIABLE_ERROR
+    from shared.worker_core import error_code
+
+    prompt = engine.info.tokenizer.encode("Write it:")
+    params = SamplingParams(max_tokens=8, grammar=GrammarSpec("regex", "\U0005b58b"))
+    request_id = "unsatisfiable"
+    engine.add_request(request_id, prompt, params)
+    outputs = []
+    while engine.has_unfinished:
+        outputs += [out for out in engine.step() if out.request_id == request_id]
+    last = outputs[-1]
+    assert last.finish_reason == "error" and last.error_kind == UNSATISFIABLE_ERROR
+    assert "cannot be met" in str(last.stop_reason) and error_code(last.error_kind) == 400
