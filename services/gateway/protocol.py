@@ -53,16 +53,15 @@ MAX_CHOICES = 16  # n and best_of: each choice is a request of its own on the wo
 MAX_LOGIT_BIAS_ENTRIES = 1024
 # Fields of OpenAI's or vLLM's API that kvstack does not implement: a 400 that names
 # the field, never a 200 that silently ignored it.
+_NOT_IN_KVSTACK = (  # vLLM's, on both endpoints
+    "prompt_logprobs",
+    "use_beam_search",
+    "allowed_token_ids",
+    "bad_words",
+    "guided_decoding_backend",
+)
 UNSUPPORTED = {
-    "completions": (
-        "suffix",
-        "prompt_logprobs",
-        "use_beam_search",
-        "allowed_token_ids",
-        "bad_words",
-        "guided_grammar",
-        "guided_decoding_backend",
-    ),
+    "completions": ("suffix", *_NOT_IN_KVSTACK),
     "chat": (
         "functions",
         "function_call",
@@ -70,14 +69,9 @@ UNSUPPORTED = {
         "modalities",
         "prediction",
         "web_search_options",
-        "prompt_logprobs",
-        "use_beam_search",
-        "allowed_token_ids",
-        "bad_words",
-        "guided_grammar",
-        "guided_decoding_backend",
         "echo",
         "best_of",
+        *_NOT_IN_KVSTACK,
     ),
 }
 

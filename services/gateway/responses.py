@@ -109,13 +109,7 @@ def completion_chunk(
     finish_reason: str | None = None,
     index: int = 0,
 ) -> dict:
-    body = {
-        "index": index,
-        "text": text,
-        "logprobs": logprobs,
-        "finish_reason": _checked_or_none(finish_reason),
-    }
-    return _chunk(req, [body])
+    return _choice_chunk(req, index, {"text": text}, logprobs, finish_reason)
 
 
 def chat_chunk(
@@ -144,9 +138,20 @@ def delta_chunk(
     index: int = 0,
 ) -> dict:
     """A chat chunk with any delta (content, or tool calls); `first` adds the role."""
+    content = {"delta": {"role": "assistant", **delta} if first else delta}
+    return _choice_chunk(req, index, content, logprobs, finish_reason)
+
+
+def _choice_chunk(
+    req: GenerateRequest,
+    index: int,
+    content: dict,
+    logprobs: dict | None,
+    finish_reason: str | None,
+) -> dict:
     body = {
         "index": index,
-        "delta": {"role": "assistant", **delta} if first else delta,
+        **content,
         "logprobs": logprobs,
         "finish_reason": _checked_or_none(finish_reason),
     }
