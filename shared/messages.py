@@ -167,6 +167,27 @@ class TokenEvent:
     num_cached_tokens: int = 0
     error: str = ""
     code: int = 200
+    prefill_timing: PrefillTiming | None = None  # on the prefill worker's event (seq 0)
+    decode_wait: float = 0.0  # seq 1: seconds from adoption to this first decoded token
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTiming:
+    """Where a request's time went on its prefill worker before its first token, in
+    seconds of that worker's clock, and where its cached prompt tokens came from."""
+
+    reserve: float = 0.0  # the decode worker reserving blocks for its KV
+    prefix: float = 0.0  # planning prefix reuse (waiting for a prefix in flight included)
+    queue: float = 0.0  # in the engine before its first step
+    compute: float = 0.0  # its first step to its first token (prefix loads overlap it)
+    transfer: float = 0.0  # ending the KV stream until the decode worker adopted it
+    cached_local: int = 0  # prompt tokens found in the worker's own cache
+    cached_kvstore: int = 0  # fetched from the kvstore pool
+    cached_peer: int = 0  # fetched from another prefill worker
+
+    @property
+    def total(self) -> float:
+        return self.reserve + self.prefix + self.queue + self.compute + self.transfer
 
 
 @message("abort")

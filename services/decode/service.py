@@ -70,6 +70,7 @@ class DecodeService(Service):
         super().__init__(config)
         self.config: WorkerConfig = config
         self.decoding = TokenSequencer()
+        self.adopted_at: dict[str, float] = {}  # until its first decoded token goes out
         self.group: AttentionGroup | None = None  # offloaded: the attention workers
         self.receiver: KVReceiver | None = None  # local KV: what prefill streams into
         self.pool: KvstorePool | None = None  # local KV: the kvstore pool
@@ -289,6 +290,7 @@ class DecodeService(Service):
             return verdict.ack(msg.request_id)
         self.incoming.take(msg.request_id)
         self.decoding.adopt(msg.request_id)
+        self.adopted_at[msg.request_id] = time.monotonic()
         members = len(self.pool.ring().members) if self.pool is not None else 0
         keep = holds_kv_for_pool(members)  # to the pool at the end
         await self.engine_loop.call(
@@ -375,6 +377,9 @@ class DecodeService(Service):
         for out in outputs:
             rid = out.request_id
             event = self.decoding.event(out)
+            adopted_at = self.adopted_at.pop(rid, None)
+            if event is not None and adopted_at is not None:  # its first event here
+                event = dataclasses.replace(event, decode_wait=time.monotonic() - adopted_at)
             if event is not None:
                 self._count_tokens(event)
                 self.tasks.spawn(
@@ -401,6 +406,7 @@ class DecodeService(Service):
         rid = msg.request_id
         if self.incoming.payload(rid) is not None:
             await self._release(rid)
+        self.adopted_at.pop(rid, None)
         if self.decoding.drop(rid):
             # NOTE: an aborted request is not written back: free its (held) blocks now.
             await self._abort_now(rid)

@@ -107,7 +107,10 @@ class Backend:
         sub = await self.bus.nc.subscribe(subjects.tokens(request_id), cb=_enqueuer(events))
         finished = False
         try:
+            asked = time.monotonic()
             placement = progress.placement = await self._place(progress, request_id)
+            if not progress.token_ids:  # TTFT's: the attempt that gives the first token
+                progress.placement_seconds = time.monotonic() - asked
             workers = (placement.prefill_id, placement.decode_id)
             attempt = _Attempt(request_id, placement, self.liveness.watch(workers), epoch)
             await self._submit(progress, attempt)

@@ -80,6 +80,7 @@ class Choices:
             sum(relay.num_output_tokens for relay in relays),
             first.num_cached_tokens,
             sum(relay.migrations for relay in self.relays),
+            first.timing(),
         )
 
 

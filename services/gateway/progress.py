@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from services.gateway.errors import ApiError, service_unavailable
 from services.gateway.protocol import GenerateRequest
 from shared.engine.sampling_params import SamplingParams
-from shared.messages import Placement, TokenEvent
+from shared.messages import Placement, PrefillTiming, TokenEvent
 
 Worker = tuple[str, str]  # (worker id, instance): one process behind an id
 
@@ -42,6 +42,9 @@ class Progress:
     migrations: int = 0
     lost_workers: tuple[Worker, ...] = ()  # avoided until another process takes the id
     placement: Placement | None = None  # the latest attempt's (its predicted TTFT and TBT)
+    placement_seconds: float | None = None  # asking for the placement that gave a token
+    prefill_timing: PrefillTiming | None = None  # the first token's prefill worker's
+    decode_wait: float = 0.0  # adoption to the first decoded token, on the decode worker
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
@@ -68,6 +71,10 @@ class Progress:
     def record(self, event: TokenEvent) -> TokenEvent:
         """Take an event in order; returned as the client's request sees it."""
         self.token_ids.extend(event.token_ids)
+        if event.prefill_timing is not None and self.prefill_timing is None:
+            self.prefill_timing = event.prefill_timing
+        if event.decode_wait and not self.decode_wait:
+            self.decode_wait = event.decode_wait
         if self.num_cached_tokens is None:
             self.num_cached_tokens = event.num_cached_tokens
         return dataclasses.replace(

@@ -11,6 +11,7 @@ from services.gateway.progress import Progress
 from services.gateway.protocol import GenerateRequest
 from services.gateway.responses import format_logprobs
 from services.gateway.text import TextStream
+from services.gateway.timing import ttft_breakdown
 from shared.engine.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
 
@@ -58,6 +59,18 @@ class Relay:
                     return
         finally:
             await events.aclose()  # an unfinished request is aborted on the workers
+
+    def timing(self) -> dict | None:
+        """Its TTFT's breakdown (services/gateway/timing.py), once a token came."""
+        progress = self.progress
+        if progress is None or self.first_token_at is None:
+            return None
+        return ttft_breakdown(
+            self.first_token_at - self.started,
+            progress.placement_seconds,
+            progress.prefill_timing,
+            progress.decode_wait,
+        )
 
     @property
     def num_output_tokens(self) -> int:

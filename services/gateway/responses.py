@@ -25,16 +25,22 @@ OWNED_BY = "kvstack"
 
 
 def usage(
-    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, migrations: int = 0
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+    migrations: int = 0,
+    timing: dict | None = None,
 ) -> dict:
-    """OpenAI's usage; kvstack adds `migrations` when a lost worker's request moved on."""
+    """OpenAI's usage; kvstack adds `migrations` when a lost worker's request moved on, and
+    `timing`, its TTFT's breakdown (services/gateway/timing.py)."""
     body = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
-    return {**body, "migrations": migrations} if migrations else body
+    extras = {"migrations": migrations} if migrations else {}
+    return {**body, **extras, **({"timing": timing} if timing is not None else {})}
 
 
 # -- whole responses ---------------------------------------------------------------------------

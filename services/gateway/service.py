@@ -16,6 +16,7 @@ from services.gateway.liveness import Liveness
 from services.gateway.model_names import ModelNames
 from services.gateway.protocol import GatewayLimits
 from services.gateway.relay import Relay
+from services.gateway.timing import TTFT_STAGES
 from shared import subjects
 from shared.bus import Bus
 from shared.engine.config import resolve_dtype
@@ -98,6 +99,17 @@ class GatewayService(Service):
         self.e2e = m.histogram(
             "e2e_request_latency_seconds", "request latency", REQUEST_LATENCY_BUCKETS
         )
+        self.ttft_stages = m.histogram(
+            "ttft_stage_seconds",
+            "the stages of time to first token (docs/observability.md)",
+            TTFT_BUCKETS,
+            ("stage",),
+        )
+        self.decode_first_token = m.histogram(
+            "decode_first_token_seconds",
+            "a decode worker's adoption of a request to its first decoded token",
+            TTFT_BUCKETS,
+        )
 
     async def start(self, bus: Bus) -> None:
         self.backend = Backend(
@@ -170,10 +182,19 @@ class GatewayService(Service):
         if num_tokens > 1:
             self.tpot.observe((times[-1] - first_token_at) / (num_tokens - 1))
         self.e2e.observe(times[-1] - relay.started)
+        self._observe_stages(relay.timing())
         self.tasks.spawn(
             self.live_bus.publish(subjects.request_done(), self._done(relay, first_token_at)),
             "publishing a finished request",
         )
+
+    def _observe_stages(self, timing: dict | None) -> None:
+        if timing is None:
+            return
+        for stage in TTFT_STAGES:
+            self.ttft_stages.labels(stage).observe(timing[stage])
+        if timing["decode_first_token"]:
+            self.decode_first_token.observe(timing["decode_first_token"])
 
     def _done(self, relay: Relay, first_token_at: float) -> RequestDone:
         """What the conductor learns output lengths and decode times from."""

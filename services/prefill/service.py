@@ -32,6 +32,7 @@ from shared.messages import (
     KVReserve,
     KVResync,
     PrefillRequest,
+    PrefillTiming,
     StatsRequest,
     TokenEvent,
     WorkerStats,
@@ -45,6 +46,16 @@ from shared.prefill.outcome import (
     streams_verdict,
 )
 from shared.prefill.prefix import PrefixPlan
+from shared.prefill.timing import (
+    ADOPTED,
+    COMPUTED,
+    COMPUTING,
+    PLANNED,
+    RECEIVED,
+    RESERVED,
+    cached_by_tier,
+    prefill_timing,
+)
 from shared.service import Service
 from shared.transfer.factory import make_sender
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
@@ -63,7 +74,9 @@ class PrefillService(Service):
         super().__init__(config)
         self.config: WorkerConfig = config
         self.targets: dict[str, list[Target]] = {}  # one per decode worker or KV shard
-        self.started: dict[str, float] = {}  # for debug timing of each request's stages
+        # The moments each request reached (shared/prefill/timing.py): its timing, and
+        # debug logs of its stages.
+        self.marks: dict[str, dict[str, float]] = {}
         self.requests: dict[str, PrefillRequest] = {}
         # accepted, not in the engine yet (reserving on decode, loading a prefix): tokens
         self.arriving: dict[str, int] = {}
@@ -198,8 +211,9 @@ class PrefillService(Service):
         await self._tell_decode(req.decode_id, KVCommit(rid, False, reason="prefill failed"))
 
     async def _run(self, req: PrefillRequest) -> None:
-        self.started[req.request_id] = time.monotonic()
+        self.marks[req.request_id] = {RECEIVED: time.monotonic()}
         reservation = await self._reserve(req)
+        self._mark(req.request_id, RESERVED)
         self._trace(req.request_id, "decode reserved blocks")
         if req.request_id not in self.requests:  # aborted while reserving
             if reservation.ok:
@@ -213,6 +227,7 @@ class PrefillService(Service):
         self.targets[req.request_id] = _targets(req, reservation)
         plan = await self.loader.prepare(req, hashes)
         self.plans[req.request_id] = plan
+        self._mark(req.request_id, PLANNED)
         external = plan.blocks * self.config.block_size
         self._trace(req.request_id, f"prefix planned ({external} tokens not computed)")
         prefill_only = dataclasses.replace(req.params, max_tokens=1)
@@ -268,6 +283,8 @@ class PrefillService(Service):
     def _send_layer(self, layer: int, chunks: list[SeqChunk]) -> None:
         last_layer = layer == self.engine.info.model.num_layers - 1
         for chunk in chunks:
+            if layer == 0:  # engine thread: a dict's setdefault is atomic under the GIL
+                self.marks.get(chunk.request_id, {}).setdefault(COMPUTING, time.monotonic())
             for target in self.targets.get(chunk.request_id, ()):
                 spans = layer_spans(self.engine.kv_storage, layer, chunk, target)
                 if spans:
@@ -301,6 +318,7 @@ class PrefillService(Service):
                     on_error=None if req is None else lambda e: self._crashed(req, e),
                 )
 
+        self._mark(targets[0].request_id, COMPUTED)
         self._trace(targets[0].request_id, "computed; ending the KV stream")
         for target in targets:
             self._stream(target).finish(target.peer, target.request_id, on_done)
@@ -338,10 +356,16 @@ class PrefillService(Service):
             self.prefix_hits.count(
                 out.num_prompt_tokens, out.num_cached_tokens, plan, self.config.block_size
             )
-            await self._hand_over(req, out, target, num_frames)
+            cached = cached_by_tier(out.num_cached_tokens, plan, self.config.block_size)
+            await self._hand_over(req, out, target, num_frames, cached)
 
     async def _hand_over(
-        self, req: PrefillRequest, out: RequestOutput, target: Target, num_frames: int
+        self,
+        req: PrefillRequest,
+        out: RequestOutput,
+        target: Target,
+        num_frames: int,
+        cached: dict[str, int],
     ) -> None:
         """The KV is whole on the decode worker: it adopts the request (unless the first
         token ends it), and the first token goes out."""
@@ -362,11 +386,13 @@ class PrefillService(Service):
         )
         self._trace(rid, "KV stream sent")
         reply = await self._tell_decode(target.decode_id, commit)
+        self._mark(rid, ADOPTED)
         self._trace(rid, "decode adopted it")
         if not done_here and not reply.ok:
             reason = reply.error or "decode worker refused the KV"
             return await self._fail(req, reason, refused_code(reply.code))
-        await self._emit_first(req, out, token, logprob, done_here)
+        timing = prefill_timing(self.marks.get(rid, {}), cached)
+        await self._emit_first(req, out, token, logprob, done_here, timing)
 
     async def _write_back(self, rid: str, target: Target) -> None:
         """Offer the prompt's full blocks to the kvstore pool (it keeps what it lacks), then
@@ -388,6 +414,7 @@ class PrefillService(Service):
         token: int,
         logprob,
         finish_reason: str | None,
+        timing: PrefillTiming,
     ) -> None:
         event = TokenEvent(
             req.request_id,
@@ -398,6 +425,7 @@ class PrefillService(Service):
             finish_reason,
             out.num_prompt_tokens,
             out.num_cached_tokens,
+            prefill_timing=timing,
         )
         await self.bus.publish(subjects.tokens(req.request_id), event)
         self._done(req.request_id)
@@ -414,13 +442,18 @@ class PrefillService(Service):
         self.requests.pop(request_id, None)
         self.plans.pop(request_id, None)
         self.arriving.pop(request_id, None)
-        self.started.pop(request_id, None)
+        self.marks.pop(request_id, None)
         self.num_done += 1
         self.beat_now()  # its tokens left the queue the last beat reported
 
+    def _mark(self, request_id: str, moment: str) -> None:
+        if request_id in self.marks:
+            self.marks[request_id][moment] = time.monotonic()
+
     def _trace(self, request_id: str, what: str) -> None:
-        if log.isEnabledFor(logging.DEBUG) and request_id in self.started:
-            elapsed = (time.monotonic() - self.started[request_id]) * 1000
+        marks = self.marks.get(request_id)
+        if log.isEnabledFor(logging.DEBUG) and marks is not None:
+            elapsed = (time.monotonic() - marks[RECEIVED]) * 1000
             log.debug("request %s +%.1f ms: %s", request_id, elapsed, what)
 
     async def _on_abort(self, msg: Abort) -> None:

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from shared.metrics import Metrics
-from shared.prefill.prefix import NO_PREFIX, PrefixPlan, source_kind
+from shared.prefill.prefix import PrefixPlan
+from shared.prefill.timing import cached_by_tier
 
 TIERS = ("local", "kvstore", "peer")
 
@@ -43,9 +44,7 @@ class PrefixCounters:
     ) -> None:
         """One prompt: `num_cached_tokens` needed no compute; `plan` says which of them
         were fetched, and from where (the rest were in the local cache)."""
-        plan = plan or NO_PREFIX
-        fetched = min(plan.fetched_blocks * block_size, num_cached_tokens)
         self.queries.inc(num_prompt_tokens)
-        self.hits.labels("local").inc(num_cached_tokens - fetched)
-        if fetched:
-            self.hits.labels(source_kind(plan.source)).inc(fetched)
+        for tier, tokens in cached_by_tier(num_cached_tokens, plan, block_size).items():
+            if tokens:
+                self.hits.labels(tier).inc(tokens)

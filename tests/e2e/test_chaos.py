@@ -222,5 +222,5 @@ def test_nats_conductor_and_kvstore_restarts_lose_nothing(stack, reference) -> N
     assert all(r.lost == 0 and r.hung == 0 for r in report.rows), report.rows
     assert not report.leaked and not report.silent, (report.kv_before, report.kv_after)
     assert all(rows[f].back_s is not None for f in config.faults), report.rows
-    assert rows["after"].sent and rows["after"].completed == rows["after"].sent
+    assert rows["after"].sent and rows["after"].completed == rows["after"].sent, report.errors
     assert sum(r.completed for r in report.rows) >= 0.8 * sum(r.sent for r in report.rows)

@@ -297,3 +297,19 @@ def test_a_bad_constraint_is_a_400(client, extra, param) -> None:
         )
     if param is not None:
         assert info.value.param == param
+
+
+def test_usage_explains_the_ttft(client) -> None:
+    prompt = "Tell me about the history of the city of Lyon in France. " * 4
+    kwargs = dict(prompt=prompt, max_tokens=4, extra_body={"ignore_eos": True})
+    complete(client, **kwargs)  # its blocks are cached from here on
+    usage = None
+    for chunk in complete(client, stream=True, stream_options={"include_usage": True}, **kwargs):
+        usage = chunk.usage or usage
+    timing = usage.model_extra["timing"]
+    stages = [timing[s] for s in ("conductor", "decode_reserve", "prefix_plan", "prefill_queue",
+                                  "prefill_compute", "kv_transfer", "network")]  # fmt: skip
+    assert all(s >= 0 for s in stages) and sum(stages) == pytest.approx(timing["ttft"], abs=2e-3)
+    assert timing["prefill_compute"] > 0 and timing["conductor"] > 0
+    assert timing["decode_first_token"] > 0  # the decode worker sent the second token
+    assert timing["cached_tokens"]["local"] == usage.prompt_tokens_details.cached_tokens > 0

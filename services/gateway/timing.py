@@ -1,0 +1,53 @@
+"""Why a request's first token took as long as it did: TTFT split into the stages each
+service measured on its own clock (durations only: clocks of different processes are
+never compared), the rest being the hops between them.
+
+In kvstack the first token comes from the prefill worker once the decode worker holds
+the prompt's KV, so the KV transfer is part of TTFT; the decode worker's queue and first
+step come after it (`decode_first_token`, the wait for the second token).
+"""
+
+from __future__ import annotations
+
+from shared.messages import PrefillTiming
+
+# The stages of TTFT, in order (also the `stage` label of the gateway's histogram).
+TTFT_STAGES = (
+    "conductor",  # the gateway asking where to run it (the conductor's queue included)
+    "decode_reserve",  # the decode worker reserving blocks for the KV
+    "prefix_plan",  # the prefill worker planning prefix reuse
+    "prefill_queue",  # in the prefill engine before its first step
+    "prefill_compute",  # its first prefill step to its first token
+    "kv_transfer",  # the KV stream's end until the decode worker adopted it
+    "network",  # the rest: messages between services, the gateway's own work
+)
+
+
+def ttft_breakdown(
+    ttft: float,
+    placement: float | None,
+    prefill: PrefillTiming | None,
+    decode_wait: float,
+) -> dict:
+    """The timing a response carries (`usage.timing`), in seconds and tokens."""
+    prefill = prefill or PrefillTiming()
+    stages = {
+        "conductor": placement or 0.0,
+        "decode_reserve": prefill.reserve,
+        "prefix_plan": prefill.prefix,
+        "prefill_queue": prefill.queue,
+        "prefill_compute": prefill.compute,
+        "kv_transfer": prefill.transfer,
+    }
+    stages["network"] = max(0.0, ttft - sum(stages.values()))
+    cached = {
+        "local": prefill.cached_local,
+        "kvstore": prefill.cached_kvstore,
+        "peer": prefill.cached_peer,
+    }
+    return {
+        "ttft": ttft,
+        **{name: round(seconds, 6) for name, seconds in stages.items()},
+        "decode_first_token": decode_wait,
+        "cached_tokens": cached,
+    }
