@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import argparse
 
-from bench import conductor, engine, fairness, kvstore, offload, transfer
+from bench import conductor, engine, fairness, kvstore, offload, sampling, transfer
 from bench.chaos import cli as chaos
 from bench.live_vs_sim import cli as live_vs_sim
 from shared import cli
 
-BENCHMARKS = (engine, fairness, transfer, kvstore, conductor, offload, chaos, live_vs_sim)
+BENCHMARKS = (
+    engine,
+    sampling,
+    fairness,
+    transfer,
+    kvstore,
+    conductor,
+    offload,
+    chaos,
+    live_vs_sim,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -135,9 +135,10 @@ def test_a_service_that_keeps_dying_is_given_up_with_its_log(tmp_path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        # NOTE: its data port: a taken HTTP port is refused before anything starts.
         stack = kvstore_stack(
             tmp_path,
-            "--http-port",
+            "--data-port",
             str(port),
             restart=RestartPolicy(first_backoff=0.1, max_restarts=2),
         )
@@ -149,7 +150,7 @@ def test_a_service_that_keeps_dying_is_given_up_with_its_log(tmp_path) -> None:
             stack.stop()
     message = str(failure.value)
     assert message.startswith("kvstore-0 keeps dying (2 restarts within 120s")
-    assert f"cannot listen on 127.0.0.1:{port}" in message  # the tail of its log
+    assert f"cannot listen on 127.0.0.1:{port} (data plane)" in message  # its log's tail
     assert stack.restarts("kvstore-0") == 2
 
 

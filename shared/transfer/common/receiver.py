@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
+from shared.errors import KvstackError
 from shared.transfer.base import BlockSpan, KVReceiver, KVSink
 from shared.transfer.common.counters import Counters
 from shared.transfer.common.frames import ProtocolError, as_bytes
@@ -264,7 +265,12 @@ class ListeningReceiver(KVReceiver):
         return self._over_cap.total
 
     def _listen(self) -> socket.socket:
-        return socket.create_server((self.host, self.port), backlog=64)
+        try:
+            return socket.create_server((self.host, self.port), backlog=64)
+        except OSError as e:  # one clear line, as for a taken HTTP port (shared/service.py)
+            raise KvstackError(
+                f"cannot listen on {self.host}:{self.port} (data plane): {e.strerror}"
+            ) from None
 
     def _accept_loop(self, listener: socket.socket) -> None:
         while True:
