@@ -12,7 +12,7 @@ from services.attention_worker.shard import usable_group_size
 from services.decode.attention_group import AttentionGroup
 from services.decode.incoming import LocalKV, OffloadedKV
 from services.decode.offload_runner import OffloadRunner
-from shared import subjects
+from shared import subjects, tracing
 from shared.bus import Bus
 from shared.decode.admission import (
     KV_FULL,
@@ -70,6 +70,7 @@ class DecodeService(Service):
         super().__init__(config)
         self.config: WorkerConfig = config
         self.decoding = TokenSequencer()
+        self.spans = tracing.RequestSpans()  # "decode.request": KV commit to the last token
         self.group: AttentionGroup | None = None  # offloaded: the attention workers
         self.receiver: KVReceiver | None = None  # local KV: what prefill streams into
         self.pool: KvstorePool | None = None  # local KV: the kvstore pool
@@ -230,6 +231,7 @@ class DecodeService(Service):
             if event is None:  # it finished meanwhile
                 continue
             await self.bus.publish(subjects.tokens(request_id), event)
+            self.spans.close(request_id, error=error)
             await self._abort_now(request_id)
 
     async def stop(self) -> None:
@@ -289,6 +291,7 @@ class DecodeService(Service):
             return verdict.ack(msg.request_id)
         self.incoming.take(msg.request_id)
         self.decoding.adopt(msg.request_id)
+        self.spans.open(msg.request_id, "decode.request", _span_attributes(req, msg))
         members = len(self.pool.ring().members) if self.pool is not None else 0
         keep = holds_kv_for_pool(members)  # to the pool at the end
         await self.engine_loop.call(
@@ -377,6 +380,8 @@ class DecodeService(Service):
             event = self.decoding.event(out)
             if event is not None:
                 self._count_tokens(event)
+                if event.finished:
+                    self._close_span(out, event.error)
                 self.tasks.spawn(
                     self.bus.publish(subjects.tokens(rid), event), f"publishing tokens of {rid}"
                 )
@@ -392,6 +397,10 @@ class DecodeService(Service):
             on_error=lambda _: self._free_held(request_id),
         )
 
+    def _close_span(self, out: RequestOutput, error: str) -> None:
+        outputs = {"gen_ai.usage.output_tokens": out.num_output_tokens}
+        self.spans.close(out.request_id, outputs, error=error)
+
     def _count_tokens(self, event: TokenEvent) -> None:
         self.tokens_out.inc(len(event.token_ids))
         if event.finished:
@@ -402,6 +411,7 @@ class DecodeService(Service):
         if self.incoming.payload(rid) is not None:
             await self._release(rid)
         if self.decoding.drop(rid):
+            self.spans.close(rid, error=f"aborted: {msg.reason}")
             # NOTE: an aborted request is not written back: free its (held) blocks now.
             await self._abort_now(rid)
 
@@ -424,3 +434,11 @@ class DecodeService(Service):
         return dataclasses.replace(
             stats, num_rejected_after_prefill=self.num_rejected_after_prefill
         )
+
+
+def _span_attributes(req: KVReserve, commit: KVCommit) -> dict:
+    return {
+        "gen_ai.usage.input_tokens": len(req.prompt_token_ids),
+        "kvstack.cached_tokens": commit.num_cached_tokens,
+        "kvstack.prefill_id": req.prefill_id,
+    }
