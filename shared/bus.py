@@ -13,7 +13,7 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from shared import codec, subjects
+from shared import codec, subjects, tracing
 from shared.auth.credentials import NatsAuth
 from shared.errors import KvstackError
 from shared.messages import Ack
@@ -69,8 +69,9 @@ class Bus:
     def connected(self) -> bool:
         return self.nc.is_connected
 
-    async def publish(self, subject: str, msg: Any) -> None:
-        await self.nc.publish(subject, codec.encode(msg))
+    async def publish(self, subject: str, msg: Any, parent: Any = None) -> None:
+        """Send `msg`; with tracing on it carries the current trace, or `parent`'s (a span)."""
+        await self.nc.publish(subject, codec.encode(msg), headers=tracing.headers(parent))
 
     async def request(
         self,
@@ -78,10 +79,13 @@ class Bus:
         msg: Any,
         timeout: float,
         expected: type | tuple[type, ...] | None = None,
+        parent: Any = None,
     ) -> Any:
-        """Send and wait for the reply; ServiceUnavailable if nobody answers in time."""
+        """Send and wait for the reply; ServiceUnavailable if nobody answers in time. The
+        trace goes with it as with `publish`."""
+        data, headers = codec.encode(msg), tracing.headers(parent)
         try:
-            reply = await self.nc.request(subject, codec.encode(msg), timeout=timeout)
+            reply = await self.nc.request(subject, data, timeout=timeout, headers=headers)
         except NoRespondersError:
             raise ServiceUnavailable(f"no responder on {subject}") from None
         except (TimeoutError, NatsTimeout):
@@ -96,7 +100,8 @@ class Bus:
         expected: type | tuple[type, ...] | None = None,
         sender: Callable[[Any], str] | None = None,
     ):
-        """Run `handler` on each decodable message, each in its own task.
+        """Run `handler` on each decodable message, each in its own task (in the trace the
+        message carries, if any).
 
         With `sender`, a message whose `sender(message)` is not the worker id its subject
         ends with is dropped: a worker may speak only for itself (permissions let it
@@ -105,7 +110,7 @@ class Bus:
         async def on_msg(msg: Msg) -> None:
             decoded = self._decode(msg, expected)
             if decoded is not None and self._speaks_for_itself(msg, decoded, sender):
-                self._spawn(handler(decoded))
+                self._spawn(handler(decoded), msg)
 
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 
@@ -118,13 +123,13 @@ class Bus:
     ):
         """Answer requests: the responder's return value is the reply.
 
-        A request that does not decode is answered with an Ack(ok=False, code=400), and a
-        responder that raises with code 500: the caller never waits for a reply that
-        will not come.
+        The responder runs in the trace the request carries, if any. A request that does
+        not decode is answered with an Ack(ok=False, code=400), and a responder that
+        raises with code 500: the caller never waits for a reply that will not come.
         """
 
         async def on_msg(msg: Msg) -> None:
-            self._spawn(self._respond(msg, responder, expected))
+            self._spawn(self._respond(msg, responder, expected), msg)
 
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 
@@ -173,8 +178,9 @@ class Bus:
         )
         return False
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        self.tasks.spawn(coro, "a message handler")
+    def _spawn(self, coro: Awaitable[None], msg: Msg) -> None:
+        with tracing.received(msg.headers):  # the task starts in the message's trace
+            self.tasks.spawn(coro, "a message handler")
 
 
 async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float, reconnected) -> Client:

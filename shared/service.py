@@ -28,7 +28,7 @@ import nats.micro
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Info, generate_latest
 
-from shared import codec, subjects
+from shared import codec, subjects, tracing
 from shared.auth.credentials import NatsAuth
 from shared.bus import Bus
 from shared.errors import KvstackError
@@ -48,6 +48,7 @@ class ServiceConfig:
     http_port: int = 0  # 0: any free port
     heartbeat_interval: float = 1.0
     drain_timeout: float = 30.0
+    otlp_endpoint: str = ""  # an OTLP/HTTP collector's base URL: tracing on ("": off)
     nats_auth: NatsAuth = NatsAuth()  # credentials; none (refused) unless insecure
 
 
@@ -183,10 +184,14 @@ def run(service: Service) -> int:
         await serve(service)
 
     try:
+        if service.config.otlp_endpoint:
+            tracing.start(service.name, service.config.otlp_endpoint, service.worker_id)
         asyncio.run(main())
     except KvstackError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        tracing.stop()  # the spans still batched go out (the loop is done: it may block)
     return service.exit_code
 
 

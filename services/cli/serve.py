@@ -58,6 +58,7 @@ def common_config(args: argparse.Namespace) -> dict:
         http_port=args.http_port,
         heartbeat_interval=args.heartbeat_interval,
         drain_timeout=args.drain_timeout,
+        otlp_endpoint=args.otlp_endpoint,
         nats_auth=load_auth(args.nats_creds, args.nats_tls_ca, args.insecure),
     )
 

@@ -43,6 +43,14 @@ SETTINGS: dict[str, Setting] = {
         type=float,
         default=30.0,
     ),
+    "otlp_endpoint": Setting(
+        "--otlp-endpoint",
+        "send traces (OpenTelemetry, one per request) to the OTLP/HTTP collector at this "
+        "base URL, e.g. http://localhost:4318 (env OTEL_EXPORTER_OTLP_ENDPOINT; default: "
+        "off; needs the `tracing` extra)",
+        default="",
+        env="OTEL_EXPORTER_OTLP_ENDPOINT",
+    ),
     # Credentials of the control bus and the data plane (docs/security.md).
     "nats_creds": Setting(
         "--nats-creds",
@@ -264,7 +272,15 @@ SETTINGS: dict[str, Setting] = {
     ),
 }
 
-COMMON = ("nats", "worker_id", "host", "http_port", "heartbeat_interval", "drain_timeout")
+COMMON = (
+    "nats",
+    "worker_id",
+    "host",
+    "http_port",
+    "heartbeat_interval",
+    "drain_timeout",
+    "otlp_endpoint",
+)
 SECURITY = ("nats_creds", "nats_tls_ca", "data_token_file", "insecure")
 ENGINE = ("engine", "mock_model", "mock_hardware", "mock_kv_scale", "max_model_len")
 DATA_PLANE = ("data_host", "data_port", "advertise_data_addr")
@@ -356,6 +372,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "metrics_port",
         "prometheus_config",
         "drain_timeout",
+        "otlp_endpoint",
         "policy",
         "admission",
         "slo_ttft",

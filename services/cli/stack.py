@@ -82,6 +82,7 @@ class StackConfig:
     secrets_dir: Path | None = None  # credentials, kept across runs (None: temporary)
     insecure: bool = False  # no NATS users, no data-plane secret
     nats_tls: bool = False  # TLS on NATS, with the deployment's own CA
+    otlp_endpoint: str = ""  # every child's --otlp-endpoint ("": tracing off)
 
 
 @dataclass
@@ -152,10 +153,10 @@ class Stack:
         if cfg.with_gateway:
             http = flags(model=cfg.model, host=cfg.host, http_port=cfg.port)
             commands.append(("gateway-0", ["gateway", *http, *engine, *cfg.gateway_args]))
-        drain = flags(drain_timeout=f"{cfg.drain_timeout:g}")
+        every = flags(drain_timeout=f"{cfg.drain_timeout:g}", otlp_endpoint=cfg.otlp_endpoint)
         ports = self._fixed_ports(commands)
         return [
-            (name, [command, *flags(worker_id=name, http_port=ports.get(name)), *args, *drain])
+            (name, [command, *flags(worker_id=name, http_port=ports.get(name)), *args, *every])
             for name, (command, *args) in commands
         ]
 

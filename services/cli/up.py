@@ -20,6 +20,7 @@ from services.cli.restarts import RestartPolicy
 from services.cli.serve import backend_timeouts, engine_options
 from services.cli.settings import FORWARDED_BY_UP, flags, forward
 from services.cli.stack import Stack, StackConfig, say
+from shared import tracing
 from shared.errors import KvstackError
 from shared.model.config import ModelConfig
 from shared.model.registry import resolve_model
@@ -66,6 +67,8 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
             ModelConfig.from_dir(resolve_model(args.model)).num_kv_heads, args.attention_workers, 0
         )
     backend_timeouts(args)  # checked here, passed on as given
+    if args.otlp_endpoint:  # missing packages: one error here, not a restart loop per child
+        tracing.require()
     forwarded = {child: forward(args, names) for child, names in FORWARDED_BY_UP.items()}
     offload = flags(micro_batches=args.micro_batches) if args.attention_workers else []
     return StackConfig(
@@ -92,6 +95,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         secrets_dir=Path(args.secrets_dir),
         insecure=args.insecure,
         nats_tls=args.nats_tls,
+        otlp_endpoint=args.otlp_endpoint,
     )
 
 

@@ -8,7 +8,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from shared import subjects
+from shared import subjects, tracing
 from shared.bus import Bus
 from shared.conductor.accuracy import done_pairs, relative_error
 from shared.conductor.config import SchedulingConfig
@@ -99,6 +99,12 @@ class ConductorService(Service):
             self.estimate_error.labels(name).observe(abs(relative_error(predicted, actual)))
 
     async def _place(self, request: PlacementRequest) -> Placement:
+        with tracing.span("conductor.place", {"kvstack.request_id": request.request_id}) as span:
+            placement = self._placement(request)
+            span.set_attributes(_span_attributes(placement))
+        return placement
+
+    def _placement(self, request: PlacementRequest) -> Placement:
         counters = self.core.counters
         before, unplaceable = counters.replicated_blocks, counters.unplaceable
         placement = self.core.place(request, time.time())
@@ -129,6 +135,16 @@ class ConductorService(Service):
             self.live_workers.labels(service).set(len(self.core.state.live(service, now)))
         self.indexed_blocks.set(len(self.core.index))
         return super().heartbeat()
+
+
+def _span_attributes(placement: Placement) -> dict:
+    return {
+        "kvstack.accepted": placement.accepted,
+        "kvstack.prefill_id": placement.prefill_id,
+        "kvstack.decode_id": placement.decode_id,
+        "kvstack.predicted_ttft_s": placement.predicted_ttft,
+        "kvstack.reason": placement.reason,
+    }
 
 
 def _result(placement: Placement, unplaceable: bool) -> str:

@@ -12,7 +12,7 @@ from services.attention_worker.shard import usable_group_size
 from services.decode.attention_group import AttentionGroup
 from services.decode.incoming import LocalKV, OffloadedKV
 from services.decode.offload_runner import OffloadRunner
-from shared import subjects
+from shared import subjects, tracing
 from shared.bus import Bus
 from shared.decode.admission import (
     KV_FULL,
@@ -71,6 +71,7 @@ class DecodeService(Service):
         self.config: WorkerConfig = config
         self.decoding = TokenSequencer()
         self.adopted_at: dict[str, float] = {}  # until its first decoded token goes out
+        self.spans = tracing.RequestSpans()  # "decode.request": KV commit to the last token
         self.group: AttentionGroup | None = None  # offloaded: the attention workers
         self.receiver: KVReceiver | None = None  # local KV: what prefill streams into
         self.pool: KvstorePool | None = None  # local KV: the kvstore pool
@@ -231,6 +232,7 @@ class DecodeService(Service):
             if event is None:  # it finished meanwhile
                 continue
             await self.bus.publish(subjects.tokens(request_id), event)
+            self.spans.close(request_id, error=error)
             await self._abort_now(request_id)
 
     async def stop(self) -> None:
@@ -291,6 +293,7 @@ class DecodeService(Service):
         self.incoming.take(msg.request_id)
         self.decoding.adopt(msg.request_id)
         self.adopted_at[msg.request_id] = time.monotonic()
+        self.spans.open(msg.request_id, "decode.request", _span_attributes(req, msg))
         members = len(self.pool.ring().members) if self.pool is not None else 0
         keep = holds_kv_for_pool(members)  # to the pool at the end
         await self.engine_loop.call(
@@ -382,6 +385,8 @@ class DecodeService(Service):
                 event = dataclasses.replace(event, decode_wait=time.monotonic() - adopted_at)
             if event is not None:
                 self._count_tokens(event)
+                if event.finished:
+                    self._close_span(out, event.error)
                 self.tasks.spawn(
                     self.bus.publish(subjects.tokens(rid), event), f"publishing tokens of {rid}"
                 )
@@ -397,6 +402,10 @@ class DecodeService(Service):
             on_error=lambda _: self._free_held(request_id),
         )
 
+    def _close_span(self, out: RequestOutput, error: str) -> None:
+        outputs = {"gen_ai.usage.output_tokens": out.num_output_tokens}
+        self.spans.close(out.request_id, outputs, error=error)
+
     def _count_tokens(self, event: TokenEvent) -> None:
         self.tokens_out.inc(len(event.token_ids))
         if event.finished:
@@ -408,6 +417,7 @@ class DecodeService(Service):
             await self._release(rid)
         self.adopted_at.pop(rid, None)
         if self.decoding.drop(rid):
+            self.spans.close(rid, error=f"aborted: {msg.reason}")
             # NOTE: an aborted request is not written back: free its (held) blocks now.
             await self._abort_now(rid)
 
@@ -430,3 +440,11 @@ class DecodeService(Service):
         return dataclasses.replace(
             stats, num_rejected_after_prefill=self.num_rejected_after_prefill
         )
+
+
+def _span_attributes(req: KVReserve, commit: KVCommit) -> dict:
+    return {
+        "gen_ai.usage.input_tokens": len(req.prompt_token_ids),
+        "kvstack.cached_tokens": commit.num_cached_tokens,
+        "kvstack.prefill_id": req.prefill_id,
+    }

@@ -33,6 +33,7 @@ from services.gateway.responses import (
 )
 from services.gateway.sse import SSE_DONE, SSE_HEADERS, sse_error, sse_event
 from services.gateway.tool_replies import StreamedReply, whole_reply
+from shared import tracing
 
 log = logging.getLogger("kvstack.gateway")
 _counter = itertools.count()
@@ -129,10 +130,16 @@ class GatewayApp:
             raise errors.service_unavailable(
                 "the gateway is shutting down; retry on another", retry_after_s=1
             )
-        with self.per_key.hold(request.headers.get("Authorization", "")):
-            return await self._read_and_generate(request, parse)
+        # NOTE: the request's root span: the messages sent inside it carry it to the workers
+        with (
+            self.per_key.hold(request.headers.get("Authorization", "")),
+            tracing.span("gateway.request", {"http.route": request.path}) as span,
+        ):
+            return await self._read_and_generate(request, parse, span)
 
-    async def _read_and_generate(self, request: web.Request, parse) -> web.StreamResponse:
+    async def _read_and_generate(
+        self, request: web.Request, parse, span: tracing.Span
+    ) -> web.StreamResponse:
         raw = await read_body(request, self.service.config.edge.read_timeout)
         body = decode_body(raw, self.service.limits)
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
@@ -144,6 +151,7 @@ class GatewayApp:
             _internal_id(request_id),
             self.service.model_aliases,
         )
+        span.set_attributes(_span_attributes(req))
         await self.grammars.check(req)
         choices = Choices.of(req, self.service.tokenizer, self.service.backend)
         self.service.begin()
@@ -153,6 +161,8 @@ class GatewayApp:
             return await self._complete(req, choices)
         finally:
             self.service.end(choices.relays)
+            outputs = sum(relay.num_output_tokens for relay in choices.relays)
+            span.set_attribute("gen_ai.usage.output_tokens", outputs)
 
     async def _complete(self, req: GenerateRequest, choices: Choices) -> web.Response:
         answers = await choices.answers()
@@ -259,6 +269,15 @@ class GatewayApp:
                 )
             )
         return chunks
+
+
+def _span_attributes(req: GenerateRequest) -> dict:
+    return {
+        "kvstack.request_id": req.request_id,
+        "gen_ai.request.model": req.model,
+        "gen_ai.usage.input_tokens": req.num_prompt_tokens,
+        "gen_ai.request.choice.count": req.n,
+    }
 
 
 def _same(given: str, expected: str) -> bool:

@@ -11,7 +11,7 @@ import time
 from services.prefill.prefix import PrefixLoader
 from services.prefill.sharing import EVENT_INTERVAL, CacheSharing
 from services.prefill.streaming import Target, layer_spans
-from shared import subjects
+from shared import subjects, tracing
 from shared.bus import Bus, ServiceUnavailable
 from shared.engine.engine import LLMEngine
 from shared.engine.interface import EngineInterface
@@ -82,6 +82,7 @@ class PrefillService(Service):
         self.arriving: dict[str, int] = {}
         self.plans: dict[str, PrefixPlan] = {}  # where each prompt's prefix comes from
         self.num_done = 0
+        self.spans = tracing.RequestSpans()  # "prefill.request": accepted to first token
         self.prompt_tokens = self.metrics.counter(
             "prompt_tokens", "prompt tokens computed (not found in a prefix cache)"
         )
@@ -193,6 +194,7 @@ class PrefillService(Service):
             return Ack(req.request_id, False, refusal.reason, refusal.code)
         self.requests[req.request_id] = req
         self.arriving[req.request_id] = len(req.prompt_token_ids)
+        self.spans.open(req.request_id, "prefill.request", _span_attributes(req))
         self.tasks.spawn(
             self._run(req), f"request {req.request_id}", on_error=lambda e: self._crashed(req, e)
         )
@@ -263,6 +265,7 @@ class PrefillService(Service):
                 message,
                 self.config.request_timeout,
                 expected=KVReservation,
+                parent=self.spans.get(req.request_id),
             )
         except ServiceUnavailable as e:
             return KVReservation(req.request_id, False, reason=f"decode worker: {e}", code=503)
@@ -400,9 +403,14 @@ class PrefillService(Service):
         await write_back(self.pool, self.engine_loop, rid, f"{rid}:put")
 
     async def _tell_decode(self, decode_id: str, commit: KVCommit) -> Ack:
+        """Commit (or cancel) the KV; decode's span of the request follows ours."""
         try:
             return await self.bus.request(
-                subjects.decode_commit(decode_id), commit, self.config.request_timeout, expected=Ack
+                subjects.decode_commit(decode_id),
+                commit,
+                self.config.request_timeout,
+                expected=Ack,
+                parent=self.spans.get(commit.request_id),
             )
         except ServiceUnavailable as e:
             return Ack(commit.request_id, False, f"decode worker: {e}", 503)
@@ -428,6 +436,7 @@ class PrefillService(Service):
             prefill_timing=timing,
         )
         await self.bus.publish(subjects.tokens(req.request_id), event)
+        self.spans.close(req.request_id, _prefilled(out))
         self._done(req.request_id)
 
     async def _fail(self, req: PrefillRequest, error: str, code: int) -> None:
@@ -436,6 +445,7 @@ class PrefillService(Service):
             req.request_id, 0, finished=True, finish_reason="error", error=error, code=code
         )
         await self.bus.publish(subjects.tokens(req.request_id), event)
+        self.spans.close(req.request_id, error=error)
         self._done(req.request_id)
 
     def _done(self, request_id: str) -> None:
@@ -458,6 +468,7 @@ class PrefillService(Service):
 
     async def _on_abort(self, msg: Abort) -> None:
         self.arriving.pop(msg.request_id, None)
+        self.spans.close(msg.request_id, error=f"aborted: {msg.reason}")
         if self.requests.pop(msg.request_id, None) is None:
             return
         aborted = await self.engine_loop.call(lambda e: e.abort(msg.request_id))
@@ -474,6 +485,20 @@ class PrefillService(Service):
             blocks_from_peers=loaded["peer"],
             blocks_served=self.sharing.blocks_served,
         )
+
+
+def _span_attributes(req: PrefillRequest) -> dict:
+    return {
+        "gen_ai.usage.input_tokens": len(req.prompt_token_ids),
+        "kvstack.decode_id": req.decode_id,
+    }
+
+
+def _prefilled(out: RequestOutput) -> dict:
+    return {
+        "kvstack.cached_tokens": out.num_cached_tokens,
+        "kvstack.computed_tokens": out.num_prompt_tokens - out.num_cached_tokens,
+    }
 
 
 def _targets(req: PrefillRequest, reservation: KVReservation) -> list[Target]:

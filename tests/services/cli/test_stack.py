@@ -1,6 +1,7 @@
 """The launcher's commands: a mock stack gives every worker and the gateway the same
 engine flags, and the conductor the cost model the workers take their time from; every
-child drains as long as the stack says, they stop in order, and logs rotate per run."""
+child drains as long as the stack says and traces where it says, they stop in order, and
+logs rotate per run."""
 
 from __future__ import annotations
 
@@ -35,10 +36,19 @@ def test_a_torch_stack_passes_no_engine_flags() -> None:
     assert engine_options(build_parser().parse_args(stack["decode-0"]))["mock"] is None
 
 
-def test_every_child_gets_the_drain_timeout_and_parses_it() -> None:
-    stack = commands(num_kvstore=1, num_attention=1, drain_timeout=7.5)
+def test_every_child_gets_the_drain_timeout_and_otlp_endpoint_and_parses_them() -> None:
+    endpoint = "http://collector:4318"
+    stack = commands(num_kvstore=1, num_attention=1, drain_timeout=7.5, otlp_endpoint=endpoint)
     for name, args in stack.items():
-        assert build_parser().parse_args(args).drain_timeout == 7.5, name
+        parsed = build_parser().parse_args(args)
+        assert (parsed.drain_timeout, parsed.otlp_endpoint) == (7.5, endpoint), name
+
+
+def test_without_an_otlp_endpoint_no_child_is_traced(monkeypatch) -> None:
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    for name, args in commands().items():
+        assert "--otlp-endpoint" not in args, name
+        assert build_parser().parse_args(args).otlp_endpoint == "", name
 
 
 def test_the_gateway_stops_first_then_workers_then_attention_then_the_rest() -> None:
