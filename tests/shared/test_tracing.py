@@ -62,6 +62,9 @@ async def test_a_request_carries_its_trace_to_the_responder_and_on(secure_nats, 
 
     await server.serve(ASKED, respond, expected=Ack)
     await client.subscribe(TOLD, on_told, expected=Ack)
+    # Two connections: the server must hold both subscriptions before the request goes.
+    await server.nc.flush()
+    await client.nc.flush()
     with tracing.span("client"):
         await client.request(ASKED, Ack("r1", True), 5.0, expected=Ack)
     await asyncio.wait_for(told.wait(), 5)
