@@ -18,6 +18,7 @@ CONTRACT_MODULES = (
     "shared.engine.sampling_params",
     "shared.engine.logprob",
     "shared.kvblocks",
+    "shared.structured.spec",
 )
 LINT_IMPORTS = "import sys; from importlinter.cli import lint_imports_command; "
 LINT_IMPORTS += "sys.exit(lint_imports_command())"
@@ -60,6 +61,7 @@ def test_contract_modules_load_only_the_standard_library_and_orjson() -> None:
     heavier = {m for m in loaded if m.split(".")[0] != "orjson"} - {
         "shared",
         "shared.engine",
+        "shared.structured",
         *CONTRACT_MODULES,
     }
     assert not heavier, heavier

@@ -151,7 +151,7 @@ def test_logits_that_cannot_be_sampled_end_only_their_request(tiny_llama_dir, ba
     done, last = run(eng, params)
     message, kind = last["bad"].stop_reason, last["bad"].error_kind
     assert last["bad"].finish_reason == "error" and kind == REQUEST_ERROR
-    assert message.startswith("sampling failed: the next-token distribution is not finite")
+    assert message.startswith("sampling failed: the next-token distribution is broken")
     assert f"temperature={bad_params.temperature}" in message
     assert_others_unharmed(tiny_llama_dir, done, params)
 
