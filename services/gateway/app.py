@@ -231,8 +231,7 @@ class GatewayApp:
     @staticmethod
     def _chunk(req: GenerateRequest, piece, index: int, started: set[int]) -> dict:
         """A choice's first chunk carries the echoed prompt (and, in chat, the role)."""
-        first = index not in started
-        started.add(index)
+        first = _opens(started, index)
         text = (req.echo or "") + piece.text if first else piece.text
         return stream_chunk(
             req,
@@ -256,19 +255,24 @@ class GatewayApp:
         chunks = []
         for i, delta in enumerate(deltas):
             last = i == len(deltas) - 1
-            first = index not in started
-            started.add(index)
             chunks.append(
                 delta_chunk(
                     req,
                     delta,
-                    first=first,
+                    first=_opens(started, index),
                     logprobs=piece.logprobs if last else None,
                     finish_reason=finish if last else None,
                     index=index,
                 )
             )
         return chunks
+
+
+def _opens(started: set[int], index: int) -> bool:
+    """Whether a chunk of choice `index` is its first (then it counts as started)."""
+    first = index not in started
+    started.add(index)
+    return first
 
 
 def _span_attributes(req: GenerateRequest) -> dict:

@@ -9,21 +9,18 @@ their own copy of the tokenizer).
 from __future__ import annotations
 
 import asyncio
-import threading
 
 from services.gateway.errors import invalid_request
 from services.gateway.protocol import GenerateRequest
 from shared.errors import InvalidRequest
 from shared.model.tokenizer import Tokenizer
-from shared.structured.compiler import GrammarCompiler
+from shared.structured.compiler import LazyGrammarCompiler
 from shared.structured.spec import GrammarSpec
 
 
 class GrammarCheck:
     def __init__(self, tokenizer: Tokenizer | None) -> None:
-        self._tokenizer = tokenizer
-        self._compiler: GrammarCompiler | None = None
-        self._lock = threading.Lock()  # one compiler, however many threads ask at once
+        self._compiler = LazyGrammarCompiler(tokenizer) if tokenizer is not None else None
 
     async def check(self, req: GenerateRequest) -> None:
         spec = req.params.grammar
@@ -35,9 +32,6 @@ class GrammarCheck:
             raise invalid_request(str(exc), param=req.grammar_field) from None
 
     def _compile(self, spec: GrammarSpec) -> None:
-        if self._tokenizer is None:
+        if self._compiler is None:
             raise InvalidRequest("structured output needs the model's tokenizer; it has none")
-        with self._lock:
-            if self._compiler is None:
-                self._compiler = GrammarCompiler(self._tokenizer)
-        self._compiler.compile(spec)
+        self._compiler.get().compile(spec)

@@ -178,7 +178,7 @@ class GatewayService(Service):
         times = relay.token_times
         for earlier, later in itertools.pairwise(times):
             self.itl.observe(later - earlier)
-        num_tokens = relay.stream.num_tokens if relay.stream else 0
+        num_tokens = relay.num_output_tokens
         if num_tokens > 1:
             self.tpot.observe((times[-1] - first_token_at) / (num_tokens - 1))
         self.e2e.observe(times[-1] - relay.started)
@@ -198,7 +198,7 @@ class GatewayService(Service):
 
     def _done(self, relay: Relay, first_token_at: float) -> RequestDone:
         """What the conductor learns output lengths and decode times from."""
-        req, num_tokens = relay.req, relay.stream.num_tokens if relay.stream else 0
+        req, num_tokens = relay.req, relay.num_output_tokens
         tbt = (relay.token_times[-1] - first_token_at) / max(1, num_tokens - 1)
         predicted = _first_placement(relay)
         return RequestDone(

@@ -356,10 +356,8 @@ class PrefillService(Service):
             code = error_code(out.error_kind)
             await self._fail(req, f"prefill failed: {error or out.stop_reason}", code)
         else:
-            self.prefix_hits.count(
-                out.num_prompt_tokens, out.num_cached_tokens, plan, self.config.block_size
-            )
             cached = cached_by_tier(out.num_cached_tokens, plan, self.config.block_size)
+            self.prefix_hits.count(out.num_prompt_tokens, cached)
             await self._hand_over(req, out, target, num_frames, cached)
 
     async def _hand_over(

@@ -472,9 +472,8 @@ class LLMEngine:
         return ("length", None) if full else None
 
     def _history(self, seq: Sequence) -> History:
-        num_output = min(seq.num_output_tokens + seq.params.prior_output_tokens, seq.num_tokens)
         grammar = self._extras[seq.request_id].grammar
-        return History(seq.token_ids, num_output, seq.num_output_tokens, grammar)
+        return History(seq.token_ids, seq.num_output_with_prior, seq.num_output_tokens, grammar)
 
     def _make_extras(self, seq: Sequence) -> _Extras:
         params = seq.params

@@ -13,28 +13,26 @@ from collections.abc import Collection
 from shared.engine.sequence import Sequence
 from shared.errors import InvalidRequest
 from shared.model.tokenizer import Tokenizer
-from shared.structured.compiler import GrammarCompiler
+from shared.structured.compiler import LazyGrammarCompiler
 from shared.structured.matcher import GrammarMatcher
 
 
 class Grammars:
     def __init__(self, tokenizer: Tokenizer | None, stop_ids: Collection[int], mock: bool) -> None:
-        self._tokenizer = tokenizer
-        self._stop_ids = sorted(stop_ids)
-        self._mock = mock
-        self._compiler: GrammarCompiler | None = None
+        # NOTE: the mock engine follows no logits, so it cannot follow a grammar either
+        self._compiler = None
+        if tokenizer is not None and not mock:
+            self._compiler = LazyGrammarCompiler(tokenizer, sorted(stop_ids))
 
     def matcher(self, seq: Sequence) -> GrammarMatcher | None:
         """`seq`'s matcher, past its output so far; None when it has no grammar."""
         spec = seq.params.grammar
         if spec is None:
             return None
-        if self._mock or self._tokenizer is None:
+        if self._compiler is None:
             raise InvalidRequest(
                 "structured output needs a real model with a tokenizer; "
                 "the mock engine cannot follow a grammar"
             )
-        if self._compiler is None:
-            self._compiler = GrammarCompiler(self._tokenizer, self._stop_ids)
-        start = seq.num_prompt_tokens - seq.params.prior_output_tokens
-        return self._compiler.matcher(spec, seq.token_ids[max(0, start) :])
+        output = seq.token_ids[seq.num_tokens - seq.num_output_with_prior :]
+        return self._compiler.get().matcher(spec, output)

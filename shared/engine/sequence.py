@@ -53,6 +53,12 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
+    def num_output_with_prior(self) -> int:
+        """Output tokens, counting those of earlier attempts that its prompt carries (a
+        migrated request: `params.prior_output_tokens`)."""
+        return min(self.num_output_tokens + self.params.prior_output_tokens, self.num_tokens)
+
+    @property
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
 

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from shared.metrics import Metrics
-from shared.prefill.prefix import PrefixPlan
-from shared.prefill.timing import cached_by_tier
 
 TIERS = ("local", "kvstore", "peer")
 
@@ -35,16 +33,9 @@ class PrefixCounters:
         )
         return cls(queries, hits)
 
-    def count(
-        self,
-        num_prompt_tokens: int,
-        num_cached_tokens: int,
-        plan: PrefixPlan | None,
-        block_size: int,
-    ) -> None:
-        """One prompt: `num_cached_tokens` needed no compute; `plan` says which of them
-        were fetched, and from where (the rest were in the local cache)."""
+    def count(self, num_prompt_tokens: int, cached: dict[str, int]) -> None:
+        """One prompt, and its cached tokens by tier (`timing.cached_by_tier`)."""
         self.queries.inc(num_prompt_tokens)
-        for tier, tokens in cached_by_tier(num_cached_tokens, plan, block_size).items():
+        for tier, tokens in cached.items():
             if tokens:
                 self.hits.labels(tier).inc(tokens)

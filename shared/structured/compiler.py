@@ -11,6 +11,7 @@ GBNF grammars, and Lark with embedded schemas (how tool calls are constrained).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -72,6 +73,23 @@ class GrammarCompiler:
             raise InvalidRequest(f"the {spec.kind} does not compile: {_first_line(error)}")
         initial = LLMatcher(self._tokenizer, grammar, log_level=0)
         return CompiledGrammar(spec, self.vocab_size, initial)
+
+
+class LazyGrammarCompiler:
+    """A GrammarCompiler built on first use (about 0.2 s for a 49k vocabulary: not paid by
+    a process that never sees a grammar), once, whichever thread asks first."""
+
+    def __init__(self, tokenizer: Tokenizer, stop_token_ids: Sequence[int] = ()) -> None:
+        self._tokenizer = tokenizer
+        self._stop_token_ids = tuple(stop_token_ids)
+        self._compiler: GrammarCompiler | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> GrammarCompiler:
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = GrammarCompiler(self._tokenizer, self._stop_token_ids)
+            return self._compiler
 
 
 def _eos(tokenizer: Tokenizer) -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from shared.metrics import Metrics
 from shared.prefill.metrics import PrefixCounters
 from shared.prefill.prefix import KVSTORE, PrefixPlan
+from shared.prefill.timing import cached_by_tier
 
 
 def hits(counters: PrefixCounters) -> dict[str, float]:
@@ -14,9 +15,10 @@ def hits(counters: PrefixCounters) -> dict[str, float]:
 
 def test_fetched_tokens_count_for_their_source_and_the_rest_for_the_local_cache() -> None:
     counters = PrefixCounters.of(Metrics("prefill"))
-    counters.count(100, 64, PrefixPlan(1, 3, KVSTORE), block_size=16)
-    counters.count(100, 32, PrefixPlan(0, 2, "prefill-1"), block_size=16)
-    counters.count(100, 48, None, block_size=16)  # nothing fetched: the engine matched locally
+    counters.count(100, cached_by_tier(64, PrefixPlan(1, 3, KVSTORE), block_size=16))
+    counters.count(100, cached_by_tier(32, PrefixPlan(0, 2, "prefill-1"), block_size=16))
+    # nothing fetched: the engine matched locally
+    counters.count(100, cached_by_tier(48, None, block_size=16))
     assert hits(counters) == {"local": 16 + 48, "kvstore": 48, "peer": 32}
     assert counters.queries._value.get() == 300
 
