@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench import conductor, engine, fairness, kvstore, offload, sampling, transfer
+from bench import conductor, engine, fairness, grammar, kvstore, offload, sampling, transfer
 from bench.chaos import cli as chaos
 from bench.live_vs_sim import cli as live_vs_sim
 from shared import cli
@@ -18,6 +18,7 @@ from shared import cli
 BENCHMARKS = (
     engine,
     sampling,
+    grammar,
     fairness,
     transfer,
     kvstore,
