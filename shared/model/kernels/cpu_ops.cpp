@@ -286,6 +286,8 @@ void small_linear(torch::Tensor out, torch::Tensor x, torch::Tensor w,
 
 }  // namespace
 
+void register_quant_ops(pybind11::module_& m);  // quant_ops.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm_", &add_rms_norm_);
@@ -294,4 +296,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("write_kv", &write_kv);
   m.def("decode_attention", &decode_attention);
   m.def("small_linear", &small_linear);
+  register_quant_ops(m);
 }

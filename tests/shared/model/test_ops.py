@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from shared.model import ops
-from shared.model.kernels import build_dir, cpu_ops
+from shared.model.kernels import build_dir, chosen_isa, cpu_ops, supported_isas
 
 DTYPES = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -31,6 +32,29 @@ def test_a_lock_left_by_a_killed_build_does_not_stop_the_next_load() -> None:
     assert not stale.exists()
 
 
+def test_the_isa_can_be_forced_to_avx2_and_a_wrong_name_is_refused() -> None:
+    if "avx2" not in supported_isas():
+        pytest.skip("this CPU has no AVX2")
+    code = "from shared.model.kernels import chosen_isa; print(chosen_isa())"
+    env = {**os.environ, "KVSTACK_CPU_ISA": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "avx2"
+    env["KVSTACK_CPU_ISA"] = "sse9"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "KVSTACK_CPU_ISA='sse9'" in out.stderr
+    assert chosen_isa() == supported_isas()[0]  # this process: the best the CPU runs
+
+
+@pytest.fixture(params=supported_isas() or ("torch",))
+def isa(request, monkeypatch) -> str:
+    """Kernel tests run on every build this CPU runs: the AVX2 one too on AVX-512 machines."""
+    module = cpu_ops(request.param) if request.param != "torch" else None
+    if request.param != "torch":
+        assert module is not None, f"the {request.param} build failed"
+    monkeypatch.setattr(ops, "_native", lambda x: module if x.device.type == "cpu" else None)
+    return request.param
+
+
 def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
     err = (a.float() - b.float()).abs().max().item()
     assert err <= DTYPES[dtype] * max(1.0, b.float().abs().max().item()), err
@@ -45,7 +69,7 @@ def randn(*shape, dtype) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape))).to(dtype)
 
 
-def test_rms_norm_and_fused_add(dtype) -> None:
+def test_rms_norm_and_fused_add(dtype, isa) -> None:
     x, residual, w = randn(7, 96, dtype=dtype), randn(7, 96, dtype=dtype), randn(96, dtype=dtype)
     close(ops.rms_norm(x, w, 1e-6), ops.rms_norm_torch(x, w, 1e-6), dtype)
     expected_res = x + residual
@@ -54,13 +78,13 @@ def test_rms_norm_and_fused_add(dtype) -> None:
     close(normed, ops.rms_norm_torch(expected_res, w, 1e-6), dtype)
 
 
-def test_silu_and_mul(dtype) -> None:
+def test_silu_and_mul(dtype, isa) -> None:
     gate_up = randn(5, 2 * 48, dtype=dtype)
     gate, up = gate_up.chunk(2, dim=-1)
     close(ops.silu_and_mul(gate_up), torch.nn.functional.silu(gate) * up, dtype)
 
 
-def test_rotary_in_place_on_q_and_k_only(dtype) -> None:
+def test_rotary_in_place_on_q_and_k_only(dtype, isa) -> None:
     heads, kv_heads, head_dim = 4, 2, 24
     qkv = randn(6, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
     freqs = torch.arange(6).float()[:, None] * torch.rand(head_dim // 2)[None, :]
@@ -72,7 +96,7 @@ def test_rotary_in_place_on_q_and_k_only(dtype) -> None:
     assert torch.equal(native[:, rotated:], qkv[:, rotated:])  # v untouched
 
 
-def test_write_kv_and_decode_attention(dtype) -> None:
+def test_write_kv_and_decode_attention(dtype, isa) -> None:
     blocks, block_size, kv_heads, heads, head_dim = 20, 4, 2, 6, 16
     k_cache, v_cache = (randn(blocks, block_size, kv_heads, head_dim, dtype=dtype) for _ in "kv")
     qkv = randn(3, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
