@@ -303,6 +303,12 @@ class RequestDone:
     tbt: float  # mean seconds between tokens after the first
     predicted_ttft: float = 0.0  # the placement's (0: not known)
     predicted_tbt: float = 0.0
+    predicted_queue: float = 0.0
+    predicted_prefill: float = 0.0
+    # parts of the TTFT as measured (-1: not measured): the wait before the prefill's first
+    # step, and that prefill's compute (measured only when no prefix was loaded into it)
+    queue: float = -1.0
+    prefill: float = -1.0
 
 
 @dataclass(frozen=True, slots=True)

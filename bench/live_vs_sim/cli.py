@@ -2,7 +2,8 @@
 stack (`kvstack up --engine mock`, `loadgen run --trace`) and in `loadgen sim` on the same
 cluster; mean, p50 and p90 TTFT, TPOT, cached tokens and the conductor's TTFT estimate
 error side by side, and whether the mean TTFTs agree within --tolerance. Also the TTFT of
-single requests on the idle stack beside the cost model's (the fixed live overhead)."""
+single requests on the idle stack beside the cost model's (the fixed live overhead), and
+every estimate's error live and simulated."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from bench.live_vs_sim import live, sim
 from bench.live_vs_sim.live import PROBE_TOKENS, LiveRun
 from bench.live_vs_sim.replay import Replay, Summary
+from shared.conductor.accuracy import ESTIMATES
 from shared.conductor.policies import POLICIES
 from shared.errors import KvstackError
 
@@ -65,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows, args.tolerance))
     print()
     print(format_idle(rows, replay))
+    print()
+    print(format_estimates(rows))
     if args.output_json:
         args.output_json.write_text(json.dumps(to_json(replay, rows), indent=2))
     return 0
@@ -124,11 +128,24 @@ def format_table(rows: dict[str, tuple[LiveRun, Summary]], tolerance: float) -> 
     return "\n".join(lines)
 
 
-def _estimate(summary: Summary) -> str:
-    ttft = summary.estimates.get("ttft")
-    if ttft is None:
+def _estimate(summary: Summary, name: str = "ttft") -> str:
+    error = summary.estimates.get(name)
+    if error is None:
         return "-"
-    return f"{ttft['median_abs_rel_error']:.0%} ({ttft['mean_rel_error']:+.0%})"
+    return f"{error['median_abs_rel_error']:.0%} ({error['mean_rel_error']:+.0%})"
+
+
+def format_estimates(rows: dict[str, tuple[LiveRun, Summary]]) -> str:
+    """Each estimate's median |relative error| (signed mean), live and simulated, per
+    policy; `-` where a side measures none (live: transfer, which overlaps the compute)."""
+    header = ["policy"] + [f"{name} {side}" for name in ESTIMATES for side in ("live", "sim")]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for policy, (live_run, s) in rows.items():
+        cells = [policy]
+        for name in ESTIMATES:
+            cells += [_estimate(live_run.summary, name), _estimate(s, name)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def format_idle(rows: dict[str, tuple[LiveRun, Summary]], replay: Replay) -> str:

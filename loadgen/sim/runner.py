@@ -248,6 +248,10 @@ class Simulation:
                 job.mean_gap,
                 placement.predicted_ttft,
                 placement.predicted_tbt,
+                placement.predicted_queue,
+                placement.predicted_prefill,
+                job.prefill_start - job.arrival,
+                job.compute_seconds,
             )
         )
 

@@ -16,7 +16,7 @@ from services.gateway.liveness import Liveness
 from services.gateway.model_names import ModelNames
 from services.gateway.protocol import GatewayLimits
 from services.gateway.relay import Relay
-from services.gateway.timing import TTFT_STAGES
+from services.gateway.timing import TTFT_STAGES, measured_parts
 from shared import subjects
 from shared.bus import Bus
 from shared.engine.config import resolve_dtype
@@ -200,17 +200,27 @@ class GatewayService(Service):
         """What the conductor learns output lengths and decode times from."""
         req, num_tokens = relay.req, relay.num_output_tokens
         tbt = (relay.token_times[-1] - first_token_at) / max(1, num_tokens - 1)
-        predicted = _first_placement(relay)
+        predicted = _first_placement(relay) or NO_PREDICTION
+        ttft = first_token_at - relay.started
+        progress = relay.progress
+        queue, prefill = measured_parts(ttft, progress.prefill_timing if progress else None)
         return RequestDone(
             req.request_id,
             self.backend.first_block_hash(req),
             req.num_prompt_tokens,
             num_tokens,
-            first_token_at - relay.started,
+            ttft,
             tbt,
-            predicted.predicted_ttft if predicted else 0.0,
-            predicted.predicted_tbt if predicted else 0.0,
+            predicted.predicted_ttft,
+            predicted.predicted_tbt,
+            predicted.predicted_queue,
+            predicted.predicted_prefill,
+            queue,
+            prefill,
         )
+
+
+NO_PREDICTION = Placement("", accepted=False)  # predicts 0 (not known) for everything
 
 
 def _first_placement(relay: Relay) -> Placement | None:

@@ -51,3 +51,15 @@ def ttft_breakdown(
         "decode_first_token": decode_wait,
         "cached_tokens": cached,
     }
+
+
+def measured_parts(ttft: float, prefill: PrefillTiming | None) -> tuple[float, float]:
+    """The parts of a TTFT the conductor estimates, as measured (-1: not measured): the wait
+    before the prefill's first step (everything before it, hops included, as the
+    simulator counts it), and that prefill's compute, only when no prefix was loaded into
+    it (loads overlap the compute: then it is not what the prefill estimate predicts)."""
+    if prefill is None:
+        return -1.0, -1.0
+    queue = max(0.0, ttft - prefill.compute - prefill.transfer)
+    loaded = prefill.cached_kvstore + prefill.cached_peer
+    return queue, -1.0 if loaded else prefill.compute

@@ -1,8 +1,8 @@
 """How far the conductor's estimates fall from what happened: each placement's predicted
 queue, transfer, prefill, TTFT and TBT beside the measured ones. The simulator summarises
 a whole run with `summarize`; the live conductor keeps the latest requests in an
-EstimateLog (the gateway reports TTFT and TBT with each finished request). Plain data,
-no I/O."""
+EstimateLog (the gateway reports TTFT, TBT and the measured parts of the TTFT with each
+finished request). Plain data, no I/O."""
 
 from __future__ import annotations
 
@@ -21,11 +21,16 @@ WINDOW = 4096  # requests the live log keeps per estimate
 
 
 def done_pairs(done: RequestDone) -> list[tuple[str, float, float]]:
-    """(estimate, predicted, actual) a finished request tells: its TTFT, and its TBT when
-    it had two tokens or more. A request placed more than once carries no prediction."""
+    """(estimate, predicted, actual) a finished request tells: its TTFT, the parts of it that
+    were measured, and its TBT when it had two tokens or more. A request placed more than
+    once carries no prediction."""
     found = []
     if done.predicted_ttft > 0:
         found.append(("ttft", done.predicted_ttft, done.ttft))
+        if done.queue >= 0:
+            found.append(("queue", done.predicted_queue, done.queue))
+        if done.prefill >= 0:
+            found.append(("prefill", done.predicted_prefill, done.prefill))
     if done.predicted_tbt > 0 and done.num_output_tokens > 1:
         found.append(("tbt", done.predicted_tbt, done.tbt))
     return found

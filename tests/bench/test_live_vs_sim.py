@@ -57,3 +57,13 @@ def test_the_table_says_where_live_and_sim_agree() -> None:
     }
     table = cli.format_table(rows, 0.15).splitlines()
     assert "| 1.10 | yes |" in table[2] and "| 1.30 | no |" in table[3]
+
+
+def test_the_estimates_table_puts_each_estimate_live_beside_sim() -> None:
+    error = lambda median, mean: {"median_abs_rel_error": median, "mean_rel_error": mean}
+    live_side = Summary(10, 0, 1.0, 1.0, 1.0, 0.013, 0, {"queue": error(0.2, -0.1)})
+    sim_side = Summary(10, 0, 1.0, 1.0, 1.0, 0.013, 0, {"queue": error(0.0, 0.0)})
+    rows = {"kvcentric": (LiveRun(live_side, dict.fromkeys(live.PROBE_TOKENS, 0.1)), sim_side)}
+    header, _, row = cli.format_estimates(rows).splitlines()
+    assert header.startswith("| policy | queue live | queue sim | transfer live |")
+    assert row.startswith("| kvcentric | 20% (-10%) | 0% (+0%) | - | - |")

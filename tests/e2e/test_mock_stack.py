@@ -150,13 +150,17 @@ def test_the_kvstore_holds_blocks_of_the_scaled_size(mock_stack) -> None:
 
 
 def test_the_conductor_reports_how_far_its_ttft_and_tbt_estimates_fell(mock_stack) -> None:
-    """Each finished request tells the conductor its TTFT and TBT beside the placement's
-    predictions; the conductor reports the error distribution (and exports it)."""
+    """Each finished request tells the conductor its TTFT, its measured queue and prefill
+    and its TBT beside the placement's predictions; the conductor reports the error
+    distribution (and exports it)."""
     for seed in (7, 8, 9):
         complete(mock_stack, token_prompt(seed, 2000))
     errors = lambda: {e.estimate: e for e in conductor_stats(mock_stack).estimates}
     wait_until(lambda: errors().get("ttft") is not None and errors()["ttft"].count >= 3)
     found = errors()
     assert found["ttft"].count >= 3 and found["tbt"].count >= 3
+    # the measured parts of the TTFT: nothing was loaded into these prompts (distinct)
+    wait_until(lambda: errors().get("prefill") is not None and errors()["prefill"].count >= 3)
+    assert errors()["queue"].count >= 3
     for error in found.values():
         assert 0 <= error.median_abs_rel_error <= error.p90_abs_rel_error

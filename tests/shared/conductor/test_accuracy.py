@@ -33,6 +33,18 @@ def test_a_request_placed_again_or_with_one_token_tells_no_tbt() -> None:
     assert done_pairs(RequestDone("r", 0, 100, 5, 0.5, 0.03)) == []
 
 
+def test_the_measured_parts_of_a_ttft_pair_with_their_predictions() -> None:
+    done = RequestDone(
+        "r", 0, 100, 1, 0.5, 0.0, 0.4, 0.02, predicted_queue=0.1, predicted_prefill=0.3,
+        queue=0.2, prefill=0.25,
+    )  # fmt: skip
+    assert done_pairs(done) == [("ttft", 0.4, 0.5), ("queue", 0.1, 0.2), ("prefill", 0.3, 0.25)]
+    unmeasured = RequestDone("r", 0, 100, 1, 0.5, 0.0, 0.4, queue=0.2)
+    assert [name for name, _, _ in done_pairs(unmeasured)] == ["ttft", "queue"]
+    placed_twice = RequestDone("r", 0, 100, 1, 0.5, 0.0, queue=0.2, prefill=0.25)
+    assert done_pairs(placed_twice) == []
+
+
 def test_a_placement_says_what_its_predicted_ttft_is_made_of() -> None:
     core = conductor(policy="kvcentric")
     core.observe(beat("p0", "prefill", waiting=1, queued=400))
