@@ -71,6 +71,8 @@ class Placement:
     predicted_queue: float = 0.0
     predicted_transfer: float = 0.0
     predicted_prefill: float = 0.0
+    # of predicted_queue, the stack's own path time (learned: shared/conductor/overhead.py)
+    predicted_overhead: float = 0.0
 
 
 @message("prefill_request")
@@ -305,6 +307,7 @@ class RequestDone:
     predicted_tbt: float = 0.0
     predicted_queue: float = 0.0
     predicted_prefill: float = 0.0
+    predicted_overhead: float = 0.0  # of predicted_queue (and predicted_ttft)
     # parts of the TTFT as measured (-1: not measured): the wait before the prefill's first
     # step, and that prefill's compute (measured only when no prefix was loaded into it)
     queue: float = -1.0

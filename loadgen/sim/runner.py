@@ -250,6 +250,7 @@ class Simulation:
                 placement.predicted_tbt,
                 placement.predicted_queue,
                 placement.predicted_prefill,
+                placement.predicted_overhead,
                 job.prefill_start - job.arrival,
                 job.compute_seconds,
             )

@@ -64,6 +64,10 @@ class ConductorService(Service):
             ERROR_BUCKETS,
             ("estimate",),
         )
+        self.path_overhead = self.metrics.gauge(
+            "path_overhead_seconds",
+            "the stack's own time before an idle worker's prefill, learned; in predictions",
+        )
         self.live_workers = self.metrics.gauge("live_workers", "workers alive", ("service",))
         self.indexed_blocks = self.metrics.gauge("indexed_blocks", "blocks in the prefix index")
 
@@ -95,6 +99,7 @@ class ConductorService(Service):
 
     async def _on_done(self, done: RequestDone) -> None:
         self.core.finished(done)
+        self.path_overhead.set(self.core.overhead.seconds)
         for name, predicted, actual in done_pairs(done):
             self.estimate_error.labels(name).observe(abs(relative_error(predicted, actual)))
 

@@ -215,6 +215,7 @@ class GatewayService(Service):
             predicted.predicted_tbt,
             predicted.predicted_queue,
             predicted.predicted_prefill,
+            predicted.predicted_overhead,
             queue,
             prefill,
         )

@@ -13,6 +13,7 @@ from shared.conductor.forecast import Booking, Ledger
 from shared.conductor.index import PrefixIndex
 from shared.conductor.inflight import InflightPrefixes
 from shared.conductor.outputs import OutputLengths
+from shared.conductor.overhead import PathOverhead
 from shared.conductor.policies import POLICIES, Choice, Inputs, Rejection, request_seed
 from shared.conductor.snapshot import PrefixMatch
 from shared.conductor.state import ClusterState
@@ -87,6 +88,7 @@ class Conductor:
         self.outputs = OutputLengths(self.config.decode_time)
         self.policy = POLICIES[self.config.policy]
         self.estimates = EstimateLog()
+        self.overhead = PathOverhead()
 
     def observe(self, hb: Heartbeat) -> None:
         """`hb` as heard: its `time` is when it arrived (shared/heartbeats.py)."""
@@ -120,6 +122,7 @@ class Conductor:
 
     def finished(self, done: RequestDone) -> None:
         self.outputs.observe(done)
+        self.overhead.observe(done)
         for name, predicted, actual in done_pairs(done):
             self.estimates.observe(name, predicted, actual)
 
@@ -188,6 +191,7 @@ class Conductor:
         self, request: PlacementRequest, choice: Choice, prefix: PrefixMatch
     ) -> Placement:
         peer = choice.fetch_from if choice.fetch_from not in ("", "kvstore") else ""
+        overhead = self.overhead.seconds
         load_prefix = choice.load_prefix and not _waits_for_own_cache(choice, prefix)
         stage_tbt = (
             admission.slo_of(request, self.config).tbt
@@ -203,9 +207,10 @@ class Conductor:
             prefix_peer_blocks=choice.source_blocks if peer else 0,
             load_prefix=load_prefix,
             stage_tbt_slo=stage_tbt,
-            predicted_ttft=choice.ttft,
+            predicted_ttft=choice.ttft + overhead,
             predicted_tbt=choice.tbt,
-            predicted_queue=choice.ttft - choice.busy_seconds,
+            predicted_queue=choice.ttft - choice.busy_seconds + overhead,
             predicted_transfer=choice.transfer_seconds,
             predicted_prefill=choice.busy_seconds - choice.transfer_seconds,
+            predicted_overhead=overhead,
         )
