@@ -15,6 +15,7 @@ import argparse
 import json
 import re
 import secrets
+import shlex
 import socket
 import statistics
 import subprocess
@@ -53,6 +54,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--serve-args",
+        default="",
+        help="more flags for kvstack serve, e.g. '--max-num-batched-tokens 512'",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON too")
     p.set_defaults(run=run)
 
@@ -115,7 +121,7 @@ def colocated(args: argparse.Namespace, key: str, work: Path):
     """`kvstack serve` in a child process, on every core this one may use."""
     port, log = free_port(), work / "serve.log"
     argv = ["serve", "--port", str(port), "--api-key", key, "--dtype", args.dtype]
-    argv += ["--model", args.model]
+    argv += ["--model", args.model, *shlex.split(args.serve_args)]
     with log.open("wb") as out:
         child = subprocess.Popen(
             [sys.executable, "-m", "services.cli.main", *argv], stdout=out, stderr=out
