@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import argparse
 
-from bench import conductor, engine, fairness, grammar, kvstore, offload, sampling, transfer
+from bench import (
+    colocated,
+    conductor,
+    engine,
+    fairness,
+    grammar,
+    kvstore,
+    offload,
+    sampling,
+    transfer,
+)
 from bench.chaos import cli as chaos
 from bench.live_vs_sim import cli as live_vs_sim
 from shared import cli
@@ -24,6 +34,7 @@ BENCHMARKS = (
     kvstore,
     conductor,
     offload,
+    colocated,
     chaos,
     live_vs_sim,
 )

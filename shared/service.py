@@ -54,6 +54,9 @@ class ServiceConfig:
 
 class Service:
     name = "service"
+    # NOTE: False for a process that is the whole stack (`kvstack serve`): no bus, no
+    # heartbeats, no discovery; `start_alone` instead of `start`.
+    needs_bus = True
 
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
@@ -79,6 +82,9 @@ class Service:
 
     async def start(self, bus: Bus) -> None:
         """Subscribe, start workers; the bus is connected and HTTP is up."""
+
+    async def start_alone(self) -> None:
+        """Start without a bus (`needs_bus` False); HTTP is up."""
 
     def routes(self) -> list[web.RouteDef]:
         return []
@@ -130,6 +136,9 @@ class Service:
 
 async def serve(service: Service, ready: asyncio.Event | None = None) -> None:
     """Run `service` until `service.stopped` is set (by a signal or by the caller)."""
+    if not service.needs_bus:
+        await _serve_alone(service, ready)
+        return
     cfg = service.config
     service.bus = await Bus.connect(cfg.nats_url, service.worker_id, cfg.nats_auth)
     runner = await _start_http(service)
@@ -152,6 +161,23 @@ async def serve(service: Service, ready: asyncio.Event | None = None) -> None:
         await _bounded(service.stop(), 10, f"{service.worker_id}: stop")
         service.tasks.cancel()
         await service.bus.drain()
+        await runner.cleanup()
+
+
+async def _serve_alone(service: Service, ready: asyncio.Event | None) -> None:
+    """`serve` for a service without a bus: HTTP first (a taken port fails at once),
+    then its start; a signal drains it."""
+    runner = await _start_http(service)
+    try:
+        await service.start_alone()
+        log.info("%s ready: http://%s", service.worker_id, service.http_addr)
+        if ready is not None:
+            ready.set()
+        await service.stopped.wait()
+        await _drain(service)
+    finally:
+        await _bounded(service.stop(), 10, f"{service.worker_id}: stop")
+        service.tasks.cancel()
         await runner.cleanup()
 
 
@@ -274,6 +300,8 @@ async def _register(service: Service):
 
 
 async def _beat(service: Service) -> None:
+    if not service.needs_bus:
+        return
     beat = replace(service.heartbeat(), instance=service.instance, stopped=service.leaving)
     try:
         await service.live_bus.publish(subjects.heartbeat(service.name, service.worker_id), beat)

@@ -9,6 +9,7 @@ import logging
 import os
 
 from services.cli import settings
+from services.cli.pinning import pin
 from services.gateway.backend import BackendTimeouts
 from shared.auth.credentials import load_auth
 from shared.auth.deployment import read_data_token
@@ -174,15 +175,22 @@ def cpu_roofline(model: str):
     return RooflineCostModel(ModelShape.of(config, model), HARDWARE["cpu"])
 
 
+def pin_threads(args: argparse.Namespace) -> None:
+    """Pin this process to --cores; --threads, unset, becomes one per core."""
+    args.threads = pin(args.cores, args.threads)
+
+
 def run_prefill(args: argparse.Namespace) -> int:
     from services.prefill.service import PrefillService
 
+    pin_threads(args)
     return run(PrefillService(worker_config(args)))
 
 
 def run_decode(args: argparse.Namespace) -> int:
     from services.decode.service import DecodeService
 
+    pin_threads(args)
     config = dataclasses.replace(worker_config(args), **offload_config(args))
     return run(DecodeService(config))
 
@@ -190,6 +198,7 @@ def run_decode(args: argparse.Namespace) -> int:
 def run_attention_worker(args: argparse.Namespace) -> int:
     from services.attention_worker.service import AttentionWorkerConfig, AttentionWorkerService
 
+    pin_threads(args)
     config = AttentionWorkerConfig(
         **common_config(args),
         kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),

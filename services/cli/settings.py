@@ -88,7 +88,17 @@ SETTINGS: dict[str, Setting] = {
     "max_num_batched_tokens": Setting("--max-num-batched-tokens", type=int, default=2048),
     "max_num_seqs": Setting("--max-num-seqs", type=int, default=64),
     "long_prefill_tokens": Setting("--long-prefill-tokens", _LONG_PREFILL_HELP, type=int),
-    "threads": Setting("--threads", "torch threads (1-2 on CPU)", type=int),
+    "threads": Setting(
+        "--threads",
+        "torch threads (default: one per core of --cores, or of the cores this process may use)",
+        type=int,
+    ),
+    "cores": Setting(
+        "--cores",
+        "pin this process to these CPU cores, e.g. 0-3,8 (default: not pinned, on the cores "
+        "it may use)",
+        default="",
+    ),
     "no_prefix_cache": Setting(
         "--no-prefix-cache",
         "no local prefix cache (reuse only through the kvstore pool)",
@@ -295,6 +305,7 @@ WORKER = (
     "max_num_seqs",
     "long_prefill_tokens",
     "threads",
+    "cores",
     "no_prefix_cache",
     *DATA_PLANE,
     "transport",
@@ -314,6 +325,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         *SECURITY,
         "kv_cache_gib",
         "threads",
+        "cores",
         "data_host",
         "data_port",
         "link_port",
@@ -358,6 +370,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "base_port",
         "kv_cache_gib",
         "threads",
+        "cores",
         "max_num_seqs",
         "max_num_batched_tokens",
         "long_prefill_tokens",
@@ -378,6 +391,31 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "slo_ttft",
         "slo_tbt",
     ),
+    "serve": (
+        "model",
+        "served_model_name",
+        "host",
+        "port",
+        "api_key",
+        "insecure",
+        "secrets_dir",
+        "dtype",
+        "block_size",
+        "kv_cache_gib",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "long_prefill_tokens",
+        "threads",
+        "cores",
+        "no_prefix_cache",
+        *ENGINE,
+        "max_tokens_limit",
+        "read_timeout",
+        "max_concurrent_per_key",
+        "cors_origins",
+        "drain_timeout",
+        "otlp_endpoint",
+    ),
 }
 
 # Where a command means a setting a little differently: another default or help.
@@ -389,6 +427,23 @@ COMMAND_CHANGES: dict[str, dict[str, dict[str, Any]]] = {
         "block_size": {"help": "the workers' block size"},
     },
     "conductor": {"model": {"help": "the model the workers serve"}},
+    "serve": {
+        "api_key": {
+            "help": "require this bearer key (env KVSTACK_API_KEY; default: a key made on "
+            "first start and kept in --secrets-dir/api-key)"
+        },
+        "insecure": {"env": "", "help": "no API key: anyone who reaches --host:--port may use it"},
+        "secrets_dir": {"help": "where the API key made when none is given is kept"},
+        "kv_cache_gib": {"help": "KV cache size in GiB"},
+        "threads": {
+            "help": "torch threads (default: one per core of --cores, or of every core this "
+            "process may use)"
+        },
+        "cores": {
+            "help": "pin the process to these CPU cores, e.g. 0-3,8 (default: not pinned, "
+            "on every core it may use)"
+        },
+    },
     "attention-worker": {
         "kv_cache_gib": {"help": "KV pool size in GiB"},
         "data_host": {"help": "bind address of the KV data plane and the attention link"},
@@ -398,7 +453,15 @@ COMMAND_CHANGES: dict[str, dict[str, dict[str, Any]]] = {
         "nats": {"default": "", "env": "", "help": "use this NATS server instead of starting one"},
         "host": {"help": "the gateway's address (and that of kvstack up's /metrics)"},
         "kv_cache_gib": {"help": "per worker"},
-        "threads": {"default": 1, "help": "torch threads per worker"},
+        "threads": {
+            "help": "torch threads per model worker (default: one per core of its share of --cores)"
+        },
+        "cores": {
+            "help": "the cores the model workers (prefill, decode, attention workers) share "
+            "out (default: all this process may use): each gets a run of its own, as even as "
+            "they go, when there are at least as many cores as workers, else one core each, "
+            "dealt round-robin; the gateway, conductor and kvstores are not pinned"
+        },
         "max_num_seqs": {"help": "per worker (decode batch)"},
         "max_num_batched_tokens": {"help": "per worker and step (the prefill chunk)"},
         "micro_batches": {"help": "when offloading attention"},

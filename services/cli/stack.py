@@ -44,11 +44,13 @@ from shared import codec, subjects
 from shared.auth.credentials import NatsAuth
 from shared.auth.deployment import Identity, read_data_token
 from shared.bus import Bus
+from shared.cpu_cores import format_cores, plan_cores
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 from shared.messages import Heartbeat
 from shared.nats_server import NatsServer
 
+MODEL_WORKERS = ("prefill", "decode", "attention-worker")  # the services pinned to cores
 STOP_GRACE = 20.0  # seconds a service may take past its drain to stop and deregister
 PROGRESS_EVERY = 5.0  # seconds between "waiting for ..." lines while starting
 
@@ -83,6 +85,8 @@ class StackConfig:
     insecure: bool = False  # no NATS users, no data-plane secret
     nats_tls: bool = False  # TLS on NATS, with the deployment's own CA
     otlp_endpoint: str = ""  # every child's --otlp-endpoint ("": tracing off)
+    worker_cores: tuple[int, ...] = ()  # shared out among the model workers (shared/cpu_cores.py);
+    # empty: none is pinned
 
 
 @dataclass
@@ -154,11 +158,27 @@ class Stack:
             http = flags(model=cfg.model, host=cfg.host, http_port=cfg.port)
             commands.append(("gateway-0", ["gateway", *http, *engine, *cfg.gateway_args]))
         every = flags(drain_timeout=f"{cfg.drain_timeout:g}", otlp_endpoint=cfg.otlp_endpoint)
-        ports = self._fixed_ports(commands)
+        ports, cores = self._fixed_ports(commands), self._cores(commands)
         return [
-            (name, [command, *flags(worker_id=name, http_port=ports.get(name)), *args, *every])
+            (
+                name,
+                [
+                    command,
+                    *flags(worker_id=name, http_port=ports.get(name), cores=cores.get(name)),
+                    *args,
+                    *every,
+                ],
+            )
             for name, (command, *args) in commands
         ]
+
+    def _cores(self, commands: list[tuple[str, list[str]]]) -> dict[str, str]:
+        """Each model worker's --cores by its name, planned over `worker_cores`."""
+        if not self.config.worker_cores:
+            return {}
+        workers = [name for name, (command, *_) in commands if command in MODEL_WORKERS]
+        plan = plan_cores(self.config.worker_cores, workers) if workers else {}
+        return {name: format_cores(cores) for name, cores in plan.items()}
 
     def _fixed_ports(self, commands: list[tuple[str, list[str]]]) -> dict[str, int]:
         """Each child's HTTP port by its name, from the base port (none without one; the

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from services.attention_worker.shard import kv_head_range
 from services.cli import prometheus_config, settings
+from services.cli.pinning import chosen_cores
 from services.cli.ports import PortLayout
 from services.cli.restarts import RestartPolicy
 from services.cli.serve import backend_timeouts, engine_options
@@ -96,6 +97,8 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         insecure=args.insecure,
         nats_tls=args.nats_tls,
         otlp_endpoint=args.otlp_endpoint,
+        # NOTE: mock workers compute nothing; they are left unpinned.
+        worker_cores=chosen_cores(args.cores) if mock is None else (),
     )
 
 

@@ -12,10 +12,10 @@ import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
-from services.gateway.backend import Backend
 from services.gateway.protocol import GenerateRequest
 from services.gateway.relay import Piece, Relay
 from services.gateway.responses import usage
+from services.gateway.token_source import TokenSource
 from shared.engine.logprob import TokenLogprob
 from shared.engine.sampling_params import SamplingParams
 from shared.model.tokenizer import Tokenizer
@@ -49,7 +49,7 @@ class Choices:
     relays: list[Relay]
 
     @classmethod
-    def of(cls, req: GenerateRequest, tokenizer: Tokenizer | None, backend: Backend) -> Choices:
+    def of(cls, req: GenerateRequest, tokenizer: Tokenizer | None, backend: TokenSource) -> Choices:
         return cls(req, [Relay(r, tokenizer, backend) for r in choice_requests(req)])
 
     async def pieces(self) -> AsyncGenerator[tuple[int, Piece], None]:

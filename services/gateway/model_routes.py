@@ -182,7 +182,7 @@ class ModelRoutes:
         return self._ok({"version": version()})
 
     async def ready(self, request: web.Request) -> web.Response:
-        ok, body = readiness(self.service.liveness, self.service.healthy())
+        ok, body = self.service.readiness()
         return web.json_response(body, status=200 if ok else 503)
 
     def _model_parts(self) -> tuple:

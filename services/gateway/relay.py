@@ -6,12 +6,12 @@ import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
-from services.gateway.backend import Backend
 from services.gateway.progress import Progress
 from services.gateway.protocol import GenerateRequest
 from services.gateway.responses import format_logprobs
 from services.gateway.text import TextStream
 from services.gateway.timing import ttft_breakdown
+from services.gateway.token_source import TokenSource
 from shared.engine.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
 
@@ -28,7 +28,7 @@ class Piece:
 class Relay:
     req: GenerateRequest
     tokenizer: Tokenizer | None
-    backend: Backend
+    backend: TokenSource
     started: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     token_times: list[float] = field(default_factory=list)

@@ -14,9 +14,11 @@ from services.gateway.backend import Backend, BackendTimeouts
 from services.gateway.edge import EdgeConfig, edge_runner
 from services.gateway.liveness import Liveness
 from services.gateway.model_names import ModelNames
+from services.gateway.model_routes import readiness
 from services.gateway.protocol import GatewayLimits
 from services.gateway.relay import Relay
 from services.gateway.timing import TTFT_STAGES, measured_parts
+from services.gateway.token_source import TokenSource
 from shared import subjects
 from shared.bus import Bus
 from shared.engine.config import resolve_dtype
@@ -71,6 +73,7 @@ class GatewayService(Service):
         )
         self.max_body_bytes = config.max_body_bytes
         self.liveness = Liveness()  # GET /ready reads it before start() too
+        self.backend: TokenSource  # set in start(): the NATS backend here
         self.app = GatewayApp(self)
         self._metrics()
 
@@ -112,7 +115,7 @@ class GatewayService(Service):
         )
 
     async def start(self, bus: Bus) -> None:
-        self.backend = Backend(
+        self.backend = self.nats_backend = Backend(
             bus,
             self.config.timeouts,
             self.config.block_size,
@@ -124,7 +127,7 @@ class GatewayService(Service):
         bus.on_reconnect.append(self._on_reconnect)
 
     async def _on_reconnect(self) -> None:
-        self.backend.reconnected()
+        self.nats_backend.reconnected()
 
     def _on_lost(self, why: str, migrated: bool) -> None:
         (self.migrations if migrated else self.retries).labels(why).inc()
@@ -155,6 +158,10 @@ class GatewayService(Service):
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
         self.liveness.observe(hb)
 
+    def readiness(self) -> tuple[bool, dict]:
+        """GET /ready: whether a request can be served now, and why not."""
+        return readiness(self.liveness, self.healthy())
+
     def routes(self) -> list[web.RouteDef]:
         return self.app.routes()
 
@@ -171,9 +178,17 @@ class GatewayService(Service):
         self.requests.labels(str(status)).inc()
 
     def observe(self, relay: Relay) -> None:
+        """A finished request's times: into the metrics, and to the conductor."""
         first_token_at = relay.first_token_at
         if first_token_at is None:
             return
+        self.observe_times(relay, first_token_at)
+        self.tasks.spawn(
+            self.live_bus.publish(subjects.request_done(), self._done(relay, first_token_at)),
+            "publishing a finished request",
+        )
+
+    def observe_times(self, relay: Relay, first_token_at: float) -> None:
         self.ttft.observe(first_token_at - relay.started)
         times = relay.token_times
         for earlier, later in itertools.pairwise(times):
@@ -183,10 +198,6 @@ class GatewayService(Service):
             self.tpot.observe((times[-1] - first_token_at) / (num_tokens - 1))
         self.e2e.observe(times[-1] - relay.started)
         self._observe_stages(relay.timing())
-        self.tasks.spawn(
-            self.live_bus.publish(subjects.request_done(), self._done(relay, first_token_at)),
-            "publishing a finished request",
-        )
 
     def _observe_stages(self, timing: dict | None) -> None:
         if timing is None:
@@ -206,7 +217,7 @@ class GatewayService(Service):
         queue, prefill = measured_parts(ttft, progress.prefill_timing if progress else None)
         return RequestDone(
             req.request_id,
-            self.backend.first_block_hash(req),
+            self.nats_backend.first_block_hash(req),
             req.num_prompt_tokens,
             num_tokens,
             ttft,

@@ -3,6 +3,7 @@
     <user>.creds      NATS credentials of one identity (credentials.py)
     nats-auth.conf    nats-server's users and permissions, made from the .creds files
     data-token        the data plane's shared secret (KVSTACK_DATA_TOKEN_FILE)
+    api-key           the HTTP API's bearer key of `kvstack serve`, when none is given
     tls/              optional: the deployment's CA and nats-server certificate
 
 `ensure_secrets` makes what is missing and keeps what exists, so a second `kvstack up`
@@ -26,6 +27,7 @@ from shared.errors import KvstackError
 
 SERVER_CONFIG = "nats-auth.conf"
 DATA_TOKEN = "data-token"
+API_KEY = "api-key"
 TLS_DIR = "tls"
 ADMIN = "admin"
 
@@ -102,6 +104,15 @@ def _ensure_creds(found: Secrets, identity: Identity, rotate: bool) -> None:
     NatsCredentials(identity.user, secrets.token_urlsafe(32), identity.role, identity.worker).save(
         path
     )
+
+
+def ensure_api_key(directory: Path) -> Path:
+    """The file of the API key kept in `directory`, made on first use."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / API_KEY
+    if not path.is_file():
+        write_private(path, secrets.token_urlsafe(32) + "\n")
+    return path
 
 
 def read_data_token(path: str | Path) -> str:

@@ -17,6 +17,7 @@ BENCHMARKS = (
     "kvstore",
     "conductor",
     "offload",
+    "colocated",
     "chaos",
     "live-vs-sim",
 )

@@ -75,3 +75,16 @@ def test_a_new_run_keeps_the_previous_log_as_dot_one(tmp_path) -> None:
     rotate(log)
     assert not log.exists() and (tmp_path / "decode-0.log.1").read_text() == "run 2\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["decode-0.log.1"]
+
+
+def test_with_worker_cores_each_model_worker_is_pinned_to_its_share() -> None:
+    stack = commands(worker_cores=(0, 1, 2, 3), num_attention=0)
+    cores = {
+        name: build_parser().parse_args(args).cores
+        for name, args in stack.items()
+        if args[0] in ("prefill", "decode")
+    }
+    assert cores == {"prefill-0": "0", "prefill-1": "1", "decode-0": "2", "decode-1": "3"}
+    for name in ("gateway-0", "conductor-0"):
+        assert "--cores" not in stack[name]
+    assert not any("--cores" in args for args in commands().values())  # none given: none

@@ -7,8 +7,11 @@ import os
 import signal
 import time
 
+import pytest
+
 from services.cli.main import main
 from services.cli.up import shut_down
+from shared.errors import KvstackError
 
 
 def test_attention_offload_with_the_mock_engine_is_refused(capsys) -> None:
@@ -84,3 +87,23 @@ def test_up_passes_every_served_model_name_to_the_gateway() -> None:
     assert "--served-model-name" not in commands["decode-0"]
     plain = dict(Stack(stack_config(build_parser().parse_args(["up"]))).commands())
     assert build_parser().parse_args(plain["gateway-0"]).served_model_name == ()
+
+
+def test_up_shares_out_the_cores_and_lets_each_worker_thread_per_core(monkeypatch) -> None:
+    from services.cli import pinning
+    from services.cli.main import build_parser
+    from services.cli.stack import Stack
+    from services.cli.up import stack_config
+
+    monkeypatch.setattr(pinning, "usable_cores", lambda: (0, 1, 2, 3, 4, 5))
+    commands = dict(Stack(stack_config(build_parser().parse_args(["up"]))).commands())
+    prefill = build_parser().parse_args(commands["prefill-0"])
+    decode = build_parser().parse_args(commands["decode-0"])
+    assert (prefill.cores, decode.cores) == ("0-2", "3-5")
+    assert prefill.threads is None  # the worker takes one thread per core of its share
+    given = dict(
+        Stack(stack_config(build_parser().parse_args(["up", "--cores", "4-5"]))).commands()
+    )
+    assert build_parser().parse_args(given["decode-0"]).cores == "5"
+    with pytest.raises(KvstackError, match="may not run on 6-7"):
+        stack_config(build_parser().parse_args(["up", "--cores", "4-7"]))

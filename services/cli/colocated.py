@@ -1,0 +1,93 @@
+"""`kvstack serve`: the OpenAI-compatible API and one engine in this process, prefilling
+and decoding in the same steps on every core the process may use; no NATS, no other
+process (`services/colocated/`). The disaggregated stack (`kvstack up`) is the shape
+for more than one machine; on one machine this one gives the model all the cores."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from services.cli import settings
+from services.cli.pinning import pin
+from services.cli.serve import engine_options
+from services.cli.stack import say
+from shared.auth.deployment import ensure_api_key
+from shared.service import run
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve the OpenAI API from one process and one engine (one machine)",
+        description="Serve --model behind the gateway's OpenAI-compatible API from this "
+        "process alone: one engine prefills and decodes in the same steps (chunked "
+        "prefill) with one torch thread per core it may use (--cores, --threads). Every "
+        "request wants an API key: --api-key, else one made on first start and kept in "
+        "--secrets-dir/api-key (--insecure: none). For more than one machine use "
+        "`kvstack up` and the services it runs.",
+    )
+    settings.add_command(p, "serve")
+    p.set_defaults(run=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from services.colocated.service import ColocatedService
+
+    threads = pin(args.cores, args.threads)  # before any thread starts
+    return run(ColocatedService(colocated_config(args, threads)))
+
+
+def colocated_config(args: argparse.Namespace, threads: int):
+    from services.colocated.service import ColocatedConfig
+    from services.gateway.cors import parse_origins
+    from services.gateway.edge import EdgeConfig
+    from services.gateway.service import GatewayConfig
+    from shared.engine.config import EngineConfig
+
+    engine = engine_options(args)
+    edge = EdgeConfig(
+        read_timeout=args.read_timeout,
+        max_concurrent_per_key=args.max_concurrent_per_key,
+        cors_origins=parse_origins(args.cors_origins),
+    )
+    gateway = GatewayConfig(
+        host=args.host,
+        http_port=args.port,
+        drain_timeout=args.drain_timeout,
+        otlp_endpoint=args.otlp_endpoint,
+        model=args.model,
+        served_model_names=tuple(args.served_model_name),
+        api_key=api_key(args),
+        max_tokens_limit=args.max_tokens_limit,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        mock=engine["mock"],
+        max_model_len=engine["max_model_len"] or 0,
+        edge=edge,
+    )
+    return ColocatedConfig(
+        gateway,
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            block_size=args.block_size,
+            kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            long_prefill_tokens=args.long_prefill_tokens,
+            num_threads=threads,
+            detokenize=False,  # the gateway makes the text
+            enable_prefix_cache=not args.no_prefix_cache,
+            **engine,
+        ),
+    )
+
+
+def api_key(args: argparse.Namespace) -> str:
+    """--api-key, else none with --insecure, else the key kept in --secrets-dir."""
+    if args.api_key or args.insecure:
+        return args.api_key
+    path = ensure_api_key(Path(args.secrets_dir))
+    say(f"requests need the API key in {path} (e.g. export OPENAI_API_KEY=$(cat {path}))")
+    return path.read_text().strip()
