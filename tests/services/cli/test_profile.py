@@ -55,7 +55,7 @@ def test_predictions_are_positive_and_grow_with_the_prompt(profiled) -> None:
     # NOTE: far apart points only: this model's steps take about a millisecond, and a busy
     # machine blurs differences of a tenth of one.
     times = [cost.prefill_time(n, 0) for n in (8, 128, 256)]
-    assert 0 < times[0] < times[1] < times[2]
+    assert 0 < times[0] <= times[1] <= times[2] and times[0] < times[2]
     assert cost.prefill_time(128, 128) > 0
     assert 0 < cost.decode_step_time(1, 32) < cost.decode_step_time(4, 4 * 128)
     assert cost.transfer_time(1e6) > cost.transfer_time(0) >= 0

@@ -107,3 +107,18 @@ def test_bad_files_fail_with_a_one_line_reason(tmp_path, text, fragment) -> None
 def test_a_missing_file_says_how_to_make_one(tmp_path) -> None:
     with pytest.raises(KvstackError, match="run `kvstack profile`"):
         FittedCostModel.load(tmp_path / "none.json")
+
+
+def test_noise_that_would_make_a_coefficient_negative_leaves_its_term_out() -> None:
+    """Flat, noisy steps (a tiny model on a busy machine): plain least squares gives some
+    term a negative weight and predictions that fall as the prompt grows; the fit keeps
+    every coefficient at 0 or above, so they never fall."""
+    rng = random.Random(3)
+    rows = [(n, c, 1e-3 * rng.uniform(0.7, 1.3)) for n in (8, 64, 128, 256) for c in (0, 128)]
+    coef = fit(rows, prefill_features)
+    assert min(coef) >= 0 and max(coef) > 0
+    cost = model(prefill_coef=coef)
+    times = [cost.prefill_time(n, c) for c in (0, 128) for n in (8, 64, 128, 256)]
+    assert times[:4] == sorted(times[:4]) and times[4:] == sorted(times[4:])
+    exact = [(n, c, FittedCostModel.prefill_time(model(), n, c)) for n, c in PREFILL_POINTS]
+    assert fit(exact, prefill_features) == pytest.approx(PREFILL, rel=1e-6)  # unchanged
