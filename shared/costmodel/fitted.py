@@ -38,7 +38,7 @@ def fit(
     weight = 1.0 / np.maximum(y, 1e-6)
     a, b = x * weight[:, None], y * weight
     kept = list(range(x.shape[1]))
-    coef = np.zeros(0)
+    coef: np.ndarray = np.zeros(0)
     while kept:
         coef, *_ = np.linalg.lstsq(a[:, kept], b, rcond=None)
         if coef.min() >= 0:
