@@ -13,6 +13,7 @@ import argparse
 from bench import conductor, engine, fairness, grammar, kvstore, offload, sampling, transfer
 from bench.chaos import cli as chaos
 from bench.live_vs_sim import cli as live_vs_sim
+from bench.peers import cli as peers
 from shared import cli
 
 BENCHMARKS = (
@@ -26,6 +27,7 @@ BENCHMARKS = (
     offload,
     chaos,
     live_vs_sim,
+    peers,
 )
 
 

@@ -38,6 +38,9 @@ class Target:
     endpoint: str = "completions"  # or "chat"
     api_key: str | None = None
     ignore_eos: bool = True
+    # NOTE: fields a server needs beyond the OpenAI API's, merged into every body last
+    # (e.g. llama-cpp-python ignores `ignore_eos` but takes `min_tokens`).
+    extra_body: dict = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -68,6 +71,7 @@ class Target:
             )
         else:
             body.update(prompt=prompt, max_tokens=max_tokens)
+        body.update(self.extra_body)
         return body
 
 

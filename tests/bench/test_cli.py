@@ -19,6 +19,7 @@ BENCHMARKS = (
     "offload",
     "chaos",
     "live-vs-sim",
+    "peers",
 )
 
 
