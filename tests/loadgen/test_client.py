@@ -144,6 +144,13 @@ def test_completion_and_chat_bodies() -> None:
     assert Target("http://h:1", "m", "chat").url == "http://h:1/v1/chat/completions"
 
 
+def test_extra_body_fields_go_in_last() -> None:
+    target = Target("http://h:1", "m", extra_body={"min_tokens": 5, "temperature": 0.7})
+    body = target.body("some words", 5)
+    assert body["min_tokens"] == 5 and body["temperature"] == 0.7
+    assert body["prompt"] == "some words"
+
+
 # -- over a socket ------------------------------------------------------------------------------
 
 
