@@ -23,6 +23,7 @@ from bench import (
 )
 from bench.chaos import cli as chaos
 from bench.live_vs_sim import cli as live_vs_sim
+from bench.peers import cli as peers
 from shared import cli
 
 BENCHMARKS = (
@@ -37,6 +38,7 @@ BENCHMARKS = (
     colocated,
     chaos,
     live_vs_sim,
+    peers,
 )
 
 

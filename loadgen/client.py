@@ -8,7 +8,8 @@ Measured as `vllm bench serve` measures:
 - token counts from the final usage chunk (`stream_options.include_usage`), else the
   number of token events;
 - a request failed when the status is not 200, the stream carried an error event, or no
-  token came.
+  token came; one whose connection closed before any response byte is sent once more on a
+  fresh connection first (see `send`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class Target:
     endpoint: str = "completions"  # or "chat"
     api_key: str | None = None
     ignore_eos: bool = True
+    # NOTE: fields a server needs beyond the OpenAI API's, merged into every body last
+    # (e.g. llama-cpp-python ignores `ignore_eos` but takes `min_tokens`).
+    extra_body: dict = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -67,6 +71,7 @@ class Target:
             )
         else:
             body.update(prompt=prompt, max_tokens=max_tokens)
+        body.update(self.extra_body)
         return body
 
 
@@ -187,10 +192,37 @@ async def send(
     run_start: float,
     queue_time: float = 0.0,
 ) -> RequestRecord:
-    """One streamed request; never raises for the server's or the network's failures."""
+    """One streamed request; never raises for the server's or the network's failures.
+
+    NOTE: a server closes a keep-alive connection that sat idle past its timeout (uvicorn,
+    behind llama-server and vLLM: 5 s); if the pool hands that connection out as the close
+    arrives, the request fails before any byte of a response ("Can not write request
+    body", "Server disconnected"). That is the client's race, not the server's failure, so
+    such a request is sent once more on a fresh connection and measured from there. A
+    stream that broke after its response began is the server's error and is not resent."""
     data = encode(target, prompt)  # before the clock starts
+    attempt = await post(session, target, prompt, data)
+    if attempt.dropped_before_response:
+        async with fresh_connection_session(session) as fresh:
+            attempt = await post(fresh, target, prompt, data)
+    clock = attempt.clock
+    return clock.record(prompt, clock.sent - run_start, queue_time, attempt.status, attempt.ended)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    clock: StreamClock
+    status: int  # 0: no response came
+    ended: float  # when the stream stopped
+    dropped_before_response: bool = False  # the connection closed before any response byte
+
+
+async def post(
+    session: aiohttp.ClientSession, target: Target, prompt: Prompt, data: bytes
+) -> Attempt:
     clock = StreamClock(time.perf_counter())
     status = 0
+    dropped = False
     try:
         async with session.post(
             target.url, data=data, headers=target.headers(prompt.index)
@@ -202,7 +234,28 @@ async def send(
                 await read_stream(response, clock)
     except (TimeoutError, aiohttp.ClientError, OSError) as e:
         clock.error = f"{type(e).__name__}: {e}"
-    return clock.record(prompt, clock.sent - run_start, queue_time, status, time.perf_counter())
+        dropped = status == 0 and is_dropped_connection(e)
+    return Attempt(clock, status, time.perf_counter(), dropped)
+
+
+def is_dropped_connection(error: BaseException) -> bool:
+    """An open connection the peer closed or reset; not a refused or failed connect."""
+    if isinstance(error, aiohttp.ClientConnectorError):
+        return False
+    return isinstance(
+        error,
+        aiohttp.ServerDisconnectedError
+        | aiohttp.ClientOSError
+        | ConnectionResetError
+        | BrokenPipeError,
+    )
+
+
+def fresh_connection_session(session: aiohttp.ClientSession) -> aiohttp.ClientSession:
+    """A one-request session whose connection is new and is not pooled afterwards."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(force_close=True), timeout=session.timeout
+    )
 
 
 def encode(target: Target, prompt: Prompt) -> bytes:

@@ -73,6 +73,13 @@ def add_target_args(g) -> None:
         help="/v1/completions (token-id prompts) or /v1/chat/completions (text)",
     )
     g.add_argument(
+        "--extra-body",
+        type=json_object,
+        default={},
+        metavar="JSON",
+        help="fields merged into every request body, e.g. '{\"min_tokens\": 128}'",
+    )
+    g.add_argument(
         "--ignore-eos",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -88,6 +95,11 @@ def add_dataset_args(g) -> None:
         dest="dataset_path",
         metavar="FILE",
         help="mooncake-trace: the JSONL trace",
+    )
+    g.add_argument(
+        "--text-prompts",
+        action="store_true",
+        help="completions: send words instead of token ids (for servers that take text only)",
     )
     g.add_argument("--num-prompts", type=int, default=100, help="random: requests to send")
     g.add_argument("--input-len", type=int, default=1024, help="random: prompt tokens")
@@ -172,7 +184,12 @@ def run(args: argparse.Namespace) -> int:
     slos = parse_goodput(args.goodput)
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     target = Target(
-        normalize_base_url(args.base_url), args.model or "", args.endpoint, api_key, args.ignore_eos
+        normalize_base_url(args.base_url),
+        args.model or "",
+        args.endpoint,
+        api_key,
+        args.ignore_eos,
+        args.extra_body,
     )
     prompts = build_prompts(args)
     arrivals = schedule(args, prompts)
@@ -185,6 +202,16 @@ def run(args: argparse.Namespace) -> int:
     print(format_summary(result))
     write_outputs(result, args)
     return exit_code(outcome)
+
+
+def json_object(text: str) -> dict:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, got {text!r}")
+    return value
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -219,7 +246,7 @@ def parse_percentiles(text: str) -> list[float]:
 
 
 def build_prompts(args: argparse.Namespace) -> list[Prompt]:
-    space = TokenSpace(args.vocab_size, as_text=args.endpoint == "chat")
+    space = TokenSpace(args.vocab_size, as_text=args.endpoint == "chat" or args.text_prompts)
     if args.dataset == "random":
         return datasets.random_prompts(
             args.num_prompts, args.input_len, args.output_len, args.range_ratio, space, args.seed

@@ -70,7 +70,7 @@ def resolve_model(name_or_path: str) -> Path:
         return _resolve_file(path)
     known = known_model(name_or_path)
     if known is not None:
-        return converted(_package_gguf(known), known.name)
+        return converted(package_gguf(known), known.name)
     if path.suffix == ".gguf":
         raise ModelNotFound(f"no such file: {path}")
     raise ModelNotFound(
@@ -97,7 +97,7 @@ def _resolve_file(path: Path) -> Path:
     return converted(path, path.stem)
 
 
-def _package_gguf(model: KnownModel) -> Path:
+def package_gguf(model: KnownModel) -> Path:
     # NOTE: find_spec, not import: the package's own dependencies are not installed.
     spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:

@@ -20,6 +20,7 @@ BENCHMARKS = (
     "colocated",
     "chaos",
     "live-vs-sim",
+    "peers",
 )
 
 

@@ -3,7 +3,8 @@
 
 It streams `max_tokens` one-token chunks `delay` seconds apart, then a usage chunk and
 `[DONE]`, as the kvstack gateway does; `max_tokens == REJECT_MAX_TOKENS` is answered 503,
-requests without the key 401, and requests for another model 404."""
+`DROP_MAX_TOKENS` gets its connection closed before any response byte, `CUT_MAX_TOKENS` after
+one token, requests without the key 401, and requests for another model 404."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from tests.e2e.conftest import free_port
 API_KEY = "unit-key"
 MODEL = "fake-model"
 REJECT_MAX_TOKENS = 13
+DROP_MAX_TOKENS = 17
+CUT_MAX_TOKENS = 19
 
 
 @dataclass
@@ -60,6 +63,8 @@ class FakeServer:
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         if max_tokens == REJECT_MAX_TOKENS:
             return web.json_response({"error": {"message": "overloaded: queue full"}}, status=503)
+        if max_tokens == DROP_MAX_TOKENS:
+            return drop_connection(request)
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
@@ -75,25 +80,39 @@ class FakeServer:
         for _ in range(max_tokens):
             await asyncio.sleep(self.delay)
             await response.write(event({"choices": [{"index": 0, "text": "tok"}], "usage": None}))
+            if max_tokens == CUT_MAX_TOKENS:
+                return drop_connection(request)
         prompt_tokens = len(body.get("prompt") or [])
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": max_tokens,
             "prompt_tokens_details": {"cached_tokens": 3},
         }
-        await response.write(event({"choices": [], "usage": usage}) + b"data: [DONE]\n\n")
+        # NOTE: with the chunked body's end in the same write, the client has read the whole
+        # response when it sees [DONE], so its connection goes back to the pool.
+        await response.write_eof(event({"choices": [], "usage": usage}) + b"data: [DONE]\n\n")
         self.num_finished += 1
         return response
+
+
+def drop_connection(request: web.Request) -> web.StreamResponse:
+    assert request.transport is not None
+    request.transport.close()
+    return web.StreamResponse()
 
 
 def event(obj: dict) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def serve_in_thread(server: FakeServer) -> Iterator[FakeServer]:
-    """Runs the server's app on its own event loop in a daemon thread until closed."""
+def serve_in_thread(
+    server: FakeServer, keepalive_timeout: float | None = None
+) -> Iterator[FakeServer]:
+    """Runs the server's app on its own event loop in a daemon thread until closed;
+    `keepalive_timeout`: seconds an idle connection stays open (None: aiohttp's default)."""
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(server.app())
+    options = {} if keepalive_timeout is None else {"keepalive_timeout": keepalive_timeout}
+    runner = web.AppRunner(server.app(), **options)
     port = free_port()
     server.url = f"http://127.0.0.1:{port}"
 
@@ -115,6 +134,15 @@ def serve_in_thread(server: FakeServer) -> Iterator[FakeServer]:
 @pytest.fixture
 def fake_server() -> Iterator[FakeServer]:
     yield from serve_in_thread(FakeServer())
+
+
+BRISK_KEEPALIVE = 0.05
+
+
+@pytest.fixture
+def brisk_server() -> Iterator[FakeServer]:
+    """Closes a keep-alive connection after 50 ms idle (llama-server's uvicorn: 5 s)."""
+    yield from serve_in_thread(FakeServer(), keepalive_timeout=BRISK_KEEPALIVE)
 
 
 @pytest.fixture

@@ -12,7 +12,15 @@ import pytest
 from loadgen.client import SSEDecoder, StreamClock, Target, carries_text, event_data, send
 from loadgen.datasets import Prompt
 from tests.e2e.conftest import free_port
-from tests.loadgen.conftest import API_KEY, MODEL, REJECT_MAX_TOKENS, event
+from tests.loadgen.conftest import (
+    API_KEY,
+    BRISK_KEEPALIVE,
+    CUT_MAX_TOKENS,
+    DROP_MAX_TOKENS,
+    MODEL,
+    REJECT_MAX_TOKENS,
+    event,
+)
 
 PROMPT = Prompt(7, np.array([1001, 1002, 1003], dtype=np.int32), 3, 4)
 
@@ -136,6 +144,13 @@ def test_completion_and_chat_bodies() -> None:
     assert Target("http://h:1", "m", "chat").url == "http://h:1/v1/chat/completions"
 
 
+def test_extra_body_fields_go_in_last() -> None:
+    target = Target("http://h:1", "m", extra_body={"min_tokens": 5, "temperature": 0.7})
+    body = target.body("some words", 5)
+    assert body["min_tokens"] == 5 and body["temperature"] == 0.7
+    assert body["prompt"] == "some words"
+
+
 # -- over a socket ------------------------------------------------------------------------------
 
 
@@ -167,3 +182,32 @@ async def test_401_is_recorded_with_its_status(fake_server) -> None:
 async def test_no_server_is_status_0() -> None:
     record = await send_one(f"http://127.0.0.1:{free_port()}", PROMPT)
     assert record.status == 0 and not record.success and "Connect" in record.error
+
+
+# -- connections the server dropped -------------------------------------------------------------
+
+
+async def test_a_pooled_connection_the_server_closed_is_resent_on_a_fresh_one(
+    brisk_server,
+) -> None:
+    target = Target(brisk_server.url, MODEL, api_key=API_KEY)
+    async with aiohttp.ClientSession() as session:
+        first = await send(session, target, PROMPT, time.perf_counter())
+        # The loop is busy past the server's keep-alive timeout, so the close of the idle
+        # pooled connection is not read before the next request takes it from the pool.
+        time.sleep(BRISK_KEEPALIVE * 4)
+        second = await send(session, target, PROMPT, time.perf_counter())
+    assert first.success and second.success, second.error
+    assert len(brisk_server.bodies) == 2
+
+
+async def test_a_connection_dropped_before_any_byte_is_resent_once(fake_server) -> None:
+    record = await send_one(fake_server.url, Prompt(0, np.array([1001]), 1, DROP_MAX_TOKENS))
+    assert not record.success and record.status == 0 and "disconnected" in record.error
+    assert len(fake_server.bodies) == 2  # the first try and one resend
+
+
+async def test_a_stream_cut_midway_is_an_error_and_not_resent(fake_server) -> None:
+    record = await send_one(fake_server.url, Prompt(0, np.array([1001]), 1, CUT_MAX_TOKENS))
+    assert not record.success and record.status == 200 and record.ttft is not None
+    assert len(fake_server.bodies) == 1

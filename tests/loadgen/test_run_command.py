@@ -273,3 +273,19 @@ def test_ctrl_c_writes_what_was_measured(slow_server, tmp_path) -> None:
     assert result["interrupted"] and result["completed"] >= 1
     assert result["num_cancelled"] + result["completed"] + result["num_unsent"] == 4
     assert "interrupted" in err and "Serving Benchmark Result" in out
+
+
+def test_text_prompts_and_extra_body_reach_the_server(fake_server, tmp_path) -> None:
+    args = run_args(fake_server, tmp_path, "--num-prompts", "1", "--input-len", "3")
+    extra = ["--output-len", "2", "--no-plots", "--text-prompts", "--extra-body", '{"top_k": 1}']
+    assert main(args + extra) == 0
+    [body] = fake_server.bodies
+    assert isinstance(body["prompt"], str) and len(body["prompt"].split()) == 3
+    assert body["top_k"] == 1
+
+
+def test_extra_body_must_be_a_json_object(fake_server, tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(run_args(fake_server, tmp_path, "--extra-body", "[1]"))
+    assert exit_info.value.code == 2
+    assert "a JSON object is needed" in capsys.readouterr().err

