@@ -20,6 +20,7 @@ from torch import nn
 from shared.errors import ModelNotFound
 from shared.model.config import ModelConfig
 from shared.model.gguf_convert import hf_tensor_name, unpermute_rotary
+from shared.model.gguf_index import TensorEntry, read_tensors
 from shared.model.llama import LlamaModel
 from shared.model.loader import fill_weights, load_model, param_slot
 from shared.model.quant import QuantEmbedding, QuantLinear, has_kernels
@@ -45,20 +46,18 @@ def load_model_as(
 
 def load_gguf_quantized(model_dir: Path, gguf_path: Path, dtype: torch.dtype) -> LlamaModel:
     """The model of `model_dir` (config) with the weights of `gguf_path`, blocks kept."""
-    from gguf import GGUFReader
-
     config = ModelConfig.from_dir(model_dir)
     model = _empty_model(config, dtype)
     linears = dict(_linears(model))
     pieces: dict[str, Pieces] = defaultdict(list)
     floats: list[tuple[str, torch.Tensor]] = []
-    for tensor in GGUFReader(gguf_path).tensors:
-        name, fmt = hf_tensor_name(tensor.name), format_of(tensor.tensor_type)
+    for tensor in read_tensors(gguf_path):
+        name, fmt = hf_tensor_name(tensor.name), format_of(tensor.ggml_type)
         param, row = param_slot(config, name)
         if fmt is None or param not in linears:
             floats.append((name, _dequantized(tensor, config)))
         else:
-            blocks = _rows(tensor, np.asarray(tensor.data), config)
+            blocks = _rows(tensor, tensor.data, config)
             pieces[param].append((row, fmt, blocks, name))
     float_params = {param_slot(config, name)[0] for name, _ in floats}
     for param, parts in pieces.items():
@@ -123,18 +122,19 @@ def _linear(module: nn.Module) -> nn.Linear:
     return module
 
 
-def _rows(tensor, array: np.ndarray, config: ModelConfig) -> np.ndarray:
+def _rows(tensor: TensorEntry, array: np.ndarray, config: ModelConfig) -> np.ndarray:
     """A GGUF tensor's rows ([rows, ...], blocks or floats) in Hugging Face order."""
     part = tensor.name.split(".")[-2]
     heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
     return unpermute_rotary(array, heads[part]) if part in ROTARY_PARTS else array
 
 
-def _dequantized(tensor, config: ModelConfig) -> torch.Tensor:
-    from gguf.quants import dequantize
+def _dequantized(tensor: TensorEntry, config: ModelConfig) -> torch.Tensor:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as gguf_dequantize
 
-    shape = tuple(int(n) for n in reversed(tensor.shape))
-    array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
+    kind = GGMLQuantizationType(tensor.ggml_type)
+    array = gguf_dequantize(tensor.data, kind).astype(np.float32).reshape(tensor.shape)
     return torch.from_numpy(np.ascontiguousarray(_rows(tensor, array, config)))
 
 
