@@ -42,6 +42,22 @@ llm = llama_cpp.Llama(path, n_ctx=len(ids) + 8, logits_all=True, n_threads=threa
 llm.eval(ids)
 np.save(sys.stdout.buffer, np.asarray(llm.scores[: len(ids)], dtype=np.float32))
 """
+# Batch-1 decode on the same file: the prompt, then one token at a time (greedy, no sampling
+# overhead of its Python API), as our engine decodes; median of `repeats` runs of 63 tokens.
+LLAMA_CPP_DECODE = """
+import json, statistics, sys, time, llama_cpp
+path, prompt = sys.argv[1], json.loads(sys.argv[2])
+tokens, threads, repeats = map(int, sys.argv[3:])
+llm = llama_cpp.Llama(path, n_ctx=len(prompt) + tokens + 8, n_threads=threads, verbose=False)
+rates = []
+for _ in range(repeats + 1):
+    llm.reset(); llm.eval(prompt)
+    start = time.perf_counter()
+    for _ in range(tokens - 1):
+        llm.eval([int(llm.scores[llm.n_tokens - 1].argmax())])
+    rates.append((tokens - 1) / (time.perf_counter() - start))
+print(json.dumps(statistics.median(rates[1:])))
+"""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -67,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     report: dict = {"accuracy": accuracy(args), "speed": []}
     for isa in filter(None, args.isas.split(",")):
         report["speed"].extend(speed_in_child(args, isa))
+    if args.isas:
+        report["speed"].extend(llama_cpp_speed(args))
     report["cpu_flags"] = cpu_flags()
     print(orjson.dumps(report).decode() if args.json else tables(report))
     return 0
@@ -138,8 +156,7 @@ def speed(args: argparse.Namespace) -> list[dict]:
         )
         for weights in WEIGHTS
     }
-    vocab = engines["float"].info.model.vocab_size
-    prompt = [(7919 * i) % (vocab - 1000) + 500 for i in range(args.prompt_tokens)]
+    prompt = bench_prompt(args.prompt_tokens, engines["float"].info.model.vocab_size)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
     samples: dict[str, list[float]] = {w: [] for w in WEIGHTS}
     for engine in engines.values():
@@ -177,6 +194,44 @@ def timed(engine: LLMEngine, prompt: list[int], params: SamplingParams) -> float
     return time.perf_counter() - start
 
 
+def llama_cpp_speed(args: argparse.Namespace) -> list[dict]:
+    gguf = gguf_source(args.model)
+    if gguf is None or not Path(args.llama_cpp_python).is_file():
+        return []
+    prompt = orjson.dumps(bench_prompt(args.prompt_tokens, vocab_size(args))).decode()
+    counts = [args.max_tokens, args.threads, args.repeats]
+    argv = [args.llama_cpp_python, "-c", LLAMA_CPP_DECODE, str(gguf), prompt, *map(str, counts)]
+    progress("timing llama.cpp's decode on the same file")
+    done = subprocess.run(argv, capture_output=True, timeout=1800)
+    if done.returncode != 0:
+        progress(f"llama.cpp speed skipped: {done.stderr.decode().strip().splitlines()[-1]}")
+        return []
+    tok_s = float(done.stdout.decode().strip().splitlines()[-1])
+    weight_bytes = gguf.stat().st_size
+    bandwidth = read_bandwidth()
+    return [
+        {
+            "isa": "llama.cpp",
+            "weights": "the file",
+            "decode_tok_s": round(tok_s, 1),
+            "weight_mb": round(weight_bytes / 1e6, 1),
+            "read_gb_s": round(bandwidth / 1e9, 2),
+            "share_of_limit": round(tok_s * weight_bytes / bandwidth, 3),
+        }
+    ]
+
+
+def bench_prompt(num_tokens: int, vocab: int) -> list[int]:
+    """Fixed token ids spread over the vocabulary (no special tokens at its ends)."""
+    return [(7919 * i) % (vocab - 1000) + 500 for i in range(num_tokens)]
+
+
+def vocab_size(args: argparse.Namespace) -> int:
+    from shared.model.config import ModelConfig
+
+    return ModelConfig.from_dir(resolve_model(args.model)).vocab_size
+
+
 def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
     """Bytes/s read by a sum over a buffer far larger than the caches (as decode reads weights)."""
     data = torch.ones(num_bytes // 4, dtype=torch.float32)
@@ -202,6 +257,7 @@ def tables(report: dict) -> str:
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     base = {r["isa"]: r["decode_tok_s"] for r in report["speed"] if r["weights"] == "float"}
+    base["llama.cpp"] = next(iter(base.values()), float("nan"))  # the best build's float32
     lines += [
         f"| {r['isa']} | {r['weights']} | {r['weight_mb']:.0f} | {r['decode_tok_s']:.1f} | "
         f"{r['decode_tok_s'] / base[r['isa']]:.2f}x | {r['read_gb_s']:.1f} | "
