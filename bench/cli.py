@@ -18,6 +18,7 @@ from bench import (
     grammar,
     kvstore,
     offload,
+    quant,
     sampling,
     transfer,
 )
@@ -28,6 +29,7 @@ from shared import cli
 
 BENCHMARKS = (
     engine,
+    quant,
     sampling,
     grammar,
     fairness,

@@ -10,7 +10,7 @@ import time
 import orjson
 import torch
 
-from shared.engine.config import DTYPE_CHOICES, EngineConfig, resolve_dtype
+from shared.engine.config import DTYPE_CHOICES, WEIGHTS_CHOICES, EngineConfig, resolve_dtype
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
@@ -21,6 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("engine", help="engine prefill/decode tokens/s vs transformers")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="kvstack's dtype")
+    p.add_argument(
+        "--weights", choices=WEIGHTS_CHOICES, default="auto", help="kvstack's weight format"
+    )
     p.add_argument(
         "--baseline-dtypes",
         default=None,
@@ -44,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         EngineConfig(
             model=args.model,
             dtype=args.dtype,
+            weights=args.weights,
             num_threads=args.threads,
             enable_prefix_cache=False,
             max_num_batched_tokens=8192,
@@ -88,6 +92,7 @@ def measure(args: argparse.Namespace, ours, theirs) -> dict:
     return {
         "model": args.model,
         "dtype": args.dtype,
+        "weights": args.weights,
         "threads": args.threads,
         "prompt_len": args.prompt_len,
         "decode_tokens": args.decode_tokens,
@@ -235,7 +240,7 @@ def format_table(report: dict) -> str:
     header = "".join(f"{'hf ' + d:>18}{'ratio':>7}" for d in baselines)
     lines = [
         f"model {report['model']}  threads {report['threads']}",
-        f"{'':18}{'kvstack ' + report['dtype']:>18}{header}",
+        f"{'':18}{'kvstack ' + report['dtype'] + ' ' + report['weights']:>18}{header}",
     ]
     for name, key in (("prefill", "tokens"), ("decode", "batch")):
         for r in report[name]:

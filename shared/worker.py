@@ -20,6 +20,7 @@ from shared.worker_core import load_heartbeat
 class WorkerConfig(ServiceConfig):
     model: str = "SmolLM2-135M-Instruct"
     dtype: str = "auto"
+    weights: str = "auto"  # EngineConfig.weights
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30
     max_num_batched_tokens: int = 2048
@@ -51,6 +52,7 @@ class WorkerConfig(ServiceConfig):
         return EngineConfig(
             model=self.model,
             dtype=self.dtype,
+            weights=self.weights,
             block_size=self.block_size,
             kv_cache_bytes=self.kv_cache_bytes,
             max_num_batched_tokens=self.max_num_batched_tokens,

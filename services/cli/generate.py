@@ -6,7 +6,7 @@ import argparse
 
 import orjson
 
-from shared.engine.config import DTYPE_CHOICES, EngineConfig
+from shared.engine.config import DTYPE_CHOICES, WEIGHTS_CHOICES, EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.interface import EngineInterface
 from shared.engine.output import Completion
@@ -36,6 +36,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="auto: bfloat16 on CPUs with native bf16 (AMX/AVX512-BF16), else float32",
     )
+    p.add_argument(
+        "--weights",
+        choices=WEIGHTS_CHOICES,
+        default="auto",
+        help="auto: a GGUF file's quantized blocks as they are (CPU); float: dequantized to "
+        "--dtype; q8_0, q4_0, q4_1: re-quantized at load",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--json", action="store_true", help="print ids, text and logprobs as JSON")
     p.set_defaults(run=run)
@@ -43,7 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     engine: EngineInterface = LLMEngine(
-        EngineConfig(model=args.model, dtype=args.dtype, num_threads=args.threads)
+        EngineConfig(
+            model=args.model, dtype=args.dtype, weights=args.weights, num_threads=args.threads
+        )
     )
     prompt_ids = prompt_token_ids(engine, args)
     params = SamplingParams(

@@ -12,7 +12,7 @@ from services.gateway.backend import BackendTimeouts
 from shared import setting
 from shared.conductor.settings import SCHEDULING_SETTINGS
 from shared.costmodel import HARDWARE, MODELS
-from shared.engine.config import DTYPE_CHOICES
+from shared.engine.config import DTYPE_CHOICES, WEIGHTS_CHOICES
 from shared.engine.mock import ENGINES, MOCK_MAX_MODEL_LEN, MockSpec
 from shared.model.registry import DEFAULT_MODEL
 from shared.setting import Setting
@@ -83,6 +83,13 @@ SETTINGS: dict[str, Setting] = {
     # The model and its KV cache, on workers (the gateway names KV blocks with them too).
     "model": Setting("--model", default=DEFAULT_MODEL),
     "dtype": Setting("--dtype", choices=DTYPE_CHOICES, default="auto"),
+    "weights": Setting(
+        "--weights",
+        "how linear weights are held: auto keeps a GGUF file's quantized blocks (on CPU), "
+        "float dequantizes them to --dtype, q8_0/q4_0/q4_1 re-quantize at load",
+        choices=WEIGHTS_CHOICES,
+        default="auto",
+    ),
     "block_size": Setting("--block-size", type=int, default=16),
     "kv_cache_gib": Setting("--kv-cache-gib", "KV cache size in GiB", type=float, default=1.0),
     "max_num_batched_tokens": Setting("--max-num-batched-tokens", type=int, default=2048),
@@ -299,6 +306,7 @@ WORKER = (
     *SECURITY,
     "model",
     "dtype",
+    "weights",
     "block_size",
     "kv_cache_gib",
     "max_num_batched_tokens",
@@ -365,6 +373,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "micro_batches",
         "model",
         "dtype",
+        "weights",
         "host",
         "port",
         "base_port",
@@ -481,6 +490,7 @@ COMMAND_CHANGES: dict[str, dict[str, dict[str, Any]]] = {
 # kvstore's --dram-gib, `up.py` passes itself).
 WORKER_TUNING = (
     "dtype",
+    "weights",
     "kv_cache_gib",
     "threads",
     "max_num_seqs",

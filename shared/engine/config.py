@@ -12,6 +12,10 @@ from shared.errors import KvstackError
 # the gateway reads this config without it).
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = ("auto", *DTYPES)
+# How linear weights are held: "auto" keeps a GGUF file's quantized blocks on CPU (float
+# elsewhere), "float" dequantizes them to `dtype`, a format re-quantizes float weights at load.
+QUANT_FORMATS = ("q8_0", "q4_0", "q4_1")
+WEIGHTS_CHOICES = ("auto", "float", *QUANT_FORMATS)
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> str:
@@ -35,6 +39,7 @@ def cpu_has_native_bf16() -> bool:
 class EngineConfig:
     model: str = "SmolLM2-135M-Instruct"  # a known name, an HF directory or a .gguf file
     dtype: str = "auto"  # "auto": bfloat16 where native, else float32
+    weights: str = "auto"  # WEIGHTS_CHOICES: "auto" is what the file holds, on CPU
     device: str = "cpu"
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30  # ignored when num_blocks is set
@@ -57,6 +62,10 @@ class EngineConfig:
         if self.dtype not in DTYPE_CHOICES:
             raise KvstackError(
                 f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPE_CHOICES)}"
+            )
+        if self.weights not in WEIGHTS_CHOICES:
+            raise KvstackError(
+                f"unknown weights {self.weights!r}; choose from {', '.join(WEIGHTS_CHOICES)}"
             )
         positives = ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs")
         for name in positives:

@@ -19,7 +19,8 @@ from shared.model.attention import AttentionBackend, AttentionMetadata, TorchPag
 from shared.model.config import ModelConfig
 from shared.model.kernels import cpu_ops
 from shared.model.llama import ForwardBatch, LlamaModel
-from shared.model.loader import load_model
+from shared.model.quant_loader import load_model_as
+from shared.model.registry import gguf_source
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,8 @@ class ModelRunner:
 
     @property
     def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        tensors = [*self.model.parameters(), *self.model.buffers()]  # quantized blocks: buffers
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     @torch.inference_mode()
     def execute(
@@ -117,7 +119,8 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
     if config.device == "cpu":
         cpu_ops()  # build (once per machine) before serving, not in a first request
     dtype = getattr(torch, config.resolved_dtype)
-    model = load_model(model_dir, dtype, config.device)
+    gguf = gguf_source(config.model) if config.weights != "float" else None
+    model = load_model_as(config.weights, model_dir, gguf, dtype, config.device)
     mc = model.config
     num_blocks = config.num_blocks or max(
         1,

@@ -16,6 +16,7 @@ from torch import nn
 from shared.model import ops
 from shared.model.config import ModelConfig
 from shared.model.layers import GatedMLP, Linear, RMSNorm
+from shared.model.quant import QuantLinear
 from shared.model.rope import RotaryEmbedding
 
 
@@ -141,5 +142,8 @@ class LlamaModel(nn.Module):
         return self.norm.add_norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        if isinstance(head, QuantLinear):  # quantized weights (shared/model/quant_loader.py)
+            return head.linear(hidden).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return ops.linear(hidden, weight, None).float()

@@ -6,7 +6,7 @@ Checkpoints keep q/k/v and gate/up as separate tensors; the model keeps them fus
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -33,12 +33,18 @@ def load_model(
 
 
 def load_weights(model: LlamaModel, files: list[Path]) -> None:
+    fill_weights(model, _tensors(files))
+
+
+def fill_weights(model: LlamaModel, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy checkpoint tensors (by checkpoint name) into the model's parameters; every
+    parameter must be filled."""
     params = dict(model.named_parameters())
     unfilled = {name: p.shape[0] for name, p in params.items()}
-    for ckpt_name, tensor in _tensors(files):
+    for ckpt_name, tensor in tensors:
         if ckpt_name.endswith(IGNORED_SUFFIXES) or _is_tied_head(model, ckpt_name):
             continue
-        name, row = _param_slot(model.config, ckpt_name)
+        name, row = param_slot(model.config, ckpt_name)
         if name not in params:
             raise ModelNotFound(f"unexpected weight {ckpt_name!r} in checkpoint")
         params[name].data[row : row + tensor.shape[0]].copy_(tensor)
@@ -59,7 +65,7 @@ def _is_tied_head(model: LlamaModel, ckpt_name: str) -> bool:
     return model.lm_head is None and ckpt_name == "lm_head.weight"
 
 
-def _param_slot(config: ModelConfig, ckpt_name: str) -> tuple[str, int]:
+def param_slot(config: ModelConfig, ckpt_name: str) -> tuple[str, int]:
     """Checkpoint tensor name -> (model parameter name, first row it fills)."""
     name = ckpt_name.removeprefix("model.")
     fused = {

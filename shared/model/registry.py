@@ -80,6 +80,19 @@ def resolve_model(name_or_path: str) -> Path:
     )
 
 
+def gguf_source(name_or_path: str) -> Path | None:
+    """The GGUF file `name_or_path` is converted from (its quantized weights are read from it
+    as they are), or None for a Hugging Face directory."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        return ggufs[0] if len(ggufs) == 1 and not (path / "config.json").is_file() else None
+    known = known_model(name_or_path)
+    return package_gguf(known) if known is not None else None
+
+
 def _resolve_dir(path: Path) -> Path:
     if (path / "config.json").is_file():
         return path

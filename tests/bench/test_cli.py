@@ -12,6 +12,7 @@ from services.cli.main import main as kvstack
 
 BENCHMARKS = (
     "engine",
+    "quant",
     "fairness",
     "transfer",
     "kvstore",

@@ -1,4 +1,402 @@
-// Kernels on quantized (GGUF) weights. Registered into the same module as cpu_ops.cpp.
+// Kernels on quantized (GGUF) weights, read in ggml's own block layouts. Registered into the
+// same module as cpu_ops.cpp. Each build compiles the path of its instruction set: AVX-512
+// (16 floats a vector) or AVX2 + FMA (8), with a scalar path for anything else.
+//
+// Weights are [N, row_bytes] uint8: each row is its own run of blocks, so rows of several
+// GGUF tensors can be concatenated (fused qkv, gate_up). Block layouts (ggml-common.h):
+//   Q8_0  32 values, 34 bytes: fp16 d, int8 q[32]                       x = d * q
+//   Q4_0  32 values, 18 bytes: fp16 d, 16 bytes of nibbles              x = d * (q - 8)
+//   Q4_1  32 values, 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles      x = d * q + m
+//         (value j in the low nibble of byte j, value j + 16 in its high nibble)
+//   Q4_K 256 values, 144 bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins for 8
+//         sub-blocks of 32, then 4 x 32 bytes: the low nibbles of chunk c are sub-block 2c,
+//         the high nibbles sub-block 2c + 1                             x = d*sc*q - dmin*mn
+// Every format is a scale times small integers plus an offset per 32 values, so a dot
+// product is d * sum(q * x) + offset * sum(x): the per-32 sums of x are computed once per
+// call and shared by all output rows.
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 
-void register_quant_ops(pybind11::module_& m) { (void)m; }
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12;  // GGMLQuantizationType
+
+inline float half_to_float(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(bits);
+#endif
+}
+
+// The 6-bit scale and min of Q4_K sub-block j (ggml's get_scale_min_k4).
+inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// ---- Vectors: L floats; a group of 16 bytes widens to G = 16 / L vectors ----------------
+#if defined(__AVX512F__)
+constexpr int L = 16;
+using V = __m512;
+inline V vzero() { return _mm512_setzero_ps(); }
+inline V vload(const float* p) { return _mm512_loadu_ps(p); }
+inline V vset(float v) { return _mm512_set1_ps(v); }
+inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
+inline float vsum(V v) { return _mm512_reduce_add_ps(v); }
+inline void widen_u8(__m128i b, V* out) { out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+inline void widen_i8(__m128i b, V* out) { out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+#define KV_SIMD 1
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int L = 8;
+using V = __m256;
+inline V vzero() { return _mm256_setzero_ps(); }
+inline V vload(const float* p) { return _mm256_loadu_ps(p); }
+inline V vset(float v) { return _mm256_set1_ps(v); }
+inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
+inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
+inline float vsum(V v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline void widen_u8(__m128i b, V* out) {
+  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(b, b)));
+}
+inline void widen_i8(__m128i b, V* out) {
+  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b)));
+}
+#define KV_SIMD 1
+#endif
+
+#if defined(KV_SIMD)
+constexpr int G = 16 / L;
+
+inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+inline __m128i low_nibbles(__m128i b) { return _mm_and_si128(b, _mm_set1_epi8(0x0F)); }
+inline __m128i high_nibbles(__m128i b) {
+  return _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+}
+
+// For M rows of x (row stride ldx): acc[m] += scale * sum over 16 values of w * x[m].
+// Two groups of 16 make up one scaled run of 32 values.
+template <int M>
+inline void dot32(const V* w_lo, const V* w_hi, const float* x, int64_t ldx, float scale, V* acc) {
+  const V s = vset(scale);
+  for (int m = 0; m < M; ++m) {
+    const float* xm = x + m * ldx;
+    V run = vmul(w_lo[0], vload(xm));
+    for (int g = 1; g < G; ++g) run = vfma(w_lo[g], vload(xm + g * L), run);
+    for (int g = 0; g < G; ++g) run = vfma(w_hi[g], vload(xm + 16 + g * L), run);
+    acc[m] = vfma(s, run, acc[m]);
+  }
+}
+
+// Each format: the dot products of one block with M rows of x. x points at the block's first
+// value in row 0; xs at the block's first per-32 sum of x in row 0 (row stride ldxs).
+struct Q8_0 {
+  static constexpr int64_t kValues = 32, kBytes = 34;
+  template <int M>
+  static void dot(const uint8_t* b, const float* x, int64_t ldx, const float*, int64_t, V* acc,
+                  float*) {
+    V lo[G], hi[G];
+    widen_i8(load16(b + 2), lo);
+    widen_i8(load16(b + 18), hi);
+    dot32<M>(lo, hi, x, ldx, half_to_float(b), acc);
+  }
+};
+
+template <bool kHasMin>
+struct Q4 {  // Q4_0 (offset -8 d) and Q4_1 (offset m)
+  static constexpr int64_t kValues = 32, kBytes = kHasMin ? 20 : 18;
+  template <int M>
+  static void dot(const uint8_t* b, const float* x, int64_t ldx, const float* xs, int64_t ldxs,
+                  V* acc, float* sacc) {
+    const float d = half_to_float(b);
+    const float offset = kHasMin ? half_to_float(b + 2) : -8.f * d;
+    const __m128i q = load16(b + (kHasMin ? 4 : 2));
+    V lo[G], hi[G];
+    widen_u8(low_nibbles(q), lo);
+    widen_u8(high_nibbles(q), hi);
+    dot32<M>(lo, hi, x, ldx, d, acc);
+    for (int m = 0; m < M; ++m) sacc[m] += offset * xs[m * ldxs];
+  }
+};
+
+struct Q4_K {
+  static constexpr int64_t kValues = 256, kBytes = 144;
+  template <int M>
+  static void dot(const uint8_t* b, const float* x, int64_t ldx, const float* xs, int64_t ldxs,
+                  V* acc, float* sacc) {
+    const float d = half_to_float(b), dmin = half_to_float(b + 2);
+    const uint8_t* scales = b + 4;
+    for (int c = 0; c < 4; ++c) {
+      const uint8_t* q = b + 16 + 32 * c;
+      const __m128i q0 = load16(q), q1 = load16(q + 16);
+      for (int half = 0; half < 2; ++half) {  // sub-block 2c: low nibbles, 2c + 1: high
+        const int j = 2 * c + half;
+        int sc, mn;
+        q4k_scale_min(scales, j, &sc, &mn);
+        V lo[G], hi[G];
+        widen_u8(half ? high_nibbles(q0) : low_nibbles(q0), lo);
+        widen_u8(half ? high_nibbles(q1) : low_nibbles(q1), hi);
+        dot32<M>(lo, hi, x + 32 * j, ldx, d * sc, acc);
+        for (int m = 0; m < M; ++m) sacc[m] -= dmin * mn * xs[m * ldxs + j];
+      }
+    }
+  }
+};
+
+// out[m, n] for rows n in [n0, n1) and M rows of x.
+template <class F, int M>
+void gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t K, const float* x, const float* xs,
+               const float* bias, float* out, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t blocks = K / F::kValues, ldxs = K / 32;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    V acc[M];
+    float sacc[M];
+    for (int m = 0; m < M; ++m) acc[m] = vzero(), sacc[m] = 0.f;
+    for (int64_t i = 0; i < blocks; ++i)
+      F::template dot<M>(row + i * F::kBytes, x + i * F::kValues, K,
+                         xs + i * (F::kValues / 32), ldxs, acc, sacc);
+    const float b = bias ? bias[n] : 0.f;
+    for (int m = 0; m < M; ++m) out[m * N + n] = vsum(acc[m]) + sacc[m] + b;
+  }
+}
+#endif  // KV_SIMD
+
+// ---- Dequantize: one block to floats --------------------------------------------------
+#if defined(KV_SIMD)
+// y[0..32) = scale * w + offset, from the two widened halves of a run of 32 values.
+inline void store32(const V* lo, const V* hi, float scale, float offset, float* y) {
+  const V s = vset(scale), o = vset(offset);
+  for (int g = 0; g < G; ++g) vstore(y + g * L, vfma(s, lo[g], o));
+  for (int g = 0; g < G; ++g) vstore(y + 16 + g * L, vfma(s, hi[g], o));
+}
+
+void dequant_block(int64_t qtype, const uint8_t* b, float* y) {
+  V lo[G], hi[G];
+  const float d = half_to_float(b);
+  if (qtype == kQ8_0) {
+    widen_i8(load16(b + 2), lo);
+    widen_i8(load16(b + 18), hi);
+    store32(lo, hi, d, 0.f, y);
+  } else if (qtype == kQ4_0 || qtype == kQ4_1) {
+    const __m128i q = load16(b + (qtype == kQ4_1 ? 4 : 2));
+    widen_u8(low_nibbles(q), lo);
+    widen_u8(high_nibbles(q), hi);
+    store32(lo, hi, d, qtype == kQ4_1 ? half_to_float(b + 2) : -8.f * d, y);
+  } else {  // Q4_K
+    const float dmin = half_to_float(b + 2);
+    for (int j = 0; j < 8; ++j) {
+      int sc, mn;
+      q4k_scale_min(b + 4, j, &sc, &mn);
+      const uint8_t* q = b + 16 + 32 * (j / 2);
+      const __m128i q0 = load16(q), q1 = load16(q + 16);
+      widen_u8(j % 2 ? high_nibbles(q0) : low_nibbles(q0), lo);
+      widen_u8(j % 2 ? high_nibbles(q1) : low_nibbles(q1), hi);
+      store32(lo, hi, d * sc, -dmin * mn, y + 32 * j);
+    }
+  }
+}
+#else
+void dequant_block(int64_t qtype, const uint8_t* b, float* y) {
+  if (qtype == kQ8_0) {
+    const float d = half_to_float(b);
+    for (int i = 0; i < 32; ++i) y[i] = d * static_cast<int8_t>(b[2 + i]);
+  } else if (qtype == kQ4_0 || qtype == kQ4_1) {
+    const float d = half_to_float(b);
+    const float offset = qtype == kQ4_1 ? half_to_float(b + 2) : -8.f * d;
+    const uint8_t* q = b + (qtype == kQ4_1 ? 4 : 2);
+    for (int i = 0; i < 16; ++i) {
+      y[i] = d * (q[i] & 0x0F) + offset;
+      y[i + 16] = d * (q[i] >> 4) + offset;
+    }
+  } else {  // Q4_K
+    const float d = half_to_float(b), dmin = half_to_float(b + 2);
+    for (int j = 0; j < 8; ++j) {
+      int sc, mn;
+      q4k_scale_min(b + 4, j, &sc, &mn);
+      const uint8_t* q = b + 16 + 32 * (j / 2);
+      const int shift = (j % 2) * 4;
+      for (int i = 0; i < 32; ++i) y[32 * j + i] = d * sc * ((q[i] >> shift) & 0x0F) - dmin * mn;
+    }
+  }
+}
+#endif
+
+struct Format {
+  int64_t values, bytes;
+};
+
+Format format_of(int64_t qtype) {
+  switch (qtype) {
+    case kQ8_0: return {32, 34};
+    case kQ4_0: return {32, 18};
+    case kQ4_1: return {32, 20};
+    case kQ4_K: return {256, 144};
+  }
+  TORCH_CHECK(false, "unsupported GGML quantization type ", qtype);
+}
+
+void check_weight(const torch::Tensor& w, int64_t qtype, int64_t K) {
+  const Format f = format_of(qtype);
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
+              "weight: a contiguous uint8 [N, row_bytes] tensor");
+  TORCH_CHECK(K % f.values == 0 && w.size(1) == K / f.values * f.bytes,
+              "weight rows of ", w.size(1), " bytes do not hold ", K, " values of type ", qtype);
+}
+
+// out [R, K] float32 = the rows of w dequantized.
+void dequantize_rows(const uint8_t* w, int64_t qtype, int64_t K, float* out, int64_t r0,
+                     int64_t r1) {
+  const Format f = format_of(qtype);
+  const int64_t blocks = K / f.values, row_bytes = blocks * f.bytes;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t i = 0; i < blocks; ++i)
+      dequant_block(qtype, w + r * row_bytes + i * f.bytes, out + r * K + i * f.values);
+}
+
+void quant_dequantize(torch::Tensor out, torch::Tensor w, int64_t qtype) {
+  const int64_t K = out.size(1);
+  check_weight(w, qtype, K);
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == w.size(0),
+              "out: a contiguous float32 [N, K] tensor");
+  const uint8_t* wi = w.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, w.size(0), 16, [&](int64_t r0, int64_t r1) {
+    dequantize_rows(wi, qtype, K, o, r0, r1);
+  });
+}
+
+// Per-32 sums of each row of x [M, K]: the offset terms of every format.
+std::vector<float> sums32(const float* x, int64_t M, int64_t K) {
+  std::vector<float> xs(M * (K / 32));
+  for (int64_t i = 0; i < M * (K / 32); ++i) {
+    float s = 0.f;
+    for (int j = 0; j < 32; ++j) s += x[i * 32 + j];
+    xs[i] = s;
+  }
+  return xs;
+}
+
+#if defined(KV_SIMD)
+template <class F>
+void gemv_format(const uint8_t* w, int64_t K, const float* x, int64_t M, const float* bias,
+                 float* out, int64_t N) {
+  const int64_t row_bytes = K / F::kValues * F::kBytes;
+  const std::vector<float> xs = sums32(x, M, K);
+  // NOTE: up to 4 rows of x share each dequantized weight vector; more rows take more passes.
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t m = 0; m < M; m += 4) {
+      const float* xm = x + m * K;
+      const float* xsm = xs.data() + m * (K / 32);
+      float* om = out + m * N;
+      switch (std::min<int64_t>(4, M - m)) {
+        case 1: gemv_rows<F, 1>(w, row_bytes, K, xm, xsm, bias, om, N, n0, n1); break;
+        case 2: gemv_rows<F, 2>(w, row_bytes, K, xm, xsm, bias, om, N, n0, n1); break;
+        case 3: gemv_rows<F, 3>(w, row_bytes, K, xm, xsm, bias, om, N, n0, n1); break;
+        default: gemv_rows<F, 4>(w, row_bytes, K, xm, xsm, bias, om, N, n0, n1); break;
+      }
+    }
+  });
+}
+#else
+void gemv_scalar(const uint8_t* w, int64_t qtype, int64_t K, const float* x, int64_t M,
+                 const float* bias, float* out, int64_t N) {
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    std::vector<float> row(K);
+    for (int64_t n = n0; n < n1; ++n) {
+      dequantize_rows(w + n * (K / format_of(qtype).values * format_of(qtype).bytes), qtype, K,
+                      row.data(), 0, 1);
+      for (int64_t m = 0; m < M; ++m) {
+        float s = bias ? bias[n] : 0.f;
+        for (int64_t k = 0; k < K; ++k) s += row[k] * x[m * K + k];
+        out[m * N + n] = s;
+      }
+    }
+  });
+}
+#endif
+
+// out [M, N] float32 = x [M, K] float32 @ dequantized(w [N, row_bytes])^T (+ bias): reads each
+// weight once and dequantizes it in registers. For a few rows (decode).
+void quant_gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
+                c10::optional<torch::Tensor> bias) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  check_weight(w, qtype, K);
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 [M, K]");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == M &&
+                  out.size(1) == N,
+              "out: contiguous float32 [M, N]");
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  const uint8_t* wi = w.data_ptr<uint8_t>();
+  const float* xi = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+#if defined(KV_SIMD)
+  switch (qtype) {
+    case kQ8_0: gemv_format<Q8_0>(wi, K, xi, M, b, o, N); break;
+    case kQ4_0: gemv_format<Q4<false>>(wi, K, xi, M, b, o, N); break;
+    case kQ4_1: gemv_format<Q4<true>>(wi, K, xi, M, b, o, N); break;
+    case kQ4_K: gemv_format<Q4_K>(wi, K, xi, M, b, o, N); break;
+  }
+#else
+  gemv_scalar(wi, qtype, K, xi, M, b, o, N);
+#endif
+}
+
+// out [M, N] = x @ dequantized(w)^T (+ bias) for many rows (prefill): a tile of weight rows at
+// a time is dequantized into a buffer that stays in cache, then multiplied by the library GEMM.
+void quant_gemm(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
+                c10::optional<torch::Tensor> bias, int64_t tile_rows) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  check_weight(w, qtype, K);
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
+                  out.is_contiguous() && out.size(0) == M && out.size(1) == N,
+              "x [M, K] and out [M, N]: float32");
+  TORCH_CHECK(tile_rows > 0, "tile_rows must be positive");
+  const int64_t tile = std::min(tile_rows, N), row_bytes = w.size(1);
+  torch::Tensor buffer = torch::empty({tile, K}, x.options());
+  torch::Tensor product = torch::empty({M, tile}, x.options());
+  for (int64_t n0 = 0; n0 < N; n0 += tile) {
+    const int64_t rows = std::min(tile, N - n0);
+    const uint8_t* wi = w.data_ptr<uint8_t>() + n0 * row_bytes;
+    float* bi = buffer.data_ptr<float>();
+    at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
+      dequantize_rows(wi, qtype, K, bi, r0, r1);
+    });
+    torch::Tensor part = rows == tile ? product : product.narrow(1, 0, rows);
+    at::mm_out(part, x, buffer.narrow(0, 0, rows).t());
+    out.narrow(1, n0, rows).copy_(part);
+  }
+  if (bias.has_value()) out.add_(*bias);
+}
+
+}  // namespace
+
+void register_quant_ops(pybind11::module_& m) {
+  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("quant_gemv", &quant_gemv, release());
+  m.def("quant_gemm", &quant_gemm, release());
+  m.def("quant_dequantize", &quant_dequantize, release());
+}

@@ -19,9 +19,11 @@ NUM_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    return LLMEngine(
-        EngineConfig(model="SmolLM2-135M-Instruct", dtype="float32", kv_cache_bytes=256 << 20)
+    # NOTE: parity is float32 against float32: the GGUF dequantized, as transformers reads it.
+    config = EngineConfig(
+        model="SmolLM2-135M-Instruct", dtype="float32", weights="float", kv_cache_bytes=256 << 20
     )
+    return LLMEngine(config)
 
 
 def chat(engine: LLMEngine, question: str) -> list[int]:

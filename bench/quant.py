@@ -1,0 +1,283 @@
+"""`python -m bench quant`: the weight formats side by side, beside float32 in the same run.
+
+Accuracy: perplexity and greedy agreement (the share of positions whose most likely next
+token is float32's) on a fixed text in the repo, scored in one causal pass; llama.cpp's on
+the same GGUF file too where llama-cpp-python is installed (`--llama-cpp-python`). Speed:
+batch-1 decode tok/s per format and per ISA build (each ISA in a process of its own, the
+formats interleaved within it), and the share of the memory-bandwidth limit for each
+format's weight bytes, with read bandwidth measured in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import torch
+
+from shared.engine.config import QUANT_FORMATS, EngineConfig
+from shared.engine.engine import LLMEngine
+from shared.engine.sampling_params import SamplingParams
+from shared.model.kernels import ISA_ENV, chosen_isa, supported_isas
+from shared.model.quant_loader import load_model_as
+from shared.model.registry import DEFAULT_MODEL, gguf_source, resolve_model
+from shared.model.scoring import causal_logits, greedy_agreement, perplexity
+from shared.model.tokenizer import Tokenizer
+
+TEXT = Path(__file__).parent.parent / "docs" / "architecture.md"
+WEIGHTS = ("float", "auto", *QUANT_FORMATS)
+LLAMA_CPP_PYTHON = "/work/peers/llamacpp-venv/bin/python"
+LLAMA_CPP_SCRIPT = """
+import json, sys, numpy as np, llama_cpp
+path, ids, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+llm = llama_cpp.Llama(path, n_ctx=len(ids) + 8, logits_all=True, n_threads=threads,
+                      n_batch=len(ids), verbose=False)
+llm.eval(ids)
+np.save(sys.stdout.buffer, np.asarray(llm.scores[: len(ids)], dtype=np.float32))
+"""
+# Batch-1 decode on the same file: the prompt, then one token at a time (greedy, no sampling
+# overhead of its Python API), as our engine decodes; median of `repeats` runs of 63 tokens.
+LLAMA_CPP_DECODE = """
+import json, statistics, sys, time, llama_cpp
+path, prompt = sys.argv[1], json.loads(sys.argv[2])
+tokens, threads, repeats = map(int, sys.argv[3:])
+llm = llama_cpp.Llama(path, n_ctx=len(prompt) + tokens + 8, n_threads=threads, verbose=False)
+rates = []
+for _ in range(repeats + 1):
+    llm.reset(); llm.eval(prompt)
+    start = time.perf_counter()
+    for _ in range(tokens - 1):
+        llm.eval([int(llm.scores[llm.n_tokens - 1].argmax())])
+    rates.append((tokens - 1) / (time.perf_counter() - start))
+print(json.dumps(statistics.median(rates[1:])))
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quant", help="weight formats: accuracy and decode speed vs float32")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--text-tokens", type=int, default=512, help="of docs/architecture.md")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--isas", default=",".join(supported_isas()), help="builds to time")
+    p.add_argument("--llama-cpp-python", default=LLAMA_CPP_PYTHON, help="skipped if absent")
+    p.add_argument("--speed-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    if args.speed_only:  # a child: this process's ISA only
+        print(orjson.dumps(speed(args)).decode())
+        return 0
+    report: dict = {"accuracy": accuracy(args), "speed": []}
+    for isa in filter(None, args.isas.split(",")):
+        report["speed"].extend(speed_in_child(args, isa))
+    if args.isas:
+        report["speed"].extend(llama_cpp_speed(args))
+    report["cpu_flags"] = cpu_flags()
+    print(orjson.dumps(report).decode() if args.json else tables(report))
+    return 0
+
+
+# ---- accuracy -------------------------------------------------------------------------------
+def accuracy(args: argparse.Namespace) -> list[dict]:
+    model_dir, gguf = resolve_model(args.model), gguf_source(args.model)
+    ids = Tokenizer.from_dir(model_dir).encode(TEXT.read_text())[: args.text_tokens]
+    scores = {}
+    for weights in WEIGHTS:
+        model = load_model_as(weights, model_dir, gguf, torch.float32, "cpu")
+        scores[weights] = causal_logits(model, ids)
+        progress(f"scored {weights}: perplexity {perplexity(scores[weights], ids):.3f}")
+    llama = llama_cpp_scores(args, gguf, ids)
+    if llama is not None:
+        scores["llama.cpp (file)"] = llama
+    reference = scores["float"]
+    return [
+        {
+            "weights": name,
+            "perplexity": round(perplexity(logits, ids), 4),
+            "agreement": round(greedy_agreement(logits, reference), 4),
+            "tokens": len(ids),
+        }
+        for name, logits in scores.items()
+    ]
+
+
+def llama_cpp_scores(args, gguf: Path | None, ids: list[int]) -> torch.Tensor | None:
+    if gguf is None or not Path(args.llama_cpp_python).is_file():
+        progress(f"llama.cpp reference skipped (no {args.llama_cpp_python} or no GGUF)")
+        return None
+    argv = [args.llama_cpp_python, "-c", LLAMA_CPP_SCRIPT, str(gguf), orjson.dumps(ids).decode()]
+    done = subprocess.run([*argv, str(args.threads)], capture_output=True, timeout=600)
+    if done.returncode != 0:
+        progress(f"llama.cpp reference skipped: {done.stderr.decode().strip().splitlines()[-1]}")
+        return None
+    import io
+
+    import numpy as np
+
+    return torch.from_numpy(np.load(io.BytesIO(done.stdout)))
+
+
+# ---- speed --------------------------------------------------------------------------------
+def speed_in_child(args: argparse.Namespace, isa: str) -> list[dict]:
+    argv = [sys.executable, "-m", "bench", "quant", "--speed-only", "--model", args.model]
+    argv += ["--threads", str(args.threads), "--repeats", str(args.repeats)]
+    argv += ["--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens)]
+    progress(f"timing decode with the {isa} kernels")
+    env = {**os.environ, ISA_ENV: isa}
+    done = subprocess.run(argv, env=env, capture_output=True, timeout=3600)
+    if done.returncode != 0:
+        raise SystemExit(f"bench quant ({isa}) failed: {done.stderr.decode()[-2000:]}")
+    return orjson.loads(done.stdout.splitlines()[-1])
+
+
+def speed(args: argparse.Namespace) -> list[dict]:
+    engines = {
+        weights: LLMEngine(
+            EngineConfig(
+                model=args.model,
+                dtype="float32",
+                weights=weights,
+                num_threads=args.threads,
+                num_blocks=64,
+            )
+        )
+        for weights in WEIGHTS
+    }
+    prompt = bench_prompt(args.prompt_tokens, engines["float"].info.model.vocab_size)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    samples: dict[str, list[float]] = {w: [] for w in WEIGHTS}
+    for engine in engines.values():
+        engine.generate([prompt], params)  # warm-up
+    for _ in range(args.repeats):
+        for weights, engine in engines.items():  # interleaved: drift hits all alike
+            samples[weights].append(decode_tok_s(engine, prompt, params))
+    bandwidth = read_bandwidth()
+    rows = []
+    for weights, engine in engines.items():
+        tok_s, weight_bytes = statistics.median(samples[weights]), engine.info.weight_bytes
+        rows.append(
+            {
+                "isa": chosen_isa(),
+                "weights": weights,
+                "decode_tok_s": round(tok_s, 1),
+                "weight_mb": round(weight_bytes / 1e6, 1),
+                "read_gb_s": round(bandwidth / 1e9, 2),
+                "share_of_limit": round(tok_s * weight_bytes / bandwidth, 3),
+            }
+        )
+    return rows
+
+
+def decode_tok_s(engine: LLMEngine, prompt: list[int], params: SamplingParams) -> float:
+    """Tokens after the first over the whole run less a run of the first token alone."""
+    first_s = timed(engine, prompt, dataclasses.replace(params, max_tokens=1))
+    whole_s = timed(engine, prompt, params)
+    return (params.max_tokens - 1) / (whole_s - first_s)
+
+
+def timed(engine: LLMEngine, prompt: list[int], params: SamplingParams) -> float:
+    start = time.perf_counter()
+    engine.generate([prompt], params)
+    return time.perf_counter() - start
+
+
+def llama_cpp_speed(args: argparse.Namespace) -> list[dict]:
+    gguf = gguf_source(args.model)
+    if gguf is None or not Path(args.llama_cpp_python).is_file():
+        return []
+    prompt = orjson.dumps(bench_prompt(args.prompt_tokens, vocab_size(args))).decode()
+    counts = [args.max_tokens, args.threads, args.repeats]
+    argv = [args.llama_cpp_python, "-c", LLAMA_CPP_DECODE, str(gguf), prompt, *map(str, counts)]
+    progress("timing llama.cpp's decode on the same file")
+    done = subprocess.run(argv, capture_output=True, timeout=1800)
+    if done.returncode != 0:
+        progress(f"llama.cpp speed skipped: {done.stderr.decode().strip().splitlines()[-1]}")
+        return []
+    tok_s = float(done.stdout.decode().strip().splitlines()[-1])
+    weight_bytes = gguf.stat().st_size
+    bandwidth = read_bandwidth()
+    return [
+        {
+            "isa": "llama.cpp",
+            "weights": "the file",
+            "decode_tok_s": round(tok_s, 1),
+            "weight_mb": round(weight_bytes / 1e6, 1),
+            "read_gb_s": round(bandwidth / 1e9, 2),
+            "share_of_limit": round(tok_s * weight_bytes / bandwidth, 3),
+        }
+    ]
+
+
+def bench_prompt(num_tokens: int, vocab: int) -> list[int]:
+    """Fixed token ids spread over the vocabulary (no special tokens at its ends)."""
+    return [(7919 * i) % (vocab - 1000) + 500 for i in range(num_tokens)]
+
+
+def vocab_size(args: argparse.Namespace) -> int:
+    from shared.model.config import ModelConfig
+
+    return ModelConfig.from_dir(resolve_model(args.model)).vocab_size
+
+
+def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes/s read by a sum over a buffer far larger than the caches (as decode reads weights)."""
+    data = torch.ones(num_bytes // 4, dtype=torch.float32)
+    data.sum()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - start)
+    return num_bytes / min(times)
+
+
+# ---- report -------------------------------------------------------------------------------
+def tables(report: dict) -> str:
+    lines = ["| weights | perplexity | greedy agreement with float32 |", "| --- | ---: | ---: |"]
+    lines += [
+        f"| {r['weights']} | {r['perplexity']:.3f} | {r['agreement']:.1%} |"
+        for r in report["accuracy"]
+    ]
+    lines += ["", f"({report['accuracy'][0]['tokens']} tokens of docs/architecture.md)", ""]
+    lines += [
+        "| ISA | weights | MB | decode batch 1 tok/s | vs float32 | read GB/s | of limit |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    base = {r["isa"]: r["decode_tok_s"] for r in report["speed"] if r["weights"] == "float"}
+    base["llama.cpp"] = next(iter(base.values()), float("nan"))  # the best build's float32
+    lines += [
+        f"| {r['isa']} | {r['weights']} | {r['weight_mb']:.0f} | {r['decode_tok_s']:.1f} | "
+        f"{r['decode_tok_s'] / base[r['isa']]:.2f}x | {r['read_gb_s']:.1f} | "
+        f"{r['share_of_limit']:.0%} |"
+        for r in report["speed"]
+    ]
+    lines += ["", f"CPU flags: {report['cpu_flags']}"]
+    return "\n".join(lines)
+
+
+def cpu_flags() -> str:
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_")
+    try:
+        flags = next(
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line[:5] == "flags"
+        ).split()
+    except (OSError, StopIteration):
+        return "unknown"
+    return " ".join(f for f in flags if f.startswith(wanted))
+
+
+def progress(message: str) -> None:
+    print(f"[bench quant] {message}", file=sys.stderr, flush=True)

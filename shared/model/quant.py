@@ -1,0 +1,85 @@
+"""Linear layers over quantized GGUF blocks, computed by the native kernels without a float copy
+of the weight (shared/model/kernels/quant_ops.cpp)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from shared.model.kernels import cpu_ops
+from shared.model.quant_formats import QuantFormat
+
+# NOTE: measured (bench quant's kernel table): up to about 8 rows the in-register GEMV wins;
+# past 16 a float tile and the library GEMM win. Tiles of 256 weight rows stay in cache.
+GEMV_MAX_ROWS = 8
+GEMM_TILE_ROWS = 256
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W^T (+ b) with W kept as blocks [out_features, row_bytes] of one format.
+
+    Activations are computed in float32 and returned in the input's dtype.
+    """
+
+    blocks: torch.Tensor
+
+    def __init__(
+        self, blocks: torch.Tensor, fmt: QuantFormat, in_features: int, bias: nn.Parameter | None
+    ) -> None:
+        super().__init__()
+        if blocks.dtype != torch.uint8 or blocks.shape[1] != fmt.row_bytes(in_features):
+            raise ValueError(f"{tuple(blocks.shape)} are not {fmt.name} rows of {in_features}")
+        self.register_buffer("blocks", blocks.contiguous())
+        self.fmt, self.in_features, self.out_features = fmt, in_features, blocks.shape[0]
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        native = _kernels()
+        rows = x.reshape(-1, self.in_features).float().contiguous()
+        out = rows.new_empty(rows.shape[0], self.out_features)
+        bias = None if self.bias is None else self.bias.float()
+        if rows.shape[0] <= GEMV_MAX_ROWS:
+            native.quant_gemv(out, rows, self.blocks, self.fmt.ggml_type, bias)
+        else:
+            native.quant_gemm(out, rows, self.blocks, self.fmt.ggml_type, bias, GEMM_TILE_ROWS)
+        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def dequantized(self) -> torch.Tensor:
+        """The whole weight as float32 [out_features, in_features]."""
+        return self.rows(torch.arange(self.out_features))
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows `index` of the weight, dequantized to float32."""
+        out = torch.empty(index.numel(), self.in_features)
+        _kernels().quant_dequantize(out, self.blocks.index_select(0, index), self.fmt.ggml_type)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, format={self.fmt.name}"
+
+
+class QuantEmbedding(QuantLinear):
+    """A token embedding over quantized rows: each token's row is dequantized when looked up;
+    `linear` is the tied output head."""
+
+    def __init__(self, blocks: torch.Tensor, fmt: QuantFormat, in_features: int, dtype) -> None:
+        super().__init__(blocks, fmt, in_features, None)
+        self.dtype = dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.rows(input_ids.flatten()).view(*input_ids.shape, -1).to(self.dtype)
+
+
+def _kernels():
+    native = cpu_ops()
+    if native is None:
+        raise RuntimeError("quantized weights need the native CPU kernels (weights='float32')")
+    return native
+
+
+def has_kernels() -> bool:
+    """Whether quantized layers can run here (x86 with AVX2 and a compiler)."""
+    return cpu_ops() is not None

@@ -1,0 +1,69 @@
+"""GGML block formats that the native kernels read as they are (shared/model/kernels/quant_ops.cpp).
+
+A quantized weight is a uint8 tensor [out_features, row_bytes]: each row is its own run of
+blocks, so rows of several GGUF tensors can be concatenated into one fused weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    name: str
+    ggml_type: int  # gguf.GGMLQuantizationType
+    block_values: int
+    block_bytes: int
+
+    def row_bytes(self, in_features: int) -> int:
+        if in_features % self.block_values:
+            raise ValueError(
+                f"{self.name} needs rows of a multiple of {self.block_values} values, "
+                f"not {in_features}"
+            )
+        return in_features // self.block_values * self.block_bytes
+
+    def bits_per_weight(self) -> float:
+        return 8 * self.block_bytes / self.block_values
+
+
+FORMATS = {
+    f.name: f
+    for f in (
+        QuantFormat("q8_0", 8, 32, 34),
+        QuantFormat("q4_0", 2, 32, 18),
+        QuantFormat("q4_1", 3, 32, 20),
+        QuantFormat("q4_k", 12, 256, 144),
+    )
+}
+# Formats a float weight can be re-quantized into at load (by the gguf package's quantizers).
+REQUANTIZABLE = ("q8_0", "q4_0", "q4_1")
+
+
+def format_of(ggml_type: int) -> QuantFormat | None:
+    """The kernels' format for a GGML tensor type, or None where they have none."""
+    return next((f for f in FORMATS.values() if f.ggml_type == int(ggml_type)), None)
+
+
+def quantize(weight: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
+    """A float weight [N, K] -> its blocks [N, row_bytes] (ggml's own rounding)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize as gguf_quantize
+
+    fmt.row_bytes(weight.shape[1])  # refuses a row length the format cannot hold
+    array = weight.detach().float().cpu().numpy()
+    blocks = gguf_quantize(array, GGMLQuantizationType(fmt.ggml_type))
+    return torch.from_numpy(np.ascontiguousarray(blocks).view(np.uint8))
+
+
+def dequantize(blocks: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
+    """The reference: blocks [N, row_bytes] -> float32 [N, K] by the gguf package."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as gguf_dequantize
+
+    array = gguf_dequantize(blocks.numpy(), GGMLQuantizationType(fmt.ggml_type))
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))

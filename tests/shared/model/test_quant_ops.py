@@ -1,0 +1,93 @@
+"""Kernels on GGUF blocks against the gguf package's dequantization, on every ISA build."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shared.model.kernels import cpu_ops, supported_isas
+from shared.model.quant_formats import FORMATS, QuantFormat, dequantize, quantize
+
+# NOTE: the kernels sum in a different order than the reference matmul; float32 rounding only.
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(params=supported_isas() or pytest.skip("no native kernels on this CPU"))
+def kernels(request):
+    """Each build this CPU runs: the AVX2 one too on AVX-512 machines."""
+    module = cpu_ops(request.param)
+    assert module is not None, f"the {request.param} build failed"
+    return module
+
+
+def random_blocks(fmt: QuantFormat, rows: int, in_features: int, seed: int) -> torch.Tensor:
+    """Random bytes in every block, with small finite fp16 scales where the format keeps them."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows, in_features // fmt.block_values, fmt.block_bytes))
+    blocks = blocks.astype(np.uint8)
+    scales = 2 if fmt.name in ("q4_1", "q4_k") else 1  # d (and m or dmin) lead each block
+    halves = rng.uniform(-0.05, 0.05, (rows, blocks.shape[1], scales)).astype(np.float16)
+    blocks[..., : 2 * scales] = halves.view(np.uint8)
+    return torch.from_numpy(blocks.reshape(rows, -1).copy())
+
+
+def reference(x: torch.Tensor, blocks: torch.Tensor, fmt: QuantFormat, bias=None):
+    return torch.nn.functional.linear(x.double(), dequantize(blocks, fmt).double(), bias)
+
+
+def assert_close(out: torch.Tensor, expected: torch.Tensor) -> None:
+    err = (out.double() - expected).abs().max().item()
+    assert err <= TOLERANCE * max(1.0, expected.abs().max().item()), err
+
+
+# Row lengths: one block, several, and (for Q4_K) super-blocks; row counts with tails.
+SHAPES = [(1, 37, 256), (2, 16, 512), (3, 5, 768), (4, 64, 256), (7, 33, 1536)]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize(("rows", "out_features", "in_features"), SHAPES)
+def test_gemv_matches_the_dequantized_weight(kernels, name, rows, out_features, in_features):
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, out_features, in_features, seed=rows)
+    x = torch.randn(rows, in_features)
+    out = torch.empty(rows, out_features)
+    kernels.quant_gemv(out, x, blocks, fmt.ggml_type, None)
+    assert_close(out, reference(x, blocks, fmt))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_gemm_with_bias_and_a_partial_last_tile(kernels, name):
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, 70, 512, seed=1)
+    x, bias = torch.randn(19, 512), torch.randn(70)
+    out = torch.empty(19, 70)
+    kernels.quant_gemm(out, x, blocks, fmt.ggml_type, bias, 32)
+    assert_close(out, reference(x, blocks, fmt, bias.double()))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_dequantize_is_exactly_the_gguf_package(kernels, name):
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, 9, 512, seed=2)
+    out = torch.empty(9, 512)
+    kernels.quant_dequantize(out, blocks, fmt.ggml_type)
+    torch.testing.assert_close(out, dequantize(blocks, fmt), rtol=1e-6, atol=1e-7)
+
+
+def test_gemv_bias_is_added(kernels):
+    fmt = FORMATS["q8_0"]
+    blocks = quantize(torch.randn(12, 64), fmt)
+    x, bias = torch.randn(1, 64), torch.randn(12)
+    out = torch.empty(1, 12)
+    kernels.quant_gemv(out, x, blocks, fmt.ggml_type, bias)
+    assert_close(out, reference(x, blocks, fmt, bias.double()))
+
+
+def test_a_row_length_the_format_cannot_hold_is_refused(kernels):
+    fmt = FORMATS["q4_k"]
+    blocks = torch.zeros(4, fmt.block_bytes, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="do not hold"):
+        kernels.quant_gemv(torch.empty(1, 4), torch.randn(1, 128), blocks, fmt.ggml_type, None)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        fmt.row_bytes(576)
