@@ -71,6 +71,7 @@ def colocated_config(args: argparse.Namespace, threads: int):
         EngineConfig(
             model=args.model,
             dtype=args.dtype,
+            weights=args.weights,
             block_size=args.block_size,
             kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
             max_num_batched_tokens=args.max_num_batched_tokens,

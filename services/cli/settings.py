@@ -409,6 +409,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "insecure",
         "secrets_dir",
         "dtype",
+        "weights",
         "block_size",
         "kv_cache_gib",
         "max_num_seqs",
