@@ -200,3 +200,24 @@ def test_decode_attention_with_tails(native, dtype, head_dim, context) -> None:
     native.decode_attention(out, q, k_cache, v_cache, table, lens, head_dim**-0.5)
     expected = ops.decode_attention_torch(q, k_cache, v_cache, table, lens, head_dim**-0.5)
     close(out, expected, dtype)
+
+
+def test_linear_sends_up_to_the_measured_rows_to_the_native_gemv(native, dtype, monkeypatch):
+    calls: list[int] = []
+
+    class Recording:
+        def small_linear(self, out, x, w, bias):
+            calls.append(x.shape[0])
+            native.small_linear(out, x, w, bias)
+
+    monkeypatch.setattr(ops, "_native", lambda x: Recording())
+    limit = ops.gemv_max_rows(dtype)
+    assert limit >= 1  # float32 too: single rows are memory-bound everywhere
+    w = randn(40, 24, dtype=dtype)
+    for rows in (1, limit, limit + 1):
+        x = randn(rows, 24, dtype=dtype)
+        close(ops.linear(x, w, None), torch.nn.functional.linear(x, w), dtype)
+    assert calls == [1, limit]
+    with ops.gemv_rows({}):
+        ops.linear(randn(1, 24, dtype=dtype), w, None)
+    assert calls == [1, limit]
