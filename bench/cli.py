@@ -10,13 +10,26 @@ from __future__ import annotations
 
 import argparse
 
-from bench import conductor, engine, fairness, grammar, kvstore, offload, sampling, transfer
+from bench import (
+    conductor,
+    decode_profile,
+    engine,
+    fairness,
+    gemv,
+    grammar,
+    kvstore,
+    offload,
+    sampling,
+    transfer,
+)
 from bench.chaos import cli as chaos
 from bench.live_vs_sim import cli as live_vs_sim
 from shared import cli
 
 BENCHMARKS = (
     engine,
+    decode_profile,
+    gemv,
     sampling,
     grammar,
     fairness,

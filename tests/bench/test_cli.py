@@ -12,6 +12,8 @@ from services.cli.main import main as kvstack
 
 BENCHMARKS = (
     "engine",
+    "gemv",
+    "decode-profile",
     "fairness",
     "transfer",
     "kvstore",
