@@ -13,8 +13,10 @@ import argparse
 from bench import (
     colocated,
     conductor,
+    decode_profile,
     engine,
     fairness,
+    gemv,
     grammar,
     kvstore,
     offload,
@@ -29,6 +31,8 @@ from shared import cli
 
 BENCHMARKS = (
     engine,
+    decode_profile,
+    gemv,
     quant,
     sampling,
     grammar,

@@ -5,10 +5,13 @@ The torch version of each op is the reference; the native one must match it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 
-from shared.model.kernels import cpu_ops
+from shared.model.kernels import chosen_isa, cpu_ops
 
 
 def _native(x: torch.Tensor):
@@ -43,11 +46,44 @@ def add_rms_norm(
     return rms_norm_torch(residual, weight, eps), residual
 
 
+# NOTE: the most rows of x for which the native GEMV (it streams the weight once, at memory
+# bandwidth) beats torch's F.linear, per instruction set and dtype; beyond them the library
+# GEMM's cache blocking wins. From `python -m bench gemv --threads 1` on SmolLM2-135M's shapes
+# (docs/benchmarks.md: an AMD EPYC with AVX-512, shared and noisy, so one thread and the
+# fastest of many calls); float16 was not measured and follows bfloat16. 0: always torch.
+GEMV_MAX_ROWS: dict[str | None, dict[torch.dtype, int]] = {
+    "avx512": {torch.float32: 8, torch.bfloat16: 4, torch.float16: 4},
+    "avx2": {torch.float32: 6, torch.bfloat16: 2, torch.float16: 2},
+}
+_gemv_override: dict[torch.dtype, int] | None = None
+
+
+def gemv_max_rows(dtype: torch.dtype) -> int:
+    limits = _gemv_override if _gemv_override is not None else GEMV_MAX_ROWS.get(chosen_isa(), {})
+    return limits.get(dtype, 0)
+
+
+@contextlib.contextmanager
+def gemv_rows(limits: dict[torch.dtype, int]) -> Iterator[None]:
+    """Route matmuls by these limits instead (benchmarks: the routing before them)."""
+    global _gemv_override
+    previous, _gemv_override = _gemv_override, limits
+    try:
+        yield
+    finally:
+        _gemv_override = previous
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     native = _native(x)
-    # NOTE: only one bf16 row beats the library GEMM (which widens bf16 less efficiently).
-    if native is not None and x.dtype == torch.bfloat16 and x.shape[0] == 1 and x.dim() == 2:
-        out = x.new_empty(1, weight.shape[0])
+    if (
+        native is not None
+        and x.dim() == 2
+        and x.shape[0] <= gemv_max_rows(x.dtype)
+        and x.dtype == weight.dtype
+        and weight.is_contiguous()
+    ):
+        out = x.new_empty(x.shape[0], weight.shape[0])
         native.small_linear(out, x.contiguous(), weight, bias)
         return out
     return F.linear(x, weight, bias)

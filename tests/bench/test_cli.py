@@ -13,6 +13,8 @@ from services.cli.main import main as kvstack
 BENCHMARKS = (
     "engine",
     "quant",
+    "gemv",
+    "decode-profile",
     "fairness",
     "transfer",
     "kvstore",

@@ -22,6 +22,7 @@ import torch
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "cpu_ops.cpp", HERE / "quant_ops.cpp")
+HEADERS = (HERE / "simd.h",)  # included by the sources: part of the build's key
 DISABLE_ENV = "KVSTACK_CPU_KERNELS"
 ISA_ENV = "KVSTACK_CPU_ISA"
 # Each build: the CPU flags it needs and the compiler flags it is built with.
@@ -34,7 +35,7 @@ ISAS = {
 def build_dir(isa: str | None = None) -> Path:
     """One build per sources, torch version, CPU model and instruction set."""
     isa = isa or chosen_isa()
-    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS)))
     key.update(torch.__version__.encode() + _cpu_model().encode() + str(isa).encode())
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return cache / "kvstack" / "kernels" / key.hexdigest()[:16]
@@ -63,11 +64,18 @@ def chosen_isa() -> str | None:
 
 
 def cpu_ops(isa: str | None = None):
-    """The compiled module for `isa` (default: the chosen one), or None when disabled, when
-    the CPU cannot run it, or when no compiler is available."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
+    """The compiled module for `isa` (default: the chosen one), or None when disabled
+    (KVSTACK_CPU_KERNELS=0, read once per process), when the CPU cannot run it, or when no
+    compiler is available."""
+    if _disabled():
         return None
     return _load(isa or chosen_isa())
+
+
+@functools.cache
+def _disabled() -> bool:
+    """KVSTACK_CPU_KERNELS=0, read once per process (ops ask on every call)."""
+    return os.environ.get(DISABLE_ENV, "1") == "0"
 
 
 @functools.cache

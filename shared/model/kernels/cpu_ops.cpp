@@ -4,31 +4,91 @@
 #include <ATen/Parallel.h>
 #include <ATen/Dispatch.h>
 
-#include <immintrin.h>
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
+namespace py = pybind11;
+
+// float32, bfloat16 and float16: the element types simd.h loads and stores.
+#define KV_DISPATCH(TYPE, NAME, ...)                            \
+  AT_DISPATCH_SWITCH(TYPE, NAME,                                \
+                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)  \
+                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) \
+                     AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
+using simd::kWidth;
+using simd::V;
+
 template <typename T>
 inline float f32(T v) { return static_cast<float>(v); }
+
+// NOTE: the GIL is released only around work long enough to repay the hand-over: a kernel of
+// a microsecond that gives the GIL away can wait milliseconds to get it back from a busy
+// thread, while the engine thread's long kernels must not stall the asyncio loop thread.
+constexpr int64_t kReleaseGilAbove = 1 << 15;  // elements read
+
+struct GilRelease {
+  std::optional<py::gil_scoped_release> released;
+  explicit GilRelease(int64_t elements) {
+    if (elements > kReleaseGilAbove) released.emplace();
+  }
+};
+
+// ---- Vector building blocks (simd.h), each with its scalar tail ------------------------
+template <typename A, typename B>
+inline float dot(const A* a, const B* b, int64_t n) {
+  V acc0 = simd::zero(), acc1 = simd::zero();
+  int64_t i = 0;
+  for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+    acc0 = simd::fmadd(simd::load(a + i), simd::load(b + i), acc0);
+    acc1 = simd::fmadd(simd::load(a + i + kWidth), simd::load(b + i + kWidth), acc1);
+  }
+  for (; i + kWidth <= n; i += kWidth) acc0 = simd::fmadd(simd::load(a + i), simd::load(b + i), acc0);
+  float sum = simd::reduce_add(simd::add(acc0, acc1));
+  for (; i < n; ++i) sum += f32(a[i]) * f32(b[i]);
+  return sum;
+}
+
+// acc[0:n] += p * x[0:n]
+template <typename T>
+inline void axpy(float* acc, float p, const T* x, int64_t n) {
+  const V pv = simd::set1(p);
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth)
+    simd::store(acc + i, simd::fmadd(pv, simd::load(x + i), simd::load(acc + i)));
+  for (; i < n; ++i) acc[i] += p * f32(x[i]);
+}
+
+template <typename S, typename D>
+inline void convert(D* dst, const S* src, int64_t n) {
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) simd::store(dst + i, simd::load(src + i));
+  for (; i < n; ++i) dst[i] = D(f32(src[i]));
+}
 
 // ---- RMSNorm ------------------------------------------------------------------------
 template <typename T>
 void rms_norm_row(T* out, const T* x, const T* w, int64_t n, float eps) {
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += f32(x[i]) * f32(x[i]);
-  const float r = 1.f / std::sqrt(sum / n + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = T(f32(w[i]) * f32(T(f32(x[i]) * r)));
+  const float r = 1.f / std::sqrt(dot(x, x, n) / n + eps);
+  const V rv = simd::set1(r);
+  int64_t i = 0;
+  // NOTE: x * r is rounded to T before the weight scales it, as the torch reference does.
+  for (; i + kWidth <= n; i += kWidth)
+    simd::store(out + i, simd::mul(simd::load(w + i), simd::as<T>(simd::mul(simd::load(x + i), rv))));
+  for (; i < n; ++i) out[i] = T(f32(w[i]) * f32(T(f32(x[i]) * r)));
 }
 
 void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps) {
   const int64_t rows = x.size(0), n = x.size(1);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+  GilRelease gil(rows * n);
+  KV_DISPATCH(x.scalar_type(), "rms_norm", [&] {
     auto* o = out.data_ptr<scalar_t>();
     auto* xi = x.data_ptr<scalar_t>();
     auto* wi = w.data_ptr<scalar_t>();
@@ -39,64 +99,88 @@ void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps) {
 }
 
 // residual += x; x = rms_norm(residual) * w  (both in place)
+template <typename T>
+inline void add_(T* acc, const T* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) simd::store(acc + i, simd::add(simd::load(acc + i), simd::load(x + i)));
+  for (; i < n; ++i) acc[i] = T(f32(x[i]) + f32(acc[i]));
+}
+
 void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor w, double eps) {
   const int64_t rows = x.size(0), n = x.size(1);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
+  GilRelease gil(rows * n);
+  KV_DISPATCH(x.scalar_type(), "add_rms_norm", [&] {
     auto* xi = x.data_ptr<scalar_t>();
     auto* ri = residual.data_ptr<scalar_t>();
     auto* wi = w.data_ptr<scalar_t>();
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        scalar_t* xr = xi + r * n;
-        scalar_t* rr = ri + r * n;
-        for (int64_t i = 0; i < n; ++i) rr[i] = scalar_t(f32(xr[i]) + f32(rr[i]));
-        rms_norm_row(xr, rr, wi, n, float(eps));
+        add_(ri + r * n, xi + r * n, n);
+        rms_norm_row(xi + r * n, ri + r * n, wi, n, float(eps));
       }
     });
   });
 }
 
 // ---- SwiGLU -------------------------------------------------------------------------
+// silu(g) * u, with silu(g) rounded to T first (as torch computes silu, then the product).
+template <typename T>
+void silu_and_mul_row(T* out, const T* gate, const T* up, int64_t n) {
+  const V one = simd::set1(1.f);
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) {
+    const V g = simd::load(gate + i);
+    const V s = simd::as<T>(simd::div(g, simd::add(one, simd::exp(simd::sub(simd::zero(), g)))));
+    simd::store(out + i, simd::mul(s, simd::load(up + i)));
+  }
+  for (; i < n; ++i) {
+    const float g = f32(gate[i]);
+    const T s = T(g / (1.f + simd::exp1(-g)));
+    out[i] = T(f32(s) * f32(up[i]));
+  }
+}
+
 void silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
   const int64_t rows = gate_up.size(0), n = out.size(1);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "silu_and_mul", [&] {
+  GilRelease gil(rows * n * 2);
+  KV_DISPATCH(out.scalar_type(), "silu_and_mul", [&] {
     auto* o = out.data_ptr<scalar_t>();
     auto* g = gate_up.data_ptr<scalar_t>();
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const scalar_t* gr = g + r * 2 * n;
-        scalar_t* orow = o + r * n;
-        for (int64_t i = 0; i < n; ++i) {
-          const float v = f32(gr[i]);
-          const scalar_t s = scalar_t(v / (1.f + std::exp(-v)));
-          orow[i] = scalar_t(f32(s) * f32(gr[n + i]));
-        }
-      }
+      for (int64_t r = begin; r < end; ++r) silu_and_mul_row(o + r * n, g + r * 2 * n, g + r * 2 * n + n, n);
     });
   });
 }
 
 // ---- Rotary embedding, rotate-half layout, in place on the q and k heads of qkv ----------
+template <typename T>
+void rotate_head(T* x, const float* c, const float* s, int64_t half) {
+  int64_t i = 0;
+  for (; i + kWidth <= half; i += kWidth) {
+    const V x1 = simd::load(x + i), x2 = simd::load(x + i + half);
+    const V ci = simd::load(c + i), si = simd::load(s + i);
+    simd::store(x + i, simd::fnmadd(x2, si, simd::mul(x1, ci)));
+    simd::store(x + i + half, simd::fmadd(x1, si, simd::mul(x2, ci)));
+  }
+  for (; i < half; ++i) {
+    const float x1 = f32(x[i]), x2 = f32(x[i + half]);
+    x[i] = T(x1 * c[i] - x2 * s[i]);
+    x[i + half] = T(x2 * c[i] + x1 * s[i]);
+  }
+}
+
 void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t num_heads,
              int64_t head_dim) {
   const int64_t tokens = qkv.size(0), row = qkv.stride(0), half = head_dim / 2;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rotary", [&] {
+  GilRelease gil(tokens * num_heads * head_dim);
+  KV_DISPATCH(qkv.scalar_type(), "rotary", [&] {
     auto* base = qkv.data_ptr<scalar_t>();
     const float* c = cos.data_ptr<float>();
     const float* s = sin.data_ptr<float>();
     at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const float* ct = c + t * half;
-        const float* st = s + t * half;
-        for (int64_t h = 0; h < num_heads; ++h) {
-          scalar_t* x = base + t * row + h * head_dim;
-          for (int64_t i = 0; i < half; ++i) {
-            const float x1 = f32(x[i]), x2 = f32(x[i + half]);
-            x[i] = scalar_t(x1 * ct[i] - x2 * st[i]);
-            x[i + half] = scalar_t(x2 * ct[i] + x1 * st[i]);
-          }
-        }
-      }
+      for (int64_t t = begin; t < end; ++t)
+        for (int64_t h = 0; h < num_heads; ++h)
+          rotate_head(base + t * row + h * head_dim, c + t * half, s + t * half, half);
     });
   });
 }
@@ -106,7 +190,8 @@ void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Te
               torch::Tensor slots) {
   const int64_t tokens = k.size(0), width = k.size(1) * k.size(2);
   const int64_t in_row = k.stride(0);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "write_kv", [&] {
+  GilRelease gil(tokens * width * 2);
+  KV_DISPATCH(k.scalar_type(), "write_kv", [&] {
     auto* ki = k.data_ptr<scalar_t>();
     auto* vi = v.data_ptr<scalar_t>();
     auto* kc = k_cache.data_ptr<scalar_t>();
@@ -121,93 +206,49 @@ void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Te
   });
 }
 
-// ---- Widening to float: a loop GCC vectorizes (bf16 -> f32 is a 16-bit shift) -----------
-template <typename T>
-inline void widen(const T* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = f32(src[i]);
-}
-
-template <>
-inline void widen<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = uint32_t(bits[i]) << 16;
-}
-
-// exp for softmax, written so loops of it vectorize (libm's expf does not): 2^n * e^f with
-// |f| <= ln2/2 and a degree-6 polynomial; relative error about 2e-7, like expf.
-inline float fast_exp(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float f = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
-  float p = 1.f / 720;
-  p = p * f + 1.f / 120;
-  p = p * f + 1.f / 24;
-  p = p * f + 1.f / 6;
-  p = p * f + 0.5f;
-  p = p * f + 1.f;
-  p = p * f + 1.f;
-  int32_t bits;
-  std::memcpy(&bits, &p, 4);
-  bits += int32_t(n) << 23;
-  std::memcpy(&p, &bits, 4);
-  return p;
-}
-
 inline void softmax_(float* x, int64_t n) {
-  const float mx = *std::max_element(x, x + n);
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += (x[i] = fast_exp(x[i] - mx));
-  const float inv = 1.f / sum;
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
-}
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+  V mv = simd::set1(-INFINITY);
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) mv = simd::max(mv, simd::load(x + i));
+  float mx = simd::reduce_max(mv);
+  for (; i < n; ++i) mx = std::max(mx, x[i]);
+  const V mxv = simd::set1(mx);
+  V sv = simd::zero();
+  for (i = 0; i + kWidth <= n; i += kWidth) {
+    const V e = simd::exp(simd::sub(simd::load(x + i), mxv));
+    simd::store(x + i, e);
+    sv = simd::add(sv, e);
+  }
+  float sum = simd::reduce_add(sv);
+  for (; i < n; ++i) sum += (x[i] = simd::exp1(x[i] - mx));
+  const V inv = simd::set1(1.f / sum);
+  for (i = 0; i + kWidth <= n; i += kWidth) simd::store(x + i, simd::mul(simd::load(x + i), inv));
+  for (; i < n; ++i) x[i] *= 1.f / sum;
 }
 
 // ---- Decode attention over the paged cache: one query token per sequence -----------------
 // q [B, H, D] (row stride q_row), caches [blocks, block_size, H_kv, D], out [B, H, D].
-// One task per (sequence, kv head); the task widens a block's rows of its head at a time.
+// One task per (sequence, kv head); its G query heads read each cached row in place.
 template <typename T>
 void decode_attention_task(T* out, const T* q, int64_t q_row, const T* kc, const T* vc,
                            const int64_t* table, int64_t ctx, int64_t b, int64_t hk,
                            int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale) {
-  const int64_t G = H / Hkv, num_blocks = (ctx + bs - 1) / bs;
-  std::vector<float> qf(G * D), scores(G * ctx), acc(G * D, 0.f), rows(bs * D);
-  widen(q + b * q_row + hk * G * D, qf.data(), G * D);
-  auto load_rows = [&](const T* cache, int64_t n, int64_t count) {
-    for (int64_t s = 0; s < count; ++s)
-      widen(cache + ((table[n] * bs + s) * Hkv + hk) * D, rows.data() + s * D, D);
+  const int64_t G = H / Hkv;
+  std::vector<float> qf(G * D), scores(G * ctx), acc(G * D, 0.f);
+  convert(qf.data(), q + b * q_row + hk * G * D, G * D);
+  auto row = [&](const T* cache, int64_t t) {
+    return cache + ((table[t / bs] * bs + t % bs) * Hkv + hk) * D;
   };
-  for (int64_t n = 0; n < num_blocks; ++n) {
-    const int64_t count = std::min(bs, ctx - n * bs);
-    load_rows(kc, n, count);
-    for (int64_t s = 0; s < count; ++s)
-      for (int64_t g = 0; g < G; ++g)
-        scores[g * ctx + n * bs + s] = dot(qf.data() + g * D, rows.data() + s * D, D) * scale;
+  for (int64_t t = 0; t < ctx; ++t) {
+    const T* k = row(kc, t);
+    for (int64_t g = 0; g < G; ++g) scores[g * ctx + t] = dot(qf.data() + g * D, k, D) * scale;
   }
   for (int64_t g = 0; g < G; ++g) softmax_(scores.data() + g * ctx, ctx);
-  for (int64_t n = 0; n < num_blocks; ++n) {
-    const int64_t count = std::min(bs, ctx - n * bs);
-    load_rows(vc, n, count);
-    for (int64_t s = 0; s < count; ++s)
-      for (int64_t g = 0; g < G; ++g) {
-        const float p = scores[g * ctx + n * bs + s];
-        const float* vr = rows.data() + s * D;
-        float* ag = acc.data() + g * D;
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) ag[d] += p * vr[d];
-      }
+  for (int64_t t = 0; t < ctx; ++t) {
+    const T* v = row(vc, t);
+    for (int64_t g = 0; g < G; ++g) axpy(acc.data() + g * D, scores[g * ctx + t], v, D);
   }
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t d = 0; d < D; ++d) out[(b * H + hk * G + g) * D + d] = T(acc[g * D + d]);
+  convert(out + (b * H + hk * G) * D, acc.data(), G * D);
 }
 
 void decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
@@ -215,13 +256,17 @@ void decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
                       torch::Tensor context_lens, double scale) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t Hkv = k_cache.size(2), bs = k_cache.size(1), max_blocks = block_table.size(1);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
+  TORCH_CHECK(H % Hkv == 0, "decode_attention: ", H, " heads over ", Hkv, " kv heads");
+  const int64_t* cl = context_lens.data_ptr<int64_t>();
+  int64_t total_ctx = 0;
+  for (int64_t b = 0; b < B; ++b) total_ctx += cl[b];
+  GilRelease gil(total_ctx * Hkv * D * 2);
+  KV_DISPATCH(q.scalar_type(), "decode_attention", [&] {
     auto* o = out.data_ptr<scalar_t>();
     auto* qi = q.data_ptr<scalar_t>();
     auto* kc = k_cache.data_ptr<scalar_t>();
     auto* vc = v_cache.data_ptr<scalar_t>();
     const int64_t* bt = block_table.data_ptr<int64_t>();
-    const int64_t* cl = context_lens.data_ptr<int64_t>();
     const int64_t q_row = q.stride(0);
     at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
       for (int64_t task = begin; task < end; ++task) {
@@ -235,51 +280,85 @@ void decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
 
 // ---- Linear for a few rows: streams the weight once, near memory bandwidth --------------
 // out [M, N] = x [M, K] @ w[N, K]^T (+ bias). Library GEMMs are tuned for many rows; with
-// one to a few rows reading the weight is all the work. bf16 rows are widened in registers.
-inline float dot_row(const float* x, const float* w, int64_t n) { return dot(x, w, n); }
-
-inline float dot_row(const float* x, const c10::BFloat16* w, int64_t n) {
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(w);
+// one to a few rows reading the weight is all the work. Each weight row is loaded once per
+// R rows of x (widened in registers when bf16 or fp16) and dotted with all R of them.
+template <int R, typename T>
+inline void dot_rows(float* sums, const float* x, int64_t K, const T* w) {
+  constexpr int U = R == 1 ? 4 : 2;  // independent accumulators per row hide FMA latency
+  V acc[R][U];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) acc[r][u] = simd::zero();
   int64_t i = 0;
-  float sum = 0.f;
-#if defined(__AVX512F__)
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  auto load = [&](int64_t at) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + at));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-  };
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), load(i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), load(i + 16), acc1);
+  for (; i + U * kWidth <= K; i += U * kWidth)
+    for (int u = 0; u < U; ++u) {
+      const V wv = simd::load(w + i + u * kWidth);
+      for (int r = 0; r < R; ++r) acc[r][u] = simd::fmadd(simd::load(x + r * K + i + u * kWidth), wv, acc[r][u]);
+    }
+  for (; i + kWidth <= K; i += kWidth) {
+    const V wv = simd::load(w + i);
+    for (int r = 0; r < R; ++r) acc[r][0] = simd::fmadd(simd::load(x + r * K + i), wv, acc[r][0]);
   }
-  sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-#endif
-  for (; i < n; ++i) sum += x[i] * f32(w[i]);
-  return sum;
+  for (int r = 0; r < R; ++r) {
+    for (int u = 1; u < U; ++u) acc[r][0] = simd::add(acc[r][0], acc[r][u]);
+    sums[r] = simd::reduce_add(acc[r][0]);
+  }
+  for (; i < K; ++i) {
+    const float wi = f32(w[i]);
+    for (int r = 0; r < R; ++r) sums[r] += x[r * K + i] * wi;
+  }
 }
 
 template <typename T>
-inline float dot_row(const float* x, const T* w, int64_t n) {
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += x[i] * f32(w[i]);
-  return sum;
+void linear_rows(T* out, const float* x, int64_t M, int64_t K, const T* w, const T* bias,
+                 int64_t N, int64_t begin, int64_t end) {
+  float sums[4];
+  for (int64_t n = begin; n < end; ++n) {
+    const float b = bias ? f32(bias[n]) : 0.f;
+    const T* wn = w + n * K;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+      dot_rows<4>(sums, x + m * K, K, wn);
+      for (int r = 0; r < 4; ++r) out[(m + r) * N + n] = T(sums[r] + b);
+    }
+    for (; m + 2 <= M; m += 2) {
+      dot_rows<2>(sums, x + m * K, K, wn);
+      for (int r = 0; r < 2; ++r) out[(m + r) * N + n] = T(sums[r] + b);
+    }
+    for (; m < M; ++m) {
+      dot_rows<1>(sums, x + m * K, K, wn);
+      out[m * N + n] = T(sums[0] + b);
+    }
+  }
 }
 
 void small_linear(torch::Tensor out, torch::Tensor x, torch::Tensor w,
                   c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_linear: x ",
+              x.sizes(), " and weight ", w.sizes(), " do not match");
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && out.is_contiguous(),
+              "small_linear: x, weight and out must be contiguous");
+  TORCH_CHECK(x.scalar_type() == w.scalar_type() && out.scalar_type() == w.scalar_type(),
+              "small_linear: x, weight and out must share a dtype");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "small_linear", [&] {
+  TORCH_CHECK(out.size(0) == M && out.size(1) == N, "small_linear: out is ", out.sizes());
+  GilRelease gil(N * K);
+  KV_DISPATCH(w.scalar_type(), "small_linear", [&] {
     const auto* wi = w.data_ptr<scalar_t>();
     const scalar_t* bi = bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr;
     auto* o = out.data_ptr<scalar_t>();
-    std::vector<float> xf(M * K);
-    widen(x.data_ptr<scalar_t>(), xf.data(), M * K);
-    at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n) {
-        const float b = bi ? f32(bi[n]) : 0.f;
-        for (int64_t m = 0; m < M; ++m)
-          o[m * N + n] = scalar_t(dot_row(xf.data() + m * K, wi + n * K, K) + b);
-      }
+    std::vector<float> widened;
+    const float* xf;
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      xf = x.data_ptr<float>();
+    } else {
+      widened.resize(M * K);
+      convert(widened.data(), x.data_ptr<scalar_t>(), M * K);
+      xf = widened.data();
+    }
+    // NOTE: memory-bound, so threads split the weight's rows: chunks of about 64 KiB each.
+    const int64_t grain = std::max<int64_t>(1, (64 << 10) / (K * int64_t(sizeof(scalar_t))));
+    at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+      linear_rows(o, xf, M, K, wi, bi, N, begin, end);
     });
   });
 }

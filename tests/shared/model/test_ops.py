@@ -118,3 +118,106 @@ def test_write_kv_and_decode_attention(dtype, isa) -> None:
         ops.decode_attention_torch(q, k_cache, v_cache, table, context_lens, 0.25),
         dtype,
     )
+
+
+# ---- Each kernel called directly on every build, at sizes that leave vector tails (not a
+# multiple of 8, 16 or 32) and at SmolLM2's own sizes (hidden 576, MLP 1536, head_dim 64).
+
+
+@pytest.fixture
+def native(isa):
+    if isa == "torch":
+        pytest.skip("no native kernels on this machine")
+    return cpu_ops(isa)
+
+
+@pytest.mark.parametrize(
+    ("rows", "k", "n"),
+    [(1, 37, 29), (3, 77, 45), (5, 576, 1536), (8, 1536, 576), (2, 3, 1)],
+)
+def test_small_linear_matches_torch(native, dtype, rows, k, n) -> None:
+    x, w, bias = randn(rows, k, dtype=dtype), randn(n, k, dtype=dtype), randn(n, dtype=dtype)
+    for b in (None, bias):
+        out = x.new_empty(rows, n)
+        native.small_linear(out, x, w, b)
+        close(out, torch.nn.functional.linear(x, w, b), dtype)
+
+
+def test_small_linear_on_the_vocab_head(native, dtype) -> None:
+    x, w = randn(2, 576, dtype=dtype), randn(49152, 576, dtype=dtype)
+    out = x.new_empty(2, 49152)
+    native.small_linear(out, x, w, None)
+    close(out, x @ w.T, dtype)
+
+
+def test_small_linear_refuses_mismatched_shapes(native) -> None:
+    x, w = torch.ones(1, 8), torch.ones(4, 9)
+    with pytest.raises(RuntimeError, match="do not match"):
+        native.small_linear(torch.empty(1, 4), x, w, None)
+
+
+@pytest.mark.parametrize("n", [77, 576, 1000])
+def test_norms_with_tails(native, dtype, n) -> None:
+    x, residual, w = randn(3, n, dtype=dtype), randn(3, n, dtype=dtype), randn(n, dtype=dtype)
+    out = torch.empty_like(x)
+    native.rms_norm(out, x, w, 1e-5)
+    close(out, ops.rms_norm_torch(x, w, 1e-5), dtype)
+    x2, r2 = x.clone(), residual.clone()
+    native.add_rms_norm_(x2, r2, w, 1e-5)
+    close(r2, x + residual, dtype)
+    close(x2, ops.rms_norm_torch(x + residual, w, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("n", [37, 1536])
+def test_silu_and_mul_with_tails(native, dtype, n) -> None:
+    gate_up = randn(3, 2 * n, dtype=dtype) * 4  # reaches silu's flat tails both ways
+    out = gate_up.new_empty(3, n)
+    native.silu_and_mul(out, gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    close(out, torch.nn.functional.silu(gate) * up, dtype)
+
+
+@pytest.mark.parametrize("head_dim", [20, 64, 80])
+def test_rotary_with_tails(native, dtype, head_dim) -> None:
+    heads, kv_heads = 9, 3
+    qkv = randn(5, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    freqs = torch.arange(5).float()[:, None] * torch.rand(head_dim // 2)[None, :]
+    mine, reference = qkv.clone(), qkv.clone()
+    native.rotary_(mine, freqs.cos(), freqs.sin(), heads + kv_heads, head_dim)
+    ops.rotary_torch_(reference, freqs.cos(), freqs.sin(), heads + kv_heads, head_dim)
+    close(mine, reference, dtype)
+
+
+@pytest.mark.parametrize(("head_dim", "context"), [(20, 7), (64, 150), (72, 33)])
+def test_decode_attention_with_tails(native, dtype, head_dim, context) -> None:
+    blocks, block_size, kv_heads, heads = 48, 4, 3, 9
+    k_cache, v_cache = (randn(blocks, block_size, kv_heads, head_dim, dtype=dtype) for _ in "kv")
+    table = torch.randperm(blocks, generator=torch.Generator().manual_seed(1))[:40].view(1, 40)
+    table = torch.cat([table, table.flip(1)])
+    lens = torch.tensor([context, max(1, context // 3)])
+    q = randn(2, heads, head_dim, dtype=dtype) * 3  # peaked scores: softmax's range matters
+    out = torch.empty_like(q)
+    native.decode_attention(out, q, k_cache, v_cache, table, lens, head_dim**-0.5)
+    expected = ops.decode_attention_torch(q, k_cache, v_cache, table, lens, head_dim**-0.5)
+    close(out, expected, dtype)
+
+
+def test_linear_sends_up_to_the_measured_rows_to_the_native_gemv(native, dtype, monkeypatch):
+    calls: list[int] = []
+
+    class Recording:
+        def small_linear(self, out, x, w, bias):
+            calls.append(x.shape[0])
+            native.small_linear(out, x, w, bias)
+
+    monkeypatch.setattr(ops, "_native", lambda x: Recording())
+    limit = ops.gemv_max_rows(dtype)
+    assert limit >= 1  # float32 too: single rows are memory-bound everywhere
+    w = randn(40, 24, dtype=dtype)
+    for rows in (1, limit, limit + 1):
+        x = randn(rows, 24, dtype=dtype)
+        close(ops.linear(x, w, None), torch.nn.functional.linear(x, w), dtype)
+    assert calls == [1, limit]
+    with ops.gemv_rows({}):
+        ops.linear(randn(1, 24, dtype=dtype), w, None)
+    assert calls == [1, limit]
