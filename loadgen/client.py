@@ -41,6 +41,8 @@ class Target:
     # NOTE: fields a server needs beyond the OpenAI API's, merged into every body last
     # (e.g. llama-cpp-python ignores `ignore_eos` but takes `min_tokens`).
     extra_body: dict = field(default_factory=dict)
+    # NOTE: llama-cpp-python answers 400 to an x-request-id that is not a UUID.
+    request_ids: bool = True  # send x-request-id: loadgen-<index>
 
     @property
     def url(self) -> str:
@@ -51,7 +53,7 @@ class Target:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        if index is not None:
+        if index is not None and self.request_ids:
             headers["x-request-id"] = f"loadgen-{index}"
         return headers
 

@@ -80,6 +80,12 @@ def add_target_args(g) -> None:
         help="fields merged into every request body, e.g. '{\"min_tokens\": 128}'",
     )
     g.add_argument(
+        "--request-ids",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send x-request-id: loadgen-<index> (llama-cpp-python refuses ids not UUIDs)",
+    )
+    g.add_argument(
         "--ignore-eos",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -190,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         api_key,
         args.ignore_eos,
         args.extra_body,
+        args.request_ids,
     )
     prompts = build_prompts(args)
     arrivals = schedule(args, prompts)

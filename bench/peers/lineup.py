@@ -110,7 +110,12 @@ def llamacpp_server(setup: PeerSetup, gguf: Path) -> ServerSpec:
     # so it writes as many tokens as the others.
     bias = {str(token): -100.0 for token in eos_token_ids(setup.hf_dir)}
     return ServerSpec(
-        f"llama.cpp {weight_format(gguf)}", argv, port, setup.model, extra_body={"logit_bias": bias}
+        f"llama.cpp {weight_format(gguf)}",
+        argv,
+        port,
+        setup.model,
+        extra_body={"logit_bias": bias},
+        request_ids=False,  # it wants UUIDs
     )
 
 

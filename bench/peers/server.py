@@ -29,6 +29,7 @@ class ServerSpec:
     model: str  # what requests name
     env: dict[str, str] = field(default_factory=dict)  # added to this process's
     extra_body: dict = field(default_factory=dict)  # request fields this server needs
+    request_ids: bool = True  # takes loadgen's x-request-id
     ready_timeout_s: float = 900.0
     cwd: str | None = None
 

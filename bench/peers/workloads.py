@@ -50,7 +50,9 @@ def stream_once(spec: ServerSpec, text: str, max_tokens: int) -> RequestRecord:
 
 
 async def _stream(spec: ServerSpec, text: str, max_tokens: int) -> RequestRecord:
-    target = Target(spec.base_url, spec.model, extra_body=spec.extra_body)
+    target = Target(
+        spec.base_url, spec.model, extra_body=spec.extra_body, request_ids=spec.request_ids
+    )
     prompt = Prompt(0, text, len(text.split()), max_tokens)
     async with aiohttp.ClientSession() as session:
         return await send(session, target, prompt, time.perf_counter())
@@ -104,4 +106,5 @@ def loadgen_argv(
         "--seed", str(seed),
         "--output-json", str(result_path),
         "--no-plots",
+        "--request-ids" if spec.request_ids else "--no-request-ids",
     ]  # fmt: skip

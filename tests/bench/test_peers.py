@@ -62,6 +62,7 @@ def test_installed_peers_run_on_the_same_model_and_threads(tmp_path) -> None:
     assert llama.argv[llama.argv.index("--model") + 1] == str(tmp_path / "m.F32.gguf")
     assert llama.argv[llama.argv.index("--n_threads") + 1] == "2"
     assert llama.extra_body == {"logit_bias": {"2": -100.0}}  # it ignores ignore_eos
+    assert not llama.request_ids and servers[KVSTACK].request_ids
     vllm = servers["vLLM-CPU"]
     assert vllm.argv[vllm.argv.index("--model") + 1] == str(peers.hf_dir)
     assert vllm.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"

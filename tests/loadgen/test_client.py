@@ -149,6 +149,7 @@ def test_extra_body_fields_go_in_last() -> None:
     body = target.body("some words", 5)
     assert body["min_tokens"] == 5 and body["temperature"] == 0.7
     assert body["prompt"] == "some words"
+    assert "x-request-id" not in Target("http://h:1", "m", request_ids=False).headers(3)
 
 
 # -- over a socket ------------------------------------------------------------------------------
