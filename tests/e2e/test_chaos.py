@@ -191,8 +191,10 @@ def test_a_decode_worker_stopped_under_load_loses_no_request(stack, client, refe
     """Scale-down: SIGTERM one decode worker while it decodes; what it cannot finish within
     its drain timeout is handed back and goes on elsewhere."""
     prompts = [prompt_ids(reference, t) for t in ("a cat", "winter", "bread")]
-    wants = wanted(reference, prompts, 80)
-    streams = [Stream(client, p, 80) for p in prompts]
+    # NOTE: long enough that no CPU decodes it within the 2 s drain (quantized SmolLM2
+    # decodes 80 tokens in under 2 s here)
+    wants = wanted(reference, prompts, 256)
+    streams = [Stream(client, p, 256) for p in prompts]
     for stream in streams:
         stream.wait_for(4)
     victim = busiest(stack, "decode", ["decode-0", "decode-1"])
@@ -200,7 +202,7 @@ def test_a_decode_worker_stopped_under_load_loses_no_request(stack, client, refe
     signal_child(stack, victim, signal.SIGTERM)
     assert [s.result() for s in streams] == wants
     assert process.wait(30) == 0  # a clean exit after its drain
-    assert sum(s.migrations for s in streams) >= 1  # a 2 s drain cannot finish 80 tokens
+    assert sum(s.migrations for s in streams) >= 1  # a 2 s drain cannot finish 256 tokens
 
 
 def test_nats_conductor_and_kvstore_restarts_lose_nothing(stack, reference) -> None:
