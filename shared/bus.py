@@ -7,6 +7,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -23,6 +24,7 @@ log = logging.getLogger("kvstack.bus")
 
 Handler = Callable[[Any], Awaitable[None]]
 Responder = Callable[[Any], Awaitable[Any]]
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 
 
 class ServiceUnavailable(KvstackError):
@@ -43,8 +45,11 @@ class Bus:
         cls, url: str, name: str, auth: NatsAuth = NatsAuth(), connect_timeout: float = 5.0
     ) -> Bus:
         """Connect with `auth`'s credentials; refuse a bus that lets anyone in unless
-        `auth.insecure` (an open bus hands every prompt to whoever connects)."""
+        `auth.insecure` (an open bus hands every prompt to whoever connects). `url` may
+        name several servers, comma-separated (every node of a cluster): the client
+        connects to one and, when it goes, reconnects to another."""
         auth.check(name)
+        server_urls(url)  # a clear error before any attempt
         bus: Bus | None = None
 
         async def reconnected() -> None:
@@ -195,7 +200,7 @@ async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float, rec
 
     connecting = asyncio.ensure_future(
         nc.connect(
-            url,
+            server_urls(url),
             name=name,
             # NOTE: nats-py annotates these two int, but only hands them to asyncio's
             # timeouts and sleeps, which take fractions of seconds.
@@ -220,6 +225,29 @@ async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float, rec
     except Exception as e:
         raise KvstackError(f"cannot reach NATS at {url}: {type(e).__name__} {e}") from None
     return nc
+
+
+def server_urls(urls: str) -> list[str]:
+    """The NATS servers `urls` names: one URL, or several comma-separated."""
+    servers = [u.strip() for u in urls.split(",") if u.strip()]
+    if not servers:
+        raise KvstackError("no NATS server URL (--nats, KVSTACK_NATS)")
+    bad = [server for server in servers if not _valid_url(server)]
+    if bad:
+        raise KvstackError(
+            f"bad NATS server URL {bad[0]!r} in {urls!r}: expected e.g. nats://host:4222, "
+            "several separated by commas"
+        )
+    return servers
+
+
+def _valid_url(server: str) -> bool:
+    parts = urlsplit(server if "://" in server else f"nats://{server}")
+    try:
+        _ = parts.port  # NOTE: raises on a port that is no number or out of range
+    except ValueError:
+        return False
+    return parts.scheme in NATS_SCHEMES and bool(parts.hostname)
 
 
 def _refusal(e: Exception) -> str:
