@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,6 +26,9 @@ log = logging.getLogger("kvstack.bus")
 Handler = Callable[[Any], Awaitable[None]]
 Responder = Callable[[Any], Awaitable[Any]]
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+RECONNECT_WAIT = 0.5  # seconds before a server just tried is tried again
+NO_RESPONDER_GRACE = 1.0  # seconds a request waits for a responder that is reconnecting
+NO_RESPONDER_RETRY_S = 0.1
 
 
 class ServiceUnavailable(KvstackError):
@@ -90,12 +94,29 @@ class Bus:
         trace goes with it as with `publish`."""
         data, headers = codec.encode(msg), tracing.headers(parent)
         try:
-            reply = await self.nc.request(subject, data, timeout=timeout, headers=headers)
+            reply = await self._request(subject, data, timeout, headers)
         except NoRespondersError:
             raise ServiceUnavailable(f"no responder on {subject}") from None
         except (TimeoutError, NatsTimeout):
             raise ServiceUnavailable(f"no reply on {subject} within {timeout:.1f}s") from None
         return codec.decode(reply.data, expected)
+
+    async def _request(self, subject: str, data: bytes, timeout: float, headers) -> Msg:
+        """nats-py's request, asked again while nobody responds, for up to
+        NO_RESPONDER_GRACE of `timeout`."""
+        # NOTE: a responder whose NATS server (a cluster node) died is back on another
+        # node within about RECONNECT_WAIT; a request in that window finds no responder,
+        # and its caller would count a live worker as lost.
+        started = time.monotonic()
+        while True:
+            left = timeout - (time.monotonic() - started)
+            try:
+                return await self.nc.request(subject, data, timeout=left, headers=headers)
+            except NoRespondersError:
+                waited = time.monotonic() - started
+                if waited + NO_RESPONDER_RETRY_S > min(timeout, NO_RESPONDER_GRACE):
+                    raise
+                await asyncio.sleep(NO_RESPONDER_RETRY_S)
 
     async def subscribe(
         self,
@@ -206,7 +227,7 @@ async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float, rec
             # timeouts and sleeps, which take fractions of seconds.
             connect_timeout=connect_timeout,  # type: ignore[arg-type]
             max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,  # type: ignore[arg-type]
+            reconnect_time_wait=RECONNECT_WAIT,  # type: ignore[arg-type]
             allow_reconnect=True,
             error_cb=on_error,
             disconnected_cb=_log_event(f"{name}: NATS disconnected"),
