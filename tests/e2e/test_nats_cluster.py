@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -63,6 +64,7 @@ def test_a_node_killed_under_load_loses_no_request(cluster_stack: Stack) -> None
         load.stop()
     outcomes = load.outcomes
     lived_through = [o for o in outcomes if o.started < killed_at < o.ended]
+    print(_summary(outcomes, lived_through, victim.name))  # docs/reliability.md (pytest -s)
     assert lived_through, "no request was in flight when the node died"
     assert [o.error for o in outcomes if not o.completed] == []
     assert all(o.text == cases[o.case].want for o in outcomes)
@@ -72,6 +74,16 @@ def test_a_node_killed_under_load_loses_no_request(cluster_stack: Stack) -> None
     assert asyncio.run(routes_all(left, cluster_stack.auth.admin(), 5.0))
     victim.restart()  # as `kvstack up`'s supervisor does: same ports, it rejoins
     cluster_stack.nats.wait_routed(cluster_stack.auth.admin(), timeout=10)
+
+
+def _summary(outcomes, lived_through, victim: str) -> str:
+    seconds = [round(o.ended - o.started, 2) for o in lived_through]
+    return (
+        f"\nkilled {victim}: {len(outcomes)} requests, "
+        f"{sum(o.completed for o in outcomes)} complete; in flight at the kill: {seconds} s, "
+        f"migrations {[o.migrations for o in lived_through]}; median of all "
+        f"{statistics.median(o.ended - o.started for o in outcomes):.2f} s"
+    )
 
 
 def _answer(stack: Stack, prompt: tuple[int, ...]) -> str:
