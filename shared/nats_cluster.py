@@ -16,6 +16,7 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from shared.auth.cluster_config import loopback_nodes, node_config
@@ -67,22 +68,23 @@ class NatsCluster:
         return ",".join(self.urls)
 
     def reload(self) -> None:
-        for node in self.nodes:
-            node.reload()
+        """Every node reads its config again (new users); clients stay connected."""
+        self._each(NatsServer.reload)
 
     def restart(self) -> None:
         """Restart one node after the other: the cluster serves throughout."""
-        for node in self.nodes:
-            node.restart()
+        self._each(NatsServer.restart)
 
     def kill(self) -> None:
-        for node in self.nodes:
-            node.kill()
+        self._each(NatsServer.kill)
 
     def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
+        self._each(NatsServer.stop)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _each(self, action: Callable[[NatsServer], None]) -> None:
+        for node in self.nodes:
+            action(node)
 
     def wait_routed(self, auth: NatsAuth, timeout: float = ROUTE_TIMEOUT) -> None:
         """Until a message published on any running node reaches every running node."""

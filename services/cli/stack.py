@@ -276,7 +276,8 @@ class Stack:
         return self.auth.admin()
 
     def restart_nats(self) -> None:
-        """Stop the local nats-server and start it again on the same port and store."""
+        """Stop the local nats-server and start it again on the same port and store (a
+        cluster's nodes one after the other)."""
         if self.nats is None:
             raise KvstackError("this stack uses a NATS server it did not start")
         with self._lock:
