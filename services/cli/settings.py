@@ -29,7 +29,7 @@ SETTINGS: dict[str, Setting] = {
     # Every service: the bus, identity, HTTP endpoint, lifecycle.
     "nats": Setting(
         "--nats",
-        "NATS server URL (env KVSTACK_NATS)",
+        "NATS server URL, or several comma-separated: every node of a cluster (env KVSTACK_NATS)",
         default="nats://127.0.0.1:4222",
         env="KVSTACK_NATS",
     ),
@@ -257,6 +257,14 @@ SETTINGS: dict[str, Setting] = {
         "after (docs/security.md)",
         default=".kvstack/secrets",
     ),
+    "nats_cluster": Setting(
+        "--nats-cluster",
+        "run NATS as a cluster of this many nats-server nodes routed on loopback (3 or "
+        "more; every service gets every node's URL and survives the loss of one; routes "
+        "authenticate with a password in --secrets-dir); 1: one server",
+        type=int,
+        default=1,
+    ),
     "nats_tls": Setting(
         "--nats-tls",
         "TLS on NATS with a CA of this deployment's own (in --secrets-dir)",
@@ -388,6 +396,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "served_model_name",
         "api_key",
         "secrets_dir",
+        "nats_cluster",
         "nats_tls",
         "insecure",
         "log_dir",

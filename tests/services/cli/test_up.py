@@ -24,6 +24,17 @@ def test_an_unknown_mock_model_is_refused_with_the_known_ones(capsys) -> None:
     assert "known: llama3-70b, llama2-70b" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("size", ["0", "2"])
+def test_a_nats_cluster_of_two_or_none_is_refused(capsys, size) -> None:
+    assert main(["up", "--nats-cluster", size]) == 2
+    assert "--nats-cluster takes 1 (one nats-server) or 3 or more" in capsys.readouterr().err
+
+
+def test_a_nats_cluster_with_an_outside_nats_is_refused(capsys) -> None:
+    assert main(["up", "--nats-cluster", "3", "--nats", "nats://elsewhere:4222"]) == 2
+    assert "does not go with --nats" in capsys.readouterr().err
+
+
 class DrainingStack:
     """Stands in for a Stack whose drain the user cuts short with a second Ctrl-C."""
 
