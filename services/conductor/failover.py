@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from services.conductor.lease import LeaseKeeper, OnChange
@@ -22,13 +23,16 @@ class Failover:
         self.records: PlacementRecords | None = None
         self.task: asyncio.Task | None = None
 
-    async def start(self, bus: Bus, on_change: OnChange) -> None:
+    async def start(self, bus: Bus, on_change: OnChange, fail: Callable[[str], None]) -> None:
+        """Open the buckets and keep the lease; `fail(why)` if keeping it ever ends
+        unexpectedly (a conductor that cannot take part stops, and is restarted)."""
         # NOTE: a lease write that takes longer than half the lease is as good as lost
         lease_js = bus.nc.jetstream(timeout=self.lease.config.ttl / 2)
         self.keeper = LeaseKeeper(lease_js, self.holder, self.lease, on_change)
         await self.keeper.open()
         self.records = await PlacementRecords.open(bus.nc.jetstream(timeout=2.0))
         self.task = asyncio.create_task(self.keeper.run(), name=f"{self.holder}: lease")
+        self.task.add_done_callback(lambda task: _check(task, fail))
 
     def active(self) -> bool:
         return self.lease.active(time.monotonic())
@@ -45,3 +49,8 @@ class Failover:
             self.task.cancel()
         if self.keeper is not None:
             await self.keeper.release()
+
+
+def _check(task: asyncio.Task, fail: Callable[[str], None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        fail(f"the lease keeper stopped: {task.exception()!r}")

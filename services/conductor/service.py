@@ -5,6 +5,7 @@ lease, failover.py); the others keep their view warm and stand by."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -108,7 +109,7 @@ class ConductorService(Service):
         if self.failover is None:
             await self._on_lease(True)
         else:
-            await self.failover.start(bus, self._on_lease)
+            await self.failover.start(bus, self._on_lease, self.fail)
 
     async def _on_lease(self, active: bool) -> None:
         """Answer placements and stats while active; stop at once when not."""
@@ -117,7 +118,8 @@ class ConductorService(Service):
         self.lease_epoch.set(self.failover.lease.epoch if self.failover and active else 0)
         if not active:
             for subscription in self.serving:
-                await subscription.unsubscribe()
+                with contextlib.suppress(NatsError):  # NATS is gone: so is the subscription
+                    await subscription.unsubscribe()
             self.serving = []
             return
         self.serving = [
