@@ -35,11 +35,11 @@ async def buses(secure_nats):
         await bus.nc.close()
 
 
-async def keeper(bus: Bus, changes: list) -> LeaseKeeper:
+async def keeper(bus: Bus, changes: list, ttl: float = TTL) -> LeaseKeeper:
     async def on_change(active: bool) -> None:
         changes.append((bus.name, active, time.monotonic()))
 
-    lease = Lease(LeaseConfig(TTL))
+    lease = Lease(LeaseConfig(ttl))
     k = LeaseKeeper(bus.nc.jetstream(timeout=TTL / 2), bus.name, lease, on_change)
     await k.open()
     return k
@@ -104,3 +104,11 @@ def test_the_lease_config_refuses_nonsense() -> None:
     for ttl in (0, -1, 0.01, 600):
         with pytest.raises(KvstackError, match="lease ttl"):
             LeaseConfig(ttl)
+
+
+async def test_conductors_with_different_lease_ttls_are_refused(buses) -> None:
+    from shared.errors import KvstackError
+
+    await keeper(buses[0], [])
+    with pytest.raises(KvstackError, match="same --lease-ttl"):
+        await keeper(buses[1], [], ttl=2 * TTL)
