@@ -14,4 +14,3 @@ def test_the_failover_bench_reports_record_cost_and_takeover(capsys) -> None:
     result = orjson.loads(capsys.readouterr().out)
     for name in ("round_trip_ms", "record_ms", "takeover_s"):
         assert 0 < result[name]["p50"] <= result[name]["max"], result
-    assert result["takeover_s"]["max"] < 10 * 0.5  # it took over (the bench waits 10 ttl)
