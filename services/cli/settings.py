@@ -235,7 +235,22 @@ SETTINGS: dict[str, Setting] = {
         "of --model if there is one",
         default="auto",
     ),
+    "lease_ttl": Setting(
+        "--lease-ttl",
+        "seconds: conductors elect the active one by a lease in NATS JetStream, and a "
+        "standby takes over about this long after the active one stops (0: no lease, the "
+        "only conductor; docs/conductor.md)",
+        type=float,
+        default=0.0,
+    ),
     # `kvstack up` alone: the shape of the stack and where it keeps its files.
+    "num_conductors": Setting(
+        "--conductors",
+        "conductors: one active, the others standing by to take over (more than 1: "
+        "elected by --lease-ttl)",
+        type=int,
+        default=1,
+    ),
     "num_prefill": Setting("--prefill", "number of prefill workers", type=int, default=1),
     "num_decode": Setting("--decode", "number of decode workers", type=int, default=1),
     "num_kvstore": Setting("--kvstore", "kvstore instances (0: none)", type=int, default=1),
@@ -285,7 +300,7 @@ SETTINGS: dict[str, Setting] = {
     "base_port": Setting(
         "--base-port",
         "every service's HTTP (/health, /metrics) at a fixed port from here: kvstack up "
-        "+0, conductor +1, kvstore-i +10+i, prefill-i +100+i, decode-i +200+i, attention "
+        "+0, conductor-i +1+i, kvstore-i +10+i, prefill-i +100+i, decode-i +200+i, attention "
         "workers +300+k (docs/observability.md); 0: each on a free port",
         type=int,
         default=8100,
@@ -330,10 +345,11 @@ WORKER = (
 OFFLOAD = ("attention_workers", "micro_batches", "attention_recovery_timeout")
 RELIABILITY = ("migration_limit", "placement_wait")
 SCHEDULING = (*SCHEDULING_SETTINGS, "cost_model", "model")
+FAILOVER = ("lease_ttl",)
 
 # Which settings each command takes, in the order of its --help.
 COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
-    "conductor": (*COMMON, *SECURITY, *SCHEDULING),
+    "conductor": (*COMMON, *SECURITY, *SCHEDULING, *FAILOVER),
     "prefill": WORKER,
     "decode": (*WORKER, *OFFLOAD),
     "attention-worker": (
@@ -373,6 +389,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     ),
     "up": (
         "nats",
+        "num_conductors",
+        "lease_ttl",
         "num_prefill",
         "num_decode",
         "num_kvstore",
@@ -492,6 +510,11 @@ COMMAND_CHANGES: dict[str, dict[str, dict[str, Any]]] = {
         },
         "slo_ttft": {"help": "seconds"},
         "slo_tbt": {"help": "seconds"},
+        "lease_ttl": {
+            "default": 1.0,
+            "help": "with --conductors above 1: seconds a standby "
+            "waits for the active conductor's lease to expire",
+        },
     },
 }
 

@@ -77,6 +77,8 @@ class StackConfig:
     gateway_args: tuple[str, ...] = ()
     conductor_args: tuple[str, ...] = ()
     with_conductor: bool = True
+    num_conductors: int = 1  # above 1: one active, elected by a lease of `lease_ttl` seconds
+    lease_ttl: float = 1.0
     with_gateway: bool = True
     log_dir: Path = Path(".kvstack/logs")
     ready_timeout: float = 300.0
@@ -161,8 +163,7 @@ class Stack:
         worker = [*flags(model=cfg.model), *engine, *cfg.worker_args]
         # The conductor predicts with the cost model the mock workers take their time from.
         cost = flags(cost_model=cfg.mock.cost_spec) if cfg.mock is not None else []
-        commands = [("conductor-0", ["conductor", *cost, *cfg.conductor_args])]
-        commands = commands if cfg.with_conductor else []
+        commands = self._conductors([*cost, *cfg.conductor_args]) if cfg.with_conductor else []
         commands += [
             (f"kvstore-{i}", ["kvstore", *cfg.kvstore_args]) for i in range(cfg.num_kvstore)
         ]
@@ -192,6 +193,12 @@ class Stack:
             )
             for name, (command, *args) in commands
         ]
+
+    def _conductors(self, args: list[str]) -> list[tuple[str, list[str]]]:
+        cfg = self.config
+        if cfg.num_conductors > 1:
+            args = [*args, *flags(lease_ttl=f"{cfg.lease_ttl:g}")]
+        return [(f"conductor-{i}", ["conductor", *args]) for i in range(cfg.num_conductors)]
 
     def _cores(self, commands: list[tuple[str, list[str]]]) -> dict[str, str]:
         """Each model worker's --cores by its name, planned over `worker_cores`."""

@@ -58,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def stack_config(args: argparse.Namespace) -> StackConfig:
-    if args.prefill < 1 or args.decode < 1:
-        raise KvstackError("--prefill and --decode need at least 1 worker each")
+    if args.prefill < 1 or args.decode < 1 or args.conductors < 1:
+        raise KvstackError("--conductors, --prefill and --decode need at least 1 each")
     mock = engine_options(args)["mock"]
     if mock is not None and args.attention_workers:
         raise KvstackError("--attention-workers does not run with --engine mock")
@@ -76,6 +76,8 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
     return StackConfig(
         nats_url=args.nats,
         nats_cluster=args.nats_cluster,
+        num_conductors=args.conductors,
+        lease_ttl=args.lease_ttl,
         num_prefill=args.prefill,
         num_decode=args.decode,
         num_kvstore=args.kvstore,

@@ -118,3 +118,19 @@ def test_up_shares_out_the_cores_and_lets_each_worker_thread_per_core(monkeypatc
     assert build_parser().parse_args(given["decode-0"]).cores == "5"
     with pytest.raises(KvstackError, match="may not run on 6-7"):
         stack_config(build_parser().parse_args(["up", "--cores", "4-7"]))
+
+
+def test_up_with_two_conductors_elects_one_by_a_lease_and_gives_each_a_port() -> None:
+    from services.cli.main import build_parser
+    from services.cli.stack import Stack
+    from services.cli.up import stack_config
+
+    args = build_parser().parse_args(["up", "--conductors", "2", "--lease-ttl", "2"])
+    commands = dict(Stack(stack_config(args)).commands())
+    conductors = [build_parser().parse_args(commands[f"conductor-{i}"]) for i in (0, 1)]
+    assert [c.lease_ttl for c in conductors] == [2.0, 2.0]
+    assert [c.http_port for c in conductors] == [8101, 8102]
+    alone = dict(Stack(stack_config(build_parser().parse_args(["up"]))).commands())
+    assert build_parser().parse_args(alone["conductor-0"]).lease_ttl == 0  # no lease
+    with pytest.raises(KvstackError, match="--conductors"):
+        stack_config(build_parser().parse_args(["up", "--conductors", "0"]))
