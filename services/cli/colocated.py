@@ -72,6 +72,8 @@ def colocated_config(args: argparse.Namespace, threads: int):
             model=args.model,
             dtype=args.dtype,
             weights=args.weights,
+            device=args.device,
+            attention=args.attention,
             block_size=args.block_size,
             kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
             max_num_batched_tokens=args.max_num_batched_tokens,

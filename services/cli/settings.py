@@ -12,7 +12,7 @@ from services.gateway.backend import BackendTimeouts
 from shared import setting
 from shared.conductor.settings import SCHEDULING_SETTINGS
 from shared.costmodel import HARDWARE, MODELS
-from shared.engine.config import DTYPE_CHOICES, WEIGHTS_CHOICES
+from shared.engine.config import ATTENTION_CHOICES, DTYPE_CHOICES, WEIGHTS_CHOICES
 from shared.engine.mock import ENGINES, MOCK_MAX_MODEL_LEN, MockSpec
 from shared.model.registry import DEFAULT_MODEL
 from shared.setting import Setting
@@ -88,6 +88,18 @@ SETTINGS: dict[str, Setting] = {
         "how linear weights are held: auto keeps a GGUF file's quantized blocks (on CPU), "
         "float dequantizes them to --dtype, q8_0/q4_0/q4_1 re-quantize at load",
         choices=WEIGHTS_CHOICES,
+        default="auto",
+    ),
+    "device": Setting(
+        "--device",
+        "auto (CUDA where torch sees it, else CPU), cpu, cuda or cuda:N",
+        default="cpu",
+    ),
+    "attention": Setting(
+        "--attention",
+        "attention kernels: auto (Triton on a GPU, the native CPU kernels elsewhere), "
+        "torch or triton",
+        choices=ATTENTION_CHOICES,
         default="auto",
     ),
     "block_size": Setting("--block-size", type=int, default=16),
@@ -437,6 +449,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "secrets_dir",
         "dtype",
         "weights",
+        "device",
+        "attention",
         "block_size",
         "kv_cache_gib",
         "max_num_seqs",

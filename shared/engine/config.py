@@ -22,10 +22,10 @@ ATTENTION_CHOICES = ("auto", "torch", "triton")
 
 
 def check_device(name: str) -> None:
-    """A device an engine runs on; "auto" is resolved before (shared/engine/device.py)."""
-    if name in ("cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
+    """A device an engine may run on ("auto": the engine resolves it, shared/engine/device.py)."""
+    if name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
         return
-    raise KvstackError(f"unknown device {name!r}; choose cpu, cuda or cuda:N")
+    raise KvstackError(f"unknown device {name!r}; choose auto, cpu, cuda or cuda:N")
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> str:
@@ -50,7 +50,7 @@ class EngineConfig:
     model: str = "SmolLM2-135M-Instruct"  # a known name, an HF directory or a .gguf file
     dtype: str = "auto"  # "auto": bfloat16 where native, else float32
     weights: str = "auto"  # WEIGHTS_CHOICES: "auto" is what the file holds, on CPU
-    device: str = "cpu"  # "cpu", "cuda" or "cuda:N" (resolve "auto" first: device.py)
+    device: str = "cpu"  # "auto", "cpu", "cuda" or "cuda:N"
     attention: str = "auto"  # ATTENTION_CHOICES
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30  # ignored when num_blocks is set

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from shared.engine.config import EngineConfig
 from shared.errors import KvstackError
 
 DEVICE_CHOICES_HELP = "auto (CUDA when present, else CPU), cpu, cuda or cuda:N"
@@ -19,3 +22,10 @@ def resolve_device(name: str) -> str:
     if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
         raise KvstackError(f"--device {name}: this machine has {torch.cuda.device_count()}")
     return name
+
+
+def with_concrete_device(config: EngineConfig) -> EngineConfig:
+    """The config with "auto" resolved, so that everything after (the dtype "auto" picks,
+    the KV namespace, generators) sees the device the engine really runs on."""
+    device = resolve_device(config.device)
+    return config if device == config.device else replace(config, device=device)

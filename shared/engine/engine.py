@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from shared.engine.config import EngineConfig
+from shared.engine.device import with_concrete_device
 from shared.engine.grammar import Grammars
 from shared.engine.interface import EngineInfo, EngineInterface, EngineStats
 from shared.engine.isolation import LayerHook, execute_isolated
@@ -65,7 +66,7 @@ class LLMEngine:
     method's contract is written): everything else here is private."""
 
     def __init__(self, config: EngineConfig | None = None) -> None:
-        self._config = config = config or EngineConfig()
+        self._config = config = with_concrete_device(config or EngineConfig())
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self._model_dir = resolve_model(config.model)  # the mock engine uses its tokenizer
@@ -102,8 +103,7 @@ class LLMEngine:
         self._extras: dict[str, _Extras] = {}
         self._hold_kv: set[str] = set()
         self._held: dict[str, Sequence] = {}  # finished, blocks kept until `release`
-        self._device = config.device
-        self._generator = torch.Generator(device=self._device).manual_seed(config.seed)
+        self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
         self._ids = itertools.count()
         self._info = EngineInfo(
             config,
@@ -410,7 +410,7 @@ class LLMEngine:
             return None
         if seq.params.seed is None:
             return self._generator
-        return seeded_generator(seq.params.seed, seq.num_tokens, self._device)
+        return seeded_generator(seq.params.seed, seq.num_tokens, self._config.device)
 
     def _append(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> RequestOutput:
         extras = self._extras[seq.request_id]
