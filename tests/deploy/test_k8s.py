@@ -196,6 +196,10 @@ def test_nats_server_accepts_its_config_with_kvstack_auth_init_users(docs, tmp_p
     nats = find(docs, "StatefulSet", "nats")
     routes = [f"nats://nats-{i}.{nats['spec']['serviceName']}:6222" for i in range(3)]
     assert all(route in config for route in routes)
+    [hook] = [
+        c["lifecycle"]["preStop"]["exec"]["command"] for w, c in containers(docs) if w is nats
+    ]
+    assert f"ldm={config.split('pid_file: ')[1].split()[0]}" in hook  # lame duck finds the pid
     checked = subprocess.run(
         [binary, "-c", str(tmp_path / "conf" / "nats.conf"), "-t"],
         capture_output=True,
