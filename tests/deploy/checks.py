@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import re
 from collections.abc import Iterable
@@ -30,7 +31,8 @@ SECRET = "kvstack"  # made from `kvstack auth init`'s files (docs/kubernetes.md)
 TORCH_SERVICES = ("prefill", "decode", "attention-worker")
 SAMPLE_POD_IP = "10.0.0.7"
 ENV_REF = re.compile(r"\$\((\w+)\)")
-CODE_ENV = re.compile(r"\"((?:KVSTACK|OTEL)_[A-Z0-9_]+)\"")
+# NOTE: a read of the environment, or the constant naming one (kernels/__init__.py)
+CODE_ENV = re.compile(r'(?:environ(?:\.get)?\(|environ\[|getenv\(|_ENV = )"([A-Z0-9_]+)"')
 PRESTOP_WAIT = re.compile(r"^sleep (\d+);")
 MEMORY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
@@ -171,13 +173,14 @@ def env_problems(container: Container) -> list[str]:
     ]
 
 
-def code_env_names() -> set[str]:
-    """The variables kvstack reads: each setting's, and those its code names."""
+@functools.cache
+def code_env_names() -> frozenset[str]:
+    """The variables kvstack reads: each setting's, and those its code reads itself."""
     names = {s.env for s in [*SETTINGS.values(), *SCHEDULING_SETTINGS.values()] if s.env}
     for folder in ("shared", "services"):
         for path in (ROOT / folder).rglob("*.py"):
             names |= set(CODE_ENV.findall(path.read_text()))
-    return names
+    return frozenset(names)
 
 
 def secret_problems(container: Container, service: str, secret_files: set[str]) -> list[str]:
