@@ -58,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def stack_config(args: argparse.Namespace) -> StackConfig:
-    if args.prefill < 1 or args.decode < 1:
-        raise KvstackError("--prefill and --decode need at least 1 worker each")
+    if args.prefill < 1 or args.decode < 1 or args.conductors < 1:
+        raise KvstackError("--conductors, --prefill and --decode need at least 1 each")
     mock = engine_options(args)["mock"]
     if mock is not None and args.attention_workers:
         raise KvstackError("--attention-workers does not run with --engine mock")
@@ -67,6 +67,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         kv_head_range(
             ModelConfig.from_dir(resolve_model(args.model)).num_kv_heads, args.attention_workers, 0
         )
+    _check_nats_cluster(args)
     backend_timeouts(args)  # checked here, passed on as given
     if args.otlp_endpoint:  # missing packages: one error here, not a restart loop per child
         tracing.require()
@@ -74,6 +75,9 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
     offload = flags(micro_batches=args.micro_batches) if args.attention_workers else []
     return StackConfig(
         nats_url=args.nats,
+        nats_cluster=args.nats_cluster,
+        num_conductors=args.conductors,
+        lease_ttl=args.lease_ttl,
         num_prefill=args.prefill,
         num_decode=args.decode,
         num_kvstore=args.kvstore,
@@ -100,6 +104,14 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         # NOTE: mock workers compute nothing; they are left unpinned.
         worker_cores=chosen_cores(args.cores) if mock is None else (),
     )
+
+
+def _check_nats_cluster(args: argparse.Namespace) -> None:
+    # NOTE: 2 nodes would lose JetStream's quorum (and the point) with either one
+    if args.nats_cluster < 1 or args.nats_cluster == 2:
+        raise KvstackError("--nats-cluster takes 1 (one nats-server) or 3 or more nodes")
+    if args.nats_cluster > 1 and args.nats:
+        raise KvstackError("--nats-cluster starts its own nodes; it does not go with --nats")
 
 
 def run_until_stopped(stack: Stack, args: argparse.Namespace) -> None:
