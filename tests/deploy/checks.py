@@ -42,10 +42,10 @@ class Served:
     """The HTTP paths each service answers (GET), found on the running code."""
 
     common: frozenset[str]  # every service's (shared/service.py)
-    gateway: frozenset[str]  # the gateway's own routes besides
+    own: dict[str, frozenset[str]]  # a service's own routes besides, by command
 
     def paths(self, service: str) -> frozenset[str]:
-        return self.common | (self.gateway if service == "gateway" else frozenset())
+        return self.common | self.own.get(service, frozenset())
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,16 @@ import aiohttp
 import pytest
 
 from services.cli.main import main as kvstack
+from services.conductor.service import ConductorConfig, ConductorService
 from services.gateway.service import GatewayConfig, GatewayService
+from shared.costmodel import roofline
 from shared.nats_server import nats_server_binary
 from shared.service import Service, ServiceConfig, _start_http
 from tests.deploy import checks
 from tests.deploy.manifests import K8S, containers, find, kubectl, load, render, workloads
 
 ALL = K8S / "overlays" / "all"
+COST = roofline("llama3-70b", "a800")
 KVSTACK_SERVICES = ("gateway", "conductor", "prefill", "decode", "kvstore", "attention-worker")
 
 
@@ -47,12 +50,18 @@ def secret_files(tmp_path_factory) -> set[str]:
 @pytest.fixture(scope="module")
 def served(docs, smollm2_dir) -> checks.Served:
     """What a running service answers (not 404) among the paths the manifests name, and
-    the gateway's own GET routes."""
+    the gateway's and the conductor's own GET routes."""
     named = {path for _, c in containers(docs) for path in probe_paths(c)} | {"/metrics"}
-    gateway = GatewayService(GatewayConfig(http_port=0)).routes()
+    own = {
+        "gateway": GatewayService(GatewayConfig(http_port=0)).routes(),
+        "conductor": ConductorService(ConductorConfig(lease_ttl=1.0), COST).routes(),
+    }
     return checks.Served(
         frozenset(asyncio.run(answered(named))),
-        frozenset(r.path for r in gateway if r.method == "GET"),
+        {
+            name: frozenset(r.path for r in routes if r.method == "GET")
+            for name, routes in own.items()
+        },
     )
 
 
@@ -187,21 +196,31 @@ def test_services_dial_nats_where_its_service_listens(docs) -> None:
             assert env["KVSTACK_NATS"] == f"nats://nats:{port}"
 
 
-def test_nats_server_accepts_its_config_with_kvstack_auth_init_users(docs, tmp_path) -> None:
-    binary = nats_server_binary()
+def test_nats_server_accepts_its_config_with_kvstack_auth_init_users(
+    docs, secret_files, tmp_path
+) -> None:
+    """The node's config as the pod assembles it: the ConfigMap's, the cluster block the
+    init container writes (its own script, run here) and the Secret's users."""
+    nats = find(docs, "StatefulSet", "nats")
+    pod = nats["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    auth = [v["secret"] for v in pod["volumes"] if "secret" in v]
+    assert {item["key"] for a in auth for item in a["items"]} <= secret_files
+    assert kvstack(["auth", "init", "--dir", str(tmp_path / "auth")]) == 0
+    (tmp_path / "cluster").mkdir()
+    subprocess.run([sys.executable, *init["command"][1:]], cwd=tmp_path, check=True, timeout=30)
+    cluster = (tmp_path / "cluster" / "cluster.conf").read_text()
+    name = nats["spec"]["serviceName"]
+    assert all(f"@nats-{i}.{name}:6222" in cluster for i in range(nats["spec"]["replicas"]))
     config = find(docs, "ConfigMap", "nats-config")["data"]["nats.conf"]
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "nats.conf").write_text(config)
-    assert kvstack(["auth", "init", "--dir", str(tmp_path / "auth")]) == 0
-    nats = find(docs, "StatefulSet", "nats")
-    routes = [f"nats://nats-{i}.{nats['spec']['serviceName']}:6222" for i in range(3)]
-    assert all(route in config for route in routes)
     [hook] = [
         c["lifecycle"]["preStop"]["exec"]["command"] for w, c in containers(docs) if w is nats
     ]
     assert f"ldm={config.split('pid_file: ')[1].split()[0]}" in hook  # lame duck finds the pid
     checked = subprocess.run(
-        [binary, "-c", str(tmp_path / "conf" / "nats.conf"), "-t"],
+        [nats_server_binary(), "-c", str(tmp_path / "conf" / "nats.conf"), "-t"],
         capture_output=True,
         text=True,
         env={"POD_NAME": "nats-0"},
