@@ -125,3 +125,54 @@ async def test_the_pool_moves_blocks_between_two_workers_kv(mooncake_master) -> 
     finally:
         writer.close()
         reader.close()
+
+
+async def test_the_conductor_hears_the_pool_through_the_workers_reports(
+    mooncake_master, secure_nats
+) -> None:
+    """A worker's pool beats as `<id>-mooncake` and publishes what it stored, allowed by
+    that worker's own credentials; the conductor's index then finds the blocks in the pool."""
+    from shared import subjects
+    from shared.bus import Bus
+    from shared.messages import Heartbeat, KVEvent
+    from tests.shared.conductor.builders import conductor
+
+    core = conductor(prefill=("prefill-7",))
+    listener = await Bus.connect(secure_nats.url, "listener", secure_nats.auth())
+    worker = await Bus.connect(secure_nats.url, "worker", secure_nats.auth("prefill", "prefill-7"))
+    heard = asyncio.Event()
+
+    async def on_beat(hb: Heartbeat) -> None:
+        core.observe(hb)
+
+    async def on_event(event: KVEvent) -> None:
+        core.apply(event)
+        heard.set()
+
+    await listener.subscribe(subjects.all_heartbeats(), on_beat, expected=Heartbeat)
+    await listener.subscribe(subjects.all_kv_events(), on_event, expected=KVEvent)
+    kv = _storage(3)
+    pool = await MooncakePool.open(
+        worker, kv, KVInbox(kv, asyncio.get_running_loop()), _config(mooncake_master), "prefill-7"
+    )
+    try:
+        hashes = [401, 402]
+        assert await pool.put("put-2", hashes, [0, 1], lambda: None) == 2
+        for _ in range(50):  # NOTE: the server may still be loading the new worker's rights
+            await pool.report()
+            if await _wait(heard, 0.2):
+                break
+            await pool.put("put-2", hashes, [0, 1], lambda: None)  # reported again
+        assert core.index.match([401, 402, 403], ["prefill-7"]).pool_blocks == 2
+    finally:
+        pool.close()
+        await worker.drain()
+        await listener.drain()
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> bool:
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+        return True
+    except TimeoutError:
+        return False
