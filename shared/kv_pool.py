@@ -22,6 +22,7 @@ from shared.kvblocks import BlockLayout
 from shared.messages import Heartbeat
 
 KV_POOLS = ("kvstore", "mooncake")
+Done = Callable[[], None]  # a put's bytes were read: the caller may free its blocks
 
 
 class KVPool(Protocol):
@@ -47,11 +48,7 @@ class KVPool(Protocol):
         ...
 
     async def put(
-        self,
-        transfer_id: str,
-        block_hashes: Sequence[int],
-        src_block_ids: Sequence[int],
-        on_sent: Callable[[], None],
+        self, transfer_id: str, block_hashes: Sequence[int], block_ids: Sequence[int], on_sent: Done
     ) -> int:
         """Offer blocks; the pool keeps those it lacks. `on_sent` runs (on any thread) once
         the blocks' bytes were read, so the caller may free them. Returns how many blocks

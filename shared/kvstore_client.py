@@ -21,7 +21,7 @@ from shared.codec import MessageError
 from shared.engine.loop import EngineLoop
 from shared.hash_ring import HashRing
 from shared.kv_inbox import Expected, KVInbox
-from shared.kv_pool import KVPool
+from shared.kv_pool import Done, KVPool
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
 from shared.messages import BlockLookup, BlockPresence, BlockPut, Heartbeat, PutSlots
@@ -127,17 +127,13 @@ class KvstorePool:
     # -- put: my blocks out to their owners ----------------------------------------------
 
     async def put(
-        self,
-        transfer_id: str,
-        block_hashes: Sequence[int],
-        src_block_ids: Sequence[int],
-        on_sent: Callable[[], None],
+        self, transfer_id: str, block_hashes: Sequence[int], block_ids: Sequence[int], on_sent: Done
     ) -> int:
         """Offer blocks to their owners and send those they lack; `on_sent` runs (from a
         sender thread) once every byte is out, so the caller may then free the blocks.
         Returns how many blocks are being sent."""
         groups = self.ring().group(block_hashes)
-        src = dict(zip(block_hashes, src_block_ids))
+        src = dict(zip(block_hashes, block_ids))
         plans = await asyncio.gather(
             *(self._slots(w, f"{transfer_id}:{i}", hs) for i, (w, hs) in enumerate(groups.items()))
         )

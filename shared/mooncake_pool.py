@@ -17,6 +17,7 @@ itself before it fetches).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from shared import subjects
 from shared.bus import Bus
 from shared.kv_events import publish_kv_events
 from shared.kv_inbox import Expected, KVInbox
+from shared.kv_pool import Done
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
 from shared.messages import Heartbeat
@@ -34,6 +36,7 @@ from shared.mooncake_store import MooncakeBlockStore, MooncakeStoreConfig
 from shared.transfer.base import BlockSpan
 
 T = TypeVar("T")
+log = logging.getLogger("kvstack.mooncake_pool")
 GET_TIMEOUT = 30.0  # NOTE: only bounds the inbox entry; the fetch has ended before it is used
 
 
@@ -84,7 +87,11 @@ class MooncakePool:
         return await asyncio.get_running_loop().run_in_executor(self.thread, fn, *args)
 
     async def longest_prefix(self, block_hashes: Sequence[int]) -> int:
-        present = await self._call(self.store.present, list(block_hashes))
+        try:
+            present = await self._call(self.store.present, list(block_hashes))
+        except Exception as e:  # NOTE: a store that fails is a miss, never an error
+            log.warning("Mooncake Store lookup failed: %s", e)
+            return 0
         return next((i for i, there in enumerate(present) if not there), len(present))
 
     # -- get ------------------------------------------------------------------------------
@@ -134,13 +141,9 @@ class MooncakePool:
     # -- put ------------------------------------------------------------------------------
 
     async def put(
-        self,
-        transfer_id: str,
-        block_hashes: Sequence[int],
-        src_block_ids: Sequence[int],
-        on_sent: Callable[[], None],
+        self, transfer_id: str, block_hashes: Sequence[int], block_ids: Sequence[int], on_sent: Done
     ) -> int:
-        hashes, ids = list(block_hashes), list(src_block_ids)
+        hashes, ids = list(block_hashes), list(block_ids)
         stored = await self._call(self.store.put, hashes, lambda i, into: self._read(ids[i], into))
         on_sent()  # NOTE: the bytes are in the store or in its staging copy by now
         self.unreported += hashes
