@@ -115,8 +115,8 @@ class PoolClient:
             await asyncio.wait_for(expected.settled.wait(), 120)
         return loads is not None and all(not e.verdict() for e in loads)
 
-    def close(self) -> None:
-        self.pool.close()
+    async def close(self) -> None:
+        await self.pool.close()
         self.receiver.stop()
         self.sender.close()
 
@@ -164,7 +164,7 @@ async def _kvstore_runs(stack: Stack, tier: str, num_blocks: int) -> list[dict]:
     client = PoolClient(bus, num_blocks, stack.data_token)
     await client.join(bus, 1)
     rows = [await _round_trip(client, f"kvstore {tier}", num_blocks, n) for n in BATCHES]
-    client.close()
+    await client.close()
     await bus.drain()
     return rows
 
@@ -184,7 +184,7 @@ async def _mooncake_runs(master: str, num_blocks: int) -> list[dict]:
     client = PoolClient(None, num_blocks, None)  # type: ignore[arg-type]  # no bus needed
     client.pool = await open_pool(None, client.storage, client.inbox, master)  # type: ignore[arg-type]
     rows = [await _round_trip(client, "mooncake", num_blocks, n) for n in BATCHES]
-    client.close()
+    await client.close()
     return rows
 
 

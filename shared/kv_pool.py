@@ -58,5 +58,5 @@ class KVPool(Protocol):
     async def report(self) -> None:
         """Tell the conductor what it should know of the pool (called every heartbeat)."""
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Release the pool's connections (the worker is stopping)."""

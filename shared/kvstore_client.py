@@ -79,7 +79,7 @@ class KvstorePool:
     async def report(self) -> None:
         """Nothing to say: each kvstore instance beats and publishes its own KV events."""
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Nothing held: requests go over the worker's bus and sender."""
 
     # -- lookup ------------------------------------------------------------------------

@@ -119,6 +119,9 @@ class MooncakePool:
             )
         except _Refused:
             whole = False
+        except Exception as e:  # NOTE: a store that fails is a miss, never an error
+            log.warning("Mooncake Store get failed: %s", e)
+            whole = False
         if not whole:
             self.inbox.on_lost([transfer_id], "a block is missing from Mooncake Store")
             return False
@@ -144,8 +147,15 @@ class MooncakePool:
         self, transfer_id: str, block_hashes: Sequence[int], block_ids: Sequence[int], on_sent: Done
     ) -> int:
         hashes, ids = list(block_hashes), list(block_ids)
-        stored = await self._call(self.store.put, hashes, lambda i, into: self._read(ids[i], into))
-        on_sent()  # NOTE: the bytes are in the store or in its staging copy by now
+        try:
+            stored = await self._call(
+                self.store.put, hashes, lambda i, into: self._read(ids[i], into)
+            )
+        except Exception as e:  # NOTE: best effort: the blocks are simply not pooled
+            log.warning("Mooncake Store put failed: %s", e)
+            on_sent()
+            return 0
+        on_sent()  # NOTE: the bytes are in the store by now
         self.unreported += hashes
         self.bytes_sent += stored * self.layout.block_bytes
         return stored
@@ -166,9 +176,10 @@ class MooncakePool:
         if stored:
             await publish_kv_events(self.bus, self.source, "kvstore", stored)
 
-    def close(self) -> None:
-        self.thread.submit(self.store.close)
-        self.thread.shutdown(wait=True)
+    async def close(self) -> None:
+        """Leave the store (its segment's blocks go with it); waits for calls in flight."""
+        await self._call(self.store.close)
+        self.thread.shutdown(wait=False)
 
 
 class _Refused(Exception):

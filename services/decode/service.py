@@ -245,7 +245,7 @@ class DecodeService(Service):
         if self.group is not None:
             self.group.close()
         if self.pool is not None:
-            self.pool.close()
+            await self.pool.close()
         self.sender.close()
 
     # -- KV arrival ---------------------------------------------------------------------

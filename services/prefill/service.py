@@ -185,7 +185,7 @@ class PrefillService(Service):
         self.receiver.stop()
         self.sender.close()
         self.kv_out.close()
-        self.pool.close()
+        await self.pool.close()
 
     # -- requests ---------------------------------------------------------------------
 

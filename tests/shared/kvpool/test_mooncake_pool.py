@@ -123,8 +123,8 @@ async def test_the_pool_moves_blocks_between_two_workers_kv(mooncake_master) -> 
         assert reader.inbox.get("get-2") is None
         assert torch.equal(reader_kv.kv[:, :, 4], before)
     finally:
-        writer.close()
-        reader.close()
+        await writer.close()
+        await reader.close()
 
 
 async def test_the_conductor_hears_the_pool_through_the_workers_reports(
@@ -165,7 +165,7 @@ async def test_the_conductor_hears_the_pool_through_the_workers_reports(
             await pool.put("put-2", hashes, [0, 1], lambda: None)  # reported again
         assert core.index.match([401, 402, 403], ["prefill-7"]).pool_blocks == 2
     finally:
-        pool.close()
+        await pool.close()
         await worker.drain()
         await listener.drain()
 
@@ -176,3 +176,17 @@ async def _wait(event: asyncio.Event, seconds: float) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+def test_a_store_whose_master_is_gone_is_a_miss(tmp_path) -> None:
+    from services.cli.mooncake_master import start_master
+
+    master = start_master(tmp_path / "master.log")
+    store = MooncakeBlockStore(_config(master.address), LAYOUT)
+    try:
+        assert _put(store, [501, 502], _blocks(5, 2)) == 2
+        master.stop()
+        assert store.present([501, 502]) == [False, False]
+        assert _get(store, [501, 502]) is None
+    finally:
+        store.close()
