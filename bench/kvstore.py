@@ -137,7 +137,7 @@ def measure_tier(work: Path, tier: str, num_blocks: int) -> list[dict]:
             "--disk-dir",
             str(work / "ssd"),
             "--disk-gib",
-            str(gib + 0.01),
+            str(2 * gib + 0.01),  # NOTE: headroom, as the single-run version had
         )
     )
     stack = Stack(
