@@ -156,7 +156,10 @@ def run_conductor(args: argparse.Namespace) -> int:
     )
     cost = conductor_cost_model(args.cost_model, args.model)
     config = ConductorConfig(
-        **common_config(args), scheduling=scheduling, cost_model=args.cost_model
+        **common_config(args),
+        scheduling=scheduling,
+        cost_model=args.cost_model,
+        lease_ttl=args.lease_ttl,
     )
     return run(ConductorService(config, cost))
 

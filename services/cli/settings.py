@@ -30,7 +30,7 @@ SETTINGS: dict[str, Setting] = {
     # Every service: the bus, identity, HTTP endpoint, lifecycle.
     "nats": Setting(
         "--nats",
-        "NATS server URL (env KVSTACK_NATS)",
+        "NATS server URL, or several comma-separated: every node of a cluster (env KVSTACK_NATS)",
         default="nats://127.0.0.1:4222",
         env="KVSTACK_NATS",
     ),
@@ -269,7 +269,22 @@ SETTINGS: dict[str, Setting] = {
         "of --model if there is one",
         default="auto",
     ),
+    "lease_ttl": Setting(
+        "--lease-ttl",
+        "seconds: conductors elect the active one by a lease in NATS JetStream, and a "
+        "standby takes over about this long after the active one stops (0: no lease, the "
+        "only conductor; docs/conductor.md)",
+        type=float,
+        default=0.0,
+    ),
     # `kvstack up` alone: the shape of the stack and where it keeps its files.
+    "num_conductors": Setting(
+        "--conductors",
+        "conductors: one active, the others standing by to take over (more than 1: "
+        "elected by --lease-ttl)",
+        type=int,
+        default=1,
+    ),
     "num_prefill": Setting("--prefill", "number of prefill workers", type=int, default=1),
     "num_decode": Setting("--decode", "number of decode workers", type=int, default=1),
     "num_kvstore": Setting(
@@ -296,6 +311,14 @@ SETTINGS: dict[str, Setting] = {
         "after (docs/security.md)",
         default=".kvstack/secrets",
     ),
+    "nats_cluster": Setting(
+        "--nats-cluster",
+        "run NATS as a cluster of this many nats-server nodes routed on loopback (3 or "
+        "more; every service gets every node's URL and survives the loss of one; routes "
+        "authenticate with a password in --secrets-dir); 1: one server",
+        type=int,
+        default=1,
+    ),
     "nats_tls": Setting(
         "--nats-tls",
         "TLS on NATS with a CA of this deployment's own (in --secrets-dir)",
@@ -316,7 +339,7 @@ SETTINGS: dict[str, Setting] = {
     "base_port": Setting(
         "--base-port",
         "every service's HTTP (/health, /metrics) at a fixed port from here: kvstack up "
-        "+0, conductor +1, kvstore-i +10+i, prefill-i +100+i, decode-i +200+i, attention "
+        "+0, conductor-i +1+i, kvstore-i +10+i, prefill-i +100+i, decode-i +200+i, attention "
         "workers +300+k (docs/observability.md); 0: each on a free port",
         type=int,
         default=8100,
@@ -364,10 +387,11 @@ WORKER = (
 OFFLOAD = ("attention_workers", "micro_batches", "attention_recovery_timeout")
 RELIABILITY = ("migration_limit", "placement_wait")
 SCHEDULING = (*SCHEDULING_SETTINGS, "cost_model", "model")
+FAILOVER = ("lease_ttl",)
 
 # Which settings each command takes, in the order of its --help.
 COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
-    "conductor": (*COMMON, *SECURITY, *SCHEDULING),
+    "conductor": (*COMMON, *SECURITY, *SCHEDULING, *FAILOVER),
     "prefill": WORKER,
     "decode": (*WORKER, *OFFLOAD),
     "attention-worker": (
@@ -407,6 +431,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     ),
     "up": (
         "nats",
+        "num_conductors",
+        "lease_ttl",
         "num_prefill",
         "num_decode",
         "num_kvstore",
@@ -432,6 +458,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "served_model_name",
         "api_key",
         "secrets_dir",
+        "nats_cluster",
         "nats_tls",
         "insecure",
         "log_dir",
@@ -527,6 +554,11 @@ COMMAND_CHANGES: dict[str, dict[str, dict[str, Any]]] = {
         },
         "slo_ttft": {"help": "seconds"},
         "slo_tbt": {"help": "seconds"},
+        "lease_ttl": {
+            "default": 1.0,
+            "help": "with --conductors above 1: seconds a standby "
+            "waits for the active conductor's lease to expire",
+        },
     },
 }
 

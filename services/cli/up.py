@@ -78,8 +78,8 @@ def _run(args: argparse.Namespace, mooncake_master: str) -> int:
 
 
 def stack_config(args: argparse.Namespace, mooncake_master: str = "") -> StackConfig:
-    if args.prefill < 1 or args.decode < 1:
-        raise KvstackError("--prefill and --decode need at least 1 worker each")
+    if args.prefill < 1 or args.decode < 1 or args.conductors < 1:
+        raise KvstackError("--conductors, --prefill and --decode need at least 1 each")
     mock = engine_options(args)["mock"]
     if mock is not None and args.attention_workers:
         raise KvstackError("--attention-workers does not run with --engine mock")
@@ -87,6 +87,7 @@ def stack_config(args: argparse.Namespace, mooncake_master: str = "") -> StackCo
         kv_head_range(
             ModelConfig.from_dir(resolve_model(args.model)).num_kv_heads, args.attention_workers, 0
         )
+    _check_nats_cluster(args)
     backend_timeouts(args)  # checked here, passed on as given
     if args.otlp_endpoint:  # missing packages: one error here, not a restart loop per child
         tracing.require()
@@ -97,6 +98,9 @@ def stack_config(args: argparse.Namespace, mooncake_master: str = "") -> StackCo
         raise KvstackError("--kv-pool mooncake: no mooncake_master was started")
     return StackConfig(
         nats_url=args.nats,
+        nats_cluster=args.nats_cluster,
+        num_conductors=args.conductors,
+        lease_ttl=args.lease_ttl,
         num_prefill=args.prefill,
         num_decode=args.decode,
         num_kvstore=0 if mooncake else args.kvstore,  # NOTE: the store is the pool
@@ -123,6 +127,14 @@ def stack_config(args: argparse.Namespace, mooncake_master: str = "") -> StackCo
         # NOTE: mock workers compute nothing; they are left unpinned.
         worker_cores=chosen_cores(args.cores) if mock is None else (),
     )
+
+
+def _check_nats_cluster(args: argparse.Namespace) -> None:
+    # NOTE: 2 nodes would lose JetStream's quorum (and the point) with either one
+    if args.nats_cluster < 1 or args.nats_cluster == 2:
+        raise KvstackError("--nats-cluster takes 1 (one nats-server) or 3 or more nodes")
+    if args.nats_cluster > 1 and args.nats:
+        raise KvstackError("--nats-cluster starts its own nodes; it does not go with --nats")
 
 
 def run_until_stopped(stack: Stack, args: argparse.Namespace) -> None:

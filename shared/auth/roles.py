@@ -66,7 +66,12 @@ ROLES: dict[str, Role] = {
         ),
         _service(
             "conductor",
-            publish=(subjects.kv_resync(),),
+            publish=(
+                subjects.kv_resync(),
+                # NOTE: the failover lease and the placed-once records (docs/conductor.md)
+                *subjects.key_value_access(subjects.CONDUCTOR_LEASE),
+                *subjects.key_value_access(subjects.PLACEMENTS),
+            ),
             subscribe=(
                 subjects.place(),
                 subjects.conductor_stats(),

@@ -16,6 +16,16 @@ DTYPE_CHOICES = ("auto", *DTYPES)
 # elsewhere), "float" dequantizes them to `dtype`, a format re-quantizes float weights at load.
 QUANT_FORMATS = ("q8_0", "q4_0", "q4_1")
 WEIGHTS_CHOICES = ("auto", "float", *QUANT_FORMATS)
+# Attention kernels: "auto" is Triton on a GPU (where Triton is installed), torch's and the
+# native CPU kernels elsewhere; "triton" forces the Triton kernels (on CPU: interpreter only).
+ATTENTION_CHOICES = ("auto", "torch", "triton")
+
+
+def check_device(name: str) -> None:
+    """A device an engine runs on; "auto" is resolved before (shared/engine/device.py)."""
+    if name in ("cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
+        return
+    raise KvstackError(f"unknown device {name!r}; choose cpu, cuda or cuda:N")
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> str:
@@ -40,7 +50,8 @@ class EngineConfig:
     model: str = "SmolLM2-135M-Instruct"  # a known name, an HF directory or a .gguf file
     dtype: str = "auto"  # "auto": bfloat16 where native, else float32
     weights: str = "auto"  # WEIGHTS_CHOICES: "auto" is what the file holds, on CPU
-    device: str = "cpu"
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N" (resolve "auto" first: device.py)
+    attention: str = "auto"  # ATTENTION_CHOICES
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30  # ignored when num_blocks is set
     num_blocks: int | None = None
@@ -67,6 +78,11 @@ class EngineConfig:
             raise KvstackError(
                 f"unknown weights {self.weights!r}; choose from {', '.join(WEIGHTS_CHOICES)}"
             )
+        if self.attention not in ATTENTION_CHOICES:
+            raise KvstackError(
+                f"unknown attention {self.attention!r}; choose from {', '.join(ATTENTION_CHOICES)}"
+            )
+        check_device(self.device)
         positives = ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs")
         for name in positives:
             if getattr(self, name) < 1:

@@ -102,7 +102,8 @@ class LLMEngine:
         self._extras: dict[str, _Extras] = {}
         self._hold_kv: set[str] = set()
         self._held: dict[str, Sequence] = {}  # finished, blocks kept until `release`
-        self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
+        self._device = config.device
+        self._generator = torch.Generator(device=self._device).manual_seed(config.seed)
         self._ids = itertools.count()
         self._info = EngineInfo(
             config,
@@ -409,7 +410,7 @@ class LLMEngine:
             return None
         if seq.params.seed is None:
             return self._generator
-        return seeded_generator(seq.params.seed, seq.num_tokens, self._config.device)
+        return seeded_generator(seq.params.seed, seq.num_tokens, self._device)
 
     def _append(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> RequestOutput:
         extras = self._extras[seq.request_id]
