@@ -15,6 +15,7 @@ from shared.auth.credentials import load_auth
 from shared.auth.deployment import read_data_token
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
+from shared.mooncake_store import MooncakeStoreConfig
 from shared.service import run
 from shared.worker import WorkerConfig
 
@@ -95,7 +96,22 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         advertise_data_addr=args.advertise_data_addr,
         transport=args.transport,
         data_token=data_token(args),
+        mooncake=mooncake_config(args),
         **engine_options(args),
+    )
+
+
+def mooncake_config(args: argparse.Namespace) -> MooncakeStoreConfig | None:
+    """--kv-pool mooncake: where the store is and what this worker lends it."""
+    if args.kv_pool != "mooncake":
+        return None
+    if not args.mooncake_master:
+        raise KvstackError("--kv-pool mooncake needs --mooncake-master host:port")
+    return MooncakeStoreConfig(
+        args.mooncake_master,
+        local_hostname=args.advertise_data_addr.rpartition(":")[0] or args.data_host,
+        segment_bytes=int(args.mooncake_segment_gib * (1 << 30)),
+        replicas=args.mooncake_replicas,
     )
 
 

@@ -14,6 +14,7 @@ from shared.conductor.settings import SCHEDULING_SETTINGS
 from shared.costmodel import HARDWARE, MODELS
 from shared.engine.config import ATTENTION_CHOICES, DTYPE_CHOICES, WEIGHTS_CHOICES
 from shared.engine.mock import ENGINES, MOCK_MAX_MODEL_LEN, MockSpec
+from shared.kv_pool import KV_POOLS
 from shared.model.registry import DEFAULT_MODEL
 from shared.setting import Setting
 from shared.transfer.factory import TRANSPORTS
@@ -135,6 +136,39 @@ SETTINGS: dict[str, Setting] = {
         "data plane of the prefill -> decode KV stream",
         choices=TRANSPORTS,
         default="tcp",
+    ),
+    # The KV pool prefixes are shared through (shared/kv_pool.py, docs/kv-pool.md).
+    "kv_pool": Setting(
+        "--kv-pool",
+        "kvstore: kvstack's kvstore instances; mooncake: Mooncake Store (a mooncake_master, "
+        "needs the `rdma` extra)",
+        choices=KV_POOLS,
+        default="kvstore",
+    ),
+    "mooncake_master": Setting(
+        "--mooncake-master",
+        "--kv-pool mooncake: the mooncake_master's RPC address host:port (env "
+        "KVSTACK_MOONCAKE_MASTER; `kvstack up` starts one)",
+        default="",
+        env="KVSTACK_MOONCAKE_MASTER",
+    ),
+    "mooncake_segment_gib": Setting(
+        "--mooncake-segment-gib",
+        "--kv-pool mooncake: DRAM each worker lends the pool",
+        type=float,
+        default=1.0,
+    ),
+    "mooncake_replicas": Setting(
+        "--mooncake-replicas",
+        "--kv-pool mooncake: copies of each block in the pool",
+        type=int,
+        default=1,
+    ),
+    "mooncake_master_args": Setting(
+        "--mooncake-master-args",
+        "options for the mooncake_master `kvstack up` starts, e.g. its eviction "
+        "('-eviction_high_watermark_ratio=0.8 -default_kv_lease_ttl=5s')",
+        default="",
     ),
     # The engine; the gateway takes these too (the mock model names the KV blocks).
     "engine": Setting(
@@ -265,7 +299,12 @@ SETTINGS: dict[str, Setting] = {
     ),
     "num_prefill": Setting("--prefill", "number of prefill workers", type=int, default=1),
     "num_decode": Setting("--decode", "number of decode workers", type=int, default=1),
-    "num_kvstore": Setting("--kvstore", "kvstore instances (0: none)", type=int, default=1),
+    "num_kvstore": Setting(
+        "--kvstore",
+        "kvstore instances (0: none; none with --kv-pool mooncake)",
+        type=int,
+        default=1,
+    ),
     "kvstore_dram_gib": Setting(
         "--kvstore-dram-gib", "per kvstore instance", type=float, default=2.0
     ),
@@ -336,6 +375,7 @@ COMMON = (
 SECURITY = ("nats_creds", "nats_tls_ca", "data_token_file", "insecure")
 ENGINE = ("engine", "mock_model", "mock_hardware", "mock_kv_scale", "max_model_len")
 DATA_PLANE = ("data_host", "data_port", "advertise_data_addr")
+KV_POOL = ("kv_pool", "mooncake_segment_gib", "mooncake_replicas")
 WORKER = (
     *COMMON,
     *SECURITY,
@@ -352,6 +392,8 @@ WORKER = (
     "no_prefix_cache",
     *DATA_PLANE,
     "transport",
+    *KV_POOL,
+    "mooncake_master",
     *ENGINE,
 )
 OFFLOAD = ("attention_workers", "micro_batches", "attention_recovery_timeout")
@@ -407,6 +449,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "num_decode",
         "num_kvstore",
         "kvstore_dram_gib",
+        *KV_POOL,
+        "mooncake_master_args",
         "attention_group_size",
         "micro_batches",
         "model",
@@ -547,8 +591,8 @@ WORKER_TUNING = (
 )
 FORWARDED_BY_UP: dict[str, tuple[str, ...]] = {
     "conductor": ("model", "policy", "admission", "slo_ttft", "slo_tbt"),
-    "prefill": WORKER_TUNING,
-    "decode": WORKER_TUNING,
+    "prefill": (*WORKER_TUNING, *KV_POOL),
+    "decode": (*WORKER_TUNING, *KV_POOL),
     "attention-worker": ("kv_cache_gib", "threads"),
     "gateway": ("dtype", "max_model_len", *RELIABILITY, "served_model_name", "api_key"),
 }
