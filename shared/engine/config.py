@@ -16,6 +16,9 @@ DTYPE_CHOICES = ("auto", *DTYPES)
 # elsewhere), "float" dequantizes them to `dtype`, a format re-quantizes float weights at load.
 QUANT_FORMATS = ("q8_0", "q4_0", "q4_1")
 WEIGHTS_CHOICES = ("auto", "float", *QUANT_FORMATS)
+# How quantized weights take a decode step's activations (shared/model/quant.py): "q8" rounds
+# them to 8 bits per block of 32 and multiplies in integers (as llama.cpp), "float" as they are.
+ACTIVATIONS_CHOICES = ("q8", "float")
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> str:
@@ -40,6 +43,7 @@ class EngineConfig:
     model: str = "SmolLM2-135M-Instruct"  # a known name, an HF directory or a .gguf file
     dtype: str = "auto"  # "auto": bfloat16 where native, else float32
     weights: str = "auto"  # WEIGHTS_CHOICES: "auto" is what the file holds, on CPU
+    activations: str = "q8"  # ACTIVATIONS_CHOICES: of quantized weights' GEMV (few rows)
     device: str = "cpu"
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30  # ignored when num_blocks is set
@@ -66,6 +70,11 @@ class EngineConfig:
         if self.weights not in WEIGHTS_CHOICES:
             raise KvstackError(
                 f"unknown weights {self.weights!r}; choose from {', '.join(WEIGHTS_CHOICES)}"
+            )
+        if self.activations not in ACTIVATIONS_CHOICES:
+            raise KvstackError(
+                f"unknown activations {self.activations!r}; "
+                f"choose from {', '.join(ACTIVATIONS_CHOICES)}"
             )
         positives = ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs")
         for name in positives:

@@ -13,15 +13,22 @@ from shared.model.quant_formats import QuantFormat
 # past 16 a float tile and the library GEMM win. Tiles of 256 weight rows stay in cache.
 GEMV_MAX_ROWS = 8
 GEMM_TILE_ROWS = 256
+# How the GEMV takes its activations: "q8" quantizes each row of x to 8 bits per block of 32
+# once per matmul and multiplies in integers (llama.cpp's way: faster, x rounded to 8 bits);
+# "float" widens the weights to float32 and multiplies by x as it is.
+ACTIVATIONS = ("q8", "float")
 
 
 class QuantLinear(nn.Module):
     """y = x @ W^T (+ b) with W kept as blocks [out_features, row_bytes] of one format.
 
-    Activations are computed in float32 and returned in the input's dtype.
+    Activations are computed in float32 and returned in the input's dtype; up to
+    GEMV_MAX_ROWS rows multiply as `activations` says (ACTIVATIONS).
     """
 
     blocks: torch.Tensor
+    activations = "q8"
+    gemv_max_rows = GEMV_MAX_ROWS
 
     def __init__(
         self, blocks: torch.Tensor, fmt: QuantFormat, in_features: int, bias: nn.Parameter | None
@@ -41,7 +48,9 @@ class QuantLinear(nn.Module):
         rows = x.reshape(-1, self.in_features).float().contiguous()
         out = rows.new_empty(rows.shape[0], self.out_features)
         bias = None if self.bias is None else self.bias.float()
-        if rows.shape[0] <= GEMV_MAX_ROWS:
+        if rows.shape[0] <= self.gemv_max_rows and self.activations == "q8":
+            native.quant_gemv_q8(out, rows, self.blocks, self.fmt.ggml_type, bias, False)
+        elif rows.shape[0] <= self.gemv_max_rows:
             native.quant_gemv(out, rows, self.blocks, self.fmt.ggml_type, bias)
         else:
             native.quant_gemm(out, rows, self.blocks, self.fmt.ggml_type, bias, GEMM_TILE_ROWS)
@@ -71,6 +80,16 @@ class QuantEmbedding(QuantLinear):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.rows(input_ids.flatten()).view(*input_ids.shape, -1).to(self.dtype)
+
+
+def set_activations(model: nn.Module, activations: str, max_rows: int = GEMV_MAX_ROWS) -> None:
+    """How every quantized layer of `model` takes its activations (ACTIVATIONS), and up to how
+    many rows the GEMV computes (more: scoring a text as decode would, one row at a time)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations {activations!r}: choose one of {', '.join(ACTIVATIONS)}")
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.activations, module.gemv_max_rows = activations, max_rows
 
 
 def _kernels():

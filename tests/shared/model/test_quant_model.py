@@ -47,17 +47,25 @@ def test_the_files_blocks_predict_as_the_dequantized_float32_model(
     torch.testing.assert_close(ours, reference, rtol=1e-3, atol=2e-3)
 
 
+# NOTE: float activations multiply the same Q4_1 weights as the float32 model: the same greedy
+# tokens. 8-bit activations (the default, llama.cpp's way) round x: measured 24 of 24 here,
+# and 97-98% agreement over 512 tokens of text (bench quant, docs/benchmarks.md).
+@pytest.mark.parametrize(("activations", "agreement"), [("float", 1.0), ("q8", 0.9)])
 def test_the_engine_generates_with_the_files_blocks_as_float32_greedy(
-    smollm2_dir, float_smollm2
+    smollm2_dir, float_smollm2, activations, agreement
 ) -> None:
-    config = EngineConfig(model=MODEL, dtype="float32", weights="auto", num_blocks=16)
+    config = EngineConfig(
+        model=MODEL, dtype="float32", weights="auto", activations=activations, num_blocks=16
+    )
     engine = LLMEngine(config)
     assert engine.info.weight_bytes < 110e6  # the file's 98 MB, not 538 MB of float32
     ids = Tokenizer.from_dir(smollm2_dir).encode_chat([{"role": "user", "content": "Hi!"}])
-    (result,) = engine.generate([ids], SamplingParams(max_tokens=12, temperature=0))
+    (result,) = engine.generate([ids], SamplingParams(max_tokens=24, temperature=0))
     # NOTE: one pass: float32's greedy choice after each prefix of the engine's own output.
     logits = causal_logits(float_smollm2, ids + result.token_ids)
-    assert logits[len(ids) - 1 : -1].argmax(-1).tolist() == result.token_ids
+    expected = logits[len(ids) - 1 : -1].argmax(-1).tolist()
+    same = sum(a == b for a, b in zip(expected, result.token_ids, strict=True))
+    assert same >= agreement * len(expected), (same, len(expected))
 
 
 # NOTE: agreement measured on this seeded random model (its logits are nearly flat, so 4 bits
