@@ -44,17 +44,28 @@ class QuantLinear(nn.Module):
         return self.linear(x)
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        native = _kernels()
+        if x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= self.gemv_max_rows:
+            return self.gemv(x.contiguous())  # NOTE: a decode step's path: no copies, no views
         rows = x.reshape(-1, self.in_features).float().contiguous()
+        out = self.gemv(rows) if rows.shape[0] <= self.gemv_max_rows else self.gemm(rows)
+        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def gemv(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows float32 [M, in_features], M small: the in-register GEMV."""
         out = rows.new_empty(rows.shape[0], self.out_features)
         bias = None if self.bias is None else self.bias.float()
-        if rows.shape[0] <= self.gemv_max_rows and self.activations == "q8":
-            native.quant_gemv_q8(out, rows, self.blocks, self.fmt.ggml_type, bias, False)
-        elif rows.shape[0] <= self.gemv_max_rows:
-            native.quant_gemv(out, rows, self.blocks, self.fmt.ggml_type, bias)
+        if self.activations == "q8":
+            _kernels().quant_gemv_q8(out, rows, self.blocks, self.fmt.ggml_type, bias, False)
         else:
-            native.quant_gemm(out, rows, self.blocks, self.fmt.ggml_type, bias, GEMM_TILE_ROWS)
-        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+            _kernels().quant_gemv(out, rows, self.blocks, self.fmt.ggml_type, bias)
+        return out
+
+    def gemm(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows float32 [M, in_features], M large: dequantized tiles and the library GEMM."""
+        out = rows.new_empty(rows.shape[0], self.out_features)
+        bias = None if self.bias is None else self.bias.float()
+        _kernels().quant_gemm(out, rows, self.blocks, self.fmt.ggml_type, bias, GEMM_TILE_ROWS)
+        return out
 
     def dequantized(self) -> torch.Tensor:
         """The whole weight as float32 [out_features, in_features]."""
