@@ -6,7 +6,12 @@ import argparse
 
 import orjson
 
-from shared.engine.config import DTYPE_CHOICES, WEIGHTS_CHOICES, EngineConfig
+from shared.engine.config import (
+    ACTIVATIONS_CHOICES,
+    DTYPE_CHOICES,
+    WEIGHTS_CHOICES,
+    EngineConfig,
+)
 from shared.engine.engine import LLMEngine
 from shared.engine.interface import EngineInterface
 from shared.engine.output import Completion
@@ -43,6 +48,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="auto: a GGUF file's quantized blocks as they are (CPU); float: dequantized to "
         "--dtype; q8_0, q4_0, q4_1: re-quantized at load",
     )
+    p.add_argument(
+        "--activations",
+        choices=ACTIVATIONS_CHOICES,
+        default="q8",
+        help="of quantized weights: q8 (8-bit, integer dot products, as llama.cpp) or float",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--json", action="store_true", help="print ids, text and logprobs as JSON")
     p.set_defaults(run=run)
@@ -51,7 +62,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     engine: EngineInterface = LLMEngine(
         EngineConfig(
-            model=args.model, dtype=args.dtype, weights=args.weights, num_threads=args.threads
+            model=args.model,
+            dtype=args.dtype,
+            weights=args.weights,
+            activations=args.activations,
+            num_threads=args.threads,
         )
     )
     prompt_ids = prompt_token_ids(engine, args)
