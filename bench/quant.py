@@ -306,7 +306,17 @@ def tables(report: dict) -> str:
 
 
 def cpu_flags() -> str:
-    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_")
+    wanted = (
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512_vnni",
+        "avx512_bf16",
+        "amx_",
+    )
     try:
         flags = next(
             line for line in Path("/proc/cpuinfo").read_text().splitlines() if line[:5] == "flags"
