@@ -21,7 +21,7 @@ class WorkerConfig(ServiceConfig):
     model: str = "SmolLM2-135M-Instruct"
     dtype: str = "auto"
     weights: str = "auto"  # EngineConfig.weights
-    activations: str = "q8"  # EngineConfig.activations
+    activations: str = "float"  # EngineConfig.activations
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30
     max_num_batched_tokens: int = 2048

@@ -51,8 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--activations",
         choices=ACTIVATIONS_CHOICES,
-        default="q8",
-        help="of quantized weights: q8 (8-bit, integer dot products, as llama.cpp) or float",
+        default="float",
+        help="of quantized weights: float, or q8 (8-bit, integer dot products, as llama.cpp)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--json", action="store_true", help="print ids, text and logprobs as JSON")

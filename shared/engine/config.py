@@ -18,6 +18,9 @@ QUANT_FORMATS = ("q8_0", "q4_0", "q4_1")
 WEIGHTS_CHOICES = ("auto", "float", *QUANT_FORMATS)
 # How quantized weights take a decode step's activations (shared/model/quant.py): "q8" rounds
 # them to 8 bits per block of 32 and multiplies in integers (as llama.cpp), "float" as they are.
+# NOTE: float is the default because prefill's many rows stay float: with q8, a request whose
+# output tokens are prefilled again (moved to another worker, preempted) computes them
+# differently from one that decoded them, and greedy answers can differ.
 ACTIVATIONS_CHOICES = ("q8", "float")
 
 
@@ -43,7 +46,7 @@ class EngineConfig:
     model: str = "SmolLM2-135M-Instruct"  # a known name, an HF directory or a .gguf file
     dtype: str = "auto"  # "auto": bfloat16 where native, else float32
     weights: str = "auto"  # WEIGHTS_CHOICES: "auto" is what the file holds, on CPU
-    activations: str = "q8"  # ACTIVATIONS_CHOICES: of quantized weights' GEMV (few rows)
+    activations: str = "float"  # ACTIVATIONS_CHOICES: of quantized weights' GEMV (few rows)
     device: str = "cpu"
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30  # ignored when num_blocks is set

@@ -27,7 +27,7 @@ class QuantLinear(nn.Module):
     """
 
     blocks: torch.Tensor
-    activations = "q8"
+    activations = "float"
     gemv_max_rows = GEMV_MAX_ROWS
 
     def __init__(
