@@ -92,9 +92,9 @@ SETTINGS: dict[str, Setting] = {
     ),
     "activations": Setting(
         "--activations",
-        "how quantized weights take a decode step's rows: float as they are (prefill computes "
-        "the same), q8 rounds them to 8 bits per block of 32 and multiplies in integers (as "
-        "llama.cpp: faster decode, about 96 in 100 greedy tokens as float32)",
+        "how quantized weights take activations: float keeps them float32, q8 rounds them to "
+        "8 bits per block of 32 and a decode step multiplies in integers (as llama.cpp: "
+        "faster, about 96 in 100 greedy tokens as float32's)",
         choices=ACTIVATIONS_CHOICES,
         default="float",
     ),

@@ -62,6 +62,10 @@ class QuantLinear(nn.Module):
 
     def gemm(self, rows: torch.Tensor) -> torch.Tensor:
         """rows float32 [M, in_features], M large: dequantized tiles and the library GEMM."""
+        if self.activations == "q8":
+            # NOTE: rounded as the q8 GEMV rounds them, so that prefill computes what decode
+            # computes (a request prefilled again continues as one that decoded its tokens).
+            rows = round_to_q8(rows)
         out = rows.new_empty(rows.shape[0], self.out_features)
         bias = None if self.bias is None else self.bias.float()
         _kernels().quant_gemm(out, rows, self.blocks, self.fmt.ggml_type, bias, GEMM_TILE_ROWS)
@@ -91,6 +95,15 @@ class QuantEmbedding(QuantLinear):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.rows(input_ids.flatten()).view(*input_ids.shape, -1).to(self.dtype)
+
+
+def round_to_q8(rows: torch.Tensor) -> torch.Tensor:
+    """rows [M, K] as the q8 GEMV sees them: per block of 32, d = max|x| / 127, x = d * round(x / d)
+    (in float32, as quant_dot.cpp's quantize_rows)."""
+    blocks = rows.view(rows.shape[0], -1, 32)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    return (torch.round(blocks * inverse) * scale).view(rows.shape)
 
 
 def set_activations(model: nn.Module, activations: str, max_rows: int = GEMV_MAX_ROWS) -> None:
