@@ -22,6 +22,7 @@ class WorkerConfig(ServiceConfig):
     model: str = "SmolLM2-135M-Instruct"
     dtype: str = "auto"
     weights: str = "auto"  # EngineConfig.weights
+    activations: str = "float"  # EngineConfig.activations
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30
     max_num_batched_tokens: int = 2048
@@ -55,6 +56,7 @@ class WorkerConfig(ServiceConfig):
             model=self.model,
             dtype=self.dtype,
             weights=self.weights,
+            activations=self.activations,
             block_size=self.block_size,
             kv_cache_bytes=self.kv_cache_bytes,
             max_num_batched_tokens=self.max_num_batched_tokens,

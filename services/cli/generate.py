@@ -6,7 +6,13 @@ import argparse
 
 import orjson
 
-from shared.engine.config import ATTENTION_CHOICES, DTYPE_CHOICES, WEIGHTS_CHOICES, EngineConfig
+from shared.engine.config import (
+    ACTIVATIONS_CHOICES,
+    ATTENTION_CHOICES,
+    DTYPE_CHOICES,
+    WEIGHTS_CHOICES,
+    EngineConfig,
+)
 from shared.engine.engine import LLMEngine
 from shared.engine.interface import EngineInterface
 from shared.engine.output import Completion
@@ -52,6 +58,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="auto: Triton on a GPU, the native CPU kernels elsewhere",
     )
+    p.add_argument(
+        "--activations",
+        choices=ACTIVATIONS_CHOICES,
+        default="float",
+        help="of quantized weights: float, or q8 (8-bit, integer dot products, as llama.cpp)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--json", action="store_true", help="print ids, text and logprobs as JSON")
     p.set_defaults(run=run)
@@ -65,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
             weights=args.weights,
             device=args.device,
             attention=args.attention,
+            activations=args.activations,
             num_threads=args.threads,
         )
     )

@@ -84,6 +84,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         model=args.model,
         dtype=args.dtype,
         weights=args.weights,
+        activations=args.activations,
         block_size=args.block_size,
         kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
         max_num_batched_tokens=args.max_num_batched_tokens,

@@ -28,6 +28,15 @@ def check_device(name: str) -> None:
     raise KvstackError(f"unknown device {name!r}; choose auto, cpu, cuda or cuda:N")
 
 
+# How quantized weights take a decode step's activations (shared/model/quant.py): "q8" rounds
+# them to 8 bits per block of 32 and multiplies in integers (as llama.cpp), "float" as they are.
+# NOTE: with q8, prefill's many rows (the float GEMM) are rounded to 8 bits the same way, so a
+# request prefilled again (moved to another worker, preempted) continues as one that decoded.
+# float stays the default: tests/e2e/test_isolation.py's greedy answers through the stack
+# differ from an in-process engine's with q8 (not understood yet; see docs/benchmarks.md).
+ACTIVATIONS_CHOICES = ("q8", "float")
+
+
 def resolve_dtype(name: str, device: str = "cpu") -> str:
     """ "auto" is bfloat16 where the hardware computes it natively, float32 elsewhere."""
     if name != "auto":
@@ -50,6 +59,7 @@ class EngineConfig:
     model: str = "SmolLM2-135M-Instruct"  # a known name, an HF directory or a .gguf file
     dtype: str = "auto"  # "auto": bfloat16 where native, else float32
     weights: str = "auto"  # WEIGHTS_CHOICES: "auto" is what the file holds, on CPU
+    activations: str = "float"  # ACTIVATIONS_CHOICES: of quantized weights' GEMV (few rows)
     device: str = "cpu"  # "auto", "cpu", "cuda" or "cuda:N"
     attention: str = "auto"  # ATTENTION_CHOICES
     block_size: int = 16
@@ -83,6 +93,11 @@ class EngineConfig:
                 f"unknown attention {self.attention!r}; choose from {', '.join(ATTENTION_CHOICES)}"
             )
         check_device(self.device)
+        if self.activations not in ACTIVATIONS_CHOICES:
+            raise KvstackError(
+                f"unknown activations {self.activations!r}; "
+                f"choose from {', '.join(ACTIVATIONS_CHOICES)}"
+            )
         positives = ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs")
         for name in positives:
             if getattr(self, name) < 1:

@@ -21,6 +21,7 @@ from shared.model.attention_choice import attention_backend, backend_name
 from shared.model.config import ModelConfig
 from shared.model.kernels import cpu_ops
 from shared.model.llama import ForwardBatch, LlamaModel
+from shared.model.quant import set_activations
 from shared.model.quant_loader import load_model_as
 from shared.model.registry import gguf_source
 
@@ -126,6 +127,7 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
     dtype = getattr(torch, config.resolved_dtype)
     gguf = gguf_source(config.model) if config.weights != "float" else None
     model = load_model_as(config.weights, model_dir, gguf, dtype, device)
+    set_activations(model, config.activations)
     mc = model.config
     num_blocks = config.num_blocks or max(
         1,
