@@ -40,6 +40,10 @@ class Bus:
         self.nc = nc
         self.name = name
         self.tasks = Tasks(name)
+        # NOTE: heartbeats carry it: what this process published just before a
+        # reconnection may be lost (NATS core is at most once), and a gateway waiting for
+        # those messages learns it from here.
+        self.reconnections = 0
         # Called after each reconnection: messages published meanwhile may be lost, so a
         # service re-announces itself or re-checks what it waits for.
         self.on_reconnect: list[Callable[[], Awaitable[None]]] = []
@@ -60,6 +64,7 @@ class Bus:
             log.info("%s: NATS reconnected", name)
             if bus is None:  # reconnected before connect() returned: nothing to announce yet
                 return
+            bus.reconnections += 1
             for callback in bus.on_reconnect:
                 bus.tasks.spawn(callback(), "re-announcing after a reconnection")
 

@@ -36,6 +36,7 @@ class Heartbeat:
     draining: bool = False  # finishing what it holds: place nothing new here
     instance: str = ""  # one process's life: a restart under the same id changes it
     stopped: bool = False  # the last beat of a clean stop: forget this worker now
+    reconnections: int = 0  # of its NATS connection: what it sent just before may be lost
 
 
 @message("placement_request")

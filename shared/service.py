@@ -302,9 +302,15 @@ async def _register(service: Service):
 async def _beat(service: Service) -> None:
     if not service.needs_bus:
         return
-    beat = replace(service.heartbeat(), instance=service.instance, stopped=service.leaving)
+    bus = service.live_bus
+    beat = replace(
+        service.heartbeat(),
+        instance=service.instance,
+        stopped=service.leaving,
+        reconnections=bus.reconnections,
+    )
     try:
-        await service.live_bus.publish(subjects.heartbeat(service.name, service.worker_id), beat)
+        await bus.publish(subjects.heartbeat(service.name, service.worker_id), beat)
     except Exception as e:  # a NATS hiccup must not end the heartbeats
         log.warning("%s: heartbeat failed: %s", service.worker_id, e)
 

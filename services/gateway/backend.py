@@ -4,7 +4,8 @@ place it again when a worker is lost.
 Each attempt has its own internal request id, so no stale token of an earlier attempt can
 mix in. An attempt that fails in a way another worker can fix (no worker answered, KV
 refused, a worker died or was restarted, a worker handed the request back while stopping,
-the NATS connection was re-established) raises `WorkerLost`; `Progress` decides whether
+the gateway's or the worker's NATS connection was re-established and its token stream went
+silent or shows a gap) raises `WorkerLost`; `Progress` decides whether
 the request is retried (nothing arrived yet) or migrated (prompt + tokens so far are
 prefilled again elsewhere and the same stream goes on), or has used up its attempts.
 """
@@ -48,7 +49,8 @@ class _Attempt:
     request_id: str
     placement: Placement
     watched: tuple[tuple[str, str], ...]
-    epoch: int
+    epoch: int  # the gateway's NATS (re)connections when it started
+    connections: dict[str, int]  # each worker's NATS reconnections when it started
 
 
 class Backend:
@@ -112,7 +114,13 @@ class Backend:
             if not progress.token_ids:  # TTFT's: the attempt that gives the first token
                 progress.placement_seconds = time.monotonic() - asked
             workers = (placement.prefill_id, placement.decode_id)
-            attempt = _Attempt(request_id, placement, self.liveness.watch(workers), epoch)
+            attempt = _Attempt(
+                request_id,
+                placement,
+                self.liveness.watch(workers),
+                epoch,
+                self.liveness.connections(workers),
+            )
             await self._submit(progress, attempt)
             async for event in self._ordered(events, attempt):
                 _check(event, attempt)
@@ -226,8 +234,9 @@ class Backend:
                 expected += 1
                 if expected == 1:  # the prefill worker's part is done; only decode matters
                     attempt.watched = attempt.watched[1:]
-            if pending and attempt.epoch != self.epoch:  # a gap after a reconnection
-                raise WorkerLost("token events were lost while NATS reconnected", why="reconnect")
+            cut_off = self._cut_off(attempt) if pending else ""
+            if cut_off:  # a gap after a reconnection: the missing events are lost
+                raise WorkerLost(f"token events were lost: {cut_off}", why="reconnect")
             timeout = self.timeouts.first_token if expected == 0 else self.timeouts.next_token
             event = await self._next(events, timeout, attempt)
             pending[event.seq] = event
@@ -251,16 +260,29 @@ class Backend:
     def _check_attempt(self, attempt: _Attempt) -> None:
         if self.closing:
             raise service_unavailable("the gateway is shutting down", retry_after_s=1)
-        if attempt.epoch != self.epoch:
-            raise WorkerLost(
-                "the gateway's NATS connection was re-established; token events may have been lost",
-                why="reconnect",
-            )
+        cut_off = self._cut_off(attempt)
+        if cut_off:  # silent after a reconnection: its events may never come
+            raise WorkerLost(f"{cut_off}; token events may have been lost", why="reconnect")
         if not self.bus.connected:  # cut off: silence says nothing about the workers
             return
         lost = self.liveness.lost(attempt.watched)
         if lost is not None:
             raise WorkerLost(lost[1], tuple(w for w in attempt.watched if w[0] == lost[0]))
+
+    def _cut_off(self, attempt: _Attempt) -> str:
+        """Why events of `attempt` may have been lost in NATS ("" if no reason to think so).
+
+        NOTE: NATS core delivers at most once: what a client published just before its
+        node died, or what was on its way to a subscriber on that node, is gone. The
+        gateway knows of its own reconnections; a worker's come with its heartbeats (one
+        is published at once after a reconnection). Without the worker's, a stream whose
+        decode worker moved to another node waited `next_token` for events that were
+        lost."""
+        if attempt.epoch != self.epoch:
+            return "the gateway's NATS connection was re-established"
+        watched = tuple(w for w, _ in attempt.watched)
+        worker = self.liveness.reconnected_worker(attempt.connections, watched)
+        return f"worker {worker}'s NATS connection was re-established" if worker else ""
 
 
 def _check(event: TokenEvent, attempt: _Attempt) -> None:

@@ -3,7 +3,8 @@ again now, not after a token timeout.
 
 A worker is lost to a request when it stopped beating, when it said goodbye (the last
 beat of a clean stop), or when its beats come from another process under the same id (it
-was restarted: whatever the old one held is gone).
+was restarted: whatever the old one held is gone). A worker whose beats say its NATS
+connection was re-established is alive, but what it published just before may be lost.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class _Seen:
     stopped: bool
     service: str = ""  # "prefill", "decode", "conductor", ...
     draining: bool = False
+    reconnections: int = 0
 
 
 class Liveness:
@@ -36,7 +38,13 @@ class Liveness:
 
     def observe(self, hb: Heartbeat) -> None:
         self._last[hb.worker_id] = _Seen(
-            time.monotonic(), hb.interval, hb.instance, hb.stopped, hb.service, hb.draining
+            time.monotonic(),
+            hb.interval,
+            hb.instance,
+            hb.stopped,
+            hb.service,
+            hb.draining,
+            hb.reconnections,
         )
 
     def reconnected(self) -> None:
@@ -46,6 +54,21 @@ class Liveness:
     def watch(self, worker_ids: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
         """(worker id, its process now) for each worker: what `lost` compares with."""
         return tuple((w, self._last[w].instance if w in self._last else "") for w in worker_ids)
+
+    def connections(self, worker_ids: tuple[str, ...]) -> dict[str, int]:
+        """Each known worker's NATS reconnections so far: what `reconnected_worker`
+        compares with."""
+        return {w: self._last[w].reconnections for w in worker_ids if w in self._last}
+
+    def reconnected_worker(self, since: dict[str, int], worker_ids: tuple[str, ...]) -> str:
+        """The first of `worker_ids` whose NATS connection was re-established since
+        `since` by the same process ("" if none): what it published just before may be
+        lost. A restart is `lost`'s to report."""
+        for worker_id in worker_ids:
+            seen = self._last.get(worker_id)
+            if seen is not None and seen.reconnections > since.get(worker_id, seen.reconnections):
+                return worker_id
+        return ""
 
     def instance(self, worker_id: str) -> str | None:
         """The process behind `worker_id` now (None: never heard of)."""

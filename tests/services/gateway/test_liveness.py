@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from services.gateway.liveness import Liveness
 from shared.messages import Heartbeat
@@ -57,3 +58,14 @@ def test_placements_avoid_workers_that_went_quiet_before_the_conductor_notices()
     time.sleep(0.1)
     assert live.quiet() == ("d0",)
     assert live.instance("d0") == "a" and live.instance("nobody") is None
+
+
+def test_a_worker_that_reconnected_since_is_named_but_not_lost() -> None:
+    live = Liveness()
+    live.observe(beat("d0"))
+    since = live.connections(("d0", "unknown"))
+    assert since == {"d0": 0} and live.reconnected_worker(since, ("d0", "unknown")) == ""
+    live.observe(replace(beat("d0"), reconnections=1))
+    assert live.reconnected_worker(since, ("d0",)) == "d0"
+    assert live.lost(live.watch(("d0",))) is None  # alive: only its last events may be gone
+    assert live.reconnected_worker(live.connections(("d0",)), ("d0",)) == ""  # a new attempt
