@@ -154,9 +154,10 @@ SETTINGS: dict[str, Setting] = {
     "kv_pool": Setting(
         "--kv-pool",
         "kvstore: kvstack's kvstore instances; mooncake: Mooncake Store (a mooncake_master, "
-        "needs the `rdma` extra)",
+        "needs the `rdma` extra; env KVSTACK_KV_POOL)",
         choices=KV_POOLS,
         default="kvstore",
+        env="KVSTACK_KV_POOL",
     ),
     "mooncake_master": Setting(
         "--mooncake-master",

@@ -91,7 +91,7 @@ class Container:
 
 
 def problems(docs: list[dict], served: Served, secret_files: set[str]) -> list[str]:
-    found: list[str] = []
+    found: list[str] = config_map_problems(docs)
     for workload, spec in containers(docs):
         container = Container(workload, spec)
         if container.words[:1] == ["kvstack"]:
@@ -171,6 +171,29 @@ def env_problems(container: Container) -> list[str]:
         for name in container.env
         if name not in code_env_names() and name not in referenced
     ]
+
+
+def config_map_problems(docs: list[dict]) -> list[str]:
+    """Every ConfigMap containers take their environment from exists (or is optional) and
+    holds variables kvstack reads, with values their settings accept."""
+    maps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d.get("kind") == "ConfigMap"}
+    refs = [s.get("configMapRef", {}) for _, c in containers(docs) for s in c.get("envFrom", [])]
+    found = [
+        f"no ConfigMap {r['name']}" for r in refs if r["name"] not in maps and not r.get("optional")
+    ]
+    for name in sorted({r["name"] for r in refs} & maps.keys()):
+        found += [f"ConfigMap {name}: {p}" for p in env_value_problems(maps[name])]
+    return found
+
+
+def env_value_problems(data: dict[str, str]) -> list[str]:
+    by_env = {s.env: s for s in SETTINGS.values() if s.env}
+    found = [f"{key}: kvstack does not read it" for key in data if key not in code_env_names()]
+    for key, value in data.items():
+        choices = getattr(by_env.get(key), "choices", None)
+        if choices and value not in choices:
+            found.append(f"{key}={value} is not one of {', '.join(choices)}")
+    return found
 
 
 @functools.cache

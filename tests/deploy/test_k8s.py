@@ -285,3 +285,14 @@ def answer(url: str, within: float = 10.0) -> int:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def test_a_wrong_kv_pool_setting_fails_the_check(docs, served, secret_files) -> None:
+    broken = copy.deepcopy(docs)
+    data = find(broken, "ConfigMap", "kvstack-kv-pool")["data"]
+    data["KVSTACK_KV_POOL"] = "redis"
+    data["KVSTACK_MOONCAKE_URL"] = "mooncake-master:50051"
+    assert checks.problems(broken, served, secret_files) == [
+        "ConfigMap kvstack-kv-pool: KVSTACK_MOONCAKE_URL: kvstack does not read it",
+        "ConfigMap kvstack-kv-pool: KVSTACK_KV_POOL=redis is not one of kvstore, mooncake",
+    ]
