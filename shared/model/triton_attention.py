@@ -168,6 +168,22 @@ def _dot_in_float32(q: torch.Tensor) -> bool:
 
 
 @triton.jit
+def _attend(q, k, v, visible, m_i, l_i, acc, scale, PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
+    """One tile of keys into the running softmax: max m_i, sum l_i, weighted values acc."""
+    if DOT_F32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
+    scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    p = tl.exp(scores - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc * alpha[:, None] + pv.to(tl.float32)
+
+
+@triton.jit
 def _decode_kernel(
     out_ptr,
     q_ptr,
@@ -219,18 +235,7 @@ def _decode_kernel(
         kv_mask = visible[:, None] & (dims < head_dim)[None, :]
         k = tl.load(k_ptr + token[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + token[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        if DOT_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
-        scores = tl.where(visible[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        p = tl.exp(scores - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        acc = acc * alpha[:, None] + pv.to(tl.float32)
-        m_i = m_new
+        m_i, l_i, acc = _attend(q, k, v, visible[None, :], m_i, l_i, acc, scale, PRECISION, DOT_F32)
     acc = acc / l_i[:, None]
     tl.store(
         out_ptr + seq * stride_ot + heads[:, None] * stride_oh + dims[None, :],
@@ -300,19 +305,8 @@ def _prefill_kernel(
         kv_mask = in_context[:, None] & dim_mask[None, :]
         k = tl.load(k_ptr + token[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + token[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        if DOT_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
         visible = in_context[None, :] & (positions[None, :] <= query_positions[:, None])
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        p = tl.exp(scores - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        acc = acc * alpha[:, None] + pv.to(tl.float32)
-        m_i = m_new
+        m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, scale, PRECISION, DOT_F32)
     acc = acc / l_i[:, None]
     tl.store(
         out_ptr + (token_start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :],
