@@ -106,7 +106,7 @@ def kvstack_server(setup: PeerSetup, mode: str, gguf: Path) -> ServerSpec:
         "--dtype", setup.dtype,
         "--weights", "auto",
         "--secrets-dir", str(setup.work_dir / "kvstack-secrets"),
-        *MODE_ARGS[mode](setup),
+        *MODE_ARGS[mode](setup, gguf),
         *shlex.split(setup.kvstack_args),
     )  # fmt: skip
     env = {"PYTHONPATH": str(REPO_ROOT)}
@@ -122,17 +122,18 @@ def kvstack_model(setup: PeerSetup, gguf: Path) -> str:
     return setup.model if gguf_source(setup.model) == gguf else str(gguf)
 
 
-def serve_args(setup: PeerSetup) -> tuple[str, ...]:
+def serve_args(setup: PeerSetup, gguf: Path) -> tuple[str, ...]:
     return ("--threads", str(setup.threads))
 
 
-def up_args(setup: PeerSetup) -> tuple[str, ...]:
+def up_args(setup: PeerSetup, gguf: Path) -> tuple[str, ...]:
     # NOTE: `up` runs one prefill and one decode worker; each gets half the threads, so
-    # the stack uses as many cores as each peer does.
+    # the stack uses as many cores as each peer does. A log folder per stack: two stacks
+    # in one would rotate each other's logs away.
     return (
         "--base-port", "0",
         "--threads", str(max(1, setup.threads // 2)),
-        "--log-dir", str(setup.work_dir / "kvstack-logs"),
+        "--log-dir", str(setup.work_dir / f"kvstack-up-{weight_format(gguf)}-logs"),
     )  # fmt: skip
 
 
