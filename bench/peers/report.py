@@ -84,10 +84,11 @@ def format_table(medians: dict, metrics: list[Metric], header: str) -> str:
     peers = [p for p in medians if p not in ours]
     by_peer = ratios(medians)
     label_width = max([len(m.label) for m in metrics] + [8]) + 2
-    columns = "".join(f"{k:>18}" for k in ours) + "".join(f"{p:>18}{'x':>7}" for p in peers)
+    width = max([len(k) + 2 for k in ours] + [12])
+    columns = "".join(f"{k:>{width}}" for k in ours) + "".join(f"{p:>18}{'x':>7}" for p in peers)
     lines = [header, f"{'':{label_width}}{columns}"]
     for metric in metrics:
-        cells = "".join(f"{cell(medians[k].get(metric.key)):>18}" for k in ours)
+        cells = "".join(f"{cell(medians[k].get(metric.key)):>{width}}" for k in ours)
         cells += "".join(
             f"{cell(medians[p].get(metric.key)):>18}{cell(by_peer[p].get(metric.key), 2):>7}"
             for p in peers
