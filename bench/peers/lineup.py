@@ -83,7 +83,9 @@ def kvstack_servers(setup: PeerSetup) -> tuple[list[ServerSpec], list[str]]:
     with no file among `ggufs` is a skipped line."""
     by_format = {weight_format(g): g for g in setup.ggufs}
     formats = setup.kvstack_formats or (weight_format(setup.ggufs[0]),)
-    ggufs = [by_format[f] for f in formats if f in by_format]
+    # NOTE: never no kvstack at all: a model whose own file is of none of the formats asked
+    # for runs on that file.
+    ggufs = [by_format[f] for f in formats if f in by_format] or [setup.ggufs[0]]
     skipped = [
         f"kvstack {f}: no {f} file among the GGUFs: skipped" for f in formats if f not in by_format
     ]

@@ -98,6 +98,8 @@ def test_kvstack_runs_a_column_per_mode_and_weight_format(tmp_path) -> None:
     assert up[up.index("--model") + 1] == str(tmp_path / "m.F32.gguf")
     assert up[up.index("--served-model-name") + 1] == peers.model
     assert not servers["kvstack up F32"].api_key  # `up` wants none by default
+    other = discover(setup(tmp_path, kvstack_formats=("Q4_K",))).servers
+    assert [s.name for s in other][:1] == ["kvstack serve Q4_1"]  # the model's own file
 
 
 def test_skip_leaves_out_peers_by_prefix_but_never_kvstack(tmp_path) -> None:
