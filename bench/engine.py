@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -10,7 +11,13 @@ import time
 import orjson
 import torch
 
-from shared.engine.config import DTYPE_CHOICES, WEIGHTS_CHOICES, EngineConfig, resolve_dtype
+from shared.engine.config import (
+    ACTIVATIONS_CHOICES,
+    DTYPE_CHOICES,
+    WEIGHTS_CHOICES,
+    EngineConfig,
+    resolve_dtype,
+)
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
@@ -29,6 +36,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="kvstack's dtype")
     p.add_argument(
         "--weights", choices=WEIGHTS_CHOICES, default="auto", help="kvstack's weight format"
+    )
+    p.add_argument(
+        "--activations",
+        choices=ACTIVATIONS_CHOICES,
+        default="q8",
+        help="of kvstack's quantized weights' GEMV",
+    )
+    p.add_argument(
+        "--before",
+        choices=("routing", "float-activations"),
+        default="routing",
+        help="the 'before' column: matmuls routed as before the native GEMV took float32, or "
+        "a second engine whose quantized weights take float activations",
     )
     p.add_argument(
         "--baseline-dtypes",
@@ -54,19 +74,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    engine = LLMEngine(
-        EngineConfig(
-            model=args.model,
-            dtype=args.dtype,
-            weights=args.weights,
-            num_threads=args.threads,
-            enable_prefix_cache=False,
-            max_num_batched_tokens=8192,
-            max_num_seqs=256,
-        )
+    config = EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        weights=args.weights,
+        activations=args.activations,
+        num_threads=args.threads,
+        enable_prefix_cache=False,
+        max_num_batched_tokens=8192,
+        max_num_seqs=256,
     )
+    engine = LLMEngine(config)
     ours = KvstackSide(engine)
-    before = None if args.no_routing_baseline else RoutingBefore(ours)
+    before = before_side(args, config, ours)
     args.dtype = resolve_dtype(args.dtype)
     baseline_dtypes = (
         args.baseline_dtypes or ",".join(dict.fromkeys(["float32", args.dtype]))
@@ -112,6 +132,8 @@ def measure(args: argparse.Namespace, ours, theirs, before=None) -> dict:
         "model": args.model,
         "dtype": args.dtype,
         "weights": args.weights,
+        "activations": args.activations,
+        "before": args.before,
         "kernels": chosen_isa() if cpu_ops() is not None else "off",
         "threads": args.threads,
         "prompt_len": args.prompt_len,
@@ -181,6 +203,14 @@ class KvstackSide:
         while self.engine.has_unfinished:
             self.engine.step()
         return time.perf_counter() - start
+
+
+def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSide):
+    if args.no_routing_baseline:
+        return None
+    if args.before == "float-activations":
+        return KvstackSide(LLMEngine(dataclasses.replace(config, activations="float")))
+    return RoutingBefore(ours)
 
 
 class RoutingBefore:
@@ -304,6 +334,8 @@ def format_table(report: dict) -> str:
         f"({report['read_bandwidth_gb_s']} GB/s) / weight bytes "
         f"({report['weight_bytes'] / 1e6:.0f} MB) per step"
     )
-    if has_before:
+    if has_before and report["before"] == "float-activations":
+        lines.append("before: a second engine, its quantized weights' GEMV on float activations")
+    elif has_before:
         lines.append("before: the same engine, matmuls routed as before (one bf16 row to the GEMV)")
     return "\n".join(lines)

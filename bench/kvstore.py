@@ -1,4 +1,5 @@
-"""`python -m bench kvstore`: the pool's put/get throughput per tier, and what a hit saves:
+"""`python -m bench kvstore`: the KV pools' put/get throughput side by side (the kvstore
+per tier, Mooncake Store), a block and a request's blocks per call, and what a hit saves:
 TTFT of a 2,048-token prompt cold, with its first 1,984 tokens in the kvstore, and with
 them in the prefill worker's own cache."""
 
@@ -21,6 +22,7 @@ from shared import subjects
 from shared.bus import Bus
 from shared.errors import KvstackError
 from shared.kv_inbox import KVInbox
+from shared.kv_pool import KVPool
 from shared.kvcache.storage import KVStorage
 from shared.kvstore_client import KvstorePool
 from shared.messages import Heartbeat
@@ -32,19 +34,25 @@ PUT_BLOCKS = 16  # blocks per put: what one 256-token request writes back
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("kvstore", help="kvstore put/get throughput and TTFT with a pool hit")
+    p = sub.add_parser(
+        "kvstore", help="KV pool put/get throughput (kvstore, Mooncake Store), TTFT with a hit"
+    )
     p.add_argument("--blocks", type=int, default=256, help="blocks per throughput run")
     p.add_argument("--trials", type=int, default=3, help="TTFT trials per case")
     p.add_argument("--skip-ttft", action="store_true")
+    p.add_argument(
+        "--skip-mooncake", action="store_true", help="the kvstore only (no Mooncake Store)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="kvstack-bench-"))
-    report: dict[str, Any] = {
-        "throughput": [measure_tier(work, tier, args.blocks) for tier in ("dram", "ssd")]
-    }
+    rows = [row for tier in ("dram", "ssd") for row in measure_tier(work, tier, args.blocks)]
+    if not args.skip_mooncake:
+        rows += measure_mooncake(work, args.blocks)
+    report: dict[str, Any] = {"throughput": rows}
     if not args.skip_ttft:
         report["ttft"] = measure_ttft(work, args.trials)
     print(
@@ -80,14 +88,16 @@ class PoolClient:
         self.inbox = KVInbox(self.storage, asyncio.get_running_loop())
         self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0, auth_token=token)
         self.sender = TcpKVSender(auth_token=token)
-        self.pool = KvstorePool(bus, self.sender, self.storage, self.inbox, self.receiver.start())
+        self.pool: KVPool = KvstorePool(
+            bus, self.sender, self.storage, self.inbox, self.receiver.start()
+        )
 
     async def join(self, bus: Bus, num_stores: int) -> None:
         async def observe(hb: Heartbeat) -> None:
             self.pool.observe(hb)
 
         await bus.subscribe(subjects.all_heartbeats(), observe, expected=Heartbeat)
-        while len(self.pool.ring().members) < num_stores:
+        while self.pool.num_members() < num_stores:
             await asyncio.sleep(0.1)
 
     async def put(self, name: str, hashes: list[int], block_ids: list[int]) -> None:
@@ -105,32 +115,29 @@ class PoolClient:
             await asyncio.wait_for(expected.settled.wait(), 120)
         return loads is not None and all(not e.verdict() for e in loads)
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        await self.pool.close()
         self.receiver.stop()
         self.sender.close()
 
 
-def measure_tier(work: Path, tier: str, num_blocks: int) -> dict:
-    progress(f"{tier} tier: {num_blocks} blocks")
-    block_bytes = (
-        2
-        * LAYOUT["num_layers"]
-        * LAYOUT["block_size"]
-        * LAYOUT["num_kv_heads"]
-        * LAYOUT["head_dim"]
-        * 2
-    )
-    gib = num_blocks * block_bytes / (1 << 30)
+BLOCK_BYTES = 2 * LAYOUT["num_layers"] * LAYOUT["block_size"] * LAYOUT["num_kv_heads"] * 64 * 2
+BATCHES = (1, PUT_BLOCKS)  # blocks per call: one block, one 256-token request's
+
+
+def measure_tier(work: Path, tier: str, num_blocks: int) -> list[dict]:
+    progress(f"kvstore, {tier} tier: {num_blocks} blocks")
+    gib = len(BATCHES) * num_blocks * BLOCK_BYTES / (1 << 30)  # every run's blocks
     args = (
-        ("--dram-gib", str(2 * gib + 0.01))
+        ("--dram-gib", str(gib + 0.01))
         if tier == "dram"
         else (
             "--dram-gib",
-            str(gib / 4),
+            str(gib / 8),
             "--disk-dir",
             str(work / "ssd"),
             "--disk-gib",
-            str(2 * gib + 0.01),
+            str(2 * gib + 0.01),  # NOTE: headroom, as the single-run version had
         )
     )
     stack = Stack(
@@ -147,47 +154,73 @@ def measure_tier(work: Path, tier: str, num_blocks: int) -> dict:
     stack.start()
     try:
         stack.wait_ready()
-        put_s, get_s = asyncio.run(_round_trip(stack, num_blocks))
+        return asyncio.run(_kvstore_runs(stack, tier, num_blocks))
     finally:
         stack.stop()
-    nbytes = num_blocks * block_bytes
+
+
+async def _kvstore_runs(stack: Stack, tier: str, num_blocks: int) -> list[dict]:
+    bus = await stack.bus("bench-kvstore")
+    client = PoolClient(bus, num_blocks, stack.data_token)
+    await client.join(bus, 1)
+    rows = [await _round_trip(client, f"kvstore {tier}", num_blocks, n) for n in BATCHES]
+    await client.close()
+    await bus.drain()
+    return rows
+
+
+def measure_mooncake(work: Path, num_blocks: int) -> list[dict]:
+    from bench.kvstore_mooncake import mooncake_store
+
+    progress(f"Mooncake Store: {num_blocks} blocks")
+    segment = len(BATCHES) * num_blocks * (BLOCK_BYTES + 4096) + (64 << 20)
+    with mooncake_store(work / "mooncake", segment) as master:
+        return asyncio.run(_mooncake_runs(master, num_blocks))
+
+
+async def _mooncake_runs(master: str, num_blocks: int) -> list[dict]:
+    from bench.kvstore_mooncake import open_pool
+
+    client = PoolClient(None, num_blocks, None)  # type: ignore[arg-type]  # no bus needed
+    client.pool = await open_pool(None, client.storage, client.inbox, master)  # type: ignore[arg-type]
+    rows = [await _round_trip(client, "mooncake", num_blocks, n) for n in BATCHES]
+    await client.close()
+    return rows
+
+
+async def _round_trip(client: PoolClient, pool: str, num_blocks: int, batch: int) -> dict:
+    """Put `num_blocks` blocks, `batch` per call, until all are committed; then get them
+    back the same way. New hashes per run: a block the pool holds is not sent again."""
+    salt = batch * 0x5BD1E995
+    hashes = [(i * 0x9E3779B97F4A7C15 + 12345 + salt) % (1 << 64) for i in range(num_blocks)]
+    ids = list(range(num_blocks))
+    calls = range(0, num_blocks, batch)
+    start = time.perf_counter()
+    for first in calls:
+        await client.put(
+            f"put-{batch}-{first}", hashes[first : first + batch], ids[first : first + batch]
+        )
+    deadline = time.monotonic() + 60
+    while await client.pool.longest_prefix(hashes) < num_blocks:  # committed, all of them
+        if time.monotonic() > deadline:
+            raise KvstackError(f"{pool} did not store every block (too small?)")
+        await asyncio.sleep(0.005)
+    put_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for first in calls:
+        name = f"get-{batch}-{first}"
+        if not await client.get(name, hashes[first : first + batch], ids[first : first + batch]):
+            raise KvstackError(f"getting blocks {first}.. from {pool} failed")
+    get_s = time.perf_counter() - start
+    nbytes = num_blocks * BLOCK_BYTES
     return {
-        "tier": tier,
+        "pool": pool,
+        "blocks_per_call": batch,
         "blocks": num_blocks,
         "bytes": nbytes,
         "put_gb_s": round(nbytes / put_s / 1e9, 3),
         "get_gb_s": round(nbytes / get_s / 1e9, 3),
     }
-
-
-async def _round_trip(stack: Stack, num_blocks: int) -> tuple[float, float]:
-    bus = await stack.bus("bench-kvstore")
-    client = PoolClient(bus, num_blocks, stack.data_token)
-    await client.join(bus, 1)
-    hashes = [(i * 0x9E3779B97F4A7C15 + 12345) % (1 << 64) for i in range(num_blocks)]
-    ids = list(range(num_blocks))
-    batches = range(0, num_blocks, PUT_BLOCKS)
-    start = time.perf_counter()
-    for first in batches:  # one put per 256-token request
-        await client.put(
-            f"put-{first}", hashes[first : first + PUT_BLOCKS], ids[first : first + PUT_BLOCKS]
-        )
-    deadline = time.monotonic() + 60
-    while await client.pool.longest_prefix(hashes) < num_blocks:  # committed, all of them
-        if time.monotonic() > deadline:
-            raise KvstackError("the kvstore did not store every block (too small a DRAM tier?)")
-        await asyncio.sleep(0.005)
-    put_s = time.perf_counter() - start
-    start = time.perf_counter()
-    for first in batches:
-        if not await client.get(
-            f"get-{first}", hashes[first : first + PUT_BLOCKS], ids[first : first + PUT_BLOCKS]
-        ):
-            raise KvstackError(f"getting blocks {first}.. from the kvstore failed")
-    get_s = time.perf_counter() - start
-    client.close()
-    await bus.drain()
-    return put_s, get_s
 
 
 # -- TTFT: the real stack, 2 prefill workers taking turns --------------------------------
@@ -263,13 +296,16 @@ def _free_port() -> int:
 def format_table(report: dict) -> str:
     lines = [
         (
-            "kvstore throughput (one kvstore process, one client, loopback TCP; SmolLM2 "
+            "KV pool throughput (one store process, one client, loopback TCP; SmolLM2 "
             "bf16 blocks of 368,640 B)"
         ),
-        f"{'tier':8}{'blocks':>8}{'put GB/s':>10}{'get GB/s':>10}",
+        f"{'pool':14}{'blocks/call':>12}{'put GB/s':>10}{'get GB/s':>10}",
     ]
     for row in report["throughput"]:
-        lines.append(f"{row['tier']:8}{row['blocks']:>8}{row['put_gb_s']:>10}{row['get_gb_s']:>10}")
+        lines.append(
+            f"{row['pool']:14}{row['blocks_per_call']:>12}{row['put_gb_s']:>10}"
+            f"{row['get_gb_s']:>10}"
+        )
     if "ttft" in report:
         t = report["ttft"]
         lines += [

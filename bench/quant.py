@@ -5,7 +5,10 @@ token is float32's) on a fixed text in the repo, scored in one causal pass; llam
 the same GGUF file too where llama-cpp-python is installed (`--llama-cpp-python`). Speed:
 batch-1 decode tok/s per format and per ISA build (each ISA in a process of its own, the
 formats interleaved within it), and the share of the memory-bandwidth limit for each
-format's weight bytes, with read bandwidth measured in the same process.
+format's weight bytes, with read bandwidth measured in the same process. Each quantized
+format runs with float activations and with 8-bit ones ("+ q8 act", the integer-dot GEMV);
+the accuracy of 8-bit activations is scored with every row through that GEMV, as decode
+computes it. llama.cpp decodes the default model's file and each `--llama-cpp-gguf`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from shared.engine.config import QUANT_FORMATS, EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.model.kernels import ISA_ENV, chosen_isa, supported_isas
+from shared.model.quant import set_activations
 from shared.model.quant_loader import load_model_as
 from shared.model.registry import DEFAULT_MODEL, gguf_source, resolve_model
 from shared.model.scoring import causal_logits, greedy_agreement, perplexity
@@ -34,6 +38,7 @@ from shared.model.tokenizer import Tokenizer
 TEXT = Path(__file__).parent.parent / "docs" / "architecture.md"
 WEIGHTS = ("float", "auto", *QUANT_FORMATS)
 LLAMA_CPP_PYTHON = "/work/peers/llamacpp-venv/bin/python"
+LLAMA_CPP_GGUFS = ("/work/peers/gguf/SmolLM2-135M-Instruct.Q8_0.gguf",)
 LLAMA_CPP_SCRIPT = """
 import json, sys, numpy as np, llama_cpp
 path, ids, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
@@ -70,6 +75,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--isas", default=",".join(supported_isas()), help="builds to time")
     p.add_argument("--llama-cpp-python", default=LLAMA_CPP_PYTHON, help="skipped if absent")
+    p.add_argument(
+        "--llama-cpp-gguf",
+        default=",".join(LLAMA_CPP_GGUFS),
+        help="more files for llama.cpp to decode (comma-separated; absent ones skipped)",
+    )
+    p.add_argument("--weights", default=",".join(WEIGHTS), help="formats to score and time")
+    p.add_argument("--activations", default="float,q8", help="of the quantized formats (float, q8)")
     p.add_argument("--speed-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
@@ -95,10 +107,14 @@ def accuracy(args: argparse.Namespace) -> list[dict]:
     model_dir, gguf = resolve_model(args.model), gguf_source(args.model)
     ids = Tokenizer.from_dir(model_dir).encode(TEXT.read_text())[: args.text_tokens]
     scores = {}
-    for weights in WEIGHTS:
+    for weights in ("float", *(w for w in args.weights.split(",") if w != "float")):
         model = load_model_as(weights, model_dir, gguf, torch.float32, "cpu")
-        scores[weights] = causal_logits(model, ids)
-        progress(f"scored {weights}: perplexity {perplexity(scores[weights], ids):.3f}")
+        for activations in variants(args, weights):
+            # NOTE: every row through the GEMV, as decode computes each token's.
+            set_activations(model, activations, max_rows=len(ids))
+            name = label(weights, activations)
+            scores[name] = causal_logits(model, ids)
+            progress(f"scored {name}: perplexity {perplexity(scores[name], ids):.3f}")
     llama = llama_cpp_scores(args, gguf, ids)
     if llama is not None:
         scores["llama.cpp (file)"] = llama
@@ -135,6 +151,7 @@ def speed_in_child(args: argparse.Namespace, isa: str) -> list[dict]:
     argv = [sys.executable, "-m", "bench", "quant", "--speed-only", "--model", args.model]
     argv += ["--threads", str(args.threads), "--repeats", str(args.repeats)]
     argv += ["--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens)]
+    argv += ["--weights", args.weights, "--activations", args.activations]
     progress(f"timing decode with the {isa} kernels")
     env = {**os.environ, ISA_ENV: isa}
     done = subprocess.run(argv, env=env, capture_output=True, timeout=3600)
@@ -145,20 +162,22 @@ def speed_in_child(args: argparse.Namespace, isa: str) -> list[dict]:
 
 def speed(args: argparse.Namespace) -> list[dict]:
     engines = {
-        weights: LLMEngine(
+        label(weights, activations): LLMEngine(
             EngineConfig(
                 model=args.model,
                 dtype="float32",
                 weights=weights,
+                activations=activations,
                 num_threads=args.threads,
                 num_blocks=64,
             )
         )
-        for weights in WEIGHTS
+        for weights in args.weights.split(",")
+        for activations in variants(args, weights)
     }
-    prompt = bench_prompt(args.prompt_tokens, engines["float"].info.model.vocab_size)
+    prompt = bench_prompt(args.prompt_tokens, vocab_size(args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
-    samples: dict[str, list[float]] = {w: [] for w in WEIGHTS}
+    samples: dict[str, list[float]] = {w: [] for w in engines}
     for engine in engines.values():
         engine.generate([prompt], params)  # warm-up
     for _ in range(args.repeats):
@@ -181,6 +200,15 @@ def speed(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def variants(args: argparse.Namespace, weights: str) -> list[str]:
+    """The activation precisions to run `weights` with: float weights take float only."""
+    return ["float"] if weights == "float" else args.activations.split(",")
+
+
+def label(weights: str, activations: str) -> str:
+    return weights if activations == "float" else f"{weights} + {activations} act"
+
+
 def decode_tok_s(engine: LLMEngine, prompt: list[int], params: SamplingParams) -> float:
     """Tokens after the first over the whole run less a run of the first token alone."""
     first_s = timed(engine, prompt, dataclasses.replace(params, max_tokens=1))
@@ -195,13 +223,22 @@ def timed(engine: LLMEngine, prompt: list[int], params: SamplingParams) -> float
 
 
 def llama_cpp_speed(args: argparse.Namespace) -> list[dict]:
-    gguf = gguf_source(args.model)
-    if gguf is None or not Path(args.llama_cpp_python).is_file():
+    files = [gguf_source(args.model), *map(Path, filter(None, args.llama_cpp_gguf.split(",")))]
+    if not Path(args.llama_cpp_python).is_file():
         return []
+    return [
+        row
+        for gguf in files
+        if gguf is not None and gguf.is_file()
+        for row in llama_cpp_file_speed(args, gguf)
+    ]
+
+
+def llama_cpp_file_speed(args: argparse.Namespace, gguf: Path) -> list[dict]:
     prompt = orjson.dumps(bench_prompt(args.prompt_tokens, vocab_size(args))).decode()
     counts = [args.max_tokens, args.threads, args.repeats]
     argv = [args.llama_cpp_python, "-c", LLAMA_CPP_DECODE, str(gguf), prompt, *map(str, counts)]
-    progress("timing llama.cpp's decode on the same file")
+    progress(f"timing llama.cpp's decode of {gguf.name}")
     done = subprocess.run(argv, capture_output=True, timeout=1800)
     if done.returncode != 0:
         progress(f"llama.cpp speed skipped: {done.stderr.decode().strip().splitlines()[-1]}")
@@ -212,7 +249,7 @@ def llama_cpp_speed(args: argparse.Namespace) -> list[dict]:
     return [
         {
             "isa": "llama.cpp",
-            "weights": "the file",
+            "weights": gguf.name,
             "decode_tok_s": round(tok_s, 1),
             "weight_mb": round(weight_bytes / 1e6, 1),
             "read_gb_s": round(bandwidth / 1e9, 2),
@@ -269,7 +306,17 @@ def tables(report: dict) -> str:
 
 
 def cpu_flags() -> str:
-    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_")
+    wanted = (
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512_vnni",
+        "avx512_bf16",
+        "amx_",
+    )
     try:
         flags = next(
             line for line in Path("/proc/cpuinfo").read_text().splitlines() if line[:5] == "flags"

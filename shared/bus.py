@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -23,6 +25,10 @@ log = logging.getLogger("kvstack.bus")
 
 Handler = Callable[[Any], Awaitable[None]]
 Responder = Callable[[Any], Awaitable[Any]]
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+RECONNECT_WAIT = 0.5  # seconds before a server just tried is tried again
+NO_RESPONDER_GRACE = 1.0  # seconds a request waits for a responder that is reconnecting
+NO_RESPONDER_RETRY_S = 0.1
 
 
 class ServiceUnavailable(KvstackError):
@@ -43,8 +49,11 @@ class Bus:
         cls, url: str, name: str, auth: NatsAuth = NatsAuth(), connect_timeout: float = 5.0
     ) -> Bus:
         """Connect with `auth`'s credentials; refuse a bus that lets anyone in unless
-        `auth.insecure` (an open bus hands every prompt to whoever connects)."""
+        `auth.insecure` (an open bus hands every prompt to whoever connects). `url` may
+        name several servers, comma-separated (every node of a cluster): the client
+        connects to one and, when it goes, reconnects to another."""
         auth.check(name)
+        server_urls(url)  # a clear error before any attempt
         bus: Bus | None = None
 
         async def reconnected() -> None:
@@ -85,12 +94,29 @@ class Bus:
         trace goes with it as with `publish`."""
         data, headers = codec.encode(msg), tracing.headers(parent)
         try:
-            reply = await self.nc.request(subject, data, timeout=timeout, headers=headers)
+            reply = await self._request(subject, data, timeout, headers)
         except NoRespondersError:
             raise ServiceUnavailable(f"no responder on {subject}") from None
         except (TimeoutError, NatsTimeout):
             raise ServiceUnavailable(f"no reply on {subject} within {timeout:.1f}s") from None
         return codec.decode(reply.data, expected)
+
+    async def _request(self, subject: str, data: bytes, timeout: float, headers) -> Msg:
+        """nats-py's request, asked again while nobody responds, for up to
+        NO_RESPONDER_GRACE of `timeout`."""
+        # NOTE: a responder whose NATS server (a cluster node) died is back on another
+        # node within about RECONNECT_WAIT; a request in that window finds no responder,
+        # and its caller would count a live worker as lost.
+        started = time.monotonic()
+        while True:
+            left = timeout - (time.monotonic() - started)
+            try:
+                return await self.nc.request(subject, data, timeout=left, headers=headers)
+            except NoRespondersError:
+                waited = time.monotonic() - started
+                if waited + NO_RESPONDER_RETRY_S > min(timeout, NO_RESPONDER_GRACE):
+                    raise
+                await asyncio.sleep(NO_RESPONDER_RETRY_S)
 
     async def subscribe(
         self,
@@ -195,13 +221,13 @@ async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float, rec
 
     connecting = asyncio.ensure_future(
         nc.connect(
-            url,
+            server_urls(url),
             name=name,
             # NOTE: nats-py annotates these two int, but only hands them to asyncio's
             # timeouts and sleeps, which take fractions of seconds.
             connect_timeout=connect_timeout,  # type: ignore[arg-type]
             max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,  # type: ignore[arg-type]
+            reconnect_time_wait=RECONNECT_WAIT,  # type: ignore[arg-type]
             allow_reconnect=True,
             error_cb=on_error,
             disconnected_cb=_log_event(f"{name}: NATS disconnected"),
@@ -220,6 +246,29 @@ async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float, rec
     except Exception as e:
         raise KvstackError(f"cannot reach NATS at {url}: {type(e).__name__} {e}") from None
     return nc
+
+
+def server_urls(urls: str) -> list[str]:
+    """The NATS servers `urls` names: one URL, or several comma-separated."""
+    servers = [u.strip() for u in urls.split(",") if u.strip()]
+    if not servers:
+        raise KvstackError("no NATS server URL (--nats, KVSTACK_NATS)")
+    bad = [server for server in servers if not _valid_url(server)]
+    if bad:
+        raise KvstackError(
+            f"bad NATS server URL {bad[0]!r} in {urls!r}: expected e.g. nats://host:4222, "
+            "several separated by commas"
+        )
+    return servers
+
+
+def _valid_url(server: str) -> bool:
+    parts = urlsplit(server if "://" in server else f"nats://{server}")
+    try:
+        _ = parts.port  # NOTE: raises on a port that is no number or out of range
+    except ValueError:
+        return False
+    return parts.scheme in NATS_SCHEMES and bool(parts.hostname)
 
 
 def _refusal(e: Exception) -> str:

@@ -1,4 +1,5 @@
-"""What workers need from the kvstore pool: who owns a block, is it there, get it, put it.
+"""The kvstore pool (`--kv-pool kvstore`, shared/kv_pool.py): who owns a block, is it
+there, get it, put it.
 
 Membership comes from kvstore heartbeats; a block's owner is its place on the hash ring
 of live instances. A kvstore that does not answer is a cache miss, never an error.
@@ -14,14 +15,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shared import subjects
+from shared.block_fetch import BlockFetcher
 from shared.bus import Bus, ServiceUnavailable
 from shared.codec import MessageError
 from shared.engine.loop import EngineLoop
 from shared.hash_ring import HashRing
 from shared.kv_inbox import Expected, KVInbox
+from shared.kv_pool import Done, KVPool
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
-from shared.messages import Ack, BlockGet, BlockLookup, BlockPresence, BlockPut, Heartbeat, PutSlots
+from shared.messages import BlockLookup, BlockPresence, BlockPut, Heartbeat, PutSlots
 from shared.transfer.base import BlockSpan, KVSender, coalesce
 
 log = logging.getLogger("kvstack.kvstore_client")
@@ -48,8 +51,8 @@ class KvstorePool:
     ) -> None:
         self.bus, self.sender, self.storage, self.inbox = bus, sender, storage, inbox
         self.layout = BlockLayout.of(storage)
-        self.data_addr = data_addr  # where my blocks arrive
         self.timeout = timeout
+        self.fetcher = BlockFetcher(bus, inbox, self.layout, data_addr, timeout)
         self._members: dict[str, _Member] = {}
         self._ring = HashRing()
 
@@ -69,6 +72,15 @@ class KvstorePool:
         if set(self._ring.members) != live:
             self._ring = HashRing(live)
         return self._ring
+
+    def num_members(self) -> int:
+        return len(self.ring().members)
+
+    async def report(self) -> None:
+        """Nothing to say: each kvstore instance beats and publishes its own KV events."""
+
+    async def close(self) -> None:
+        """Nothing held: requests go over the worker's bus and sender."""
 
     # -- lookup ------------------------------------------------------------------------
 
@@ -100,67 +112,28 @@ class KvstorePool:
         groups = self.ring().group(block_hashes)
         dest = dict(zip(block_hashes, dest_block_ids))
         subject = lambda worker: subjects.kvstore_op(worker, "get")
+        fetch = self.fetcher.fetch
         started = await asyncio.gather(
             *(
-                self.fetch(subject(worker), f"{transfer_id}:{i}", hashes, [dest[h] for h in hashes])
+                fetch(subject(worker), f"{transfer_id}:{i}", hashes, [dest[h] for h in hashes])
                 for i, (worker, hashes) in enumerate(groups.items())
             )
         )
         if None in started or sum(map(len, groups.values())) != len(block_hashes):
-            await asyncio.gather(*(self.cancel(e) for e in started if e is not None))
+            await asyncio.gather(*(self.fetcher.cancel(e) for e in started if e is not None))
             return None
         return [e for e in started if e is not None]
-
-    async def fetch(
-        self,
-        subject: str,
-        transfer_id: str,
-        block_hashes: Sequence[int],
-        dest_block_ids: Sequence[int],
-    ) -> Expected | None:
-        """Ask one source (a kvstore or a peer prefill worker) to send blocks here."""
-        expected = self.inbox.expect(
-            transfer_id, list(dest_block_ids), self.layout.num_layers, self.timeout
-        )
-        message = BlockGet(
-            transfer_id,
-            tuple(block_hashes),
-            tuple(dest_block_ids),
-            self.layout,
-            self.data_addr,
-            time.time() + self.timeout,
-        )
-        try:
-            ack = await self.bus.request(subject, message, self.timeout, expected=Ack)
-        except (ServiceUnavailable, MessageError) as e:
-            ack = Ack(transfer_id, False, str(e), 503)
-        if not ack.ok:
-            await self.cancel(expected)
-            return None
-        return expected
-
-    async def cancel(self, expected: Expected) -> None:
-        """Stop accepting bytes for a fetch and wait until none is landing."""
-        if self.inbox.retire(expected.transfer_id) is not None:
-            try:
-                await asyncio.wait_for(expected.idle.wait(), self.timeout)
-            except TimeoutError:
-                log.error("fetch %s: a frame never finished landing", expected.transfer_id)
 
     # -- put: my blocks out to their owners ----------------------------------------------
 
     async def put(
-        self,
-        transfer_id: str,
-        block_hashes: Sequence[int],
-        src_block_ids: Sequence[int],
-        on_sent: Callable[[], None],
+        self, transfer_id: str, block_hashes: Sequence[int], block_ids: Sequence[int], on_sent: Done
     ) -> int:
         """Offer blocks to their owners and send those they lack; `on_sent` runs (from a
         sender thread) once every byte is out, so the caller may then free the blocks.
         Returns how many blocks are being sent."""
         groups = self.ring().group(block_hashes)
-        src = dict(zip(block_hashes, src_block_ids))
+        src = dict(zip(block_hashes, block_ids))
         plans = await asyncio.gather(
             *(self._slots(w, f"{transfer_id}:{i}", hs) for i, (w, hs) in enumerate(groups.items()))
         )
@@ -254,7 +227,7 @@ class _Countdown:
 
 
 async def write_back(
-    pool: KvstorePool, engine_loop: EngineLoop, request_id: str, transfer_id: str
+    pool: KVPool, engine_loop: EngineLoop, request_id: str, transfer_id: str
 ) -> None:
     """Offer a finished, held request's full blocks to the pool (it keeps what it lacks),
     then free them in the engine once every byte is out."""
@@ -264,7 +237,7 @@ async def write_back(
     def release() -> None:  # from any thread (the sender's, once the bytes are out)
         loop.call_soon_threadsafe(lambda: engine_loop.call(lambda e: e.release(request_id)))
 
-    if not blocks or not pool.ring():
+    if not blocks or not pool.num_members():
         release()
         return
     ids, hashes = zip(*blocks)

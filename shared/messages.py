@@ -73,6 +73,9 @@ class Placement:
     predicted_prefill: float = 0.0
     # of predicted_queue, the stack's own path time (learned: shared/conductor/overhead.py)
     predicted_overhead: float = 0.0
+    # the lease epoch of the conductor that placed it (0: no lease), which grows with each
+    # new active conductor: a fencing token (docs/conductor.md, "Failover")
+    epoch: int = 0
 
 
 @message("prefill_request")

@@ -45,7 +45,7 @@ class NatsServer:
     server accepts anonymous clients, which kvstack services refuse unless --insecure.
     """
 
-    name = "nats-server"
+    name = "nats-server"  # a single server's; a cluster's nodes are nats-server-<i>
 
     def __init__(
         self,
@@ -53,7 +53,9 @@ class NatsServer:
         jetstream: bool = True,
         log_path: Path | None = None,
         config: Path | None = None,
+        name: str = "nats-server",
     ) -> None:
+        self.name = name  # the supervisor's and the logs' name (nats-server-i in a cluster)
         self.owns_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kvstack-nats-"))
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -97,3 +97,21 @@ def conductor_stats() -> str:
 def attention_op(worker_id: str, op: str) -> str:
     """An attention worker's attach / expect / settle endpoints (request/reply)."""
     return f"{PREFIX}.attention.{worker_id}.{op}"
+
+
+# JetStream key-value buckets (conductor failover, docs/conductor.md). A bucket is a stream
+# named KV_<bucket>; its keys are the subjects $KV.<bucket>.<key>.
+CONDUCTOR_LEASE = "kvstack-conductor-lease"  # one key: which conductor is active
+PLACEMENTS = "kvstack-placements"  # one key per placed request id: placed once
+
+
+def key_value_access(bucket: str) -> tuple[str, ...]:
+    """What a client publishes to create, read and write one JetStream key-value bucket."""
+    stream = f"KV_{bucket}"
+    return (
+        f"$JS.API.STREAM.CREATE.{stream}",
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$KV.{bucket}.>",
+    )

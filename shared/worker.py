@@ -12,6 +12,7 @@ from shared.engine.mock import MockSpec
 from shared.engine.stats import EngineStats
 from shared.errors import KvstackError
 from shared.messages import Heartbeat, WorkerStats
+from shared.mooncake_store import MooncakeStoreConfig
 from shared.service import ServiceConfig
 from shared.worker_core import load_heartbeat
 
@@ -21,6 +22,7 @@ class WorkerConfig(ServiceConfig):
     model: str = "SmolLM2-135M-Instruct"
     dtype: str = "auto"
     weights: str = "auto"  # EngineConfig.weights
+    activations: str = "float"  # EngineConfig.activations
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30
     max_num_batched_tokens: int = 2048
@@ -40,6 +42,7 @@ class WorkerConfig(ServiceConfig):
     attention_recovery_timeout: float = 30.0  # decode: wait this long for a group to re-form
     mock: MockSpec | None = None  # the mock engine: no model (model names the tokenizer)
     max_model_len: int | None = None  # default: the model's own limit
+    mooncake: MooncakeStoreConfig | None = None  # the KV pool: Mooncake Store; None: kvstore
 
     def __post_init__(self) -> None:
         if self.mock is not None and self.attention_workers:
@@ -53,6 +56,7 @@ class WorkerConfig(ServiceConfig):
             model=self.model,
             dtype=self.dtype,
             weights=self.weights,
+            activations=self.activations,
             block_size=self.block_size,
             kv_cache_bytes=self.kv_cache_bytes,
             max_num_batched_tokens=self.max_num_batched_tokens,

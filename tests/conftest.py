@@ -10,6 +10,10 @@ import torch
 
 # NOTE: one or two torch threads per model process, as in production; tests run many.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Without a GPU, Triton's kernels run in its interpreter; it must be chosen before anything
+# (torch included) imports Triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 

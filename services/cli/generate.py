@@ -6,7 +6,13 @@ import argparse
 
 import orjson
 
-from shared.engine.config import DTYPE_CHOICES, WEIGHTS_CHOICES, EngineConfig
+from shared.engine.config import (
+    ACTIVATIONS_CHOICES,
+    ATTENTION_CHOICES,
+    DTYPE_CHOICES,
+    WEIGHTS_CHOICES,
+    EngineConfig,
+)
 from shared.engine.engine import LLMEngine
 from shared.engine.interface import EngineInterface
 from shared.engine.output import Completion
@@ -43,6 +49,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="auto: a GGUF file's quantized blocks as they are (CPU); float: dequantized to "
         "--dtype; q8_0, q4_0, q4_1: re-quantized at load",
     )
+    p.add_argument(
+        "--device", default="auto", help="auto (CUDA where torch sees it), cpu, cuda or cuda:N"
+    )
+    p.add_argument(
+        "--attention",
+        choices=ATTENTION_CHOICES,
+        default="auto",
+        help="auto: Triton on a GPU, the native CPU kernels elsewhere",
+    )
+    p.add_argument(
+        "--activations",
+        choices=ACTIVATIONS_CHOICES,
+        default="float",
+        help="of quantized weights: float, or q8 (8-bit, integer dot products, as llama.cpp)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--json", action="store_true", help="print ids, text and logprobs as JSON")
     p.set_defaults(run=run)
@@ -51,7 +72,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     engine: EngineInterface = LLMEngine(
         EngineConfig(
-            model=args.model, dtype=args.dtype, weights=args.weights, num_threads=args.threads
+            model=args.model,
+            dtype=args.dtype,
+            weights=args.weights,
+            device=args.device,
+            attention=args.attention,
+            activations=args.activations,
+            num_threads=args.threads,
         )
     )
     prompt_ids = prompt_token_ids(engine, args)

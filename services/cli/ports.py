@@ -3,7 +3,7 @@ one base port, so that a Prometheus config written once finds every service. The
 keeps its own `--port` (the API). docs/observability.md has the table.
 
     base + 0          kvstack up itself        base + 200 + i    decode-i
-    base + 1          conductor-0              base + 300 + k    the k-th attention worker
+    base + 1 + i      conductor-i              base + 300 + k    the k-th attention worker
     base + 10 + i     kvstore-i                                  (attention-i-j: k = i * N + j)
     base + 100 + i    prefill-i
 """
@@ -19,7 +19,7 @@ DEFAULT_BASE_PORT = 8100
 # service -> (offset from the base, how many instances get a port)
 SLOTS: dict[str, tuple[int, int]] = {
     "up": (0, 1),
-    "conductor": (1, 1),
+    "conductor": (1, 9),
     "kvstore": (10, 90),
     "prefill": (100, 100),
     "decode": (200, 100),

@@ -15,6 +15,7 @@ from shared.auth.credentials import load_auth
 from shared.auth.deployment import read_data_token
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
+from shared.mooncake_store import MooncakeStoreConfig
 from shared.service import run
 from shared.worker import WorkerConfig
 
@@ -83,6 +84,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         model=args.model,
         dtype=args.dtype,
         weights=args.weights,
+        activations=args.activations,
         block_size=args.block_size,
         kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -95,7 +97,22 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         advertise_data_addr=args.advertise_data_addr,
         transport=args.transport,
         data_token=data_token(args),
+        mooncake=mooncake_config(args),
         **engine_options(args),
+    )
+
+
+def mooncake_config(args: argparse.Namespace) -> MooncakeStoreConfig | None:
+    """--kv-pool mooncake: where the store is and what this worker lends it."""
+    if args.kv_pool != "mooncake":
+        return None
+    if not args.mooncake_master:
+        raise KvstackError("--kv-pool mooncake needs --mooncake-master host:port")
+    return MooncakeStoreConfig(
+        args.mooncake_master,
+        local_hostname=args.advertise_data_addr.rpartition(":")[0] or args.data_host,
+        segment_bytes=int(args.mooncake_segment_gib * (1 << 30)),
+        replicas=args.mooncake_replicas,
     )
 
 
@@ -140,7 +157,10 @@ def run_conductor(args: argparse.Namespace) -> int:
     )
     cost = conductor_cost_model(args.cost_model, args.model)
     config = ConductorConfig(
-        **common_config(args), scheduling=scheduling, cost_model=args.cost_model
+        **common_config(args),
+        scheduling=scheduling,
+        cost_model=args.cost_model,
+        lease_ttl=args.lease_ttl,
     )
     return run(ConductorService(config, cost))
 

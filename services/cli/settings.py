@@ -12,8 +12,14 @@ from services.gateway.backend import BackendTimeouts
 from shared import setting
 from shared.conductor.settings import SCHEDULING_SETTINGS
 from shared.costmodel import HARDWARE, MODELS
-from shared.engine.config import DTYPE_CHOICES, WEIGHTS_CHOICES
+from shared.engine.config import (
+    ACTIVATIONS_CHOICES,
+    ATTENTION_CHOICES,
+    DTYPE_CHOICES,
+    WEIGHTS_CHOICES,
+)
 from shared.engine.mock import ENGINES, MOCK_MAX_MODEL_LEN, MockSpec
+from shared.kv_pool import KV_POOLS
 from shared.model.registry import DEFAULT_MODEL
 from shared.setting import Setting
 from shared.transfer.factory import TRANSPORTS
@@ -29,7 +35,7 @@ SETTINGS: dict[str, Setting] = {
     # Every service: the bus, identity, HTTP endpoint, lifecycle.
     "nats": Setting(
         "--nats",
-        "NATS server URL (env KVSTACK_NATS)",
+        "NATS server URL, or several comma-separated: every node of a cluster (env KVSTACK_NATS)",
         default="nats://127.0.0.1:4222",
         env="KVSTACK_NATS",
     ),
@@ -90,6 +96,26 @@ SETTINGS: dict[str, Setting] = {
         choices=WEIGHTS_CHOICES,
         default="auto",
     ),
+    "device": Setting(
+        "--device",
+        "auto (CUDA where torch sees it, else CPU), cpu, cuda or cuda:N",
+        default="cpu",
+    ),
+    "attention": Setting(
+        "--attention",
+        "attention kernels: auto (Triton on a GPU, the native CPU kernels elsewhere), "
+        "torch or triton",
+        choices=ATTENTION_CHOICES,
+        default="auto",
+    ),
+    "activations": Setting(
+        "--activations",
+        "how quantized weights take activations: float keeps them float32, q8 rounds them to "
+        "8 bits per block of 32 and a decode step multiplies in integers (as llama.cpp: "
+        "faster, about 96 in 100 greedy tokens as float32's)",
+        choices=ACTIVATIONS_CHOICES,
+        default="float",
+    ),
     "block_size": Setting("--block-size", type=int, default=16),
     "kv_cache_gib": Setting("--kv-cache-gib", "KV cache size in GiB", type=float, default=1.0),
     "max_num_batched_tokens": Setting("--max-num-batched-tokens", type=int, default=2048),
@@ -123,6 +149,39 @@ SETTINGS: dict[str, Setting] = {
         "data plane of the prefill -> decode KV stream",
         choices=TRANSPORTS,
         default="tcp",
+    ),
+    # The KV pool prefixes are shared through (shared/kv_pool.py, docs/kv-pool.md).
+    "kv_pool": Setting(
+        "--kv-pool",
+        "kvstore: kvstack's kvstore instances; mooncake: Mooncake Store (a mooncake_master, "
+        "needs the `rdma` extra)",
+        choices=KV_POOLS,
+        default="kvstore",
+    ),
+    "mooncake_master": Setting(
+        "--mooncake-master",
+        "--kv-pool mooncake: the mooncake_master's RPC address host:port (env "
+        "KVSTACK_MOONCAKE_MASTER; `kvstack up` starts one)",
+        default="",
+        env="KVSTACK_MOONCAKE_MASTER",
+    ),
+    "mooncake_segment_gib": Setting(
+        "--mooncake-segment-gib",
+        "--kv-pool mooncake: DRAM each worker lends the pool",
+        type=float,
+        default=1.0,
+    ),
+    "mooncake_replicas": Setting(
+        "--mooncake-replicas",
+        "--kv-pool mooncake: copies of each block in the pool",
+        type=int,
+        default=1,
+    ),
+    "mooncake_master_args": Setting(
+        "--mooncake-master-args",
+        "options for the mooncake_master `kvstack up` starts, e.g. its eviction "
+        "('-eviction_high_watermark_ratio=0.8 -default_kv_lease_ttl=5s')",
+        default="",
     ),
     # The engine; the gateway takes these too (the mock model names the KV blocks).
     "engine": Setting(
@@ -235,10 +294,30 @@ SETTINGS: dict[str, Setting] = {
         "of --model if there is one",
         default="auto",
     ),
+    "lease_ttl": Setting(
+        "--lease-ttl",
+        "seconds: conductors elect the active one by a lease in NATS JetStream, and a "
+        "standby takes over about this long after the active one stops (0: no lease, the "
+        "only conductor; docs/conductor.md)",
+        type=float,
+        default=0.0,
+    ),
     # `kvstack up` alone: the shape of the stack and where it keeps its files.
+    "num_conductors": Setting(
+        "--conductors",
+        "conductors: one active, the others standing by to take over (more than 1: "
+        "elected by --lease-ttl)",
+        type=int,
+        default=1,
+    ),
     "num_prefill": Setting("--prefill", "number of prefill workers", type=int, default=1),
     "num_decode": Setting("--decode", "number of decode workers", type=int, default=1),
-    "num_kvstore": Setting("--kvstore", "kvstore instances (0: none)", type=int, default=1),
+    "num_kvstore": Setting(
+        "--kvstore",
+        "kvstore instances (0: none; none with --kv-pool mooncake)",
+        type=int,
+        default=1,
+    ),
     "kvstore_dram_gib": Setting(
         "--kvstore-dram-gib", "per kvstore instance", type=float, default=2.0
     ),
@@ -256,6 +335,14 @@ SETTINGS: dict[str, Setting] = {
         "nats-server's config and the data plane's secret; made on first start, reused "
         "after (docs/security.md)",
         default=".kvstack/secrets",
+    ),
+    "nats_cluster": Setting(
+        "--nats-cluster",
+        "run NATS as a cluster of this many nats-server nodes routed on loopback (3 or "
+        "more; every service gets every node's URL and survives the loss of one; routes "
+        "authenticate with a password in --secrets-dir); 1: one server",
+        type=int,
+        default=1,
     ),
     "nats_tls": Setting(
         "--nats-tls",
@@ -277,7 +364,7 @@ SETTINGS: dict[str, Setting] = {
     "base_port": Setting(
         "--base-port",
         "every service's HTTP (/health, /metrics) at a fixed port from here: kvstack up "
-        "+0, conductor +1, kvstore-i +10+i, prefill-i +100+i, decode-i +200+i, attention "
+        "+0, conductor-i +1+i, kvstore-i +10+i, prefill-i +100+i, decode-i +200+i, attention "
         "workers +300+k (docs/observability.md); 0: each on a free port",
         type=int,
         default=8100,
@@ -301,12 +388,14 @@ COMMON = (
 SECURITY = ("nats_creds", "nats_tls_ca", "data_token_file", "insecure")
 ENGINE = ("engine", "mock_model", "mock_hardware", "mock_kv_scale", "max_model_len")
 DATA_PLANE = ("data_host", "data_port", "advertise_data_addr")
+KV_POOL = ("kv_pool", "mooncake_segment_gib", "mooncake_replicas")
 WORKER = (
     *COMMON,
     *SECURITY,
     "model",
     "dtype",
     "weights",
+    "activations",
     "block_size",
     "kv_cache_gib",
     "max_num_batched_tokens",
@@ -317,15 +406,18 @@ WORKER = (
     "no_prefix_cache",
     *DATA_PLANE,
     "transport",
+    *KV_POOL,
+    "mooncake_master",
     *ENGINE,
 )
 OFFLOAD = ("attention_workers", "micro_batches", "attention_recovery_timeout")
 RELIABILITY = ("migration_limit", "placement_wait")
 SCHEDULING = (*SCHEDULING_SETTINGS, "cost_model", "model")
+FAILOVER = ("lease_ttl",)
 
 # Which settings each command takes, in the order of its --help.
 COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
-    "conductor": (*COMMON, *SECURITY, *SCHEDULING),
+    "conductor": (*COMMON, *SECURITY, *SCHEDULING, *FAILOVER),
     "prefill": WORKER,
     "decode": (*WORKER, *OFFLOAD),
     "attention-worker": (
@@ -365,15 +457,20 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     ),
     "up": (
         "nats",
+        "num_conductors",
+        "lease_ttl",
         "num_prefill",
         "num_decode",
         "num_kvstore",
         "kvstore_dram_gib",
+        *KV_POOL,
+        "mooncake_master_args",
         "attention_group_size",
         "micro_batches",
         "model",
         "dtype",
         "weights",
+        "activations",
         "host",
         "port",
         "base_port",
@@ -388,6 +485,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "served_model_name",
         "api_key",
         "secrets_dir",
+        "nats_cluster",
         "nats_tls",
         "insecure",
         "log_dir",
@@ -410,6 +508,9 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "secrets_dir",
         "dtype",
         "weights",
+        "activations",
+        "device",
+        "attention",
         "block_size",
         "kv_cache_gib",
         "max_num_seqs",
@@ -483,6 +584,11 @@ COMMAND_CHANGES: dict[str, dict[str, dict[str, Any]]] = {
         },
         "slo_ttft": {"help": "seconds"},
         "slo_tbt": {"help": "seconds"},
+        "lease_ttl": {
+            "default": 1.0,
+            "help": "with --conductors above 1: seconds a standby "
+            "waits for the active conductor's lease to expire",
+        },
     },
 }
 
@@ -492,6 +598,7 @@ COMMAND_CHANGES: dict[str, dict[str, dict[str, Any]]] = {
 WORKER_TUNING = (
     "dtype",
     "weights",
+    "activations",
     "kv_cache_gib",
     "threads",
     "max_num_seqs",
@@ -501,8 +608,8 @@ WORKER_TUNING = (
 )
 FORWARDED_BY_UP: dict[str, tuple[str, ...]] = {
     "conductor": ("model", "policy", "admission", "slo_ttft", "slo_tbt"),
-    "prefill": WORKER_TUNING,
-    "decode": WORKER_TUNING,
+    "prefill": (*WORKER_TUNING, *KV_POOL),
+    "decode": (*WORKER_TUNING, *KV_POOL),
     "attention-worker": ("kv_cache_gib", "threads"),
     "gateway": ("dtype", "max_model_len", *RELIABILITY, "served_model_name", "api_key"),
 }

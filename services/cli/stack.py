@@ -43,11 +43,12 @@ from services.cli.up_metrics import UpMetrics
 from shared import codec, subjects
 from shared.auth.credentials import NatsAuth
 from shared.auth.deployment import Identity, read_data_token
-from shared.bus import Bus
+from shared.bus import Bus, server_urls
 from shared.cpu_cores import format_cores, plan_cores
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 from shared.messages import Heartbeat
+from shared.nats_cluster import NatsCluster
 from shared.nats_server import NatsServer
 
 MODEL_WORKERS = ("prefill", "decode", "attention-worker")  # the services pinned to cores
@@ -58,6 +59,7 @@ PROGRESS_EVERY = 5.0  # seconds between "waiting for ..." lines while starting
 @dataclass(frozen=True)
 class StackConfig:
     nats_url: str = ""  # empty: start a local nats-server
+    nats_cluster: int = 1  # nodes of the local NATS (2 or more: a cluster on loopback)
     num_prefill: int = 1
     num_decode: int = 1
     num_kvstore: int = 0
@@ -75,6 +77,8 @@ class StackConfig:
     gateway_args: tuple[str, ...] = ()
     conductor_args: tuple[str, ...] = ()
     with_conductor: bool = True
+    num_conductors: int = 1  # above 1: one active, elected by a lease of `lease_ttl` seconds
+    lease_ttl: float = 1.0
     with_gateway: bool = True
     log_dir: Path = Path(".kvstack/logs")
     ready_timeout: float = 300.0
@@ -92,7 +96,7 @@ class StackConfig:
 @dataclass
 class Stack:
     config: StackConfig
-    nats: NatsServer | None = None
+    nats: NatsServer | NatsCluster | None = None
     nats_url: str = ""
     processes: list[Process] = field(default_factory=list)
     metrics: UpMetrics = field(default_factory=UpMetrics)
@@ -116,15 +120,34 @@ class Stack:
         if cfg.nats_url:
             self.nats_url = cfg.nats_url
         else:
-            self.nats = NatsServer(
-                log_path=self._log_path(NatsServer.name), config=self.auth.server_config
-            )
+            self.nats = self._start_nats(self.auth)
             self.nats_url = self.nats.url
         for name, args in self.commands():
             self.spawn(name, args)
         if cfg.restart is not None:
             self.supervisor = Supervisor(cfg.restart, self._children, self._lock, self.metrics, say)
             self.supervisor.start()
+
+    def _start_nats(self, auth: StackAuth) -> NatsServer | NatsCluster:
+        """One nats-server, or with `nats_cluster` > 1 a cluster routed on loopback (then
+        `nats_url` lists every node)."""
+        if self.config.nats_cluster < 2:
+            return NatsServer(log_path=self._log_path(NatsServer.name), config=auth.server_config)
+        for i in range(self.config.nats_cluster):
+            self._log_path(f"nats-server-{i}")  # rotates last run's log
+        cluster = NatsCluster(
+            self.config.nats_cluster,
+            self.config.log_dir,
+            auth.server_config,
+            auth.route_credentials(),
+            auth.tls_dir,
+        )
+        try:
+            cluster.wait_routed(auth.admin())
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
 
     def _serve_metrics(self, port: int) -> None:
         host = self.config.host
@@ -140,8 +163,7 @@ class Stack:
         worker = [*flags(model=cfg.model), *engine, *cfg.worker_args]
         # The conductor predicts with the cost model the mock workers take their time from.
         cost = flags(cost_model=cfg.mock.cost_spec) if cfg.mock is not None else []
-        commands = [("conductor-0", ["conductor", *cost, *cfg.conductor_args])]
-        commands = commands if cfg.with_conductor else []
+        commands = self._conductors([*cost, *cfg.conductor_args]) if cfg.with_conductor else []
         commands += [
             (f"kvstore-{i}", ["kvstore", *cfg.kvstore_args]) for i in range(cfg.num_kvstore)
         ]
@@ -171,6 +193,12 @@ class Stack:
             )
             for name, (command, *args) in commands
         ]
+
+    def _conductors(self, args: list[str]) -> list[tuple[str, list[str]]]:
+        cfg = self.config
+        if cfg.num_conductors > 1:
+            args = [*args, *flags(lease_ttl=f"{cfg.lease_ttl:g}")]
+        return [(f"conductor-{i}", ["conductor", *args]) for i in range(cfg.num_conductors)]
 
     def _cores(self, commands: list[tuple[str, list[str]]]) -> dict[str, str]:
         """Each model worker's --cores by its name, planned over `worker_cores`."""
@@ -255,7 +283,8 @@ class Stack:
         return self.auth.admin()
 
     def restart_nats(self) -> None:
-        """Stop the local nats-server and start it again on the same port and store."""
+        """Stop the local nats-server and start it again on the same port and store (a
+        cluster's nodes one after the other)."""
         if self.nats is None:
             raise KvstackError("this stack uses a NATS server it did not start")
         with self._lock:
@@ -275,7 +304,7 @@ class Stack:
 
         seen: dict[str, str] = {}  # worker id -> service
         nc = await nats.connect(
-            self.nats_url,
+            server_urls(self.nats_url),
             error_cb=_quiet,
             max_reconnect_attempts=-1,
             **self._admin().connect_options(),
@@ -377,7 +406,14 @@ class Stack:
                 self.supervisor.hold()
 
     def _children(self) -> list[Child]:
-        return [*([self.nats] if self.nats is not None else []), *self.processes]
+        return [*self.nats_nodes, *self.processes]
+
+    @property
+    def nats_nodes(self) -> list[NatsServer]:
+        """The nats-servers this stack started (none with `nats_url`)."""
+        if isinstance(self.nats, NatsCluster):
+            return self.nats.nodes
+        return [self.nats] if self.nats is not None else []
 
     def _total_restarts(self) -> int:
         return self.supervisor.restarts.total() if self.supervisor is not None else 0

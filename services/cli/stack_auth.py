@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.auth.credentials import NatsAuth
-from shared.auth.deployment import ADMIN, Identity, Secrets, ensure_secrets
+from shared.auth.deployment import ADMIN, TLS_DIR, Identity, Secrets, ensure_secrets
+from shared.auth.routes import RouteCredentials
 
 
 @dataclass
@@ -34,6 +35,17 @@ class StackAuth:
     @property
     def server_config(self) -> Path | None:
         return self.secrets.server_config if self.secrets is not None else None
+
+    @property
+    def tls_dir(self) -> Path | None:
+        """The certificates nats-server presents (None: no TLS)."""
+        if self.secrets is None or not self.secrets.tls_ca:
+            return None
+        return self.secrets.dir / TLS_DIR
+
+    def route_credentials(self) -> RouteCredentials | None:
+        """What a NATS cluster's routes authenticate with (None: insecure, they do not)."""
+        return self.secrets.routes if self.secrets is not None else None
 
     def admin(self) -> NatsAuth:
         return self.secrets.auth(Identity(ADMIN)) if self.secrets else NatsAuth(insecure=True)

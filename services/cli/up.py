@@ -15,6 +15,7 @@ from pathlib import Path
 
 from services.attention_worker.shard import kv_head_range
 from services.cli import prometheus_config, settings
+from services.cli.mooncake_master import MooncakeMaster, start_master
 from services.cli.pinning import chosen_cores
 from services.cli.ports import PortLayout
 from services.cli.restarts import RestartPolicy
@@ -42,7 +43,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = stack_config(args)
+    master = _start_mooncake_master(args)
+    try:
+        return _run(args, master.address if master is not None else "")
+    finally:
+        if master is not None:
+            master.stop()
+
+
+def _start_mooncake_master(args: argparse.Namespace) -> MooncakeMaster | None:
+    """--kv-pool mooncake: the store's master, before the workers that join it."""
+    if args.kv_pool != "mooncake":
+        return None
+    log = Path(args.log_dir) / "mooncake-master.log"
+    master = start_master(log, extra_args=args.mooncake_master_args)
+    say(f"mooncake_master on {master.address} (log {log})")
+    return master
+
+
+def _run(args: argparse.Namespace, mooncake_master: str) -> int:
+    config = stack_config(args, mooncake_master)
     say(f"preparing {args.model} ...")
     resolve_model(args.model)  # convert once here, not in every worker at the same time
     stack = Stack(config)
@@ -57,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def stack_config(args: argparse.Namespace) -> StackConfig:
-    if args.prefill < 1 or args.decode < 1:
-        raise KvstackError("--prefill and --decode need at least 1 worker each")
+def stack_config(args: argparse.Namespace, mooncake_master: str = "") -> StackConfig:
+    if args.prefill < 1 or args.decode < 1 or args.conductors < 1:
+        raise KvstackError("--conductors, --prefill and --decode need at least 1 each")
     mock = engine_options(args)["mock"]
     if mock is not None and args.attention_workers:
         raise KvstackError("--attention-workers does not run with --engine mock")
@@ -67,16 +87,23 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         kv_head_range(
             ModelConfig.from_dir(resolve_model(args.model)).num_kv_heads, args.attention_workers, 0
         )
+    _check_nats_cluster(args)
     backend_timeouts(args)  # checked here, passed on as given
     if args.otlp_endpoint:  # missing packages: one error here, not a restart loop per child
         tracing.require()
     forwarded = {child: forward(args, names) for child, names in FORWARDED_BY_UP.items()}
     offload = flags(micro_batches=args.micro_batches) if args.attention_workers else []
+    mooncake = args.kv_pool == "mooncake"
+    if mooncake and not mooncake_master:
+        raise KvstackError("--kv-pool mooncake: no mooncake_master was started")
     return StackConfig(
         nats_url=args.nats,
+        nats_cluster=args.nats_cluster,
+        num_conductors=args.conductors,
+        lease_ttl=args.lease_ttl,
         num_prefill=args.prefill,
         num_decode=args.decode,
-        num_kvstore=args.kvstore,
+        num_kvstore=0 if mooncake else args.kvstore,  # NOTE: the store is the pool
         kvstore_args=tuple(flags(dram_gib=args.kvstore_dram_gib)),
         num_attention=args.attention_workers,
         attention_args=forwarded["attention-worker"],
@@ -86,7 +113,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         host=args.host,
         port=args.port,
         base_port=args.base_port or None,
-        worker_args=forwarded["prefill"],
+        worker_args=(*forwarded["prefill"], *flags(mooncake_master=mooncake_master)),
         gateway_args=forwarded["gateway"],
         conductor_args=forwarded["conductor"],
         log_dir=Path(args.log_dir),
@@ -100,6 +127,14 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         # NOTE: mock workers compute nothing; they are left unpinned.
         worker_cores=chosen_cores(args.cores) if mock is None else (),
     )
+
+
+def _check_nats_cluster(args: argparse.Namespace) -> None:
+    # NOTE: 2 nodes would lose JetStream's quorum (and the point) with either one
+    if args.nats_cluster < 1 or args.nats_cluster == 2:
+        raise KvstackError("--nats-cluster takes 1 (one nats-server) or 3 or more nodes")
+    if args.nats_cluster > 1 and args.nats:
+        raise KvstackError("--nats-cluster starts its own nodes; it does not go with --nats")
 
 
 def run_until_stopped(stack: Stack, args: argparse.Namespace) -> None:

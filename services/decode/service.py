@@ -30,7 +30,9 @@ from shared.engine.output import RequestOutput
 from shared.errors import KvstackError
 from shared.heartbeats import subscribe_heartbeats
 from shared.kv_inbox import KVInbox
-from shared.kvstore_client import KvstorePool, write_back
+from shared.kv_pool import KVPool
+from shared.kv_pool_factory import open_kv_pool
+from shared.kvstore_client import write_back
 from shared.messages import (
     Abort,
     Ack,
@@ -74,7 +76,7 @@ class DecodeService(Service):
         self.spans = tracing.RequestSpans()  # "decode.request": KV commit to the last token
         self.group: AttentionGroup | None = None  # offloaded: the attention workers
         self.receiver: KVReceiver | None = None  # local KV: what prefill streams into
-        self.pool: KvstorePool | None = None  # local KV: the kvstore pool
+        self.pool: KVPool | None = None  # local KV: the KV pool (--kv-pool)
         self.num_done = 0
         self.num_refused = 0
         self.num_rejected_after_prefill = 0
@@ -153,9 +155,10 @@ class DecodeService(Service):
         self.incoming = LocalKV(
             inbox, self.engine.info.model.num_layers, self.config.request_timeout
         )
-        self.pool = KvstorePool(
-            bus, self.sender, storage, inbox, self.data_addr, self.config.request_timeout
+        self.pool = await open_kv_pool(
+            self.config, self.worker_id, bus, self.sender, storage, inbox, self.data_addr
         )
+        self.tasks.every(self.config.heartbeat_interval, self.pool.report, "reporting the pool")
 
     async def _start_offloaded(self, bus: Bus, token: str | None) -> None:
         """Attention goes to the group: attach it first, since its pool sizes ours."""
@@ -241,6 +244,8 @@ class DecodeService(Service):
             self.receiver.stop()
         if self.group is not None:
             self.group.close()
+        if self.pool is not None:
+            await self.pool.close()
         self.sender.close()
 
     # -- KV arrival ---------------------------------------------------------------------
@@ -294,7 +299,7 @@ class DecodeService(Service):
         self.decoding.adopt(msg.request_id)
         self.adopted_at[msg.request_id] = time.monotonic()
         self.spans.open(msg.request_id, "decode.request", _span_attributes(req, msg))
-        members = len(self.pool.ring().members) if self.pool is not None else 0
+        members = self.pool.num_members() if self.pool is not None else 0
         keep = holds_kv_for_pool(members)  # to the pool at the end
         await self.engine_loop.call(
             lambda e: e.install(
@@ -393,7 +398,7 @@ class DecodeService(Service):
             if out.finished and self.pool is not None:  # held only when a pool exists
                 self._write_back(self.pool, rid)
 
-    def _write_back(self, pool: KvstorePool, request_id: str) -> None:
+    def _write_back(self, pool: KVPool, request_id: str) -> None:
         """Offer a finished request's blocks to the pool (it keeps what it lacks); they are
         freed here once sent, or at once if the write-back fails."""
         self.tasks.spawn(

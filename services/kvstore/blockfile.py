@@ -15,73 +15,15 @@ by a crash fails its size or checksum test and is dropped, never served.
 from __future__ import annotations
 
 import os
-import struct
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
 
-from shared.kvblocks import BlockLayout
+from shared.kvblock_header import FLAG_LZ4, HEADER_SIZE, BlockHeader
 
-MAGIC = b"KVSB"
-VERSION = 1
-FLAG_LZ4 = 1
 BLOCK_SUFFIX = ".kvb"
 TEMP_SUFFIX = ".tmp"
-
-# magic, version, flags, block_hash, num_layers, block_size, half_bytes, payload_len, checksum
-_FIELDS = struct.Struct("<4sHHQIIQQQ")
-_HEADER_CHECKSUM = struct.Struct("<Q")
-HEADER_SIZE = _FIELDS.size + _HEADER_CHECKSUM.size
-
-
-@dataclass(frozen=True, slots=True)
-class BlockHeader:
-    block_hash: int
-    layout: BlockLayout
-    flags: int
-    payload_len: int  # bytes after the header (compressed size when FLAG_LZ4)
-    checksum: int  # xxh3_64 of the uncompressed block bytes
-
-    @property
-    def compressed(self) -> bool:
-        return bool(self.flags & FLAG_LZ4)
-
-    @property
-    def file_bytes(self) -> int:
-        return HEADER_SIZE + self.payload_len
-
-    def pack(self) -> bytes:
-        layout = self.layout
-        fields = _FIELDS.pack(
-            MAGIC,
-            VERSION,
-            self.flags,
-            self.block_hash,
-            layout.num_layers,
-            layout.block_size,
-            layout.half_bytes,
-            self.payload_len,
-            self.checksum,
-        )
-        return fields + _HEADER_CHECKSUM.pack(xxhash.xxh3_64_intdigest(fields))
-
-    @classmethod
-    def unpack(cls, data: bytes) -> BlockHeader | None:
-        """The header in `data`, or None when it is short, foreign or damaged."""
-        if len(data) < HEADER_SIZE:
-            return None
-        fields = data[: _FIELDS.size]
-        (stored_checksum,) = _HEADER_CHECKSUM.unpack_from(data, _FIELDS.size)
-        if stored_checksum != xxhash.xxh3_64_intdigest(fields):
-            return None
-        magic, version, flags, block_hash, layers, size, half, payload_len, checksum = (
-            _FIELDS.unpack(fields)
-        )
-        if magic != MAGIC or version != VERSION or min(layers, size, half) < 1:
-            return None
-        return cls(block_hash, BlockLayout(layers, size, half), flags, payload_len, checksum)
 
 
 def block_file_name(block_hash: int) -> str:

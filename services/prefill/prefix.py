@@ -1,4 +1,4 @@
-"""A prompt's cached prefix, wherever it is: the local cache, then the kvstore pool, then
+"""A prompt's cached prefix, wherever it is: the local cache, then the KV pool, then
 a peer prefill worker. Remote blocks are fetched into blocks reserved for the request,
 layer by layer, while the engine computes: before each layer the gate waits until that
 layer of every fetched block has landed intact, so loading layer l + 1 overlaps
@@ -12,11 +12,12 @@ import logging
 from dataclasses import dataclass, field
 
 from shared import subjects
+from shared.block_fetch import BlockFetcher
 from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.runner import SeqChunk
 from shared.kv_inbox import Expected, KVInbox
-from shared.kvstore_client import KvstorePool
+from shared.kv_pool import KVPool
 from shared.messages import PrefillRequest
 from shared.prefill.prefix import (
     KVSTORE,
@@ -50,13 +51,15 @@ class PrefixLoader:
     def __init__(
         self,
         engine_loop: EngineLoop,
-        pool: KvstorePool,
+        pool: KVPool,
+        peers: BlockFetcher,
         inbox: KVInbox,
         layer_timeout: float = 10.0,
         tasks: Tasks | None = None,
     ) -> None:
         self.engine_loop = engine_loop
         self.pool = pool
+        self.peers = peers  # peer prefill workers' caches
         self.inbox = inbox
         self.layer_timeout = layer_timeout
         self.tasks = tasks or Tasks("prefix loader")
@@ -100,14 +103,14 @@ class PrefixLoader:
 
     async def _pool_blocks(self, hashes: list[int]) -> int:
         """How many of `hashes`, from the first, the kvstore pool holds (0: no pool)."""
-        return await self.pool.longest_prefix(hashes) if self.pool.ring() else 0
+        return await self.pool.longest_prefix(hashes) if self.pool.num_members() else 0
 
     async def _fetch(self, req: PrefillRequest, load: PrefixLoad, dest_ids: list[int]) -> bool:
         transfer = f"{req.request_id}:prefix"
         if load.source == KVSTORE:
             started = await self.pool.get(transfer, load.fetched_hashes, dest_ids)
         else:
-            one = await self.pool.fetch(
+            one = await self.peers.fetch(
                 subjects.prefill_get(load.source), transfer, load.fetched_hashes, dest_ids
             )
             started = None if one is None else [one]

@@ -12,6 +12,7 @@ from services.prefill.prefix import PrefixLoader
 from services.prefill.sharing import EVENT_INTERVAL, CacheSharing
 from services.prefill.streaming import Target, layer_spans
 from shared import subjects, tracing
+from shared.block_fetch import BlockFetcher
 from shared.bus import Bus, ServiceUnavailable
 from shared.engine.engine import LLMEngine
 from shared.engine.interface import EngineInterface
@@ -21,7 +22,8 @@ from shared.engine.runner import SeqChunk
 from shared.hashing import block_hashes
 from shared.heartbeats import subscribe_heartbeats
 from shared.kv_inbox import KVInbox
-from shared.kvstore_client import KvstorePool, write_back
+from shared.kv_pool_factory import open_kv_pool
+from shared.kvstore_client import write_back
 from shared.messages import (
     Abort,
     Ack,
@@ -104,15 +106,14 @@ class PrefillService(Service):
         bound = self.receiver.start()  # listen even when peers dial another address
         self.data_addr = self.config.advertise_data_addr or bound
         self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs, step=self._step)
-        self.pool = KvstorePool(
-            bus,
-            self.sender,
-            self.engine.kv_storage,
-            self.inbox,
-            self.data_addr,
-            self.config.request_timeout,
+        storage = self.engine.kv_storage
+        self.pool = await open_kv_pool(
+            self.config, self.worker_id, bus, self.sender, storage, self.inbox, self.data_addr
         )
-        self.loader = PrefixLoader(self.engine_loop, self.pool, self.inbox, tasks=self.tasks)
+        peers = BlockFetcher(
+            bus, self.inbox, self.pool.layout, self.data_addr, self.config.request_timeout
+        )
+        self.loader = PrefixLoader(self.engine_loop, self.pool, peers, self.inbox, tasks=self.tasks)
         self.sharing = CacheSharing(self.worker_id, bus, self.engine_loop, self.sender)
         self.engine_loop.on_broken = lambda reason: self.fail(f"engine broken: {reason}")
         self.engine_loop.start()
@@ -129,6 +130,7 @@ class PrefillService(Service):
         await subscribe_heartbeats(bus, self._on_heartbeat)
         await bus.subscribe(subjects.kv_resync(), self.sharing.resync, expected=KVResync)
         self.tasks.every(EVENT_INTERVAL, self.sharing.publish_events, "publishing KV events")
+        self.tasks.every(self.config.heartbeat_interval, self.pool.report, "reporting the pool")
         self._data_plane_metrics()
 
     def _data_plane_metrics(self) -> None:
@@ -183,6 +185,7 @@ class PrefillService(Service):
         self.receiver.stop()
         self.sender.close()
         self.kv_out.close()
+        await self.pool.close()
 
     # -- requests ---------------------------------------------------------------------
 
@@ -396,7 +399,7 @@ class PrefillService(Service):
         await self._emit_first(req, out, token, logprob, done_here, timing)
 
     async def _write_back(self, rid: str, target: Target) -> None:
-        """Offer the prompt's full blocks to the kvstore pool (it keeps what it lacks), then
+        """Offer the prompt's full blocks to the KV pool (it keeps what it lacks), then
         free them here."""
         await write_back(self.pool, self.engine_loop, rid, f"{rid}:put")
 

@@ -3,6 +3,8 @@
     <user>.creds      NATS credentials of one identity (credentials.py)
     nats-auth.conf    nats-server's users and permissions, made from the .creds files
     data-token        the data plane's shared secret (KVSTACK_DATA_TOKEN_FILE)
+    nats-route        the password of a NATS cluster's routes (routes.py)
+    nats-cluster.conf a compose NATS cluster node's config (cluster_config.py)
     api-key           the HTTP API's bearer key of `kvstack serve`, when none is given
     tls/              optional: the deployment's CA and nats-server certificate
 
@@ -19,13 +21,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.auth.cluster_config import ClusterNode, node_config
 from shared.auth.credentials import CREDS_SUFFIX, NatsAuth, NatsCredentials, write_private
 from shared.auth.roles import ANY, ROLES
+from shared.auth.routes import RouteCredentials, ensure_route_credentials
 from shared.auth.server_config import server_config
 from shared.auth.tls import make_tls
 from shared.errors import KvstackError
 
 SERVER_CONFIG = "nats-auth.conf"
+COMPOSE_CLUSTER_CONFIG = "nats-cluster.conf"
+# compose.yaml's nats-cluster profile: every node routes to all three (a node's route to
+# itself is dropped by nats-server), each named on its command line
+COMPOSE_CLUSTER = ClusterNode("0.0.0.0:6222", ("nats-1:6222", "nats-2:6222", "nats-3:6222"))
 DATA_TOKEN = "data-token"
 API_KEY = "api-key"
 TLS_DIR = "tls"
@@ -58,6 +66,10 @@ class Secrets:
         return self.dir / SERVER_CONFIG
 
     @property
+    def routes(self) -> RouteCredentials:
+        return ensure_route_credentials(self.dir)
+
+    @property
     def data_token_path(self) -> Path:
         return self.dir / DATA_TOKEN
 
@@ -87,11 +99,14 @@ def ensure_secrets(
         _ensure_creds(found, identity, rotate)
     if rotate or not found.data_token_path.is_file():
         write_private(found.data_token_path, secrets.token_urlsafe(32) + "\n")
+    routes = ensure_route_credentials(found.dir, rotate)
     if tls and (rotate or not found.tls_ca):
         make_tls(found.dir / TLS_DIR)
     users = [NatsCredentials.load(p) for p in sorted(found.dir.glob(f"*{CREDS_SUFFIX}"))]
     tls_dir = found.dir / TLS_DIR if found.tls_ca else None
     write_private(found.server_config, server_config(users, tls_dir))
+    compose_node = node_config(COMPOSE_CLUSTER, routes, SERVER_CONFIG, tls_dir)
+    write_private(found.dir / COMPOSE_CLUSTER_CONFIG, compose_node)
     return found
 
 

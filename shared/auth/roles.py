@@ -43,6 +43,14 @@ def _service(name: str, publish: tuple[str, ...], subscribe: tuple[str, ...]) ->
     )
 
 
+# NOTE: a worker with --kv-pool mooncake reports the pool as the kvstore instance
+# "<its id>-mooncake" (shared/mooncake_pool.py); with credentials shared by a role (`*`)
+# these name no subject a worker may use, and the conductor does not hear the pool
+_MOONCAKE_POOL = (
+    subjects.heartbeat("kvstore", f"{ID}-mooncake"),
+    subjects.kv_events(f"{ID}-mooncake"),
+)
+
 ROLES: dict[str, Role] = {
     role.name: role
     for role in (
@@ -58,7 +66,12 @@ ROLES: dict[str, Role] = {
         ),
         _service(
             "conductor",
-            publish=(subjects.kv_resync(),),
+            publish=(
+                subjects.kv_resync(),
+                # NOTE: the failover lease and the placed-once records (docs/conductor.md)
+                *subjects.key_value_access(subjects.CONDUCTOR_LEASE),
+                *subjects.key_value_access(subjects.PLACEMENTS),
+            ),
             subscribe=(
                 subjects.place(),
                 subjects.conductor_stats(),
@@ -76,6 +89,7 @@ ROLES: dict[str, Role] = {
                 subjects.kvstore_op(ANY, ANY),
                 subjects.prefill_get(ANY),
                 subjects.kv_events(ID),
+                *_MOONCAKE_POOL,
             ),
             subscribe=(
                 subjects.prefill_submit(ID),
@@ -93,6 +107,7 @@ ROLES: dict[str, Role] = {
                 subjects.worker_stats("attention-worker", ANY),
                 subjects.kvstore_op(ANY, ANY),
                 subjects.kv_events(ID),
+                *_MOONCAKE_POOL,
             ),
             subscribe=(
                 subjects.decode_reserve(ID),

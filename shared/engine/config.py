@@ -16,6 +16,25 @@ DTYPE_CHOICES = ("auto", *DTYPES)
 # elsewhere), "float" dequantizes them to `dtype`, a format re-quantizes float weights at load.
 QUANT_FORMATS = ("q8_0", "q4_0", "q4_1")
 WEIGHTS_CHOICES = ("auto", "float", *QUANT_FORMATS)
+# Attention kernels: "auto" is Triton on a GPU (where Triton is installed), torch's and the
+# native CPU kernels elsewhere; "triton" forces the Triton kernels (on CPU: interpreter only).
+ATTENTION_CHOICES = ("auto", "torch", "triton")
+
+
+def check_device(name: str) -> None:
+    """A device an engine may run on ("auto": the engine resolves it, shared/engine/device.py)."""
+    if name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
+        return
+    raise KvstackError(f"unknown device {name!r}; choose auto, cpu, cuda or cuda:N")
+
+
+# How quantized weights take a decode step's activations (shared/model/quant.py): "q8" rounds
+# them to 8 bits per block of 32 and multiplies in integers (as llama.cpp), "float" as they are.
+# NOTE: with q8, prefill's many rows (the float GEMM) are rounded to 8 bits the same way, so a
+# request prefilled again (moved to another worker, preempted) continues as one that decoded.
+# float stays the default: tests/e2e/test_isolation.py's greedy answers through the stack
+# differ from an in-process engine's with q8 (not understood yet; see docs/benchmarks.md).
+ACTIVATIONS_CHOICES = ("q8", "float")
 
 
 def resolve_dtype(name: str, device: str = "cpu") -> str:
@@ -40,7 +59,9 @@ class EngineConfig:
     model: str = "SmolLM2-135M-Instruct"  # a known name, an HF directory or a .gguf file
     dtype: str = "auto"  # "auto": bfloat16 where native, else float32
     weights: str = "auto"  # WEIGHTS_CHOICES: "auto" is what the file holds, on CPU
-    device: str = "cpu"
+    activations: str = "float"  # ACTIVATIONS_CHOICES: of quantized weights' GEMV (few rows)
+    device: str = "cpu"  # "auto", "cpu", "cuda" or "cuda:N"
+    attention: str = "auto"  # ATTENTION_CHOICES
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30  # ignored when num_blocks is set
     num_blocks: int | None = None
@@ -66,6 +87,16 @@ class EngineConfig:
         if self.weights not in WEIGHTS_CHOICES:
             raise KvstackError(
                 f"unknown weights {self.weights!r}; choose from {', '.join(WEIGHTS_CHOICES)}"
+            )
+        if self.attention not in ATTENTION_CHOICES:
+            raise KvstackError(
+                f"unknown attention {self.attention!r}; choose from {', '.join(ATTENTION_CHOICES)}"
+            )
+        check_device(self.device)
+        if self.activations not in ACTIVATIONS_CHOICES:
+            raise KvstackError(
+                f"unknown activations {self.activations!r}; "
+                f"choose from {', '.join(ACTIVATIONS_CHOICES)}"
             )
         positives = ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs")
         for name in positives:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from shared.engine.config import EngineConfig
+from shared.engine.device import with_concrete_device
 from shared.engine.grammar import Grammars
 from shared.engine.interface import EngineInfo, EngineInterface, EngineStats
 from shared.engine.isolation import LayerHook, execute_isolated
@@ -65,7 +66,7 @@ class LLMEngine:
     method's contract is written): everything else here is private."""
 
     def __init__(self, config: EngineConfig | None = None) -> None:
-        self._config = config = config or EngineConfig()
+        self._config = config = with_concrete_device(config or EngineConfig())
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self._model_dir = resolve_model(config.model)  # the mock engine uses its tokenizer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +16,16 @@ from shared.engine.metadata import attention_metadata
 from shared.engine.sampler import logprobs, sample
 from shared.engine.sampling_params import SamplingParams
 from shared.kvcache.storage import KVStorage
-from shared.model.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from shared.model.attention import AttentionBackend, AttentionMetadata
+from shared.model.attention_choice import attention_backend, backend_name
 from shared.model.config import ModelConfig
 from shared.model.kernels import cpu_ops
 from shared.model.llama import ForwardBatch, LlamaModel
+from shared.model.quant import set_activations
 from shared.model.quant_loader import load_model_as
 from shared.model.registry import gguf_source
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +121,13 @@ class ModelRunner:
 def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, ModelConfig, int]:
     """The runner of the model in `model_dir`, its config, and the pool's blocks (from
     `num_blocks`, or as many as `kv_cache_bytes` holds)."""
-    if config.device == "cpu":
+    device = config.device
+    if device == "cpu":
         cpu_ops()  # build (once per machine) before serving, not in a first request
     dtype = getattr(torch, config.resolved_dtype)
     gguf = gguf_source(config.model) if config.weights != "float" else None
-    model = load_model_as(config.weights, model_dir, gguf, dtype, config.device)
+    model = load_model_as(config.weights, model_dir, gguf, dtype, device)
+    set_activations(model, config.activations)
     mc = model.config
     num_blocks = config.num_blocks or max(
         1,
@@ -140,9 +147,11 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
         mc.num_kv_heads,
         mc.head_dim,
         dtype,
-        config.device,
+        device,
     )
-    return ModelRunner(model, storage, TorchPagedAttention(storage, mc.head_dim)), mc, num_blocks
+    backend = attention_backend(config.attention, storage, mc.head_dim)
+    log.info("attention backend %s on %s", backend_name(backend), device)
+    return ModelRunner(model, storage, backend), mc, num_blocks
 
 
 def decode_first(chunks: Sequence[SeqChunk]) -> tuple[list[int], list[SeqChunk]]:

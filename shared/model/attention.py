@@ -72,6 +72,8 @@ class AttentionBackend(Protocol):
 class TorchPagedAttention:
     """Reference backend in plain torch (CPU, or any device torch supports)."""
 
+    name = "torch"
+
     def __init__(self, storage: KVStorage, head_dim: int) -> None:
         self.storage = storage
         self.scale = head_dim**-0.5

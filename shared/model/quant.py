@@ -16,17 +16,25 @@ GEMV_MAX_ROWS = 8
 GEMM_TILE_ROWS = 256
 # NOTE: bfloat16 activations of this many rows or more (prefill chunks) multiply in bfloat16:
 # where the CPU has AVX512-BF16 or AMX the library GEMM is about 2x float32's (docs/benchmarks.md
-# "Serve, prefill"); float32 activations never take this path, so float32 stays exact.
+# "`kvstack serve` in the peers run"); float32 activations never take this path (float32 stays
+# exact), nor do q8 activations (prefill must round them as decode does).
 BF16_GEMM_MIN_ROWS = 64
+# How the GEMV takes its activations: "q8" quantizes each row of x to 8 bits per block of 32
+# once per matmul and multiplies in integers (llama.cpp's way: faster, x rounded to 8 bits);
+# "float" widens the weights to float32 and multiplies by x as it is.
+ACTIVATIONS = ("q8", "float")
 
 
 class QuantLinear(nn.Module):
     """y = x @ W^T (+ b) with W kept as blocks [out_features, row_bytes] of one format.
 
-    Activations are computed in float32 and returned in the input's dtype.
+    Activations are computed in float32 and returned in the input's dtype; up to
+    GEMV_MAX_ROWS rows multiply as `activations` says (ACTIVATIONS).
     """
 
     blocks: torch.Tensor
+    activations = "float"
+    gemv_max_rows = GEMV_MAX_ROWS
 
     def __init__(
         self, blocks: torch.Tensor, fmt: QuantFormat, in_features: int, bias: nn.Parameter | None
@@ -42,17 +50,37 @@ class QuantLinear(nn.Module):
         return self.linear(x)
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.bfloat16 and x.numel() >= BF16_GEMM_MIN_ROWS * self.in_features:
+        if x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= self.gemv_max_rows:
+            return self.gemv(x.contiguous())  # NOTE: a decode step's path: no copies, no views
+        if x.dtype == torch.bfloat16 and self.activations == "float" and self.many_rows(x):
             return self.linear_bf16(x)
-        native = _kernels()
         rows = x.reshape(-1, self.in_features).float().contiguous()
+        out = self.gemv(rows) if rows.shape[0] <= self.gemv_max_rows else self.gemm(rows)
+        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def gemv(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows float32 [M, in_features], M small: the in-register GEMV."""
         out = rows.new_empty(rows.shape[0], self.out_features)
         bias = None if self.bias is None else self.bias.float()
-        if rows.shape[0] <= GEMV_MAX_ROWS:
-            native.quant_gemv(out, rows, self.blocks, self.fmt.ggml_type, bias)
+        if self.activations == "q8":
+            _kernels().quant_gemv_q8(out, rows, self.blocks, self.fmt.ggml_type, bias, False)
         else:
-            native.quant_gemm(out, rows, self.blocks, self.fmt.ggml_type, bias, GEMM_TILE_ROWS)
-        return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+            _kernels().quant_gemv(out, rows, self.blocks, self.fmt.ggml_type, bias)
+        return out
+
+    def gemm(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows float32 [M, in_features], M large: dequantized tiles and the library GEMM."""
+        if self.activations == "q8":
+            # NOTE: rounded as the q8 GEMV rounds them, so that prefill computes what decode
+            # computes (a request prefilled again continues as one that decoded its tokens).
+            rows = round_to_q8(rows)
+        out = rows.new_empty(rows.shape[0], self.out_features)
+        bias = None if self.bias is None else self.bias.float()
+        _kernels().quant_gemm(out, rows, self.blocks, self.fmt.ggml_type, bias, GEMM_TILE_ROWS)
+        return out
+
+    def many_rows(self, x: torch.Tensor) -> bool:
+        return x.numel() >= BF16_GEMM_MIN_ROWS * self.in_features
 
     def linear_bf16(self, x: torch.Tensor) -> torch.Tensor:
         """y = x @ W^T (+ b) for many bfloat16 rows: each tile of weight rows dequantized in
@@ -96,6 +124,25 @@ class QuantEmbedding(QuantLinear):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.rows(input_ids.flatten()).view(*input_ids.shape, -1).to(self.dtype)
+
+
+def round_to_q8(rows: torch.Tensor) -> torch.Tensor:
+    """rows [M, K] as the q8 GEMV sees them: per block of 32, d = max|x| / 127, x = d * round(x / d)
+    (in float32, as quant_dot.cpp's quantize_rows)."""
+    blocks = rows.view(rows.shape[0], -1, 32)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    return (torch.round(blocks * inverse) * scale).view(rows.shape)
+
+
+def set_activations(model: nn.Module, activations: str, max_rows: int = GEMV_MAX_ROWS) -> None:
+    """How every quantized layer of `model` takes its activations (ACTIVATIONS), and up to how
+    many rows the GEMV computes (more: scoring a text as decode would, one row at a time)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations {activations!r}: choose one of {', '.join(ACTIVATIONS)}")
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.activations, module.gemv_max_rows = activations, max_rows
 
 
 def _kernels():

@@ -19,6 +19,7 @@ BENCHMARKS = (
     "transfer",
     "kvstore",
     "conductor",
+    "failover",
     "offload",
     "colocated",
     "chaos",

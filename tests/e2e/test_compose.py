@@ -167,3 +167,21 @@ def test_the_stack_compose_describes_serves_a_chat_request(tmp_path, smollm2_dir
     finally:
         stack.stop()
         nats.stop()
+
+
+def test_the_nats_cluster_profile_runs_three_nodes_on_the_config_auth_init_writes(
+    tmp_path,
+) -> None:
+    services = compose()["services"]
+    nodes = {name: s for name, s in services.items() if s.get("profiles") == ["nats-cluster"]}
+    assert sorted(nodes) == ["nats-1", "nats-2", "nats-3"]
+    secrets = tmp_path / "secrets"
+    assert kvstack(["auth", "init", "--dir", str(secrets)]) == 0
+    config = (secrets / "nats-cluster.conf").read_text()
+    password = (secrets / "nats-route").read_text().strip()
+    for name, node in nodes.items():
+        command = node["command"]
+        assert command[command.index("-n") + 1] == name  # unique names: JetStream's quorum
+        assert command[-2:] == ["-c", "/run/secrets/nats-cluster.conf"]
+        assert {"nats-auth.conf", "nats-cluster.conf"} <= set(node["secrets"])  # it includes
+        assert f"nats-route://kvstack-route:{password}@{name}:6222" in config

@@ -21,8 +21,11 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu_ops.cpp", HERE / "quant_ops.cpp")
-HEADERS = (HERE / "simd.h",)  # included by the sources: part of the build's key
+SOURCES = (HERE / "cpu_ops.cpp", HERE / "quant_ops.cpp", HERE / "quant_dot.cpp")
+HEADERS = (
+    HERE / "simd.h",
+    HERE / "quant_blocks.h",
+)  # included by the sources: part of the build's key
 DISABLE_ENV = "KVSTACK_CPU_KERNELS"
 ISA_ENV = "KVSTACK_CPU_ISA"
 # Each build: the CPU flags it needs and the compiler flags it is built with.

@@ -366,6 +366,7 @@ void small_linear(torch::Tensor out, torch::Tensor x, torch::Tensor w,
 }  // namespace
 
 void register_quant_ops(pybind11::module_& m);  // quant_ops.cpp
+void register_quant_dot_ops(pybind11::module_& m);  // quant_dot.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
@@ -376,4 +377,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention);
   m.def("small_linear", &small_linear);
   register_quant_ops(m);
+  register_quant_dot_ops(m);
 }

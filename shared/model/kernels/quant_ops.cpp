@@ -19,6 +19,8 @@
 
 #include <immintrin.h>
 
+#include "quant_blocks.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -26,28 +28,7 @@
 
 namespace {
 
-constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12;  // GGMLQuantizationType
-
-inline float half_to_float(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-#if defined(__F16C__)
-  return _cvtsh_ss(bits);
-#else
-  return c10::detail::fp16_ieee_to_fp32_value(bits);
-#endif
-}
-
-// The 6-bit scale and min of Q4_K sub-block j (ggml's get_scale_min_k4).
-inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *mn = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
+using namespace quant_blocks;
 
 // ---- Vectors: L floats; a group of 16 bytes widens to G = 16 / L vectors ----------------
 #if defined(__AVX512F__)
@@ -244,28 +225,6 @@ void dequant_block(int64_t qtype, const uint8_t* b, float* y) {
   }
 }
 #endif
-
-struct Format {
-  int64_t values, bytes;
-};
-
-Format format_of(int64_t qtype) {
-  switch (qtype) {
-    case kQ8_0: return {32, 34};
-    case kQ4_0: return {32, 18};
-    case kQ4_1: return {32, 20};
-    case kQ4_K: return {256, 144};
-  }
-  TORCH_CHECK(false, "unsupported GGML quantization type ", qtype);
-}
-
-void check_weight(const torch::Tensor& w, int64_t qtype, int64_t K) {
-  const Format f = format_of(qtype);
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
-              "weight: a contiguous uint8 [N, row_bytes] tensor");
-  TORCH_CHECK(K % f.values == 0 && w.size(1) == K / f.values * f.bytes,
-              "weight rows of ", w.size(1), " bytes do not hold ", K, " values of type ", qtype);
-}
 
 // out [R, K] float32 = the rows of w dequantized.
 void dequantize_rows(const uint8_t* w, int64_t qtype, int64_t K, float* out, int64_t r0,

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import make_hf_model
 
@@ -88,6 +89,9 @@ def test_bad_input_gets_one_line_errors(bad_models, tiny_llama_dir) -> None:
         ),
         (["--model", str(tiny_llama_dir), "--prompt", "hi"], "no tokenizer.json"),
         (["--prompt", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+        (["--prompt", "hi", "--device", "gpu"], "unknown device 'gpu'"),
     ]
+    if not torch.cuda.is_available():
+        cases.append((["--prompt", "hi", "--device", "cuda"], "torch sees no CUDA device"))
     for args, fragment in cases:
         assert_clean_error(kvstack("generate", *args), fragment)

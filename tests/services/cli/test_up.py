@@ -24,6 +24,17 @@ def test_an_unknown_mock_model_is_refused_with_the_known_ones(capsys) -> None:
     assert "known: llama3-70b, llama2-70b" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("size", ["0", "2"])
+def test_a_nats_cluster_of_two_or_none_is_refused(capsys, size) -> None:
+    assert main(["up", "--nats-cluster", size]) == 2
+    assert "--nats-cluster takes 1 (one nats-server) or 3 or more" in capsys.readouterr().err
+
+
+def test_a_nats_cluster_with_an_outside_nats_is_refused(capsys) -> None:
+    assert main(["up", "--nats-cluster", "3", "--nats", "nats://elsewhere:4222"]) == 2
+    assert "does not go with --nats" in capsys.readouterr().err
+
+
 class DrainingStack:
     """Stands in for a Stack whose drain the user cuts short with a second Ctrl-C."""
 
@@ -107,3 +118,19 @@ def test_up_shares_out_the_cores_and_lets_each_worker_thread_per_core(monkeypatc
     assert build_parser().parse_args(given["decode-0"]).cores == "5"
     with pytest.raises(KvstackError, match="may not run on 6-7"):
         stack_config(build_parser().parse_args(["up", "--cores", "4-7"]))
+
+
+def test_up_with_two_conductors_elects_one_by_a_lease_and_gives_each_a_port() -> None:
+    from services.cli.main import build_parser
+    from services.cli.stack import Stack
+    from services.cli.up import stack_config
+
+    args = build_parser().parse_args(["up", "--conductors", "2", "--lease-ttl", "2"])
+    commands = dict(Stack(stack_config(args)).commands())
+    conductors = [build_parser().parse_args(commands[f"conductor-{i}"]) for i in (0, 1)]
+    assert [c.lease_ttl for c in conductors] == [2.0, 2.0]
+    assert [c.http_port for c in conductors] == [8101, 8102]
+    alone = dict(Stack(stack_config(build_parser().parse_args(["up"]))).commands())
+    assert build_parser().parse_args(alone["conductor-0"]).lease_ttl == 0  # no lease
+    with pytest.raises(KvstackError, match="--conductors"):
+        stack_config(build_parser().parse_args(["up", "--conductors", "0"]))

@@ -21,7 +21,7 @@ async def test_a_load_that_failed_before_a_layer_computes_still_invalidates_it(
     )
     engine.add_request("r", list(range(3, 20)), SamplingParams(max_tokens=1))
     inbox = KVInbox(engine.kv_storage, asyncio.get_running_loop())
-    loader = PrefixLoader(engine_loop=None, pool=None, inbox=inbox, layer_timeout=5.0)
+    loader = PrefixLoader(engine_loop=None, pool=None, peers=None, inbox=inbox, layer_timeout=5.0)
     expected = inbox.expect("r:prefix", [0, 1], num_layers=2, ttl=60)
     expected.layers_done.add(0)
     expected.layer_ready[0].set()  # layer 0 landed, then the line died

@@ -11,7 +11,7 @@ from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.model.kernels import cpu_ops
 from shared.model.loader import load_model
-from shared.model.quant import QuantEmbedding, QuantLinear
+from shared.model.quant import QuantEmbedding, QuantLinear, set_activations
 from shared.model.quant_formats import FORMATS
 from shared.model.quant_loader import load_model_as, load_requantized
 from shared.model.registry import gguf_source
@@ -37,6 +37,7 @@ def test_the_files_blocks_predict_as_the_dequantized_float32_model(
     smollm2_dir, float_smollm2
 ) -> None:
     quantized = load_model_as("auto", smollm2_dir, gguf_source(MODEL), torch.float32, "cpu")
+    set_activations(quantized, "float")  # the same weights, the same activations
     assert isinstance(quantized.embed_tokens, QuantEmbedding)
     assert isinstance(quantized.layers[0].self_attn.qkv_proj, QuantLinear)
     ids = Tokenizer.from_dir(smollm2_dir).encode(TEXT)
@@ -47,17 +48,25 @@ def test_the_files_blocks_predict_as_the_dequantized_float32_model(
     torch.testing.assert_close(ours, reference, rtol=1e-3, atol=2e-3)
 
 
+# NOTE: float activations multiply the same Q4_1 weights as the float32 model: the same greedy
+# tokens. 8-bit activations (--activations q8, llama.cpp's way) round x: measured 10 of 10
+# here (the answer ends there), and 96.5% over 512 tokens of text (bench quant, benchmarks.md).
+@pytest.mark.parametrize(("activations", "agreement"), [("float", 1.0), ("q8", 0.9)])
 def test_the_engine_generates_with_the_files_blocks_as_float32_greedy(
-    smollm2_dir, float_smollm2
+    smollm2_dir, float_smollm2, activations, agreement
 ) -> None:
-    config = EngineConfig(model=MODEL, dtype="float32", weights="auto", num_blocks=16)
+    config = EngineConfig(
+        model=MODEL, dtype="float32", weights="auto", activations=activations, num_blocks=16
+    )
     engine = LLMEngine(config)
     assert engine.info.weight_bytes < 110e6  # the file's 98 MB, not 538 MB of float32
     ids = Tokenizer.from_dir(smollm2_dir).encode_chat([{"role": "user", "content": "Hi!"}])
-    (result,) = engine.generate([ids], SamplingParams(max_tokens=12, temperature=0))
+    (result,) = engine.generate([ids], SamplingParams(max_tokens=24, temperature=0))
     # NOTE: one pass: float32's greedy choice after each prefix of the engine's own output.
     logits = causal_logits(float_smollm2, ids + result.token_ids)
-    assert logits[len(ids) - 1 : -1].argmax(-1).tolist() == result.token_ids
+    expected = logits[len(ids) - 1 : -1].argmax(-1).tolist()
+    same = sum(a == b for a, b in zip(expected, result.token_ids, strict=True))
+    assert same >= agreement * len(expected), (same, len(expected))
 
 
 # NOTE: agreement measured on this seeded random model (its logits are nearly flat, so 4 bits
@@ -66,7 +75,23 @@ def test_the_engine_generates_with_the_files_blocks_as_float32_greedy(
 def test_requantized_weights_predict_near_float32(tiny_llama_dir, name, measured) -> None:
     reference = load_model(tiny_llama_dir)
     quantized = load_requantized(tiny_llama_dir, FORMATS[name], torch.float32)
+    set_activations(quantized, "float")  # as measured: the weights' cost alone
     assert isinstance(quantized.layers[1].mlp.down_proj, QuantLinear)
     ids = torch.randint(0, 256, (128,), generator=torch.Generator().manual_seed(0)).tolist()
     agreement = greedy_agreement(causal_logits(quantized, ids), causal_logits(reference, ids))
     assert agreement >= measured - 0.05, agreement
+
+
+def test_q8_prefill_computes_what_the_q8_gemv_computes(tiny_llama_dir) -> None:
+    """Prefill's rows (the dequantized GEMM) are rounded to 8 bits as the decode GEMV rounds
+    them: a request prefilled again continues as one that decoded its tokens."""
+    model = load_requantized(tiny_llama_dir, FORMATS["q4_1"], torch.float32)
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    set_activations(model, "q8")
+    prefilled = causal_logits(model, ids)
+    set_activations(model, "q8", max_rows=len(ids))  # every row through the integer GEMV
+    decoded = causal_logits(model, ids)
+    set_activations(model, "float")
+    as_float = causal_logits(model, ids)
+    torch.testing.assert_close(prefilled, decoded, rtol=1e-4, atol=1e-4)
+    assert (prefilled - as_float).abs().max() > 1e-3  # the rounding is there to be matched

@@ -91,3 +91,64 @@ def test_a_row_length_the_format_cannot_hold_is_refused(kernels):
         kernels.quant_gemv(torch.empty(1, 4), torch.randn(1, 128), blocks, fmt.ggml_type, None)
     with pytest.raises(ValueError, match="multiple of 256"):
         fmt.row_bytes(576)
+
+
+# ---- 8-bit activations: integer dot products (quant_dot.cpp) ------------------------------
+def rounded_to_q8(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel quantizes it: per block of 32, d = max|x| / 127, q = round(x / d)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return (torch.round(blocks * inverse) * d).reshape(x.shape)
+
+
+# NOTE: integer products are exact, so the SIMD and portable paths differ from the reference
+# on x rounded to 8 bits only in float sums; x's rounding itself costs about 1% (below).
+@pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize(("rows", "out_features", "in_features"), SHAPES)
+def test_q8_gemv_is_the_dequantized_weight_times_x_rounded_to_8_bits(
+    kernels, portable, name, rows, out_features, in_features
+):
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, out_features, in_features, seed=rows)
+    x, bias = torch.randn(rows, in_features), torch.randn(out_features)
+    out = torch.empty(rows, out_features)
+    kernels.quant_gemv_q8(out, x, blocks, fmt.ggml_type, bias, portable)
+    assert_close(out, reference(rounded_to_q8(x), blocks, fmt, bias.double()))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_q8_gemv_is_near_float_activations(kernels, name):
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, 64, 512, seed=4)
+    x = torch.randn(3, 512)
+    out = torch.empty(3, 64)
+    kernels.quant_gemv_q8(out, x, blocks, fmt.ggml_type, None, False)
+    expected = reference(x, blocks, fmt)
+    error = (out.double() - expected).norm() / expected.norm()
+    assert 0 < error < 0.02, error  # rounded, but only by x's 8 bits
+
+
+def test_q8_gemv_of_zero_rows_and_an_odd_number_of_blocks(kernels):
+    fmt = FORMATS["q4_1"]
+    blocks = random_blocks(fmt, 9, 96, seed=3)  # 3 blocks: a pair and a single
+    x = torch.randn(2, 96)
+    x[1] = 0.0
+    out = torch.empty(2, 9)
+    kernels.quant_gemv_q8(out, x, blocks, fmt.ggml_type, None, False)
+    assert_close(out, reference(rounded_to_q8(x), blocks, fmt))
+
+
+def test_q8_gemv_refuses_bad_input(kernels):
+    fmt = FORMATS["q8_0"]
+    blocks = quantize(torch.randn(8, 64), fmt)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.quant_gemv_q8(
+            torch.empty(1, 8), torch.randn(1, 64).double(), blocks, 8, None, False
+        )
+    with pytest.raises(RuntimeError, match="bias"):
+        bias = torch.randn(7)
+        kernels.quant_gemv_q8(torch.empty(1, 8), torch.randn(1, 64), blocks, 8, bias, False)
+    with pytest.raises(RuntimeError, match="do not hold"):
+        kernels.quant_gemv_q8(torch.empty(1, 8), torch.randn(1, 96), blocks, 8, None, False)

@@ -1,0 +1,61 @@
+// What every kernel on GGUF blocks needs to read them: the GGML type codes, fp16 scales, Q4_K's
+// packed 6-bit scales, and the check that a weight tensor holds rows of a format. Block
+// layouts: quant_ops.cpp.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <cstring>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace quant_blocks {
+
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12;  // GGMLQuantizationType
+
+inline float half_to_float(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(bits);
+#endif
+}
+
+// The 6-bit scale and min of Q4_K sub-block j (ggml's get_scale_min_k4).
+inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+struct Format {
+  int64_t values, bytes;
+};
+
+inline Format format_of(int64_t qtype) {
+  switch (qtype) {
+    case kQ8_0: return {32, 34};
+    case kQ4_0: return {32, 18};
+    case kQ4_1: return {32, 20};
+    case kQ4_K: return {256, 144};
+  }
+  TORCH_CHECK(false, "unsupported GGML quantization type ", qtype);
+}
+
+inline void check_weight(const torch::Tensor& w, int64_t qtype, int64_t K) {
+  const Format f = format_of(qtype);
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
+              "weight: a contiguous uint8 [N, row_bytes] tensor");
+  TORCH_CHECK(K % f.values == 0 && w.size(1) == K / f.values * f.bytes,
+              "weight rows of ", w.size(1), " bytes do not hold ", K, " values of type ", qtype);
+}
+
+}  // namespace quant_blocks

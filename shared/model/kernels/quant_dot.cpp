@@ -1,0 +1,312 @@
+// GEMV on GGUF blocks with 8-bit activations, as llama.cpp computes it. Each row of x is
+// quantized once per call to blocks of 32 int8 values qx with a float scale dx (and
+// sx = dx * sum(qx)); every weight block of 32 values d * q + offset is then one integer dot
+// product:  sum(w * x) ~= d * dx * sum(q * qx) + offset * sx
+//   Q8_0: q signed, offset 0    Q4_0: q in 0..15, offset -8 d    Q4_1: offset m
+//   Q4_K: each of its 8 sub-blocks of 32 is such a block, scale d * sc, offset -dmin * mn
+// Paths: AVX-512 VNNI (_mm512_dpbusd_epi32) or AVX-512BW (_mm512_maddubs_epi16 +
+// _mm512_madd_epi16), two blocks a vector; AVX2 (the same in 256 bits, one block); and a
+// portable scalar path that every build carries (`portable=true` runs it: the reference).
+//
+// NOTE: products of 8-bit integers are exact and the integer sums cannot overflow (maddubs
+// pairs stay under 2 * 128 * 127), so the paths differ only in the order of float sums; the
+// cost against float activations is x's rounding to 8 bits, llama.cpp's own choice.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "quant_blocks.h"
+
+namespace {
+
+using namespace quant_blocks;
+
+// x [M, K] as 8-bit blocks: q [M, K]; per block of 32: d [M, K / 32] and s = d * sum(q).
+struct Q8Rows {
+  int64_t M, K;
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+
+  int64_t blocks() const { return K / 32; }
+};
+
+Q8Rows quantize_rows(const float* x, int64_t M, int64_t K) {
+  const int64_t n = M * K / 32;
+  Q8Rows r{M, K, std::vector<int8_t>(M * K), std::vector<float>(n), std::vector<float>(n)};
+  for (int64_t b = 0; b < n; ++b) {
+    const float* v = x + 32 * b;
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float d = amax / 127.f, inverse = d > 0.f ? 1.f / d : 0.f;
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int q = static_cast<int>(std::nearbyint(v[i] * inverse));
+      r.q[32 * b + i] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    r.d[b] = d;
+    r.s[b] = d * static_cast<float>(sum);
+  }
+  return r;
+}
+
+// ---- Formats: block j of 32 values within a row: scale, offset, quant i (and, with SIMD,
+// all 32 quants in order in one vector) ---------------------------------------------------
+struct Q8_0 {
+  static constexpr int64_t kSubs = 1, kBytes = 34;
+  static constexpr bool kSigned = true;
+  static void scale_offset(const uint8_t* b, int, float* d, float* o) {
+    *d = half_to_float(b);
+    *o = 0.f;
+  }
+  static int value(const uint8_t* b, int, int i) { return static_cast<int8_t>(b[2 + i]); }
+#if defined(__AVX2__)
+  static __m256i quants(const uint8_t* b, int) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+  }
+#endif
+};
+
+template <bool kHasMin>
+struct Q4 {  // Q4_0 and Q4_1: value i in the low nibble of byte i, value i + 16 in its high one
+  static constexpr int64_t kSubs = 1, kBytes = kHasMin ? 20 : 18, kQuants = kHasMin ? 4 : 2;
+  static constexpr bool kSigned = false;
+  static void scale_offset(const uint8_t* b, int, float* d, float* o) {
+    *d = half_to_float(b);
+    *o = kHasMin ? half_to_float(b + 2) : -8.f * *d;
+  }
+  static int value(const uint8_t* b, int, int i) {
+    return i < 16 ? b[kQuants + i] & 0x0F : b[kQuants + i - 16] >> 4;
+  }
+#if defined(__AVX2__)
+  static __m256i quants(const uint8_t* b, int) {
+    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQuants));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+  }
+#endif
+};
+
+struct Q4_K {  // sub-block j: the low (j even) or high nibbles of the 32 bytes of chunk j / 2
+  static constexpr int64_t kSubs = 8, kBytes = 144;
+  static constexpr bool kSigned = false;
+  static void scale_offset(const uint8_t* b, int j, float* d, float* o) {
+    int sc, mn;
+    q4k_scale_min(b + 4, j, &sc, &mn);
+    *d = half_to_float(b) * sc;
+    *o = -half_to_float(b + 2) * mn;
+  }
+  static int value(const uint8_t* b, int j, int i) {
+    return (b[16 + 32 * (j / 2) + i] >> (4 * (j % 2))) & 0x0F;
+  }
+#if defined(__AVX2__)
+  static __m256i quants(const uint8_t* b, int j) {
+    const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * (j / 2)));
+    const __m256i shifted = _mm256_srl_epi16(t, _mm_cvtsi32_si128(4 * (j % 2)));
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+  }
+#endif
+};
+
+template <class F>
+inline const uint8_t* block_of(const uint8_t* row, int64_t j) {
+  return row + (j / F::kSubs) * F::kBytes;
+}
+
+// ---- Portable: one output at a time, plain integer loops ---------------------------------
+// NOTE: GCC 12 with -march=native (AVX512-VNNI) vectorizes the signed x signed byte loop below
+// into vpdpbusd, which reads one side as unsigned: wrong sums for Q8_0. The reference path
+// stays scalar.
+#if defined(__GNUC__) && !defined(__clang__)
+#define KV_NO_VECTORIZE __attribute__((optimize("no-tree-vectorize")))
+#else
+#define KV_NO_VECTORIZE
+#endif
+
+template <class F>
+KV_NO_VECTORIZE float dot_portable(const uint8_t* row, const Q8Rows& x, int64_t m) {
+  const int64_t blocks = x.blocks();
+  float sum = 0.f;
+  for (int64_t j = 0; j < blocks; ++j) {
+    const uint8_t* b = block_of<F>(row, j);
+    const int sub = static_cast<int>(j % F::kSubs);
+    const int8_t* qx = x.q.data() + m * x.K + 32 * j;
+    int32_t dot = 0;
+    for (int i = 0; i < 32; ++i) dot += F::value(b, sub, i) * qx[i];
+    float d, o;
+    F::scale_offset(b, sub, &d, &o);
+    sum += d * x.d[m * blocks + j] * static_cast<float>(dot) + o * x.s[m * blocks + j];
+  }
+  return sum;
+}
+
+template <class F>
+void rows_portable(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, const float* bias,
+                   float* out, int64_t N, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < x.M; ++m)
+      out[m * N + n] = dot_portable<F>(w + n * row_bytes, x, m) + (bias ? bias[n] : 0.f);
+}
+
+// ---- SIMD: int32 lanes, each the sum of 4 products of an unsigned and a signed byte -------
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+constexpr int64_t kStep = 2;  // blocks of 32 a vector
+using IV = __m512i;
+using FV = __m512;
+inline IV dot_u8s8(IV u, IV s) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+#else
+  return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+#endif
+}
+inline IV dot_s8s8(IV a, IV b) {  // a's sign moves onto b, so |a| is the unsigned side
+  const __mmask64 negative = _mm512_movepi8_mask(a);
+  return dot_u8s8(_mm512_abs_epi8(a), _mm512_mask_sub_epi8(b, negative, _mm512_setzero_si512(), b));
+}
+inline FV fzero() { return _mm512_setzero_ps(); }
+inline float fsum(FV v) { return _mm512_reduce_add_ps(v); }
+inline FV fma_lanes(IV p, float s0, float s1, FV acc) {  // lanes 0-7 scaled by s0, 8-15 by s1
+  const __m512i scales = _mm512_inserti64x4(_mm512_castps_si512(_mm512_set1_ps(s0)),
+                                            _mm256_castps_si256(_mm256_set1_ps(s1)), 1);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_castsi512_ps(scales), acc);
+}
+template <class F>
+inline IV quants2(const uint8_t* row, int64_t j, bool pair) {
+  const __m256i lo = F::quants(block_of<F>(row, j), static_cast<int>(j % F::kSubs));
+  if (!pair) return _mm512_zextsi256_si512(lo);
+  const __m256i hi = F::quants(block_of<F>(row, j + 1), static_cast<int>((j + 1) % F::kSubs));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+inline IV load_x(const int8_t* p, bool pair) {
+  return pair ? _mm512_loadu_si512(p)
+              : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#define KV_DOT_SIMD 1
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kStep = 1;
+using IV = __m256i;
+using FV = __m256;
+inline IV dot_u8s8(IV u, IV s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+inline IV dot_s8s8(IV a, IV b) { return dot_u8s8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)); }
+inline FV fzero() { return _mm256_setzero_ps(); }
+inline float fsum(FV v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline FV fma_lanes(IV p, float s0, float, FV acc) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s0), acc);
+}
+template <class F>
+inline IV quants2(const uint8_t* row, int64_t j, bool) {
+  return F::quants(block_of<F>(row, j), static_cast<int>(j % F::kSubs));
+}
+inline IV load_x(const int8_t* p, bool) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+#define KV_DOT_SIMD 1
+#endif
+
+#if defined(KV_DOT_SIMD)
+// Blocks j (and j + 1 when `pair`) of one weight row against M rows of x from row m0.
+template <class F, int M>
+inline void step(const uint8_t* row, int64_t j, bool pair, const Q8Rows& x, int64_t m0, FV* acc,
+                 float* sacc) {
+  const int64_t blocks = x.blocks();
+  float d0, o0, d1 = 0.f, o1 = 0.f;
+  F::scale_offset(block_of<F>(row, j), static_cast<int>(j % F::kSubs), &d0, &o0);
+  if (pair) F::scale_offset(block_of<F>(row, j + 1), static_cast<int>((j + 1) % F::kSubs), &d1, &o1);
+  const IV q = quants2<F>(row, j, pair);
+  for (int m = 0; m < M; ++m) {
+    const int64_t b = (m0 + m) * blocks + j;
+    const IV xm = load_x(x.q.data() + (m0 + m) * x.K + 32 * j, pair);
+    const IV p = F::kSigned ? dot_s8s8(q, xm) : dot_u8s8(q, xm);
+    acc[m] = fma_lanes(p, d0 * x.d[b], pair ? d1 * x.d[b + 1] : 0.f, acc[m]);
+    sacc[m] += o0 * x.s[b] + (pair ? o1 * x.s[b + 1] : 0.f);
+  }
+}
+
+// out[m, n] for weight rows n in [n0, n1) and M rows of x from row m0.
+template <class F, int M>
+void rows_simd(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, int64_t m0,
+               const float* bias, float* out, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t blocks = x.blocks(), whole = blocks - blocks % kStep;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    FV acc[M];
+    float sacc[M];
+    for (int m = 0; m < M; ++m) acc[m] = fzero(), sacc[m] = 0.f;
+    for (int64_t j = 0; j < whole; j += kStep) step<F, M>(row, j, kStep == 2, x, m0, acc, sacc);
+    if (whole < blocks) step<F, M>(row, whole, false, x, m0, acc, sacc);
+    const float b = bias ? bias[n] : 0.f;
+    for (int m = 0; m < M; ++m) out[(m0 + m) * N + n] = fsum(acc[m]) + sacc[m] + b;
+  }
+}
+
+template <class F>
+void rows_simd_all(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, const float* bias,
+                   float* out, int64_t N, int64_t n0, int64_t n1) {
+  // NOTE: up to 4 rows of x share each weight vector; more rows take more passes.
+  for (int64_t m = 0; m < x.M; m += 4) {
+    switch (std::min<int64_t>(4, x.M - m)) {
+      case 1: rows_simd<F, 1>(w, row_bytes, x, m, bias, out, N, n0, n1); break;
+      case 2: rows_simd<F, 2>(w, row_bytes, x, m, bias, out, N, n0, n1); break;
+      case 3: rows_simd<F, 3>(w, row_bytes, x, m, bias, out, N, n0, n1); break;
+      default: rows_simd<F, 4>(w, row_bytes, x, m, bias, out, N, n0, n1); break;
+    }
+  }
+}
+#endif  // KV_DOT_SIMD
+
+template <class F>
+void gemv_q8(const uint8_t* w, const Q8Rows& x, const float* bias, float* out, int64_t N,
+             bool portable) {
+  const int64_t row_bytes = x.blocks() / F::kSubs * F::kBytes;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+#if defined(KV_DOT_SIMD)
+    if (!portable) return rows_simd_all<F>(w, row_bytes, x, bias, out, N, n0, n1);
+#endif
+    rows_portable<F>(w, row_bytes, x, bias, out, N, n0, n1);
+  });
+}
+
+// out [M, N] float32 = x [M, K] float32, quantized to 8 bits per block of 32, @ w^T (+ bias),
+// in integer dot products. `portable` runs the scalar path whatever the build.
+void quant_gemv_q8(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
+                   c10::optional<torch::Tensor> bias, bool portable) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  check_weight(w, qtype, K);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x: contiguous float32 [M, K]");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == M &&
+                  out.size(1) == N,
+              "out: contiguous float32 [M, N]");
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->numel() == N),
+              "bias: float32 [N]");
+  const Q8Rows xq = quantize_rows(x.data_ptr<float>(), M, K);
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  const uint8_t* wi = w.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  switch (qtype) {
+    case kQ8_0: gemv_q8<Q8_0>(wi, xq, b, o, N, portable); break;
+    case kQ4_0: gemv_q8<Q4<false>>(wi, xq, b, o, N, portable); break;
+    case kQ4_1: gemv_q8<Q4<true>>(wi, xq, b, o, N, portable); break;
+    case kQ4_K: gemv_q8<Q4_K>(wi, xq, b, o, N, portable); break;
+  }
+}
+
+}  // namespace
+
+void register_quant_dot_ops(pybind11::module_& m) {
+  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("quant_gemv_q8", &quant_gemv_q8, release());
+}
