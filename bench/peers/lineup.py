@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.peers.server import ServerSpec, free_port
+from shared.model.registry import gguf_source
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KVSTACK = "kvstack"
@@ -28,8 +29,11 @@ class PeerSetup:
     llamacpp_venv: Path
     vllm_venv: Path
     work_dir: Path  # logs, kvstack's secrets
-    kvstack_args: str = ""  # appended to `kvstack up` (later flags win)
+    kvstack_args: str = ""  # appended to each kvstack command line (later flags win)
     vllm_kv_cache_gib: int = 1
+    kvstack_modes: tuple[str, ...] = ("serve",)  # `kvstack serve` and/or `kvstack up`
+    kvstack_formats: tuple[str, ...] = ()  # kvstack runs these of `ggufs` too; () = the first
+    api_key: str = ""  # kvstack serve's, made per run
 
 
 @dataclass(frozen=True)
@@ -40,8 +44,7 @@ class Lineup:
 
 
 def discover(setup: PeerSetup) -> Lineup:
-    servers = [kvstack_server(setup)]
-    skipped = []
+    servers, skipped = kvstack_servers(setup)
     if has_module_file(setup.llamacpp_venv, "llama_cpp/server/__main__.py"):
         servers += [llamacpp_server(setup, gguf) for gguf in setup.ggufs]
     else:
@@ -71,26 +74,72 @@ def venv_python(venv: Path) -> str:
     return str(venv / "bin" / "python")
 
 
-def kvstack_server(setup: PeerSetup) -> ServerSpec:
+def is_kvstack(name: str) -> bool:
+    return name.split()[0] == KVSTACK
+
+
+def kvstack_servers(setup: PeerSetup) -> tuple[list[ServerSpec], list[str]]:
+    """A kvstack column per mode and weight format (GGUF file), mode by mode; a format
+    with no file among `ggufs` is a skipped line."""
+    by_format = {weight_format(g): g for g in setup.ggufs}
+    formats = setup.kvstack_formats or (weight_format(setup.ggufs[0]),)
+    # NOTE: never no kvstack at all: a model whose own file is of none of the formats asked
+    # for runs on that file.
+    ggufs = [by_format[f] for f in formats if f in by_format] or [setup.ggufs[0]]
+    skipped = [
+        f"kvstack {f}: no {f} file among the GGUFs: skipped" for f in formats if f not in by_format
+    ]
+    servers = [kvstack_server(setup, mode, gguf) for mode in setup.kvstack_modes for gguf in ggufs]
+    return servers, skipped
+
+
+def kvstack_server(setup: PeerSetup, mode: str, gguf: Path) -> ServerSpec:
+    """`kvstack serve` (one engine on every thread) or `kvstack up` on `gguf`'s own weights
+    (`--weights auto`: its quantized blocks as they are)."""
     port = free_port()
-    # NOTE: `up` runs one prefill and one decode worker; each gets half the threads, so
-    # the stack uses as many cores as each peer does.
     argv = (
         sys.executable,
         "-c",
         "import sys; from services.cli.main import main; sys.exit(main())",
-        "up",
-        "--model", setup.model,
+        mode,
+        "--model", kvstack_model(setup, gguf),
+        "--served-model-name", setup.model,
         "--port", str(port),
-        "--base-port", "0",
-        "--threads", str(max(1, setup.threads // 2)),
         "--dtype", setup.dtype,
-        "--log-dir", str(setup.work_dir / "kvstack-logs"),
+        "--weights", "auto",
         "--secrets-dir", str(setup.work_dir / "kvstack-secrets"),
+        *MODE_ARGS[mode](setup, gguf),
         *shlex.split(setup.kvstack_args),
     )  # fmt: skip
     env = {"PYTHONPATH": str(REPO_ROOT)}
-    return ServerSpec(KVSTACK, argv, port, setup.model, env, cwd=str(setup.work_dir))
+    api_key = setup.api_key if mode == "serve" else ""
+    if api_key:
+        env["KVSTACK_API_KEY"] = api_key  # NOTE: not in argv, where `ps` shows it
+    name = f"{KVSTACK} {mode} {weight_format(gguf)}"
+    return ServerSpec(name, argv, port, setup.model, env, cwd=str(setup.work_dir), api_key=api_key)
+
+
+def kvstack_model(setup: PeerSetup, gguf: Path) -> str:
+    """The model's name for its own file (converted once, shared with every other run)."""
+    return setup.model if gguf_source(setup.model) == gguf else str(gguf)
+
+
+def serve_args(setup: PeerSetup, gguf: Path) -> tuple[str, ...]:
+    return ("--threads", str(setup.threads))
+
+
+def up_args(setup: PeerSetup, gguf: Path) -> tuple[str, ...]:
+    # NOTE: `up` runs one prefill and one decode worker; each gets half the threads, so
+    # the stack uses as many cores as each peer does. A log folder per stack: two stacks
+    # in one would rotate each other's logs away.
+    return (
+        "--base-port", "0",
+        "--threads", str(max(1, setup.threads // 2)),
+        "--log-dir", str(setup.work_dir / f"kvstack-up-{weight_format(gguf)}-logs"),
+    )  # fmt: skip
+
+
+MODE_ARGS = {"serve": serve_args, "up": up_args}
 
 
 def llamacpp_server(setup: PeerSetup, gguf: Path) -> ServerSpec:

@@ -6,7 +6,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from bench.peers.lineup import KVSTACK
+from bench.peers.lineup import is_kvstack
 
 
 @dataclass(frozen=True)
@@ -52,31 +52,52 @@ class Samples:
         }
 
 
+def kvstack_columns(medians: dict) -> list[str]:
+    return [peer for peer in medians if is_kvstack(peer)]
+
+
+def reference(peer: str, ours: list[str]) -> str:
+    """The kvstack column a peer is compared with: the first of its weight format (the
+    name's last word, e.g. `llama.cpp Q8_0`), else the first."""
+    same_format = [k for k in ours if k.split()[-1] == peer.split()[-1]]
+    return (same_format or ours)[0]
+
+
 def ratios(medians: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     """kvstack's value over each peer's, per metric both have (for ms: lower is better)."""
-    ours = medians.get(KVSTACK, {})
-    return {
-        peer: {key: ours[key] / value for key, value in values.items() if key in ours and value}
-        for peer, values in medians.items()
-        if peer != KVSTACK
-    }
+    ours = kvstack_columns(medians)
+    if not ours:
+        return {}
+    result = {}
+    for peer, values in medians.items():
+        if peer in ours:
+            continue
+        mine = medians[reference(peer, ours)]
+        result[peer] = {
+            key: mine[key] / value for key, value in values.items() if key in mine and value
+        }
+    return result
 
 
 def format_table(medians: dict, metrics: list[Metric], header: str) -> str:
-    peers = [p for p in medians if p != KVSTACK]
+    ours = kvstack_columns(medians)
+    peers = [p for p in medians if p not in ours]
     by_peer = ratios(medians)
     label_width = max([len(m.label) for m in metrics] + [8]) + 2
-    columns = "".join(f"{p:>18}{'x':>7}" for p in peers)
-    lines = [header, f"{'':{label_width}}{KVSTACK:>12}{columns}"]
+    width = max([len(k) + 2 for k in ours] + [12])
+    columns = "".join(f"{k:>{width}}" for k in ours) + "".join(f"{p:>18}{'x':>7}" for p in peers)
+    lines = [header, f"{'':{label_width}}{columns}"]
     for metric in metrics:
-        cells = "".join(
+        cells = "".join(f"{cell(medians[k].get(metric.key)):>{width}}" for k in ours)
+        cells += "".join(
             f"{cell(medians[p].get(metric.key)):>18}{cell(by_peer[p].get(metric.key), 2):>7}"
             for p in peers
         )
-        ours = cell(medians.get(KVSTACK, {}).get(metric.key))
-        lines.append(f"{metric.label:{label_width}}{ours:>12}{cells}")
+        lines.append(f"{metric.label:{label_width}}{cells}")
+    first = f" (else {ours[0]})" if ours else ""
     lines.append(
-        "x: kvstack's value / the peer's (above 1 kvstack is ahead on tok/s, behind on ms)"
+        f"x: the value of the kvstack column of the peer's weight format{first} / the peer's "
+        "(above 1 kvstack is ahead on tok/s, behind on ms)"
     )
     return "\n".join(lines)
 

@@ -32,6 +32,11 @@ class ServerSpec:
     request_ids: bool = True  # takes loadgen's x-request-id
     ready_timeout_s: float = 900.0
     cwd: str | None = None
+    api_key: str = ""  # its bearer key, if it wants one
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     @property
     def base_url(self) -> str:
@@ -91,7 +96,7 @@ class RunningServer:
         request = urllib.request.Request(
             f"{self.spec.base_url}/v1/completions",
             data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **self.spec.headers},
         )
         try:
             with urllib.request.urlopen(request, timeout=60) as r:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -51,7 +52,11 @@ def stream_once(spec: ServerSpec, text: str, max_tokens: int) -> RequestRecord:
 
 async def _stream(spec: ServerSpec, text: str, max_tokens: int) -> RequestRecord:
     target = Target(
-        spec.base_url, spec.model, extra_body=spec.extra_body, request_ids=spec.request_ids
+        spec.base_url,
+        spec.model,
+        api_key=spec.api_key or None,
+        extra_body=spec.extra_body,
+        request_ids=spec.request_ids,
     )
     prompt = Prompt(0, text, len(text.split()), max_tokens)
     async with aiohttp.ClientSession() as session:
@@ -76,7 +81,8 @@ def serve(spec: ServerSpec, workloads: Workloads, rate: float, seed: int) -> dic
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as scratch:
         result_path = Path(scratch) / "result.json"
         argv = loadgen_argv(spec, workloads, rate, seed, result_path)
-        done = subprocess.run(argv, capture_output=True, text=True)
+        env = {**os.environ, "OPENAI_API_KEY": spec.api_key} if spec.api_key else None
+        done = subprocess.run(argv, capture_output=True, text=True, env=env)
         if not result_path.is_file():
             raise KvstackError(f"{spec.name}: loadgen run failed:\n{done.stderr[-2000:]}")
         result = json.loads(result_path.read_text())

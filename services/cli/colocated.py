@@ -10,7 +10,7 @@ from pathlib import Path
 
 from services.cli import settings
 from services.cli.pinning import pin
-from services.cli.serve import engine_options
+from services.cli.serve import edge_config, engine_options
 from services.cli.stack import say
 from shared.auth.deployment import ensure_api_key
 from shared.service import run
@@ -40,17 +40,10 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def colocated_config(args: argparse.Namespace, threads: int):
     from services.colocated.service import ColocatedConfig
-    from services.gateway.cors import parse_origins
-    from services.gateway.edge import EdgeConfig
     from services.gateway.service import GatewayConfig
     from shared.engine.config import EngineConfig
 
     engine = engine_options(args)
-    edge = EdgeConfig(
-        read_timeout=args.read_timeout,
-        max_concurrent_per_key=args.max_concurrent_per_key,
-        cors_origins=parse_origins(args.cors_origins),
-    )
     gateway = GatewayConfig(
         host=args.host,
         http_port=args.port,
@@ -64,7 +57,7 @@ def colocated_config(args: argparse.Namespace, threads: int):
         block_size=args.block_size,
         mock=engine["mock"],
         max_model_len=engine["max_model_len"] or 0,
-        edge=edge,
+        edge=edge_config(args),
     )
     return ColocatedConfig(
         gateway,
@@ -72,6 +65,7 @@ def colocated_config(args: argparse.Namespace, threads: int):
             model=args.model,
             dtype=args.dtype,
             weights=args.weights,
+            activations=args.activations,
             device=args.device,
             attention=args.attention,
             block_size=args.block_size,

@@ -254,17 +254,22 @@ def run_kvstore(args: argparse.Namespace) -> int:
     return run(KvstoreService(config))
 
 
-def run_gateway(args: argparse.Namespace) -> int:
+def edge_config(args: argparse.Namespace):
+    """The gateway's HTTP edge: read timeout, per-key concurrency, CORS origins."""
     from services.gateway.cors import parse_origins
     from services.gateway.edge import EdgeConfig
-    from services.gateway.service import GatewayConfig, GatewayService
 
-    engine = engine_options(args)
-    edge = EdgeConfig(
+    return EdgeConfig(
         read_timeout=args.read_timeout,
         max_concurrent_per_key=args.max_concurrent_per_key,
         cors_origins=parse_origins(args.cors_origins),
     )
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    from services.gateway.service import GatewayConfig, GatewayService
+
+    engine = engine_options(args)
     config = GatewayConfig(
         **common_config(args),
         model=args.model,
@@ -276,6 +281,6 @@ def run_gateway(args: argparse.Namespace) -> int:
         mock=engine["mock"],
         max_model_len=engine["max_model_len"] or 0,
         timeouts=backend_timeouts(args),
-        edge=edge,
+        edge=edge_config(args),
     )
     return run(GatewayService(config))

@@ -509,6 +509,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "secrets_dir",
         "dtype",
         "weights",
+        "activations",
         "device",
         "attention",
         "block_size",

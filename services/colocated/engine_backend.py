@@ -13,13 +13,13 @@ from collections.abc import AsyncGenerator
 from services.gateway.errors import from_status, service_unavailable
 from services.gateway.progress import Progress
 from services.gateway.protocol import GenerateRequest
+from shared.decode.tokens import token_event
 from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
 from shared.engine.runner import SeqChunk
 from shared.errors import InvalidRequest
 from shared.messages import PrefillTiming, TokenEvent
-from shared.worker_core import error_code
 
 
 class EngineBackend:
@@ -97,21 +97,7 @@ class EngineBackend:
                 events.put_nowait(self._event(out))
 
     def _event(self, out: RequestOutput) -> TokenEvent:
-        error, code = "", 200
-        if out.finished and out.finish_reason == "error":
-            error, code = str(out.stop_reason), error_code(out.error_kind)
-        event = TokenEvent(
-            out.request_id,
-            0,
-            out.new_token_ids,
-            out.new_logprobs,
-            out.finished,
-            out.finish_reason,
-            out.num_prompt_tokens,
-            out.num_cached_tokens,
-            error,
-            code,
-        )
+        event = token_event(out, 0)
         added = self._added.pop(out.request_id, None)
         if added is None:  # not its first event
             return event

@@ -35,23 +35,9 @@ class TokenSequencer:
         if seq is None:
             return None
         self._next_seq[out.request_id] = seq + 1
-        error, code = "", 200
         if out.finished:
             del self._next_seq[out.request_id]
-            if out.finish_reason == "error":
-                error, code = str(out.stop_reason), error_code(out.error_kind)
-        return TokenEvent(
-            out.request_id,
-            seq,
-            out.new_token_ids,
-            out.new_logprobs,
-            out.finished,
-            out.finish_reason,
-            out.num_prompt_tokens,
-            out.num_cached_tokens,
-            error,
-            code,
-        )
+        return token_event(out, seq)
 
     def hand_back(self, request_id: str, error: str) -> TokenEvent | None:
         """The last event of a request this worker gives up (it stops): a retryable error,
@@ -67,3 +53,23 @@ class TokenSequencer:
     def drop(self, request_id: str) -> bool:
         """The request was aborted: no more events. True when it was decoding here."""
         return self._next_seq.pop(request_id, None) is not None
+
+
+def token_event(out: RequestOutput, seq: int) -> TokenEvent:
+    """Event number `seq` of a request, from one step's engine output. An engine error ends
+    it with the error's code (503: retryable elsewhere)."""
+    error, code = "", 200
+    if out.finished and out.finish_reason == "error":
+        error, code = str(out.stop_reason), error_code(out.error_kind)
+    return TokenEvent(
+        out.request_id,
+        seq,
+        out.new_token_ids,
+        out.new_logprobs,
+        out.finished,
+        out.finish_reason,
+        out.num_prompt_tokens,
+        out.num_cached_tokens,
+        error,
+        code,
+    )

@@ -4,6 +4,7 @@ of the weight (shared/model/kernels/quant_ops.cpp)."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from shared.model.kernels import cpu_ops
@@ -13,6 +14,11 @@ from shared.model.quant_formats import QuantFormat
 # past 16 a float tile and the library GEMM win. Tiles of 256 weight rows stay in cache.
 GEMV_MAX_ROWS = 8
 GEMM_TILE_ROWS = 256
+# NOTE: bfloat16 activations of this many rows or more (prefill chunks) multiply in bfloat16:
+# where the CPU has AVX512-BF16 or AMX the library GEMM is about 2x float32's (docs/benchmarks.md
+# "`kvstack serve` in the peers run"); float32 activations never take this path (float32 stays
+# exact), nor do q8 activations (prefill must round them as decode does).
+BF16_GEMM_MIN_ROWS = 64
 # How the GEMV takes its activations: "q8" quantizes each row of x to 8 bits per block of 32
 # once per matmul and multiplies in integers (llama.cpp's way: faster, x rounded to 8 bits);
 # "float" widens the weights to float32 and multiplies by x as it is.
@@ -46,6 +52,8 @@ class QuantLinear(nn.Module):
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= self.gemv_max_rows:
             return self.gemv(x.contiguous())  # NOTE: a decode step's path: no copies, no views
+        if x.dtype == torch.bfloat16 and self.activations == "float" and self.many_rows(x):
+            return self.linear_bf16(x)
         rows = x.reshape(-1, self.in_features).float().contiguous()
         out = self.gemv(rows) if rows.shape[0] <= self.gemv_max_rows else self.gemm(rows)
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -70,6 +78,27 @@ class QuantLinear(nn.Module):
         bias = None if self.bias is None else self.bias.float()
         _kernels().quant_gemm(out, rows, self.blocks, self.fmt.ggml_type, bias, GEMM_TILE_ROWS)
         return out
+
+    def many_rows(self, x: torch.Tensor) -> bool:
+        return x.numel() >= BF16_GEMM_MIN_ROWS * self.in_features
+
+    def linear_bf16(self, x: torch.Tensor) -> torch.Tensor:
+        """y = x @ W^T (+ b) for many bfloat16 rows: each tile of weight rows dequantized in
+        cache, rounded to bfloat16 and multiplied by the library's bfloat16 GEMM."""
+        native = _kernels()
+        rows = x.reshape(-1, self.in_features).contiguous()
+        out = rows.new_empty(rows.shape[0], self.out_features)
+        tile = torch.empty(min(GEMM_TILE_ROWS, self.out_features), self.in_features)
+        bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+        for n0 in range(0, self.out_features, GEMM_TILE_ROWS):
+            n1 = min(n0 + GEMM_TILE_ROWS, self.out_features)
+            part = tile[: n1 - n0]
+            native.quant_dequantize(part, self.blocks[n0:n1], self.fmt.ggml_type)
+            # NOTE: into a fresh tensor, then copied: the library's bfloat16 GEMM writing
+            # into a strided slice of `out` falls back to a path 7x slower (measured).
+            part_bias = None if bias is None else bias[n0:n1]
+            out[:, n0:n1] = F.linear(rows, part.to(torch.bfloat16), part_bias)
+        return out.view(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
         """The whole weight as float32 [out_features, in_features]."""

@@ -11,7 +11,13 @@ import pytest
 
 from bench.peers.cli import skip
 from bench.peers.lineup import KVSTACK, PeerSetup, discover, weight_format
-from bench.peers.report import Samples, format_table, serving_metrics, single_stream_metrics
+from bench.peers.report import (
+    Samples,
+    format_table,
+    ratios,
+    serving_metrics,
+    single_stream_metrics,
+)
 from bench.peers.server import RunningServer, ServerSpec, port_is_free
 from shared.errors import KvstackError
 
@@ -39,9 +45,12 @@ def install(venv: Path, relative: str) -> None:
     path.touch()
 
 
+KVSTACK_SERVE = f"{KVSTACK} serve Q4_1"
+
+
 def test_peers_not_installed_are_skipped_with_a_line_each(tmp_path) -> None:
     lineup = discover(setup(tmp_path))
-    assert [s.name for s in lineup.servers] == [KVSTACK]
+    assert [s.name for s in lineup.servers] == [KVSTACK_SERVE]
     assert len(lineup.skipped) == 2
     assert lineup.skipped[0].startswith("llama.cpp: not installed")
     assert lineup.skipped[1].startswith("vLLM-CPU: not installed")
@@ -49,31 +58,55 @@ def test_peers_not_installed_are_skipped_with_a_line_each(tmp_path) -> None:
 
 
 def test_installed_peers_run_on_the_same_model_and_threads(tmp_path) -> None:
-    peers = setup(tmp_path, kvstack_args="--threads 2")
+    peers = setup(tmp_path, kvstack_args="--threads 3", api_key="k")
     install(peers.llamacpp_venv, "llama_cpp/server/__main__.py")
     install(peers.vllm_venv, "vllm/entrypoints/openai/api_server.py")
     servers = {s.name: s for s in discover(peers).servers}
-    assert list(servers) == [KVSTACK, "llama.cpp Q4_1", "llama.cpp F32", "vLLM-CPU"]
+    assert list(servers) == [KVSTACK_SERVE, "llama.cpp Q4_1", "llama.cpp F32", "vLLM-CPU"]
     assert len({s.port for s in servers.values()}) == 4
-    kvstack = servers[KVSTACK].argv
-    assert kvstack[kvstack.index("--threads") + 1] == "1"  # one each for prefill and decode
-    assert kvstack[-2:] == ("--threads", "2")  # --kvstack-args come last, so they win
+    kvstack = servers[KVSTACK_SERVE]
+    assert kvstack.argv[3] == "serve"
+    assert kvstack.argv[kvstack.argv.index("--threads") + 1] == "2"  # one engine, every thread
+    assert kvstack.argv[-2:] == ("--threads", "3")  # --kvstack-args come last, so they win
+    assert kvstack.env["KVSTACK_API_KEY"] == "k" and kvstack.headers
+    assert "k" not in kvstack.argv  # the key stays out of `ps`
     llama = servers["llama.cpp F32"]
     assert llama.argv[llama.argv.index("--model") + 1] == str(tmp_path / "m.F32.gguf")
     assert llama.argv[llama.argv.index("--n_threads") + 1] == "2"
     assert llama.extra_body == {"logit_bias": {"2": -100.0}}  # it ignores ignore_eos
-    assert not llama.request_ids and servers[KVSTACK].request_ids
+    assert not llama.request_ids and kvstack.request_ids
+    assert not llama.headers
     vllm = servers["vLLM-CPU"]
     assert vllm.argv[vllm.argv.index("--model") + 1] == str(peers.hf_dir)
     assert vllm.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert {s.model for s in servers.values()} == {peers.model}
 
 
+def test_kvstack_runs_a_column_per_mode_and_weight_format(tmp_path) -> None:
+    peers = setup(tmp_path, kvstack_modes=("serve", "up"), kvstack_formats=("Q4_1", "Q8_0", "F32"))
+    lineup = discover(peers)
+    servers = {s.name: s for s in lineup.servers if s.name.startswith(KVSTACK)}
+    assert list(servers) == [
+        "kvstack serve Q4_1",
+        "kvstack serve F32",
+        "kvstack up Q4_1",
+        "kvstack up F32",
+    ]
+    assert "kvstack Q8_0: no Q8_0 file among the GGUFs: skipped" in lineup.skipped
+    up = servers["kvstack up F32"].argv
+    assert up[3] == "up" and up[up.index("--threads") + 1] == "1"  # half each worker
+    assert up[up.index("--model") + 1] == str(tmp_path / "m.F32.gguf")
+    assert up[up.index("--served-model-name") + 1] == peers.model
+    assert not servers["kvstack up F32"].api_key  # `up` wants none by default
+    other = discover(setup(tmp_path, kvstack_formats=("Q4_K",))).servers
+    assert [s.name for s in other][:1] == ["kvstack serve Q4_1"]  # the model's own file
+
+
 def test_skip_leaves_out_peers_by_prefix_but_never_kvstack(tmp_path) -> None:
     peers = setup(tmp_path)
     install(peers.vllm_venv, "vllm/entrypoints/openai/api_server.py")
     lineup = skip(discover(peers), "vllm, kvstack, transformers")
-    assert [s.name for s in lineup.servers] == [KVSTACK]
+    assert [s.name for s in lineup.servers] == [KVSTACK_SERVE]
     assert not lineup.transformers
     assert "vLLM-CPU: left out (--skip)" in lineup.skipped
 
@@ -86,23 +119,45 @@ def test_weight_format_from_the_file_name() -> None:
 def test_table_of_medians_and_ratios() -> None:
     samples = Samples()
     for value in (10.0, 30.0, 20.0):
-        samples.add(KVSTACK, "decode_tok_s", value)
+        samples.add(KVSTACK_SERVE, "decode_tok_s", value)
     samples.add("llama.cpp F32", "decode_tok_s", 40.0)
-    samples.add(KVSTACK, "serve_1_tpot_ms", 50.0)
+    samples.add(KVSTACK_SERVE, "serve_1_tpot_ms", 50.0)
     samples.add("llama.cpp F32", "serve_1_tpot_ms", 25.0)
     samples.add("transformers", "decode_tok_s", 16.0)
     medians = samples.medians()
-    assert medians[KVSTACK]["decode_tok_s"] == 20.0
+    assert medians[KVSTACK_SERVE]["decode_tok_s"] == 20.0
     metrics = single_stream_metrics(512) + serving_metrics(1.0)
     lines = format_table(medians, metrics, "header").splitlines()
     assert lines[0] == "header"
-    assert lines[1].split() == [KVSTACK, "llama.cpp", "F32", "x", "transformers", "x"]
+    assert lines[1].split() == [
+        *KVSTACK_SERVE.split(),
+        "llama.cpp",
+        "F32",
+        "x",
+        "transformers",
+        "x",
+    ]
     decode = next(line for line in lines if line.startswith("decode batch 1"))
     assert decode.split()[-5:] == ["20.0", "40.0", "0.50", "16.0", "1.25"]
     tpot = next(line for line in lines if "TPOT" in line)
     assert tpot.split()[-5:] == ["50.0", "25.0", "2.00", "-", "-"]
     prefill = next(line for line in lines if line.startswith("prefill 512"))
     assert prefill.split()[-5:] == ["-"] * 5
+
+
+def test_each_peer_is_compared_with_kvstack_at_its_weight_format() -> None:
+    medians = {
+        "kvstack serve Q4_1": {"decode_tok_s": 60.0},
+        "kvstack serve Q8_0": {"decode_tok_s": 90.0},
+        "llama.cpp Q8_0": {"decode_tok_s": 100.0},
+        "llama.cpp F32": {"decode_tok_s": 30.0},
+    }
+    by_peer = ratios(medians)
+    assert by_peer["llama.cpp Q8_0"]["decode_tok_s"] == pytest.approx(0.9)  # Q8_0 vs Q8_0
+    assert by_peer["llama.cpp F32"]["decode_tok_s"] == pytest.approx(2.0)  # the first column
+    lines = format_table(medians, single_stream_metrics(512), "h").splitlines()
+    decode = next(line for line in lines if line.startswith("decode batch 1"))
+    assert decode.split()[-6:] == ["60.0", "90.0", "100.0", "0.90", "30.0", "2.00"]
 
 
 def test_a_taken_port_is_refused_before_starting(tmp_path) -> None:

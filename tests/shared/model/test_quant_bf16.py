@@ -1,0 +1,47 @@
+"""The multi-row bfloat16 path of quantized linears (prefill chunks in bfloat16) against the
+dequantized weight, and float32 rows kept off it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared.model import quant
+from shared.model.kernels import cpu_ops
+from shared.model.quant import BF16_GEMM_MIN_ROWS, QuantLinear
+from shared.model.quant_formats import FORMATS, dequantize
+from tests.shared.model.test_quant_ops import random_blocks
+
+pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native kernels on this CPU")
+
+
+def layer(name: str, out_features: int, in_features: int) -> QuantLinear:
+    fmt = FORMATS[name]
+    bias = torch.nn.Parameter(torch.randn(out_features), requires_grad=False)
+    return QuantLinear(
+        random_blocks(fmt, out_features, in_features, seed=3), fmt, in_features, bias
+    )
+
+
+def reference(linear: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    weight = dequantize(linear.blocks, linear.fmt).double()
+    return torch.nn.functional.linear(x.double(), weight, linear.bias.double())
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_bf16_rows_match_the_dequantized_weight_to_bf16_rounding(name) -> None:
+    linear = layer(name, 300, 512)  # a partial last tile of weight rows
+    x = torch.randn(2, BF16_GEMM_MIN_ROWS, 512).bfloat16()
+    out = linear(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, BF16_GEMM_MIN_ROWS, 300)
+    expected = reference(linear, x)
+    # NOTE: bfloat16 keeps 8 bits of mantissa: weights and outputs rounded, sums in float32.
+    assert (out.double() - expected).abs().max() <= 2e-2 * expected.abs().max()
+
+
+def test_float32_rows_never_take_the_bf16_path(monkeypatch) -> None:
+    linear = layer("q8_0", 64, 256)
+    monkeypatch.setattr(QuantLinear, "linear_bf16", None)  # would raise if called
+    x = torch.randn(BF16_GEMM_MIN_ROWS * 2, 256)
+    assert (linear(x).double() - reference(linear, x)).abs().max() <= 1e-3
+    assert quant.GEMV_MAX_ROWS < BF16_GEMM_MIN_ROWS  # decode rows stay on the GEMV
