@@ -22,7 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="serve the OpenAI API from one process and one engine (one machine)",
         description="Serve --model behind the gateway's OpenAI-compatible API from this "
         "process alone: one engine prefills and decodes in the same steps (chunked "
-        "prefill) with one torch thread per core it may use (--cores, --threads). Every "
+        "prefill) with one torch thread per core it may use but one, which the front end "
+        "keeps (--cores, --threads). Every "
         "request wants an API key: --api-key, else one made on first start and kept in "
         "--secrets-dir/api-key (--insecure: none). For more than one machine use "
         "`kvstack up` and the services it runs.",
@@ -34,7 +35,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from services.colocated.service import ColocatedService
 
-    threads = pin(args.cores, args.threads)  # before any thread starts
+    # NOTE: one core stays with the front end: the event loop that takes requests and
+    # streams tokens shares this process, and torch threads spinning on every core starve
+    # it (2 cores, idle machine: decode batch 1 55.6 tok/s on 2 threads, 76.7 on 1;
+    # prefill 375 vs 341 tok/s; docs/benchmarks.md).
+    threads = pin(args.cores, args.threads, spare=1)  # before any thread starts
     return run(ColocatedService(colocated_config(args, threads)))
 
 
