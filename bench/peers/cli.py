@@ -228,11 +228,19 @@ def measure(servers, hf, loads: work.Workloads, rounds: int, samples: Samples) -
     for r in range(1, rounds + 1):
         clock.round = r
         single_streams(servers, hf, loads, samples, clock)
-        for rate in loads.rates:
+        for i, rate in enumerate(loads.rates):
+            seed = serving_seed(r, i, len(loads.rates))
             for server in servers:
                 clock.say(f"loadgen at {rate:g} req/s against {server.spec.name}")
-                result = work.serve(server.spec, loads, rate, seed=r)
+                result = work.serve(server.spec, loads, rate, seed=seed)
                 add_serving(samples, server.spec.name, rate, result)
+
+
+def serving_seed(round_: int, rate_index: int, num_rates: int) -> int:
+    """The prompts' seed of one rate in one round: the same for every server (each meets
+    the same prompts), another for every other rate and round, so that no server's prefix
+    cache holds a rate's prompts from an earlier one."""
+    return round_ * num_rates + rate_index
 
 
 class RoundClock:

@@ -170,3 +170,10 @@ def test_a_taken_port_is_refused_before_starting(tmp_path) -> None:
         with pytest.raises(KvstackError, match=r"port \d+ is taken"):
             server.start()
         assert server.process is None
+
+
+def test_every_rate_of_every_round_draws_its_own_prompts() -> None:
+    from bench.peers.cli import serving_seed
+
+    seeds = [serving_seed(r, i, 3) for r in range(1, 4) for i in range(3)]
+    assert len(set(seeds)) == len(seeds)
