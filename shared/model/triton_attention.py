@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from shared.kvcache.storage import KVStorage
+from shared.model import ops
 from shared.model.attention import AttentionMetadata, PrefillSpan
 
 # Query rows of one prefill program and keys per inner step. 16 is tl.dot's smallest
@@ -46,8 +47,7 @@ class TritonPagedAttention:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         k_cache, v_cache = self.storage.layer(layer_idx)
-        k_cache.flatten(0, 1).index_copy_(0, meta.slot_mapping, k)
-        v_cache.flatten(0, 1).index_copy_(0, meta.slot_mapping, v)
+        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if meta.num_decode_tokens:
             table, lens = meta.decode_tables()
@@ -108,7 +108,9 @@ def prefill_attention(
     paged = span.context_blocks is not None
     keys, values = (k_cache, v_cache) if paged else (k, v)
     num_kv_heads = keys.shape[-2]
-    table = span.context_blocks if span.context_blocks is not None else span_rows(q)
+    # NOTE: without a prefix the kernel never reads a table (PAGED is a constexpr): any
+    # tensor stands in, so none is allocated per span and layer.
+    table = span.context_blocks if span.context_blocks is not None else keys
     grid = (triton.cdiv(span.num_tokens, PREFILL_BLOCK_M), num_heads)
     _prefill_kernel[grid](
         out,
@@ -131,11 +133,6 @@ def prefill_attention(
         PRECISION=_precision(q),
         DOT_F32=_dot_in_float32(q),
     )
-
-
-def span_rows(q: torch.Tensor) -> torch.Tensor:
-    """A placeholder table for a chunk without a prefix (the kernel never reads it)."""
-    return torch.zeros(1, dtype=torch.long, device=q.device)
 
 
 def _row_strides(out: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> tuple[int, ...]:
