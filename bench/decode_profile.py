@@ -24,7 +24,12 @@ import orjson
 import torch
 
 from bench.engine import KvstackSide
-from shared.engine.config import DTYPE_CHOICES, EngineConfig
+from shared.engine.config import (
+    ACTIVATIONS_CHOICES,
+    DTYPE_CHOICES,
+    WEIGHTS_CHOICES,
+    EngineConfig,
+)
 from shared.engine.engine import LLMEngine
 from shared.errors import KvstackError
 from shared.model.kernels import chosen_isa
@@ -44,6 +49,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("decode-profile", help="py-spy profile of the engine's decode loop")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
+    p.add_argument("--weights", choices=WEIGHTS_CHOICES, default="auto")
+    p.add_argument("--activations", choices=ACTIVATIONS_CHOICES, default="float")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt-len", type=int, default=128)
@@ -66,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         EngineConfig(
             model=args.model,
             dtype=args.dtype,
+            weights=args.weights,
+            activations=args.activations,
             num_threads=args.threads,
             enable_prefix_cache=False,
             max_num_seqs=max(args.batch, 1),
