@@ -22,8 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="serve the OpenAI API from one process and one engine (one machine)",
         description="Serve --model behind the gateway's OpenAI-compatible API from this "
         "process alone: one engine prefills and decodes in the same steps (chunked "
-        "prefill) with one torch thread per core it may use but one, which the front end "
-        "keeps (--cores, --threads). Every "
+        "prefill) with one torch thread per core it may use while it prefills, and one fewer "
+        "while it only decodes (the front end keeps that core; --cores, --threads sets "
+        "both). Every "
         "request wants an API key: --api-key, else one made on first start and kept in "
         "--secrets-dir/api-key (--insecure: none). For more than one machine use "
         "`kvstack up` and the services it runs.",
@@ -35,15 +36,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from services.colocated.service import ColocatedService
 
-    # NOTE: one core stays with the front end: the event loop that takes requests and
-    # streams tokens shares this process, and torch threads spinning on every core starve
-    # it (2 cores, idle machine: decode batch 1 55.6 tok/s on 2 threads, 76.7 on 1;
-    # prefill 375 vs 341 tok/s; docs/benchmarks.md).
-    threads = pin(args.cores, args.threads, spare=1)  # before any thread starts
-    return run(ColocatedService(colocated_config(args, threads)))
+    # NOTE: while it only decodes, one core stays with the front end: the event loop that
+    # takes requests and streams tokens shares this process, and torch threads spinning on
+    # every core starve it (2 cores, idle machine: decode batch 1 55.6 tok/s on 2 threads,
+    # 76.7 on 1; docs/benchmarks.md). A step that prefills takes every core: there is no
+    # token to stream until it ends, and the prompt's matmuls are where threads pay.
+    prefill_threads = pin(args.cores, args.threads)  # before any thread starts
+    threads = args.threads or max(1, prefill_threads - 1)
+    return run(ColocatedService(colocated_config(args, threads, prefill_threads)))
 
 
-def colocated_config(args: argparse.Namespace, threads: int):
+def colocated_config(args: argparse.Namespace, threads: int, prefill_threads: int | None = None):
     from services.colocated.service import ColocatedConfig
     from services.gateway.service import GatewayConfig
     from shared.engine.config import EngineConfig
@@ -79,6 +82,7 @@ def colocated_config(args: argparse.Namespace, threads: int):
             max_num_seqs=args.max_num_seqs,
             long_prefill_tokens=args.long_prefill_tokens,
             num_threads=threads,
+            prefill_threads=prefill_threads,
             detokenize=False,  # the gateway makes the text
             enable_prefix_cache=not args.no_prefix_cache,
             **engine,

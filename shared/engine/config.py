@@ -73,6 +73,7 @@ class EngineConfig:
     long_prefill_tokens: int | None = None  # a prompt's chunk while others prefill too
     # (SchedulerConfig); None: the default, 0: off
     num_threads: int | None = None  # torch threads for this process
+    prefill_threads: int | None = None  # for steps that prefill (None: num_threads)
     detokenize: bool = True  # False: token ids only (the gateway makes text)
     local_kv: bool = True  # False: KV lives elsewhere (attention offload);
     # num_blocks then counts the remote pool's blocks
@@ -102,6 +103,9 @@ class EngineConfig:
         for name in positives:
             if getattr(self, name) < 1:
                 raise KvstackError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("num_threads", "prefill_threads"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise KvstackError(f"{name} must be at least 1, got {getattr(self, name)}")
         if (self.long_prefill_tokens or 0) < 0:
             raise KvstackError(
                 f"long_prefill_tokens must not be negative, got {self.long_prefill_tokens}"

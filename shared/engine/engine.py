@@ -37,6 +37,7 @@ from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, is_prefilling
 from shared.engine.sequence import Sequence
 from shared.engine.stats import tokens_to_compute
+from shared.engine.step_threads import StepThreads
 from shared.engine.stop import StopStringMatcher
 from shared.errors import InvalidRequest, KvstackError
 from shared.kvcache.block_pool import KVEvents
@@ -69,6 +70,7 @@ class LLMEngine:
         self._config = config = with_concrete_device(config or EngineConfig())
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        self._threads = StepThreads(config.num_threads, config.prefill_threads)
         self._model_dir = resolve_model(config.model)  # the mock engine uses its tokenizer
         self._tokenizer = (
             Tokenizer.from_dir(self._model_dir) if has_tokenizer(self._model_dir) else None
@@ -331,6 +333,7 @@ class LLMEngine:
         if not out.scheduled:
             return []
         chunks = [self._chunk(s) for s in out.scheduled]
+        self._threads.apply(prefills=any(c.num_tokens > 1 for c in chunks))
         logits = execute_isolated(self._runner, chunks, layer_hook, layer_gate)
         for s, row in zip(out.scheduled, logits):
             if isinstance(row, Exception):

@@ -13,6 +13,13 @@ from shared.model.quant_formats import QuantFormat
 # NOTE: measured (bench quant's kernel table): up to about 8 rows the in-register GEMV wins;
 # past 16 a float tile and the library GEMM win. Tiles of 256 weight rows stay in cache.
 GEMV_MAX_ROWS = 8
+# NOTE: with 8-bit activations the integer GEMV beats dequantized tiles up to about 16 rows and
+# trails them by some 15% at 32 (bench quant's kernel table); taking it up to 32 rows keeps a
+# decode row's result the same whatever the batch beside it. That matters for q8: rounding x
+# to 8 bits turns the last-bit differences between two kernels into whole 8-bit steps, which
+# the next layers carry on (a batch of 10 took the tiles and answered differently from a
+# batch of 8, tests/e2e/test_isolation.py).
+Q8_GEMV_MAX_ROWS = 32
 GEMM_TILE_ROWS = 256
 # NOTE: bfloat16 activations of this many rows or more (prefill chunks) multiply in bfloat16:
 # where the CPU has AVX512-BF16 or AMX the library GEMM is about 2x float32's (docs/benchmarks.md
@@ -135,11 +142,14 @@ def round_to_q8(rows: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks * inverse) * scale).view(rows.shape)
 
 
-def set_activations(model: nn.Module, activations: str, max_rows: int = GEMV_MAX_ROWS) -> None:
+def set_activations(model: nn.Module, activations: str, max_rows: int | None = None) -> None:
     """How every quantized layer of `model` takes its activations (ACTIVATIONS), and up to how
-    many rows the GEMV computes (more: scoring a text as decode would, one row at a time)."""
+    many rows the GEMV computes (default: as measured for those activations; more: scoring a
+    text as decode would, one row at a time)."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations {activations!r}: choose one of {', '.join(ACTIVATIONS)}")
+    if max_rows is None:
+        max_rows = Q8_GEMV_MAX_ROWS if activations == "q8" else GEMV_MAX_ROWS
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.activations, module.gemv_max_rows = activations, max_rows

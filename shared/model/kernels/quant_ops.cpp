@@ -324,6 +324,14 @@ void quant_gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qty
 #endif
 }
 
+// Rows of a tile: at most `most`, and as many tiles as a multiple of the threads (so no thread
+// waits on another's last tile), each a multiple of 16 rows.
+int64_t balanced_tile(int64_t N, int64_t most, int64_t threads) {
+  const int64_t rounds = (N + most * threads - 1) / (most * threads);
+  const int64_t tile = (N + rounds * threads - 1) / (rounds * threads);
+  return std::min(N, (tile + 15) / 16 * 16);
+}
+
 // out [M, N] = x @ dequantized(w)^T (+ bias) for many rows (prefill): a tile of weight rows at
 // a time is dequantized into a buffer that stays in cache, then multiplied by the library GEMM.
 void quant_gemm(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
@@ -334,20 +342,25 @@ void quant_gemm(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qty
                   out.is_contiguous() && out.size(0) == M && out.size(1) == N,
               "x [M, K] and out [M, N]: float32");
   TORCH_CHECK(tile_rows > 0, "tile_rows must be positive");
-  const int64_t tile = std::min(tile_rows, N), row_bytes = w.size(1);
-  torch::Tensor buffer = torch::empty({tile, K}, x.options());
-  torch::Tensor product = torch::empty({M, tile}, x.options());
-  for (int64_t n0 = 0; n0 < N; n0 += tile) {
-    const int64_t rows = std::min(tile, N - n0);
-    const uint8_t* wi = w.data_ptr<uint8_t>() + n0 * row_bytes;
-    float* bi = buffer.data_ptr<float>();
-    at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
-      dequantize_rows(wi, qtype, K, bi, r0, r1);
-    });
-    torch::Tensor part = rows == tile ? product : product.narrow(1, 0, rows);
-    at::mm_out(part, x, buffer.narrow(0, 0, rows).t());
-    out.narrow(1, n0, rows).copy_(part);
-  }
+  const int64_t tile = balanced_tile(N, tile_rows, at::get_num_threads());
+  const int64_t tiles = (N + tile - 1) / tile, row_bytes = w.size(1);
+  // NOTE: each thread takes whole tiles (dequantize, then a one-thread GEMM straight into its
+  // columns of out): splitting each small GEMM across threads instead synchronized them twice
+  // a tile and scaled poorly at 2 threads (docs/benchmarks.md, "Prefill on two threads").
+  const bool inference = c10::InferenceMode::is_enabled();
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    // NOTE: the caller's inference mode is thread-local; its worker threads need it too, or
+    // writing into a view of an inference tensor is refused.
+    c10::InferenceMode guard(inference);
+    torch::Tensor buffer = torch::empty({tile, K}, x.options());
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * tile, rows = std::min(tile, N - n0);
+      dequantize_rows(w.data_ptr<uint8_t>() + n0 * row_bytes, qtype, K,
+                      buffer.data_ptr<float>(), 0, rows);
+      torch::Tensor columns = out.narrow(1, n0, rows);
+      at::mm_out(columns, x, buffer.narrow(0, 0, rows).t());
+    }
+  });
   if (bias.has_value()) out.add_(*bias);
 }
 

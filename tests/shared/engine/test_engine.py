@@ -137,3 +137,28 @@ def test_a_seeded_request_draws_the_same_beside_other_requests(tiny_llama_dir) -
     alone = engine(tiny_llama_dir).generate([prompts()[1]], params)[0]
     batched = engine(tiny_llama_dir).generate(prompts(), params)[1]
     assert batched.token_ids == alone.token_ids
+
+
+def test_a_step_that_prefills_runs_on_the_prefill_threads(tiny_llama_dir) -> None:
+    """kvstack serve: every core while a prompt is computed, one fewer while it only decodes
+    (the counts are this thread's: the engine's step thread sets them)."""
+    before = torch.get_num_threads()
+    try:
+        eng = engine(tiny_llama_dir, num_threads=1, prefill_threads=2)
+        eng.add_request("a", prompts()[1], GREEDY)
+        seen = []
+        while eng.has_unfinished:
+            eng.step()
+            seen.append(torch.get_num_threads())
+        assert seen[0] == 2  # 19 tokens in chunks of 16: two steps prefill
+        assert seen[1] == 2
+        assert set(seen[2:]) == {1}
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_thread_counts_below_one_are_refused() -> None:
+    from shared.errors import KvstackError
+
+    with pytest.raises(KvstackError, match="prefill_threads must be at least 1"):
+        EngineConfig(prefill_threads=0)

@@ -66,6 +66,24 @@ def test_gemm_with_bias_and_a_partial_last_tile(kernels, name):
     assert_close(out, reference(x, blocks, fmt, bias.double()))
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_gemm_tiles_shared_among_threads_in_inference_mode(kernels, threads):
+    """Each thread takes whole tiles; the last tile is short and there are more tiles than
+    threads (the engine calls it under inference mode, which its worker threads need too)."""
+    fmt = FORMATS["q4_1"]
+    blocks = random_blocks(fmt, 200, 256, seed=3)
+    x = torch.randn(21, 256)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            out = torch.empty(21, 200)
+            kernels.quant_gemm(out, x, blocks, fmt.ggml_type, None, 48)
+    finally:
+        torch.set_num_threads(before)
+    assert_close(out, reference(x, blocks, fmt))
+
+
 @pytest.mark.parametrize("name", FORMATS)
 def test_dequantize_is_exactly_the_gguf_package(kernels, name):
     fmt = FORMATS[name]
