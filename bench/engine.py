@@ -45,10 +45,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--before",
-        choices=("routing", "float-activations"),
+        choices=("routing", "float-activations", "unfused"),
         default="routing",
-        help="the 'before' column: matmuls routed as before the native GEMV took float32, or "
-        "a second engine whose quantized weights take float activations",
+        help="the 'before' column: matmuls routed as before the native GEMV took float32, "
+        "a second engine whose quantized weights take float activations, or one whose decode "
+        "steps run layer by layer (--no-fused-decode)",
     )
     p.add_argument(
         "--baseline-dtypes",
@@ -210,6 +211,8 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return None
     if args.before == "float-activations":
         return KvstackSide(LLMEngine(dataclasses.replace(config, activations="float")))
+    if args.before == "unfused":
+        return KvstackSide(LLMEngine(dataclasses.replace(config, fused_decode=False)))
     return RoutingBefore(ours)
 
 
@@ -336,6 +339,8 @@ def format_table(report: dict) -> str:
     )
     if has_before and report["before"] == "float-activations":
         lines.append("before: a second engine, its quantized weights' GEMV on float activations")
+    elif has_before and report["before"] == "unfused":
+        lines.append("before: a second engine, its decode steps layer by layer (no fused decode)")
     elif has_before:
         lines.append("before: the same engine, matmuls routed as before (one bf16 row to the GEMV)")
     return "\n".join(lines)

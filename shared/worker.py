@@ -31,6 +31,7 @@ class WorkerConfig(ServiceConfig):
     # the scheduler's default, 0: no limit)
     num_threads: int | None = None
     enable_prefix_cache: bool = True
+    fused_decode: bool = True  # EngineConfig.fused_decode
     data_host: str = "127.0.0.1"  # where this worker receives KV bytes
     data_port: int = 0
     advertise_data_addr: str = ""  # what peers should dial, if not the bound address
@@ -65,6 +66,7 @@ class WorkerConfig(ServiceConfig):
             num_threads=self.num_threads,
             detokenize=False,
             enable_prefix_cache=self.enable_prefix_cache,
+            fused_decode=self.fused_decode,
             mock=self.mock,
             max_model_len=self.max_model_len,
         )

@@ -85,6 +85,7 @@ def colocated_config(args: argparse.Namespace, threads: int, prefill_threads: in
             prefill_threads=prefill_threads,
             detokenize=False,  # the gateway makes the text
             enable_prefix_cache=not args.no_prefix_cache,
+            fused_decode=not args.no_fused_decode,
             **engine,
         ),
     )

@@ -64,6 +64,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="float",
         help="of quantized weights: float, or q8 (8-bit, integer dot products, as llama.cpp)",
     )
+    p.add_argument(
+        "--no-fused-decode",
+        action="store_true",
+        help="decode layer by layer through the model's modules, not one native call a step",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--json", action="store_true", help="print ids, text and logprobs as JSON")
     p.set_defaults(run=run)
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             attention=args.attention,
             activations=args.activations,
+            fused_decode=not args.no_fused_decode,
             num_threads=args.threads,
         )
     )

@@ -138,6 +138,13 @@ SETTINGS: dict[str, Setting] = {
         switch=True,
         default=False,
     ),
+    "no_fused_decode": Setting(
+        "--no-fused-decode",
+        "run decode steps layer by layer through the model's modules instead of one native "
+        "call per step (the same results; for comparison)",
+        switch=True,
+        default=False,
+    ),
     # The data plane.
     "data_host": Setting("--data-host", "data-plane bind address", default="127.0.0.1"),
     "data_port": Setting("--data-port", type=int, default=0),
@@ -405,6 +412,7 @@ WORKER = (
     "threads",
     "cores",
     "no_prefix_cache",
+    "no_fused_decode",
     *DATA_PLANE,
     "transport",
     *KV_POOL,
@@ -520,6 +528,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "threads",
         "cores",
         "no_prefix_cache",
+        "no_fused_decode",
         *ENGINE,
         "max_tokens_limit",
         "read_timeout",

@@ -77,6 +77,8 @@ class EngineConfig:
     detokenize: bool = True  # False: token ids only (the gateway makes text)
     local_kv: bool = True  # False: KV lives elsewhere (attention offload);
     # num_blocks then counts the remote pool's blocks
+    fused_decode: bool = True  # a decode-only step's layers in one native call, where it
+    # applies (CPU, float32; shared/model/fused_decode.py); False: the module path
     seed: int = 0
     mock: MockSpec | None = None  # no model: the mock engine (shared/engine/mock.py)
 
@@ -99,6 +101,8 @@ class EngineConfig:
                 f"unknown activations {self.activations!r}; "
                 f"choose from {', '.join(ACTIVATIONS_CHOICES)}"
             )
+        if not isinstance(self.fused_decode, bool):
+            raise KvstackError(f"fused_decode must be true or false, got {self.fused_decode!r}")
         positives = ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs")
         for name in positives:
             if getattr(self, name) < 1:

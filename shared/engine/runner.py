@@ -19,6 +19,7 @@ from shared.kvcache.storage import KVStorage
 from shared.model.attention import AttentionBackend, AttentionMetadata
 from shared.model.attention_choice import attention_backend, backend_name
 from shared.model.config import ModelConfig
+from shared.model.fused_decode import FusedDecode, fused_decode
 from shared.model.kernels import cpu_ops
 from shared.model.llama import ForwardBatch, LlamaModel
 from shared.model.quant import set_activations
@@ -48,14 +49,21 @@ class SeqChunk:
 
 
 class ModelRunner:
-    """Owns the model and the KV tensors; knows nothing of requests or scheduling."""
+    """Owns the model and the KV tensors; knows nothing of requests or scheduling.
 
-    def __init__(self, model: LlamaModel, storage: KVStorage, backend: AttentionBackend) -> None:
+    With `fused` (and where it applies: CPU, float32, the torch paged backend), a step of
+    decode tokens alone runs every layer in one native call (shared/model/fused_decode.py).
+    """
+
+    def __init__(
+        self, model: LlamaModel, storage: KVStorage, backend: AttentionBackend, fused: bool = True
+    ) -> None:
         self.model = model
         self.storage = storage
         self.backend = backend
         self.block_size = storage.block_size
         self.device = storage.kv.device
+        self.fused = fused_decode(model, backend) if fused else None
 
     @property
     def weight_bytes(self) -> int:
@@ -73,15 +81,31 @@ class ModelRunner:
         """Run the chunks; return float32 logits [num_logits, vocab] per chunk, in order."""
         order, ordered = decode_first(chunks)
         input_ids, positions, meta = self.prepare(ordered)
-        backend = backend or self.backend
-        batch = ForwardBatch(
-            positions=positions,
-            on_layer_done=on_layer_done,
-            before_layer=before_layer,
-            attention=lambda layer, q, k, v: backend.forward(layer, q, k, v, meta),
-        )
-        hidden = self.model(input_ids, batch)
+        hooked = on_layer_done is not None or before_layer is not None
+        fused = self._fused_for(meta, backend) if not hooked else None
+        if fused is not None:
+            hidden = fused.forward(input_ids, positions, meta)
+        else:
+            attend = backend or self.backend
+            batch = ForwardBatch(
+                positions=positions,
+                on_layer_done=on_layer_done,
+                before_layer=before_layer,
+                attention=lambda layer, q, k, v: attend.forward(layer, q, k, v, meta),
+            )
+            hidden = self.model(input_ids, batch)
         return in_order(order, self._logits(hidden, ordered))
+
+    def _fused_for(
+        self, meta: AttentionMetadata, backend: AttentionBackend | None
+    ) -> FusedDecode | None:
+        """The fused decode, for a step of decode tokens alone on this runner's own backend
+        that every layer's GEMV takes."""
+        if self.fused is None or meta.prefills:
+            return None
+        if backend is not None and backend is not self.backend:  # offloaded attention
+            return None
+        return self.fused if self.fused.fits(meta.num_decode_tokens) else None
 
     def sample(
         self,
@@ -151,7 +175,7 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
     )
     backend = attention_backend(config.attention, storage, mc.head_dim)
     log.info("attention backend %s on %s", backend_name(backend), device)
-    return ModelRunner(model, storage, backend), mc, num_blocks
+    return ModelRunner(model, storage, backend, config.fused_decode), mc, num_blocks
 
 
 def decode_first(chunks: Sequence[SeqChunk]) -> tuple[list[int], list[SeqChunk]]:

@@ -21,10 +21,16 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "cpu_ops.cpp", HERE / "quant_ops.cpp", HERE / "quant_dot.cpp")
+SOURCES = (
+    HERE / "cpu_ops.cpp",
+    HERE / "quant_ops.cpp",
+    HERE / "quant_dot.cpp",
+    HERE / "decode_stack.cpp",
+)
 HEADERS = (
     HERE / "simd.h",
     HERE / "quant_blocks.h",
+    HERE / "kernels.h",
 )  # included by the sources: part of the build's key
 DISABLE_ENV = "KVSTACK_CPU_KERNELS"
 ISA_ENV = "KVSTACK_CPU_ISA"

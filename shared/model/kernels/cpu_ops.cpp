@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/Dispatch.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -37,7 +38,8 @@ constexpr int64_t kReleaseGilAbove = 1 << 15;  // elements read
 struct GilRelease {
   std::optional<py::gil_scoped_release> released;
   explicit GilRelease(int64_t elements) {
-    if (elements > kReleaseGilAbove) released.emplace();
+    // NOTE: a caller that already released it (decode_stack.cpp's run) keeps it released.
+    if (elements > kReleaseGilAbove && PyGILState_Check()) released.emplace();
   }
 };
 
@@ -85,7 +87,9 @@ void rms_norm_row(T* out, const T* x, const T* w, int64_t n, float eps) {
   for (; i < n; ++i) out[i] = T(f32(w[i]) * f32(T(f32(x[i]) * r)));
 }
 
-void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps) {
+}  // namespace
+
+void kernels::rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps) {
   const int64_t rows = x.size(0), n = x.size(1);
   GilRelease gil(rows * n);
   KV_DISPATCH(x.scalar_type(), "rms_norm", [&] {
@@ -98,6 +102,8 @@ void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps) {
   });
 }
 
+namespace {
+
 // residual += x; x = rms_norm(residual) * w  (both in place)
 template <typename T>
 inline void add_(T* acc, const T* x, int64_t n) {
@@ -106,7 +112,10 @@ inline void add_(T* acc, const T* x, int64_t n) {
   for (; i < n; ++i) acc[i] = T(f32(x[i]) + f32(acc[i]));
 }
 
-void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor w, double eps) {
+}  // namespace
+
+void kernels::add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor w,
+                            double eps) {
   const int64_t rows = x.size(0), n = x.size(1);
   GilRelease gil(rows * n);
   KV_DISPATCH(x.scalar_type(), "add_rms_norm", [&] {
@@ -121,6 +130,8 @@ void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor w, dou
     });
   });
 }
+
+namespace {
 
 // ---- SwiGLU -------------------------------------------------------------------------
 // silu(g) * u, with silu(g) rounded to T first (as torch computes silu, then the product).
@@ -140,7 +151,9 @@ void silu_and_mul_row(T* out, const T* gate, const T* up, int64_t n) {
   }
 }
 
-void silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
+}  // namespace
+
+void kernels::silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
   const int64_t rows = gate_up.size(0), n = out.size(1);
   GilRelease gil(rows * n * 2);
   KV_DISPATCH(out.scalar_type(), "silu_and_mul", [&] {
@@ -151,6 +164,8 @@ void silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
     });
   });
 }
+
+namespace {
 
 // ---- Rotary embedding, rotate-half layout, in place on the q and k heads of qkv ----------
 template <typename T>
@@ -169,8 +184,10 @@ void rotate_head(T* x, const float* c, const float* s, int64_t half) {
   }
 }
 
-void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t num_heads,
-             int64_t head_dim) {
+}  // namespace
+
+void kernels::rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
+                      int64_t num_heads, int64_t head_dim) {
   const int64_t tokens = qkv.size(0), row = qkv.stride(0), half = head_dim / 2;
   GilRelease gil(tokens * num_heads * head_dim);
   KV_DISPATCH(qkv.scalar_type(), "rotary", [&] {
@@ -186,8 +203,8 @@ void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t nu
 }
 
 // ---- KV write: new tokens' k and v into their cache slots --------------------------------
-void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
-              torch::Tensor slots) {
+void kernels::write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache,
+                       torch::Tensor v_cache, torch::Tensor slots) {
   const int64_t tokens = k.size(0), width = k.size(1) * k.size(2);
   const int64_t in_row = k.stride(0);
   GilRelease gil(tokens * width * 2);
@@ -205,6 +222,8 @@ void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Te
     });
   });
 }
+
+namespace {
 
 inline void softmax_(float* x, int64_t n) {
   V mv = simd::set1(-INFINITY);
@@ -251,9 +270,11 @@ void decode_attention_task(T* out, const T* q, int64_t q_row, const T* kc, const
   convert(out + (b * H + hk * G) * D, acc.data(), G * D);
 }
 
-void decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
-                      torch::Tensor v_cache, torch::Tensor block_table,
-                      torch::Tensor context_lens, double scale) {
+}  // namespace
+
+void kernels::decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
+                               torch::Tensor v_cache, torch::Tensor block_table,
+                               torch::Tensor context_lens, double scale) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t Hkv = k_cache.size(2), bs = k_cache.size(1), max_blocks = block_table.size(1);
   TORCH_CHECK(H % Hkv == 0, "decode_attention: ", H, " heads over ", Hkv, " kv heads");
@@ -277,6 +298,8 @@ void decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
     });
   });
 }
+
+namespace {
 
 // ---- Linear for a few rows: streams the weight once, near memory bandwidth --------------
 // out [M, N] = x [M, K] @ w[N, K]^T (+ bias). Library GEMMs are tuned for many rows; with
@@ -331,8 +354,10 @@ void linear_rows(T* out, const float* x, int64_t M, int64_t K, const T* w, const
   }
 }
 
-void small_linear(torch::Tensor out, torch::Tensor x, torch::Tensor w,
-                  c10::optional<torch::Tensor> bias) {
+}  // namespace
+
+void kernels::small_linear(torch::Tensor out, torch::Tensor x, torch::Tensor w,
+                           c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_linear: x ",
               x.sizes(), " and weight ", w.sizes(), " do not match");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && out.is_contiguous(),
@@ -363,19 +388,19 @@ void small_linear(torch::Tensor out, torch::Tensor x, torch::Tensor w,
   });
 }
 
-}  // namespace
-
 void register_quant_ops(pybind11::module_& m);  // quant_ops.cpp
 void register_quant_dot_ops(pybind11::module_& m);  // quant_dot.cpp
+void register_decode_stack(pybind11::module_& m);  // decode_stack.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm);
-  m.def("add_rms_norm_", &add_rms_norm_);
-  m.def("silu_and_mul", &silu_and_mul);
-  m.def("rotary_", &rotary_);
-  m.def("write_kv", &write_kv);
-  m.def("decode_attention", &decode_attention);
-  m.def("small_linear", &small_linear);
+  m.def("rms_norm", &kernels::rms_norm);
+  m.def("add_rms_norm_", &kernels::add_rms_norm_);
+  m.def("silu_and_mul", &kernels::silu_and_mul);
+  m.def("rotary_", &kernels::rotary_);
+  m.def("write_kv", &kernels::write_kv);
+  m.def("decode_attention", &kernels::decode_attention);
+  m.def("small_linear", &kernels::small_linear);
   register_quant_ops(m);
   register_quant_dot_ops(m);
+  register_decode_stack(m);
 }

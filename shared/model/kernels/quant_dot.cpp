@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels.h"
 #include "quant_blocks.h"
 
 namespace {
@@ -279,10 +280,12 @@ void gemv_q8(const uint8_t* w, const Q8Rows& x, const float* bias, float* out, i
   });
 }
 
+}  // namespace
+
 // out [M, N] float32 = x [M, K] float32, quantized to 8 bits per block of 32, @ w^T (+ bias),
 // in integer dot products. `portable` runs the scalar path whatever the build.
-void quant_gemv_q8(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
-                   c10::optional<torch::Tensor> bias, bool portable) {
+void kernels::quant_gemv_q8(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
+                            c10::optional<torch::Tensor> bias, bool portable) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_weight(w, qtype, K);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
@@ -304,9 +307,7 @@ void quant_gemv_q8(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t 
   }
 }
 
-}  // namespace
-
 void register_quant_dot_ops(pybind11::module_& m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
-  m.def("quant_gemv_q8", &quant_gemv_q8, release());
+  m.def("quant_gemv_q8", &kernels::quant_gemv_q8, release());
 }

@@ -19,6 +19,7 @@
 
 #include <immintrin.h>
 
+#include "kernels.h"
 #include "quant_blocks.h"
 
 #include <algorithm>
@@ -298,10 +299,12 @@ void gemv_scalar(const uint8_t* w, int64_t qtype, int64_t K, const float* x, int
 }
 #endif
 
+}  // namespace
+
 // out [M, N] float32 = x [M, K] float32 @ dequantized(w [N, row_bytes])^T (+ bias): reads each
 // weight once and dequantizes it in registers. For a few rows (decode).
-void quant_gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
-                c10::optional<torch::Tensor> bias) {
+void kernels::quant_gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
+                         c10::optional<torch::Tensor> bias) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_weight(w, qtype, K);
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 [M, K]");
@@ -323,6 +326,8 @@ void quant_gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qty
   gemv_scalar(wi, qtype, K, xi, M, b, o, N);
 #endif
 }
+
+namespace {
 
 // Rows of a tile: at most `most`, and as many tiles as a multiple of the threads (so no thread
 // waits on another's last tile), each a multiple of 16 rows.
@@ -368,7 +373,7 @@ void quant_gemm(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qty
 
 void register_quant_ops(pybind11::module_& m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
-  m.def("quant_gemv", &quant_gemv, release());
+  m.def("quant_gemv", &kernels::quant_gemv, release());
   m.def("quant_gemm", &quant_gemm, release());
   m.def("quant_dequantize", &quant_dequantize, release());
 }

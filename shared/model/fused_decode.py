@@ -1,0 +1,130 @@
+"""A pure decode step through every layer in one native call (kernels/decode_stack.cpp).
+
+The native stack runs the kernels the module path runs (ops, QuantLinear's GEMV, the torch
+paged attention backend), in its order, so its hidden states are bit-identical to
+`LlamaModel.forward`'s; it saves the Python and torch dispatch between them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+
+from shared.model import ops
+from shared.model.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
+from shared.model.kernels import cpu_ops
+from shared.model.layers import GatedMLP, Linear, RMSNorm
+from shared.model.llama import Attention, DecoderLayer, LlamaModel
+from shared.model.quant import QuantLinear
+
+# The most decode rows the native stack takes (decode_stack.cpp's kMaxRows).
+MAX_ROWS = 8
+
+
+class FusedDecode:
+    """Decode-only steps of one model over one KV pool, every layer in one native call.
+
+    NOTE: the quantized layers' activations ("float" or "q8") and row limits are read when the
+    stack is built: set them first (shared/model/quant.py: set_activations).
+    """
+
+    def __init__(self, model: LlamaModel, stack: Any, has_float: bool, quant_rows: int) -> None:
+        self.model = model
+        self.stack = stack
+        self.has_float = has_float  # some linear is float32: ops.linear's routing applies
+        self.quant_rows = quant_rows  # the quantized linears' GEMV limit (and MAX_ROWS)
+
+    def fits(self, num_rows: int) -> bool:
+        """Whether every linear of the module path takes its GEMV for `num_rows` rows (a
+        library GEMM would round differently: the module path runs those steps)."""
+        limit = self.quant_rows
+        if self.has_float:
+            limit = min(limit, ops.gemv_max_rows(torch.float32))
+        return 1 <= num_rows <= limit
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """input_ids [B] of B decode tokens -> final hidden states [B, hidden], as
+        `LlamaModel.forward` returns them."""
+        cos, sin = self.model.rotary.cos_sin(positions)
+        table, lens = meta.decode_tables()
+        x = self.model.embed_tokens(input_ids)
+        x, residual = self.stack.run(x, cos, sin, meta.slot_mapping, table, lens)
+        return self.model.final_norm(x, residual)
+
+
+def fused_decode(
+    model: LlamaModel, backend: AttentionBackend, isa: str | None = None
+) -> FusedDecode | None:
+    """`model`'s fused decode over `backend`'s KV pool (with the `isa` build of the kernels,
+    default the chosen one), or None where it does not apply: another backend than the CPU
+    torch one, no native kernels, a dtype other than float32, or a layer it cannot take."""
+    native = cpu_ops(isa)
+    if native is None or not isinstance(backend, TorchPagedAttention):
+        return None
+    kv = backend.storage.kv
+    if kv.device.type != "cpu" or kv.dtype != torch.float32 or not kv.numel():
+        return None
+    if not all(_fusable(layer) for layer in model.layers):
+        return None
+    layers = cast(list[DecoderLayer], list(model.layers))
+    config = model.config
+    stack = native.DecodeStack(
+        [_native_layer(native, layer) for layer in layers],
+        heads=config.num_heads,
+        kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        eps=config.rms_norm_eps,
+        scale=backend.scale,
+        kv=kv,
+    )
+    linears = [linear for layer in layers for linear in _linears(layer)]
+    quant_rows = [m.gemv_max_rows for m in linears if isinstance(m, QuantLinear)]
+    has_float = len(quant_rows) < len(linears)
+    return FusedDecode(model, stack, has_float, min([MAX_ROWS, *quant_rows]))
+
+
+def _linears(layer: DecoderLayer) -> tuple[torch.nn.Module, ...]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
+def _fusable(layer: torch.nn.Module) -> bool:
+    """A Llama-family layer in float32 whose every linear a native GEMV computes."""
+    if type(layer) is not DecoderLayer or type(layer.self_attn) is not Attention:
+        return False
+    if type(layer.mlp) is not GatedMLP:
+        return False
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if not all(type(n) is RMSNorm and _is_float32(n.weight) for n in norms):
+        return False
+    return all(_fusable_linear(linear) for linear in _linears(layer))
+
+
+def _fusable_linear(linear: torch.nn.Module) -> bool:
+    if type(linear) is QuantLinear:
+        return linear.bias is None or _is_float32(linear.bias)
+    if type(linear) is Linear:
+        return _is_float32(linear.weight) and (linear.bias is None or _is_float32(linear.bias))
+    return False
+
+
+def _is_float32(t: torch.Tensor) -> bool:
+    return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+
+
+def _native_layer(native: Any, layer: DecoderLayer) -> Any:
+    qkv, o, gate_up, down = (_native_linear(native, m) for m in _linears(layer))
+    return native.StackLayer(
+        layer.input_layernorm.weight, layer.post_attention_layernorm.weight, qkv, o, gate_up, down
+    )
+
+
+def _native_linear(native: Any, linear: torch.nn.Module) -> Any:
+    if isinstance(linear, QuantLinear):
+        q8 = linear.activations == "q8"
+        return native.StackLinear(linear.blocks, linear.fmt.ggml_type, q8, linear.bias)
+    assert isinstance(linear, Linear)
+    return native.StackLinear(linear.weight, None, False, linear.bias)

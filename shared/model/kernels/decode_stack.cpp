@@ -1,0 +1,234 @@
+// A decode step through every layer of a Llama-family model in one call. Each layer runs the
+// kernels the module path runs (shared/model/llama.py over the torch paged attention backend),
+// in its order and on buffers of the same shapes, so the hidden states are bit-identical; what
+// it saves is the Python and the torch dispatch around some 300 small kernel calls a step.
+// Built once per model and KV pool by shared/model/fused_decode.py.
+#include <torch/extension.h>
+
+#include "kernels.h"
+#include "quant_blocks.h"
+
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace py = pybind11;
+
+constexpr int64_t kFloatWeight = -1;  // Linear::qtype of a float32 weight
+constexpr int64_t kMaxRows = 8;  // decode rows a step takes: the GEMV kernels' range
+
+// y = x @ W^T (+ b): W float32 [N, K] (small_linear) or GGUF blocks [N, row_bytes] of `qtype`
+// (quant_gemv; quant_gemv_q8 when the activations are rounded to 8 bits).
+struct Linear {
+  torch::Tensor weight;
+  int64_t qtype;
+  bool q8;
+  c10::optional<torch::Tensor> bias;
+
+  torch::Tensor operator()(const torch::Tensor& x) const {
+    torch::Tensor out = torch::empty({x.size(0), weight.size(0)}, x.options());
+    if (qtype == kFloatWeight)
+      kernels::small_linear(out, x, weight, bias);
+    else if (q8)
+      kernels::quant_gemv_q8(out, x, weight, qtype, bias, false);
+    else
+      kernels::quant_gemv(out, x, weight, qtype, bias);
+    return out;
+  }
+
+  void check(int64_t K, int64_t N, const char* name) const {
+    if (qtype == kFloatWeight) {
+      TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat &&
+                      weight.is_contiguous() && weight.size(1) == K,
+                  "DecodeStack: ", name, " weight must be contiguous float32 [", N, ", ", K,
+                  "], got ", weight.scalar_type(), " ", weight.sizes());
+    } else {
+      quant_blocks::check_weight(weight, qtype, K);
+    }
+    TORCH_CHECK(weight.size(0) == N, "DecodeStack: ", name, " has ", weight.size(0),
+                " outputs, not ", N);
+    TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                          bias->numel() == N),
+                "DecodeStack: ", name, " bias must be float32 [", N, "]");
+  }
+};
+
+struct Layer {
+  torch::Tensor input_norm, post_norm;  // float32 [hidden]
+  Linear qkv, o, gate_up, down;
+};
+
+struct Dims {
+  int64_t heads, kv_heads, head_dim;
+  double eps, scale;  // the norms' epsilon, attention's score scale
+};
+
+// What a step's rows attend with: rotary tables and where their KV lives in the paged cache.
+struct Step {
+  torch::Tensor cos, sin, slots, block_table, context_lens;
+};
+
+void check_tensor(const torch::Tensor& t, at::ScalarType type, at::IntArrayRef shape,
+                  const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.is_contiguous() &&
+                  t.sizes() == shape,
+              "DecodeStack.run: ", name, " must be a contiguous CPU ", type, " tensor ", shape,
+              ", got ", t.scalar_type(), " ", t.sizes());
+}
+
+class DecodeStack {
+ public:
+  DecodeStack(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
+              double eps, double scale, torch::Tensor kv)
+      : layers_(std::move(layers)), dims_{heads, kv_heads, head_dim, eps, scale}, kv_(kv) {
+    check_model();
+    for (int64_t i = 0; i < kv_.size(0); ++i) {
+      k_caches_.push_back(kv_.select(0, i).select(0, 0));
+      v_caches_.push_back(kv_.select(0, i).select(0, 1));
+    }
+  }
+
+  // x [B, hidden] float32: the rows' embeddings -> (x, residual) after the last layer, whose
+  // sum the model's final norm takes. Writes each layer's k, v at `slots`.
+  std::tuple<torch::Tensor, torch::Tensor> run(torch::Tensor x, torch::Tensor cos,
+                                               torch::Tensor sin, torch::Tensor slots,
+                                               torch::Tensor block_table,
+                                               torch::Tensor context_lens) const {
+    const Step step{cos, sin, slots, block_table, context_lens};
+    check_step(x, step);
+    torch::Tensor residual = x.clone(), h = torch::empty_like(x);
+    kernels::rms_norm(h, x, layers_[0].input_norm, dims_.eps);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (i > 0) kernels::add_rms_norm_(h, residual, layers_[i].input_norm, dims_.eps);
+      h = layer(i, h, residual, step);
+    }
+    return {h, residual};
+  }
+
+ private:
+  std::vector<Layer> layers_;
+  Dims dims_;
+  torch::Tensor kv_;  // KVStorage.kv: [layers, 2, blocks, block_size, kv_heads, head_dim]
+  std::vector<torch::Tensor> k_caches_, v_caches_;
+
+  int64_t hidden() const { return layers_[0].input_norm.numel(); }
+
+  // One decoder layer on h, its input already normalized; residual advances in place.
+  torch::Tensor layer(size_t i, const torch::Tensor& h, const torch::Tensor& residual,
+                      const Step& step) const {
+    const Layer& l = layers_[i];
+    const torch::Tensor x = l.o(attention(i, l.qkv(h), step));
+    kernels::add_rms_norm_(x, residual, l.post_norm, dims_.eps);
+    const torch::Tensor gate_up = l.gate_up(x);
+    torch::Tensor act = torch::empty({x.size(0), gate_up.size(1) / 2}, x.options());
+    kernels::silu_and_mul(act, gate_up);
+    return l.down(act);
+  }
+
+  // Rotates q and k inside qkv, writes k and v at the slots, attends: [B, heads * head_dim].
+  torch::Tensor attention(size_t i, const torch::Tensor& qkv, const Step& step) const {
+    const int64_t B = qkv.size(0), D = dims_.head_dim;
+    const int64_t q_size = dims_.heads * D, kv_size = dims_.kv_heads * D;
+    kernels::rotary_(qkv, step.cos, step.sin, dims_.heads + dims_.kv_heads, D);
+    const torch::Tensor q = qkv.narrow(1, 0, q_size).view({B, dims_.heads, D});
+    const torch::Tensor k = qkv.narrow(1, q_size, kv_size).view({B, dims_.kv_heads, D});
+    const torch::Tensor v =
+        qkv.narrow(1, q_size + kv_size, kv_size).view({B, dims_.kv_heads, D});
+    kernels::write_kv(k, v, k_caches_[i], v_caches_[i], step.slots);
+    torch::Tensor out = torch::empty({B, dims_.heads, D}, qkv.options());
+    kernels::decode_attention(out, q, k_caches_[i], v_caches_[i], step.block_table,
+                              step.context_lens, dims_.scale);
+    return out.view({B, q_size});
+  }
+
+  void check_model() const {
+    TORCH_CHECK(!layers_.empty(), "DecodeStack: a model without layers");
+    TORCH_CHECK(dims_.heads > 0 && dims_.kv_heads > 0 && dims_.heads % dims_.kv_heads == 0 &&
+                    dims_.head_dim > 0 && dims_.head_dim % 2 == 0,
+                "DecodeStack: ", dims_.heads, " heads over ", dims_.kv_heads,
+                " kv heads of dimension ", dims_.head_dim);
+    for (const Layer& l : layers_) check_layer(l);
+    const int64_t n = static_cast<int64_t>(layers_.size());
+    TORCH_CHECK(kv_.dim() == 6 && kv_.scalar_type() == at::kFloat && kv_.is_contiguous() &&
+                    kv_.size(0) == n && kv_.size(1) == 2 && kv_.size(4) == dims_.kv_heads &&
+                    kv_.size(5) == dims_.head_dim,
+                "DecodeStack: kv must be contiguous float32 [", n, ", 2, blocks, block_size, ",
+                dims_.kv_heads, ", ", dims_.head_dim, "], got ", kv_.scalar_type(), " ",
+                kv_.sizes());
+  }
+
+  void check_layer(const Layer& l) const {
+    const int64_t H = hidden(), q = dims_.heads * dims_.head_dim;
+    const int64_t kv = dims_.kv_heads * dims_.head_dim;
+    for (const torch::Tensor* norm : {&l.input_norm, &l.post_norm})
+      TORCH_CHECK(norm->dim() == 1 && norm->scalar_type() == at::kFloat &&
+                      norm->is_contiguous() && norm->numel() == H,
+                  "DecodeStack: norm weights must be float32 [", H, "]");
+    TORCH_CHECK(l.gate_up.weight.dim() == 2, "DecodeStack: gate_up weight must be 2-D");
+    const int64_t intermediate = l.gate_up.weight.size(0) / 2;
+    l.qkv.check(H, q + 2 * kv, "qkv");
+    l.o.check(q, H, "o");
+    l.gate_up.check(H, 2 * intermediate, "gate_up");
+    l.down.check(intermediate, H, "down");
+  }
+
+  void check_step(const torch::Tensor& x, const Step& s) const {
+    TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kMaxRows,
+                "DecodeStack.run: x must be [B, ", hidden(), "] with 1 <= B <= ", kMaxRows,
+                ", got ", x.sizes());
+    const int64_t B = x.size(0), half = dims_.head_dim / 2;
+    check_tensor(x, at::kFloat, {B, hidden()}, "x");
+    check_tensor(s.cos, at::kFloat, {B, half}, "cos");
+    check_tensor(s.sin, at::kFloat, {B, half}, "sin");
+    check_tensor(s.slots, at::kLong, {B}, "slots");
+    check_tensor(s.context_lens, at::kLong, {B}, "context_lens");
+    TORCH_CHECK(s.block_table.dim() == 2, "DecodeStack.run: block_table must be [B, blocks]");
+    check_tensor(s.block_table, at::kLong, {B, s.block_table.size(1)}, "block_table");
+    check_positions(s);
+  }
+
+  // Every slot written and every block read lies in the pool: the kernels index it unchecked.
+  void check_positions(const Step& s) const {
+    const int64_t blocks = kv_.size(2), block_size = kv_.size(3);
+    const int64_t B = s.slots.size(0), width = s.block_table.size(1);
+    const int64_t* slots = s.slots.data_ptr<int64_t>();
+    const int64_t* lens = s.context_lens.data_ptr<int64_t>();
+    const int64_t* table = s.block_table.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK(slots[b] >= 0 && slots[b] < blocks * block_size, "DecodeStack.run: slot ",
+                  slots[b], " is outside the pool's ", blocks * block_size);
+      TORCH_CHECK(lens[b] >= 1 && lens[b] <= width * block_size, "DecodeStack.run: row ", b,
+                  "'s context of ", lens[b], " tokens does not fit its ", width, " blocks");
+      for (int64_t j = 0; j < (lens[b] + block_size - 1) / block_size; ++j)
+        TORCH_CHECK(table[b * width + j] >= 0 && table[b * width + j] < blocks,
+                    "DecodeStack.run: block ", table[b * width + j], " is outside the pool's ",
+                    blocks);
+    }
+  }
+};
+
+}  // namespace
+
+void register_decode_stack(py::module_& m) {
+  py::class_<Linear>(m, "StackLinear")
+      .def(py::init([](torch::Tensor weight, c10::optional<int64_t> qtype, bool q8,
+                       c10::optional<torch::Tensor> bias) {
+             return Linear{weight, qtype.value_or(kFloatWeight), q8, bias};
+           }),
+           py::arg("weight"), py::arg("qtype"), py::arg("q8"), py::arg("bias"));
+  py::class_<Layer>(m, "StackLayer")
+      .def(py::init([](torch::Tensor input_norm, torch::Tensor post_norm, Linear qkv, Linear o,
+                       Linear gate_up, Linear down) {
+             return Layer{input_norm, post_norm, qkv, o, gate_up, down};
+           }),
+           py::arg("input_norm"), py::arg("post_norm"), py::arg("qkv"), py::arg("o"),
+           py::arg("gate_up"), py::arg("down"));
+  py::class_<DecodeStack>(m, "DecodeStack")
+      .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, double, double,
+                    torch::Tensor>(),
+           py::arg("layers"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
+           py::arg("eps"), py::arg("scale"), py::arg("kv"))
+      .def("run", &DecodeStack::run, py::call_guard<py::gil_scoped_release>());
+}

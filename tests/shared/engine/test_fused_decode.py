@@ -1,0 +1,171 @@
+"""The fused decode step (one native call for every layer) against the module path: the same
+logits, bit for bit, on SmolLM2 with float32 and quantized weights, on every kernel build."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared.engine.config import EngineConfig
+from shared.engine.runner import ModelRunner, SeqChunk
+from shared.errors import KvstackError
+from shared.kvcache import KVStorage
+from shared.model import ops, quant
+from shared.model.attention import TorchPagedAttention
+from shared.model.fused_decode import FusedDecode, fused_decode
+from shared.model.kernels import cpu_ops, supported_isas
+from shared.model.loader import load_model
+from shared.model.quant import set_activations
+from shared.model.quant_loader import load_model_as
+from shared.model.registry import gguf_source
+
+MODEL = "SmolLM2-135M-Instruct"
+BLOCK_SIZE = 4  # short prompts cross several blocks
+# Each sequence's blocks: scattered, not in order, not consecutive.
+BLOCKS = {"a": [5, 2, 9, 14], "b": [7, 1, 12, 10], "c": [3, 11, 0, 8, 6]}
+PROMPTS = {"a": [1, 504, 2, 17, 260], "b": [9, 4, 30, 2, 88, 6, 1000, 3, 45], "c": [77, 12]}
+
+pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native kernels on this CPU")
+
+
+@pytest.fixture(scope="module")
+def models(smollm2_dir) -> dict[str, torch.nn.Module]:
+    """SmolLM2 as float32, with the file's own Q4_1 blocks, and re-quantized to Q8_0."""
+    load = lambda weights: load_model_as(
+        weights, smollm2_dir, gguf_source(MODEL), torch.float32, "cpu"
+    )
+    return {weights: load(weights) for weights in ("float", "auto", "q8_0")}
+
+
+@pytest.fixture(params=supported_isas())
+def isa(request, monkeypatch) -> str:
+    """The module path on this build's kernels too (the chosen build is read once a process)."""
+    module = cpu_ops(request.param)
+    assert module is not None, f"the {request.param} build failed"
+    monkeypatch.setattr(ops, "_native", lambda x: module if x.device.type == "cpu" else None)
+    monkeypatch.setattr(quant, "_kernels", lambda: module)
+    return request.param
+
+
+def runner(model, fused: bool, isa: str | None = None) -> ModelRunner:
+    """A runner on a pool of its own, its fused decode on the `isa` build (default: chosen)."""
+    cfg = model.config
+    storage = KVStorage(cfg.num_layers, 16, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
+    backend = TorchPagedAttention(storage, cfg.head_dim)
+    built = ModelRunner(model, storage, backend, fused=False)
+    built.fused = fused_decode(model, backend, isa) if fused else None
+    return built
+
+
+def decode(tokens: dict[str, list[int]], names: str) -> list[SeqChunk]:
+    return [SeqChunk(n, tokens[n][-1:], len(tokens[n]) - 1, BLOCKS[n]) for n in names]
+
+
+def prefill(name: str) -> SeqChunk:
+    return SeqChunk(name, PROMPTS[name], 0, BLOCKS[name])
+
+
+class FusedCalls:
+    def __init__(self, monkeypatch) -> None:
+        self.count = 0
+        forward = FusedDecode.forward
+
+        def counted(fused, *args):
+            self.count += 1
+            return forward(fused, *args)
+
+        monkeypatch.setattr(FusedDecode, "forward", counted)
+
+
+def assert_same(fused: list[torch.Tensor], plain: list[torch.Tensor]) -> None:
+    assert len(fused) == len(plain)
+    for a, b in zip(fused, plain, strict=True):
+        assert torch.equal(a, b), (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize(
+    ("weights", "activations"),
+    [("float", "float"), ("auto", "float"), ("auto", "q8"), ("q8_0", "q8")],
+    ids=["float32", "q4_1", "q4_1-q8act", "q8_0-q8act"],
+)
+def test_fused_decode_steps_give_the_module_paths_logits_bit_for_bit(
+    models, isa, weights, activations, monkeypatch
+) -> None:
+    model = models[weights]
+    set_activations(model, activations)
+    fused, plain = runner(model, True, isa), runner(model, False)
+    assert fused.fused is not None
+    calls = FusedCalls(monkeypatch)
+    tokens = {name: list(ids) for name, ids in PROMPTS.items()}
+    for step in range(6):  # the prompts, then three steps of B=3 and two of B=1
+        chunks = (
+            [prefill(n) for n in "abc"]
+            if step == 0
+            else decode(tokens, "abc" if step <= 3 else "b")
+        )
+        out_fused, out_plain = fused.execute(chunks), plain.execute(chunks)
+        assert_same(out_fused, out_plain)
+        for chunk, logits in zip(chunks, out_fused, strict=True):
+            tokens[chunk.request_id].append(int(logits[-1].argmax()))
+    assert calls.count == 5  # every decode step, no prefill
+
+
+def test_a_step_with_a_prefill_chunk_or_hooks_or_another_backend_is_not_fused(
+    models, monkeypatch
+) -> None:
+    model = models["auto"]
+    set_activations(model, "q8")
+    fused, plain = runner(model, True), runner(model, False)
+    calls = FusedCalls(monkeypatch)
+    tokens = {name: list(ids) for name, ids in PROMPTS.items()}
+    for r in (fused, plain):
+        r.execute([prefill("a"), prefill("b")])
+    tokens["a"].append(0)
+    tokens["b"].append(1)
+    mixed = [*decode(tokens, "ab"), prefill("c")]
+    assert_same(fused.execute(mixed), plain.execute(mixed))
+    layers_done: list[int] = []
+    hooked = fused.execute(decode(tokens, "a"), on_layer_done=layers_done.append)
+    assert_same(hooked, plain.execute(decode(tokens, "a")))
+    assert layers_done == list(range(model.config.num_layers))
+    fused.execute(decode(tokens, "b"), backend=TorchPagedAttention(fused.storage, 64))
+    assert calls.count == 0
+
+
+def test_the_native_stack_refuses_bad_input_with_a_clear_error(tiny_llama_dir) -> None:
+    model = load_model(tiny_llama_dir)
+    cfg = model.config
+    storage = KVStorage(cfg.num_layers, 4, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
+    fused = fused_decode(model, TorchPagedAttention(storage, cfg.head_dim))
+    assert fused is not None
+    half = cfg.head_dim // 2
+    good = dict(
+        x=torch.zeros(2, cfg.hidden_size),
+        cos=torch.ones(2, half),
+        sin=torch.zeros(2, half),
+        slots=torch.tensor([0, 5]),
+        block_table=torch.tensor([[0, 0], [1, 2]]),
+        context_lens=torch.tensor([1, 6]),
+    )
+    fused.stack.run(*good.values())
+    bad = {
+        "x must be a contiguous CPU Float": dict(x=torch.zeros(2, cfg.hidden_size).double()),
+        "with 1 <= B <= 8": dict(x=torch.zeros(9, cfg.hidden_size)),
+        "cos must be": dict(cos=torch.ones(2, half + 1)),
+        "slots must be a contiguous CPU Long": dict(slots=torch.tensor([0, 5]).int()),
+        "slot 16 is outside": dict(slots=torch.tensor([0, 16])),
+        "block 4 is outside": dict(block_table=torch.tensor([[0, 0], [1, 4]])),
+        "does not fit its 2 blocks": dict(context_lens=torch.tensor([1, 9])),
+    }
+    for message, change in bad.items():
+        with pytest.raises(RuntimeError, match=message):
+            fused.stack.run(*{**good, **change}.values())
+    with pytest.raises(RuntimeError, match="a model without layers"):
+        cpu_ops().DecodeStack([], 1, 1, 2, 1e-5, 1.0, storage.kv)
+    assert fused_decode(model, TorchPagedAttention(KVStorage(2, 0, 4, 2, 16), 16)) is None
+
+
+def test_the_engine_config_switch_is_validated() -> None:
+    assert EngineConfig(fused_decode=False).fused_decode is False
+    with pytest.raises(KvstackError, match="fused_decode must be true or false"):
+        EngineConfig(fused_decode="no")  # type: ignore[arg-type]
