@@ -52,6 +52,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", choices=WEIGHTS_CHOICES, default="auto")
     p.add_argument("--activations", choices=ACTIVATIONS_CHOICES, default="float")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--no-fused-decode", action="store_true", help="decode layer by layer (the module path)"
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument(
@@ -78,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             num_threads=args.threads,
             enable_prefix_cache=False,
             max_num_seqs=max(args.batch, 1),
+            fused_decode=not args.no_fused_decode,
         )
     )
     side = KvstackSide(engine)
