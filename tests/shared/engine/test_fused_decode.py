@@ -165,6 +165,17 @@ def test_the_native_stack_refuses_bad_input_with_a_clear_error(tiny_llama_dir) -
     assert fused_decode(model, TorchPagedAttention(KVStorage(2, 0, 4, 2, 16), 16)) is None
 
 
+def test_steps_of_more_rows_than_every_layers_gemv_takes_are_not_fused(tiny_llama_dir) -> None:
+    model = load_model(tiny_llama_dir)
+    cfg = model.config
+    storage = KVStorage(cfg.num_layers, 4, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
+    fused = fused_decode(model, TorchPagedAttention(storage, cfg.head_dim))
+    assert fused is not None and fused.has_float
+    assert fused.fits(1) and not fused.fits(0) and not fused.fits(9)
+    with ops.gemv_rows({torch.float32: 2}):  # float32 rows past 2 go to the library GEMM
+        assert fused.fits(2) and not fused.fits(3)
+
+
 def test_the_engine_config_switch_is_validated() -> None:
     assert EngineConfig(fused_decode=False).fused_decode is False
     with pytest.raises(KvstackError, match="fused_decode must be true or false"):
