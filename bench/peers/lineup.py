@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -125,7 +126,12 @@ def kvstack_model(setup: PeerSetup, gguf: Path) -> str:
 
 
 def serve_args(setup: PeerSetup, gguf: Path) -> tuple[str, ...]:
-    return ("--threads", str(setup.threads))
+    # NOTE: cores, not threads, where there are that many: serve prefills on every core it
+    # may use and decodes on one fewer (its front end keeps that one); `--threads` sets both.
+    cores = sorted(os.sched_getaffinity(0))
+    if setup.threads > len(cores):
+        return ("--threads", str(setup.threads))
+    return ("--cores", ",".join(map(str, cores[: setup.threads])))
 
 
 def up_args(setup: PeerSetup, gguf: Path) -> tuple[str, ...]:

@@ -4,6 +4,7 @@ started with, and the table of medians and ratios."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -66,7 +67,8 @@ def test_installed_peers_run_on_the_same_model_and_threads(tmp_path) -> None:
     assert len({s.port for s in servers.values()}) == 4
     kvstack = servers[KVSTACK_SERVE]
     assert kvstack.argv[3] == "serve"
-    assert kvstack.argv[kvstack.argv.index("--threads") + 1] == "2"  # one engine, every thread
+    cores = kvstack.argv[kvstack.argv.index("--cores") + 1]  # one engine, two cores
+    assert cores == ",".join(map(str, sorted(os.sched_getaffinity(0))[:2]))
     assert kvstack.argv[-2:] == ("--threads", "3")  # --kvstack-args come last, so they win
     assert kvstack.env["KVSTACK_API_KEY"] == "k" and kvstack.headers
     assert "k" not in kvstack.argv  # the key stays out of `ps`
