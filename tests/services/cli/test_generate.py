@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import subprocess
 import sys
@@ -93,5 +94,8 @@ def test_bad_input_gets_one_line_errors(bad_models, tiny_llama_dir) -> None:
     ]
     if not torch.cuda.is_available():
         cases.append((["--prompt", "hi", "--device", "cuda"], "torch sees no CUDA device"))
-    for args, fragment in cases:
-        assert_clean_error(kvstack("generate", *args), fragment)
+    # NOTE: side by side: each case is a process that imports torch (seconds of CPU apiece).
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda case: kvstack("generate", *case[0]), cases))
+    for (_, fragment), result in zip(cases, results):
+        assert_clean_error(result, fragment)
