@@ -22,6 +22,7 @@ import orjson
 from bench.peers import workloads as work
 from bench.peers.hf_side import TRANSFORMERS, TransformersSide
 from bench.peers.lineup import MODE_ARGS, Lineup, PeerSetup, discover, is_kvstack
+from bench.peers.quiet import SETTLE_SECONDS, wait_for_quiet
 from bench.peers.report import (
     Samples,
     format_table,
@@ -231,9 +232,16 @@ def measure(servers, hf, loads: work.Workloads, rounds: int, samples: Samples) -
         for i, rate in enumerate(loads.rates):
             seed = serving_seed(r, i, len(loads.rates))
             for server in servers:
+                settle(clock)
                 clock.say(f"loadgen at {rate:g} req/s against {server.spec.name}")
                 result = work.serve(server.spec, loads, rate, seed=seed)
                 add_serving(samples, server.spec.name, rate, result)
+
+
+def settle(clock: RoundClock) -> None:
+    """Measure each server on a quiet machine: wait out what the last one left running."""
+    if not wait_for_quiet():
+        clock.say(f"still busy after {SETTLE_SECONDS:.0f} s of waiting; measuring anyway")
 
 
 def serving_seed(round_: int, rate_index: int, num_rates: int) -> int:
@@ -261,6 +269,7 @@ def single_streams(servers, hf, loads: work.Workloads, samples: Samples, clock: 
     prefill_text = work.text_prompt(loads.prefill_len, 1000 + clock.round)
     decode_text = work.text_prompt(loads.decode_prompt_len, 2000 + clock.round)
     for server in servers:
+        settle(clock)
         clock.say(f"prefill and decode, {server.spec.name}")
         prefill = work.stream_once(server.spec, prefill_text, 1)
         samples.add(server.spec.name, "prefill_tok_s", work.prefill_rate(prefill))
