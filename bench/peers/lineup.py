@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.peers.server import ServerSpec, free_port
+from services.cli.pinning import usable_cores
+from shared.cpu_cores import format_cores
 from shared.model.registry import gguf_source
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -128,10 +129,10 @@ def kvstack_model(setup: PeerSetup, gguf: Path) -> str:
 def serve_args(setup: PeerSetup, gguf: Path) -> tuple[str, ...]:
     # NOTE: cores, not threads, where there are that many: serve prefills on every core it
     # may use and decodes on one fewer (its front end keeps that one); `--threads` sets both.
-    cores = sorted(os.sched_getaffinity(0))
+    cores = usable_cores()
     if setup.threads > len(cores):
         return ("--threads", str(setup.threads))
-    return ("--cores", ",".join(map(str, cores[: setup.threads])))
+    return ("--cores", format_cores(cores[: setup.threads]))
 
 
 def up_args(setup: PeerSetup, gguf: Path) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return run(ColocatedService(colocated_config(args, threads, prefill_threads)))
 
 
-def colocated_config(args: argparse.Namespace, threads: int, prefill_threads: int | None = None):
+def colocated_config(args: argparse.Namespace, threads: int, prefill_threads: int):
     from services.colocated.service import ColocatedConfig
     from services.gateway.service import GatewayConfig
     from shared.engine.config import EngineConfig

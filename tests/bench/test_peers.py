@@ -20,6 +20,7 @@ from bench.peers.report import (
     single_stream_metrics,
 )
 from bench.peers.server import RunningServer, ServerSpec, port_is_free
+from shared.cpu_cores import format_cores
 from shared.errors import KvstackError
 
 
@@ -68,7 +69,7 @@ def test_installed_peers_run_on_the_same_model_and_threads(tmp_path) -> None:
     kvstack = servers[KVSTACK_SERVE]
     assert kvstack.argv[3] == "serve"
     cores = kvstack.argv[kvstack.argv.index("--cores") + 1]  # one engine, two cores
-    assert cores == ",".join(map(str, sorted(os.sched_getaffinity(0))[:2]))
+    assert cores == format_cores(sorted(os.sched_getaffinity(0))[:2])
     assert kvstack.argv[-2:] == ("--threads", "3")  # --kvstack-args come last, so they win
     assert kvstack.env["KVSTACK_API_KEY"] == "k" and kvstack.headers
     assert "k" not in kvstack.argv  # the key stays out of `ps`
