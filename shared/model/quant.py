@@ -14,7 +14,8 @@ from shared.model.quant_formats import QuantFormat
 # past 16 a float tile and the library GEMM win. Tiles of 256 weight rows stay in cache.
 GEMV_MAX_ROWS = 8
 # NOTE: with 8-bit activations the integer GEMV beats dequantized tiles up to about 16 rows and
-# trails them by some 15% at 32 (bench quant's kernel table); taking it up to 32 rows keeps a
+# trails them by some 15% at 32 (a one-off timing at SmolLM2's shapes, one thread: no bench
+# command times the quantized kernels by rows yet); taking it up to 32 rows keeps a
 # decode row's result the same whatever the batch beside it. That matters for q8: rounding x
 # to 8 bits turns the last-bit differences between two kernels into whole 8-bit steps, which
 # the next layers carry on (a batch of 10 took the tiles and answered differently from a
