@@ -60,9 +60,9 @@ class ChaosReport:
     def leaked(self) -> dict[str, int]:
         """Workers holding more KV blocks after the load than before it."""
         return {
-            w: n - self.kv_before.get(w, 0)
+            w: n - self.kv_before[w]
             for w, n in self.kv_after.items()
-            if n > self.kv_before.get(w, 0)
+            if w in self.kv_before and n > self.kv_before[w] >= 0
         }
 
     @property
@@ -97,7 +97,7 @@ def run_chaos(
     say: Callable[[str], None] = lambda _: None,
 ) -> ChaosReport:
     faults = choose(stack, list(config.faults))
-    kv_before = kv_in_use(stack)
+    kv_before = baseline_kv(stack, config.recover_timeout)
     load = SteadyLoad(
         stack.api_url,
         config.model,
@@ -171,6 +171,22 @@ def _errors(outcomes: list[Outcome], limit: int = 5) -> list[str]:
         if outcome.error and outcome.error not in seen and len(seen) < limit:
             seen.append(outcome.error)
     return seen
+
+
+def baseline_kv(stack: Stack, timeout: float) -> dict[str, int]:
+    """KV blocks in use per worker, once every worker answers: one still restarting after
+    an earlier fault has no baseline, and its blocks would count as leaked later."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = kv_in_use(stack)
+        silent = sorted(w for w, n in now.items() if n < 0)
+        if not silent:
+            return now
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"no KV baseline: {', '.join(silent)} did not answer within {timeout:.0f}s"
+            )
+        time.sleep(0.5)
 
 
 def settle_kv(stack: Stack, before: dict[str, int], timeout: float) -> dict[str, int]:
