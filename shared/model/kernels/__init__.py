@@ -26,6 +26,7 @@ SOURCES = (
     HERE / "quant_ops.cpp",
     HERE / "quant_dot.cpp",
     HERE / "decode_stack.cpp",
+    HERE / "bindings.cpp",
 )
 HEADERS = (
     HERE / "simd.h",
@@ -113,7 +114,7 @@ def _build(isa: str):
         (directory / "lock").unlink(missing_ok=True)
         if not any(directory.glob("*.so")):
             print(
-                f"kvstack: compiling native CPU kernels ({isa}) once (about a minute)...",
+                f"kvstack: compiling native CPU kernels ({isa}) once (about half a minute)...",
                 file=sys.stderr,
             )
         return load(

@@ -1,6 +1,7 @@
 // Fused CPU kernels for the model's small, memory-bound steps. Each has a pure-torch
 // twin in shared/model/ops.py, which is the reference the tests compare against.
-#include <torch/extension.h>
+#include <Python.h>  // PyEval_SaveThread: the GIL, without pybind11
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/Dispatch.h>
 
@@ -15,8 +16,6 @@
 #include <vector>
 
 namespace {
-
-namespace py = pybind11;
 
 // float32, bfloat16 and float16: the element types simd.h loads and stores.
 #define KV_DISPATCH(TYPE, NAME, ...)                            \
@@ -35,12 +34,20 @@ inline float f32(T v) { return static_cast<float>(v); }
 // thread, while the engine thread's long kernels must not stall the asyncio loop thread.
 constexpr int64_t kReleaseGilAbove = 1 << 15;  // elements read
 
-struct GilRelease {
-  std::optional<py::gil_scoped_release> released;
+class GilRelease {
+ public:
   explicit GilRelease(int64_t elements) {
     // NOTE: a caller that already released it (decode_stack.cpp's run) keeps it released.
-    if (elements > kReleaseGilAbove && PyGILState_Check()) released.emplace();
+    if (elements > kReleaseGilAbove && PyGILState_Check()) state_ = PyEval_SaveThread();
   }
+  ~GilRelease() {
+    if (state_ != nullptr) PyEval_RestoreThread(state_);
+  }
+  GilRelease(const GilRelease&) = delete;
+  GilRelease& operator=(const GilRelease&) = delete;
+
+ private:
+  PyThreadState* state_ = nullptr;
 };
 
 // ---- Vector building blocks (simd.h), each with its scalar tail ------------------------
@@ -89,7 +96,7 @@ void rms_norm_row(T* out, const T* x, const T* w, int64_t n, float eps) {
 
 }  // namespace
 
-void kernels::rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps) {
+void kernels::rms_norm(at::Tensor out, at::Tensor x, at::Tensor w, double eps) {
   const int64_t rows = x.size(0), n = x.size(1);
   GilRelease gil(rows * n);
   KV_DISPATCH(x.scalar_type(), "rms_norm", [&] {
@@ -114,7 +121,7 @@ inline void add_(T* acc, const T* x, int64_t n) {
 
 }  // namespace
 
-void kernels::add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor w,
+void kernels::add_rms_norm_(at::Tensor x, at::Tensor residual, at::Tensor w,
                             double eps) {
   const int64_t rows = x.size(0), n = x.size(1);
   GilRelease gil(rows * n);
@@ -153,7 +160,7 @@ void silu_and_mul_row(T* out, const T* gate, const T* up, int64_t n) {
 
 }  // namespace
 
-void kernels::silu_and_mul(torch::Tensor out, torch::Tensor gate_up) {
+void kernels::silu_and_mul(at::Tensor out, at::Tensor gate_up) {
   const int64_t rows = gate_up.size(0), n = out.size(1);
   GilRelease gil(rows * n * 2);
   KV_DISPATCH(out.scalar_type(), "silu_and_mul", [&] {
@@ -186,7 +193,7 @@ void rotate_head(T* x, const float* c, const float* s, int64_t half) {
 
 }  // namespace
 
-void kernels::rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
+void kernels::rotary_(at::Tensor qkv, at::Tensor cos, at::Tensor sin,
                       int64_t num_heads, int64_t head_dim) {
   const int64_t tokens = qkv.size(0), row = qkv.stride(0), half = head_dim / 2;
   GilRelease gil(tokens * num_heads * head_dim);
@@ -203,8 +210,8 @@ void kernels::rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin,
 }
 
 // ---- KV write: new tokens' k and v into their cache slots --------------------------------
-void kernels::write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache,
-                       torch::Tensor v_cache, torch::Tensor slots) {
+void kernels::write_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache,
+                       at::Tensor v_cache, at::Tensor slots) {
   const int64_t tokens = k.size(0), width = k.size(1) * k.size(2);
   const int64_t in_row = k.stride(0);
   GilRelease gil(tokens * width * 2);
@@ -272,9 +279,9 @@ void decode_attention_task(T* out, const T* q, int64_t q_row, const T* kc, const
 
 }  // namespace
 
-void kernels::decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
-                               torch::Tensor v_cache, torch::Tensor block_table,
-                               torch::Tensor context_lens, double scale) {
+void kernels::decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
+                               at::Tensor v_cache, at::Tensor block_table,
+                               at::Tensor context_lens, double scale) {
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t Hkv = k_cache.size(2), bs = k_cache.size(1), max_blocks = block_table.size(1);
   TORCH_CHECK(H % Hkv == 0, "decode_attention: ", H, " heads over ", Hkv, " kv heads");
@@ -356,8 +363,8 @@ void linear_rows(T* out, const float* x, int64_t M, int64_t K, const T* w, const
 
 }  // namespace
 
-void kernels::small_linear(torch::Tensor out, torch::Tensor x, torch::Tensor w,
-                           c10::optional<torch::Tensor> bias) {
+void kernels::small_linear(at::Tensor out, at::Tensor x, at::Tensor w,
+                           c10::optional<at::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_linear: x ",
               x.sizes(), " and weight ", w.sizes(), " do not match");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && out.is_contiguous(),
@@ -386,21 +393,4 @@ void kernels::small_linear(torch::Tensor out, torch::Tensor x, torch::Tensor w,
       linear_rows(o, xf, M, K, wi, bi, N, begin, end);
     });
   });
-}
-
-void register_quant_ops(pybind11::module_& m);  // quant_ops.cpp
-void register_quant_dot_ops(pybind11::module_& m);  // quant_dot.cpp
-void register_decode_stack(pybind11::module_& m);  // decode_stack.cpp
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &kernels::rms_norm);
-  m.def("add_rms_norm_", &kernels::add_rms_norm_);
-  m.def("silu_and_mul", &kernels::silu_and_mul);
-  m.def("rotary_", &kernels::rotary_);
-  m.def("write_kv", &kernels::write_kv);
-  m.def("decode_attention", &kernels::decode_attention);
-  m.def("small_linear", &kernels::small_linear);
-  register_quant_ops(m);
-  register_quant_dot_ops(m);
-  register_decode_stack(m);
 }

@@ -3,7 +3,7 @@
 // in its order and on buffers of the same shapes, so the hidden states are bit-identical; what
 // it saves is the Python and the torch dispatch around some 300 small kernel calls a step.
 // Built once per model and KV pool by shared/model/fused_decode.py.
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "kernels.h"
 #include "quant_blocks.h"
@@ -22,12 +22,12 @@ constexpr int64_t kMaxRows = 8;  // decode rows a step takes: the GEMV kernels' 
 // y = x @ W^T (+ b): W float32 [N, K] (small_linear) or GGUF blocks [N, row_bytes] of `qtype`
 // (quant_gemv; quant_gemv_q8 when the activations are rounded to 8 bits).
 struct Linear {
-  torch::Tensor weight;
+  at::Tensor weight;
   int64_t qtype;
   bool q8;
-  c10::optional<torch::Tensor> bias;
+  c10::optional<at::Tensor> bias;
 
-  void operator()(const torch::Tensor& out, const torch::Tensor& x) const {
+  void operator()(const at::Tensor& out, const at::Tensor& x) const {
     if (qtype == kFloatWeight)
       kernels::small_linear(out, x, weight, bias);
     else if (q8)
@@ -54,7 +54,7 @@ struct Linear {
 };
 
 struct Layer {
-  torch::Tensor input_norm, post_norm;  // float32 [hidden]
+  at::Tensor input_norm, post_norm;  // float32 [hidden]
   Linear qkv, o, gate_up, down;
 };
 
@@ -67,22 +67,22 @@ struct Dims {
 // NOTE: the module path allocates each layer's afresh; the values written are the same, and
 // some 300 tensor allocations and views a step (a tenth of its time, measured) go away.
 struct Buffers {
-  torch::Tensor h;         // [B, hidden]: a layer's input, normalized, then its output
-  torch::Tensor qkv;       // [B, (heads + 2 kv_heads) head_dim], and its views:
-  torch::Tensor q, k, v;   // [B, heads or kv_heads, head_dim]
-  torch::Tensor attended;  // [B, heads, head_dim], viewed as rows [B, heads head_dim]:
-  torch::Tensor attended_rows;
-  torch::Tensor x;         // [B, hidden]: attention's output, then its norm
-  torch::Tensor gate_up;   // [B, 2 intermediate]
-  torch::Tensor act;       // [B, intermediate]
+  at::Tensor h;         // [B, hidden]: a layer's input, normalized, then its output
+  at::Tensor qkv;       // [B, (heads + 2 kv_heads) head_dim], and its views:
+  at::Tensor q, k, v;   // [B, heads or kv_heads, head_dim]
+  at::Tensor attended;  // [B, heads, head_dim], viewed as rows [B, heads head_dim]:
+  at::Tensor attended_rows;
+  at::Tensor x;         // [B, hidden]: attention's output, then its norm
+  at::Tensor gate_up;   // [B, 2 intermediate]
+  at::Tensor act;       // [B, intermediate]
 };
 
 // What a step's rows attend with: rotary tables and where their KV lives in the paged cache.
 struct Step {
-  torch::Tensor cos, sin, slots, block_table, context_lens;
+  at::Tensor cos, sin, slots, block_table, context_lens;
 };
 
-void check_tensor(const torch::Tensor& t, at::ScalarType type, at::IntArrayRef shape,
+void check_tensor(const at::Tensor& t, at::ScalarType type, at::IntArrayRef shape,
                   const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.is_contiguous() &&
                   t.sizes() == shape,
@@ -93,7 +93,7 @@ void check_tensor(const torch::Tensor& t, at::ScalarType type, at::IntArrayRef s
 class DecodeStack {
  public:
   DecodeStack(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
-              double eps, double scale, torch::Tensor kv)
+              double eps, double scale, at::Tensor kv)
       : layers_(std::move(layers)), dims_{heads, kv_heads, head_dim, eps, scale}, kv_(kv) {
     check_model();
     for (int64_t i = 0; i < kv_.size(0); ++i) {
@@ -104,14 +104,14 @@ class DecodeStack {
 
   // x [B, hidden] float32: the rows' embeddings -> (x, residual) after the last layer, whose
   // sum the model's final norm takes. Writes each layer's k, v at `slots`.
-  std::tuple<torch::Tensor, torch::Tensor> run(torch::Tensor x, torch::Tensor cos,
-                                               torch::Tensor sin, torch::Tensor slots,
-                                               torch::Tensor block_table,
-                                               torch::Tensor context_lens) const {
+  std::tuple<at::Tensor, at::Tensor> run(at::Tensor x, at::Tensor cos,
+                                               at::Tensor sin, at::Tensor slots,
+                                               at::Tensor block_table,
+                                               at::Tensor context_lens) const {
     const Step step{cos, sin, slots, block_table, context_lens};
     check_step(x, step);
     const Buffers b = buffers(x.size(0), x.options());
-    const torch::Tensor residual = x.clone();
+    const at::Tensor residual = x.clone();
     kernels::rms_norm(b.h, x, layers_[0].input_norm, dims_.eps);
     for (size_t i = 0; i < layers_.size(); ++i) {
       if (i > 0) kernels::add_rms_norm_(b.h, residual, layers_[i].input_norm, dims_.eps);
@@ -123,31 +123,31 @@ class DecodeStack {
  private:
   std::vector<Layer> layers_;
   Dims dims_;
-  torch::Tensor kv_;  // KVStorage.kv: [layers, 2, blocks, block_size, kv_heads, head_dim]
-  std::vector<torch::Tensor> k_caches_, v_caches_;
+  at::Tensor kv_;  // KVStorage.kv: [layers, 2, blocks, block_size, kv_heads, head_dim]
+  std::vector<at::Tensor> k_caches_, v_caches_;
 
   int64_t hidden() const { return layers_[0].input_norm.numel(); }
   int64_t intermediate() const { return layers_[0].gate_up.weight.size(0) / 2; }
 
-  Buffers buffers(int64_t B, const torch::TensorOptions& options) const {
+  Buffers buffers(int64_t B, const at::TensorOptions& options) const {
     const int64_t D = dims_.head_dim, q_size = dims_.heads * D, kv_size = dims_.kv_heads * D;
     Buffers b;
-    b.h = torch::empty({B, hidden()}, options);
-    b.qkv = torch::empty({B, q_size + 2 * kv_size}, options);
+    b.h = at::empty({B, hidden()}, options);
+    b.qkv = at::empty({B, q_size + 2 * kv_size}, options);
     b.q = b.qkv.narrow(1, 0, q_size).view({B, dims_.heads, D});
     b.k = b.qkv.narrow(1, q_size, kv_size).view({B, dims_.kv_heads, D});
     b.v = b.qkv.narrow(1, q_size + kv_size, kv_size).view({B, dims_.kv_heads, D});
-    b.attended = torch::empty({B, dims_.heads, D}, options);
+    b.attended = at::empty({B, dims_.heads, D}, options);
     b.attended_rows = b.attended.view({B, q_size});
-    b.x = torch::empty({B, hidden()}, options);
-    b.gate_up = torch::empty({B, 2 * intermediate()}, options);
-    b.act = torch::empty({B, intermediate()}, options);
+    b.x = at::empty({B, hidden()}, options);
+    b.gate_up = at::empty({B, 2 * intermediate()}, options);
+    b.act = at::empty({B, intermediate()}, options);
     return b;
   }
 
   // One decoder layer from b.h (its input already normalized) back into b.h; the residual
   // advances in place.
-  void layer(size_t i, const Buffers& b, const torch::Tensor& residual, const Step& step) const {
+  void layer(size_t i, const Buffers& b, const at::Tensor& residual, const Step& step) const {
     const Layer& l = layers_[i];
     l.qkv(b.qkv, b.h);
     attention(i, b, step);
@@ -185,7 +185,7 @@ class DecodeStack {
   void check_layer(const Layer& l) const {
     const int64_t H = hidden(), q = dims_.heads * dims_.head_dim;
     const int64_t kv = dims_.kv_heads * dims_.head_dim;
-    for (const torch::Tensor* norm : {&l.input_norm, &l.post_norm})
+    for (const at::Tensor* norm : {&l.input_norm, &l.post_norm})
       TORCH_CHECK(norm->dim() == 1 && norm->scalar_type() == at::kFloat &&
                       norm->is_contiguous() && norm->numel() == H,
                   "DecodeStack: norm weights must be float32 [", H, "]");
@@ -196,7 +196,7 @@ class DecodeStack {
     l.down.check(intermediate(), H, "down");
   }
 
-  void check_step(const torch::Tensor& x, const Step& s) const {
+  void check_step(const at::Tensor& x, const Step& s) const {
     TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kMaxRows,
                 "DecodeStack.run: x must be [B, ", hidden(), "] with 1 <= B <= ", kMaxRows,
                 ", got ", x.sizes());
@@ -235,13 +235,13 @@ class DecodeStack {
 
 void register_decode_stack(py::module_& m) {
   py::class_<Linear>(m, "StackLinear")
-      .def(py::init([](torch::Tensor weight, c10::optional<int64_t> qtype, bool q8,
-                       c10::optional<torch::Tensor> bias) {
+      .def(py::init([](at::Tensor weight, c10::optional<int64_t> qtype, bool q8,
+                       c10::optional<at::Tensor> bias) {
              return Linear{weight, qtype.value_or(kFloatWeight), q8, bias};
            }),
            py::arg("weight"), py::arg("qtype"), py::arg("q8"), py::arg("bias"));
   py::class_<Layer>(m, "StackLayer")
-      .def(py::init([](torch::Tensor input_norm, torch::Tensor post_norm, Linear qkv, Linear o,
+      .def(py::init([](at::Tensor input_norm, at::Tensor post_norm, Linear qkv, Linear o,
                        Linear gate_up, Linear down) {
              return Layer{input_norm, post_norm, qkv, o, gate_up, down};
            }),
@@ -249,7 +249,7 @@ void register_decode_stack(py::module_& m) {
            py::arg("gate_up"), py::arg("down"));
   py::class_<DecodeStack>(m, "DecodeStack")
       .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, double, double,
-                    torch::Tensor>(),
+                    at::Tensor>(),
            py::arg("layers"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("eps"), py::arg("scale"), py::arg("kv"))
       .def("run", &DecodeStack::run, py::call_guard<py::gil_scoped_release>());

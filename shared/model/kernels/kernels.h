@@ -1,32 +1,36 @@
-// The kernels' entry points, for the sources that compose them (decode_stack.cpp). Each is
-// implemented once, in the source named beside it; none of them touches the GIL when its
-// caller has already released it.
+// The kernels' entry points, for the sources that compose or bind them (decode_stack.cpp,
+// bindings.cpp). Each is implemented once, in the source named beside it; none of them
+// touches the GIL when its caller has already released it. Only ATen here: the kernel sources
+// compile in a third of the time <torch/extension.h> takes (docs/development.md).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 namespace kernels {
 
 // cpu_ops.cpp: float32, bfloat16 or float16 tensors
-void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps);
-void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor w, double eps);
-void silu_and_mul(torch::Tensor out, torch::Tensor gate_up);
-void rotary_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t num_heads,
+void rms_norm(at::Tensor out, at::Tensor x, at::Tensor w, double eps);
+void add_rms_norm_(at::Tensor x, at::Tensor residual, at::Tensor w, double eps);
+void silu_and_mul(at::Tensor out, at::Tensor gate_up);
+void rotary_(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t num_heads,
              int64_t head_dim);
-void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
-              torch::Tensor slots);
-void decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
-                      torch::Tensor v_cache, torch::Tensor block_table,
-                      torch::Tensor context_lens, double scale);
-void small_linear(torch::Tensor out, torch::Tensor x, torch::Tensor w,
-                  c10::optional<torch::Tensor> bias);
+void write_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache,
+              at::Tensor slots);
+void decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
+                      at::Tensor v_cache, at::Tensor block_table,
+                      at::Tensor context_lens, double scale);
+void small_linear(at::Tensor out, at::Tensor x, at::Tensor w,
+                  c10::optional<at::Tensor> bias);
 
 // quant_ops.cpp: GGUF blocks on float32 activations
-void quant_gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
-                c10::optional<torch::Tensor> bias);
+void quant_gemv(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
+                c10::optional<at::Tensor> bias);
+void quant_gemm(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
+                c10::optional<at::Tensor> bias, int64_t tile_rows);
+void quant_dequantize(at::Tensor out, at::Tensor w, int64_t qtype);
 
 // quant_dot.cpp: GGUF blocks on activations rounded to 8 bits
-void quant_gemv_q8(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
-                   c10::optional<torch::Tensor> bias, bool portable);
+void quant_gemv_q8(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
+                   c10::optional<at::Tensor> bias, bool portable);
 
 }  // namespace kernels

@@ -3,7 +3,7 @@
 // layouts: quant_ops.cpp.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <cstdint>
 #include <cstring>
@@ -50,7 +50,7 @@ inline Format format_of(int64_t qtype) {
   TORCH_CHECK(false, "unsupported GGML quantization type ", qtype);
 }
 
-inline void check_weight(const torch::Tensor& w, int64_t qtype, int64_t K) {
+inline void check_weight(const at::Tensor& w, int64_t qtype, int64_t K) {
   const Format f = format_of(qtype);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "weight: a contiguous uint8 [N, row_bytes] tensor");

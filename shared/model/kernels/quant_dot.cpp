@@ -11,7 +11,7 @@
 // NOTE: products of 8-bit integers are exact and the integer sums cannot overflow (maddubs
 // pairs stay under 2 * 128 * 127), so the paths differ only in the order of float sums; the
 // cost against float activations is x's rounding to 8 bits, llama.cpp's own choice.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -284,8 +284,8 @@ void gemv_q8(const uint8_t* w, const Q8Rows& x, const float* bias, float* out, i
 
 // out [M, N] float32 = x [M, K] float32, quantized to 8 bits per block of 32, @ w^T (+ bias),
 // in integer dot products. `portable` runs the scalar path whatever the build.
-void kernels::quant_gemv_q8(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
-                            c10::optional<torch::Tensor> bias, bool portable) {
+void kernels::quant_gemv_q8(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
+                            c10::optional<at::Tensor> bias, bool portable) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_weight(w, qtype, K);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
@@ -305,9 +305,4 @@ void kernels::quant_gemv_q8(torch::Tensor out, torch::Tensor x, torch::Tensor w,
     case kQ4_1: gemv_q8<Q4<true>>(wi, xq, b, o, N, portable); break;
     case kQ4_K: gemv_q8<Q4_K>(wi, xq, b, o, N, portable); break;
   }
-}
-
-void register_quant_dot_ops(pybind11::module_& m) {
-  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
-  m.def("quant_gemv_q8", &kernels::quant_gemv_q8, release());
 }

@@ -14,7 +14,7 @@
 // Every format is a scale times small integers plus an offset per 32 values, so a dot
 // product is d * sum(q * x) + offset * sum(x): the per-32 sums of x are computed once per
 // call and shared by all output rows.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -237,18 +237,6 @@ void dequantize_rows(const uint8_t* w, int64_t qtype, int64_t K, float* out, int
       dequant_block(qtype, w + r * row_bytes + i * f.bytes, out + r * K + i * f.values);
 }
 
-void quant_dequantize(torch::Tensor out, torch::Tensor w, int64_t qtype) {
-  const int64_t K = out.size(1);
-  check_weight(w, qtype, K);
-  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == w.size(0),
-              "out: a contiguous float32 [N, K] tensor");
-  const uint8_t* wi = w.data_ptr<uint8_t>();
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, w.size(0), 16, [&](int64_t r0, int64_t r1) {
-    dequantize_rows(wi, qtype, K, o, r0, r1);
-  });
-}
-
 // Per-32 sums of each row of x [M, K]: the offset terms of every format.
 std::vector<float> sums32(const float* x, int64_t M, int64_t K) {
   std::vector<float> xs(M * (K / 32));
@@ -301,10 +289,23 @@ void gemv_scalar(const uint8_t* w, int64_t qtype, int64_t K, const float* x, int
 
 }  // namespace
 
+// out [N, K] float32 = dequantized(w [N, row_bytes]).
+void kernels::quant_dequantize(at::Tensor out, at::Tensor w, int64_t qtype) {
+  const int64_t K = out.size(1);
+  check_weight(w, qtype, K);
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == w.size(0),
+              "out: a contiguous float32 [N, K] tensor");
+  const uint8_t* wi = w.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, w.size(0), 16, [&](int64_t r0, int64_t r1) {
+    dequantize_rows(wi, qtype, K, o, r0, r1);
+  });
+}
+
 // out [M, N] float32 = x [M, K] float32 @ dequantized(w [N, row_bytes])^T (+ bias): reads each
 // weight once and dequantizes it in registers. For a few rows (decode).
-void kernels::quant_gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
-                         c10::optional<torch::Tensor> bias) {
+void kernels::quant_gemv(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
+                         c10::optional<at::Tensor> bias) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_weight(w, qtype, K);
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 [M, K]");
@@ -337,10 +338,12 @@ int64_t balanced_tile(int64_t N, int64_t most, int64_t threads) {
   return std::min(N, (tile + 15) / 16 * 16);
 }
 
+}  // namespace
+
 // out [M, N] = x @ dequantized(w)^T (+ bias) for many rows (prefill): a tile of weight rows at
 // a time is dequantized into a buffer that stays in cache, then multiplied by the library GEMM.
-void quant_gemm(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qtype,
-                c10::optional<torch::Tensor> bias, int64_t tile_rows) {
+void kernels::quant_gemm(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
+                         c10::optional<at::Tensor> bias, int64_t tile_rows) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_weight(w, qtype, K);
   TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
@@ -357,23 +360,14 @@ void quant_gemm(torch::Tensor out, torch::Tensor x, torch::Tensor w, int64_t qty
     // NOTE: the caller's inference mode is thread-local; its worker threads need it too, or
     // writing into a view of an inference tensor is refused.
     c10::InferenceMode guard(inference);
-    torch::Tensor buffer = torch::empty({tile, K}, x.options());
+    at::Tensor buffer = at::empty({tile, K}, x.options());
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * tile, rows = std::min(tile, N - n0);
       dequantize_rows(w.data_ptr<uint8_t>() + n0 * row_bytes, qtype, K,
                       buffer.data_ptr<float>(), 0, rows);
-      torch::Tensor columns = out.narrow(1, n0, rows);
+      at::Tensor columns = out.narrow(1, n0, rows);
       at::mm_out(columns, x, buffer.narrow(0, 0, rows).t());
     }
   });
   if (bias.has_value()) out.add_(*bias);
-}
-
-}  // namespace
-
-void register_quant_ops(pybind11::module_& m) {
-  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
-  m.def("quant_gemv", &kernels::quant_gemv, release());
-  m.def("quant_gemm", &quant_gemm, release());
-  m.def("quant_dequantize", &quant_dequantize, release());
 }

@@ -6,6 +6,8 @@ import os
 import platform
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -221,3 +223,32 @@ def test_linear_sends_up_to_the_measured_rows_to_the_native_gemv(native, dtype, 
     with ops.gemv_rows({}):
         ops.linear(randn(1, 24, dtype=dtype), w, None)
     assert calls == [1, limit]
+
+
+def test_a_long_kernel_lets_other_python_threads_run(native) -> None:
+    """The engine thread's kernels release the GIL (cpu_ops.cpp's GilRelease), so the asyncio
+    loop's thread runs while they do: a stamp of the other thread falls inside a call."""
+    x, w = torch.randn(1, 2048), torch.randn(8192, 2048)
+    out = x.new_empty(1, 8192)
+    calls: list[tuple[float, float]] = []
+
+    def kernels() -> None:
+        for _ in range(20):
+            start = time.perf_counter()
+            native.small_linear(out, x, w, None)
+            calls.append((start, time.perf_counter()))
+
+    stamps: list[float] = []
+    interval = sys.getswitchinterval()
+    # NOTE: a long switch interval: this thread gets the GIL only when the kernels release it
+    sys.setswitchinterval(1.0)
+    try:
+        worker = threading.Thread(target=kernels)
+        worker.start()
+        while worker.is_alive():
+            stamps.append(time.perf_counter())
+            time.sleep(0.0001)
+        worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert any(s + 0.0005 < t < e - 0.0005 for s, e in calls for t in stamps), calls[:3]

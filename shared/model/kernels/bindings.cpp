@@ -1,0 +1,26 @@
+// The Python module of the kernels: one build per instruction set (shared/model/kernels/
+// __init__.py), every entry point of kernels.h plus the fused decode step. The only source
+// besides decode_stack.cpp that includes pybind11, the slow header to compile.
+#include <torch/csrc/utils/pybind.h>
+
+#include "kernels.h"
+
+void register_decode_stack(pybind11::module_& m);  // decode_stack.cpp
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // NOTE: these release the GIL themselves, and only for work long enough to repay the
+  // hand-over (cpu_ops.cpp's GilRelease); the quantized ones always run long enough.
+  m.def("rms_norm", &kernels::rms_norm);
+  m.def("add_rms_norm_", &kernels::add_rms_norm_);
+  m.def("silu_and_mul", &kernels::silu_and_mul);
+  m.def("rotary_", &kernels::rotary_);
+  m.def("write_kv", &kernels::write_kv);
+  m.def("decode_attention", &kernels::decode_attention);
+  m.def("small_linear", &kernels::small_linear);
+  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("quant_gemv", &kernels::quant_gemv, release());
+  m.def("quant_gemm", &kernels::quant_gemm, release());
+  m.def("quant_dequantize", &kernels::quant_dequantize, release());
+  m.def("quant_gemv_q8", &kernels::quant_gemv_q8, release());
+  register_decode_stack(m);
+}
