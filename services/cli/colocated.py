@@ -62,6 +62,8 @@ def colocated_config(args: argparse.Namespace, threads: int, prefill_threads: in
         api_key=api_key(args),
         max_tokens_limit=args.max_tokens_limit,
         dtype=args.dtype,
+        weights=args.weights,
+        activations=args.activations,
         block_size=args.block_size,
         mock=engine["mock"],
         max_model_len=engine["max_model_len"] or 0,

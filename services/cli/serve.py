@@ -278,6 +278,8 @@ def run_gateway(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         max_tokens_limit=args.max_tokens_limit,
         dtype=args.dtype,
+        weights=args.weights,
+        activations=args.activations,
         block_size=args.block_size,
         mock=engine["mock"],
         max_model_len=engine["max_model_len"] or 0,

@@ -457,6 +457,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "api_key",
         "max_tokens_limit",
         "dtype",
+        "weights",
+        "activations",
         "block_size",
         "read_timeout",
         "max_concurrent_per_key",
@@ -621,7 +623,15 @@ FORWARDED_BY_UP: dict[str, tuple[str, ...]] = {
     "prefill": (*WORKER_TUNING, *KV_POOL),
     "decode": (*WORKER_TUNING, *KV_POOL),
     "attention-worker": ("kv_cache_gib", "threads"),
-    "gateway": ("dtype", "max_model_len", *RELIABILITY, "served_model_name", "api_key"),
+    "gateway": (
+        "dtype",
+        "weights",
+        "activations",
+        "max_model_len",
+        *RELIABILITY,
+        "served_model_name",
+        "api_key",
+    ),
 }
 
 

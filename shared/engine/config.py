@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.engine.mock import MockSpec
-from shared.errors import KvstackError
+from shared.errors import KvstackError, ModelNotFound
+from shared.model.registry import gguf_source
 
 # The dtypes an engine computes in, by torch's names (torch loads only where a model runs:
 # the gateway reads this config without it).
@@ -37,13 +38,48 @@ def check_device(name: str) -> None:
 ACTIVATIONS_CHOICES = ("q8", "float")
 
 
-def resolve_dtype(name: str, device: str = "cpu") -> str:
-    """ "auto" is bfloat16 where the hardware computes it natively, float32 elsewhere."""
+def resolve_dtype(name: str, device: str = "cpu", quantized: bool = False) -> str:
+    """ "auto" is bfloat16 where the hardware computes it natively, float32 elsewhere, and
+    float32 on a CPU whose linear weights stay quantized: their decode step is fused in
+    float32 (shared/model/fused_decode.py), 1.3x the bfloat16 one's tokens/s
+    (docs/benchmarks.md), while prefill's matmuls still multiply in bfloat16 where the CPU
+    has it (prefill_matmul_dtype)."""
     if name != "auto":
         return name
     if device.startswith("cuda"):
         return "bfloat16"
+    if quantized:
+        return "float32"
     return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
+def prefill_matmul_dtype(name: str, device: str = "cpu", quantized: bool = False) -> str:
+    """The dtype quantized weights multiply many float32 rows (prefill chunks) in: bfloat16
+    for `--dtype auto` where the CPU computes it natively (2.4x float32's GEMM here), else the
+    activations' own. `--dtype float32` stays float32 throughout."""
+    if name == "auto" and quantized and device == "cpu" and cpu_has_native_bf16():
+        return "bfloat16"
+    return resolve_dtype(name, device, quantized)
+
+
+def kv_weights(model: str, weights: str, activations: str, device: str = "cpu") -> str:
+    """How the weights that compute a KV block are held, for its namespace: "float", or the
+    quantized blocks and how they take activations (a Q4_1 model's KV is not a float one's,
+    and q8 activations round what float ones do not)."""
+    if not keeps_quantized_weights(model, weights, device):
+        return "float"
+    return f"{weights}-{activations}"
+
+
+def keeps_quantized_weights(model: str, weights: str, device: str = "cpu") -> bool:
+    """Whether the linear weights stay quantized blocks (as shared/model/quant_loader.py
+    loads them, where the native kernels build)."""
+    if weights == "float" or device != "cpu":
+        return False
+    try:
+        return weights != "auto" or gguf_source(model) is not None
+    except ModelNotFound:  # the loader says so, with what to install
+        return False
 
 
 def cpu_has_native_bf16() -> bool:
@@ -57,7 +93,7 @@ def cpu_has_native_bf16() -> bool:
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "SmolLM2-135M-Instruct"  # a known name, an HF directory or a .gguf file
-    dtype: str = "auto"  # "auto": bfloat16 where native, else float32
+    dtype: str = "auto"  # "auto": resolve_dtype
     weights: str = "auto"  # WEIGHTS_CHOICES: "auto" is what the file holds, on CPU
     activations: str = "float"  # ACTIVATIONS_CHOICES: of quantized weights' GEMV (few rows)
     device: str = "cpu"  # "auto", "cpu", "cuda" or "cuda:N"
@@ -116,5 +152,21 @@ class EngineConfig:
             )
 
     @property
+    def quantized_weights(self) -> bool:
+        return self.mock is None and keeps_quantized_weights(self.model, self.weights, self.device)
+
+    @property
+    def kv_weights(self) -> str:
+        return (
+            "float"
+            if self.mock
+            else kv_weights(self.model, self.weights, self.activations, self.device)
+        )
+
+    @property
     def resolved_dtype(self) -> str:
-        return resolve_dtype(self.dtype, self.device)
+        return resolve_dtype(self.dtype, self.device, self.quantized_weights)
+
+    @property
+    def prefill_matmul_dtype(self) -> str:
+        return prefill_matmul_dtype(self.dtype, self.device, self.quantized_weights)

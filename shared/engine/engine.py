@@ -78,7 +78,9 @@ class LLMEngine:
         self._runner: ModelRunner | MockRunner
         if config.mock is None:
             self._runner, self._model_config, num_blocks = torch_runner(config, self._model_dir)
-            self._namespace = kv_namespace(self._model_dir, config.resolved_dtype)
+            self._namespace = kv_namespace(
+                self._model_dir, config.resolved_dtype, config.kv_weights
+            )
         else:
             special = self._tokenizer.all_special_ids if self._tokenizer is not None else ()
             self._runner, self._model_config, num_blocks = mock_runner(

@@ -22,7 +22,7 @@ from shared.model.config import ModelConfig
 from shared.model.fused_decode import FusedDecode, fused_decode
 from shared.model.kernels import cpu_ops
 from shared.model.llama import ForwardBatch, LlamaModel
-from shared.model.quant import set_activations
+from shared.model.quant import set_activations, set_prefill_dtype
 from shared.model.quant_loader import load_model_as
 from shared.model.registry import gguf_source
 
@@ -152,6 +152,8 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
     gguf = gguf_source(config.model) if config.weights != "float" else None
     model = load_model_as(config.weights, model_dir, gguf, dtype, device)
     set_activations(model, config.activations)
+    if config.prefill_matmul_dtype in ("float32", "bfloat16"):
+        set_prefill_dtype(model, getattr(torch, config.prefill_matmul_dtype))
     mc = model.config
     num_blocks = config.num_blocks or max(
         1,

@@ -24,8 +24,10 @@ Q8_GEMV_MAX_ROWS = 32
 GEMM_TILE_ROWS = 256
 # NOTE: bfloat16 activations of this many rows or more (prefill chunks) multiply in bfloat16:
 # where the CPU has AVX512-BF16 or AMX the library GEMM is about 2x float32's (docs/benchmarks.md
-# "`kvstack serve` in the peers run"); float32 activations never take this path (float32 stays
-# exact), nor do q8 activations (prefill must round them as decode does).
+# "`kvstack serve` in the peers run"). float32 ones do too where the layer's prefill_dtype says
+# so (`--dtype auto` on such a CPU: shared/engine/config.py's prefill_matmul_dtype); with
+# `--dtype float32` they never do (float32 stays exact), nor do q8 activations (prefill must
+# round them as decode does).
 BF16_GEMM_MIN_ROWS = 64
 # How the GEMV takes its activations: "q8" quantizes each row of x to 8 bits per block of 32
 # once per matmul and multiplies in integers (llama.cpp's way: faster, x rounded to 8 bits);
@@ -43,6 +45,7 @@ class QuantLinear(nn.Module):
     blocks: torch.Tensor
     activations = "float"
     gemv_max_rows = GEMV_MAX_ROWS
+    prefill_dtype = torch.float32  # what many float32 rows multiply in (set_prefill_dtype)
 
     def __init__(
         self, blocks: torch.Tensor, fmt: QuantFormat, in_features: int, bias: nn.Parameter | None
@@ -60,7 +63,7 @@ class QuantLinear(nn.Module):
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= self.gemv_max_rows:
             return self.gemv(x.contiguous())  # NOTE: a decode step's path: no copies, no views
-        if x.dtype == torch.bfloat16 and self.activations == "float" and self.many_rows(x):
+        if self.activations == "float" and self.many_rows(x) and self.bf16_rows(x):
             return self.linear_bf16(x)
         rows = x.reshape(-1, self.in_features).float().contiguous()
         out = self.gemv(rows) if rows.shape[0] <= self.gemv_max_rows else self.gemm(rows)
@@ -90,12 +93,18 @@ class QuantLinear(nn.Module):
     def many_rows(self, x: torch.Tensor) -> bool:
         return x.numel() >= BF16_GEMM_MIN_ROWS * self.in_features
 
+    def bf16_rows(self, x: torch.Tensor) -> bool:
+        return x.dtype == torch.bfloat16 or (
+            x.dtype == torch.float32 and self.prefill_dtype == torch.bfloat16
+        )
+
     def linear_bf16(self, x: torch.Tensor) -> torch.Tensor:
-        """y = x @ W^T (+ b) for many bfloat16 rows: each tile of weight rows dequantized in
-        cache, rounded to bfloat16 and multiplied by the library's bfloat16 GEMM."""
+        """y = x @ W^T (+ b) for many rows, in x's dtype: each tile of weight rows dequantized
+        in cache, rounded to bfloat16 and multiplied by the library's bfloat16 GEMM (x rounded
+        to bfloat16 too)."""
         native = _kernels()
-        rows = x.reshape(-1, self.in_features).contiguous()
-        out = rows.new_empty(rows.shape[0], self.out_features)
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        out = x.new_empty(rows.shape[0], self.out_features)
         tile = torch.empty(min(GEMM_TILE_ROWS, self.out_features), self.in_features)
         bias = None if self.bias is None else self.bias.to(torch.bfloat16)
         for n0 in range(0, self.out_features, GEMM_TILE_ROWS):
@@ -154,6 +163,16 @@ def set_activations(model: nn.Module, activations: str, max_rows: int | None = N
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.activations, module.gemv_max_rows = activations, max_rows
+
+
+def set_prefill_dtype(model: nn.Module, dtype: torch.dtype) -> None:
+    """What every quantized layer of `model` multiplies many float32 rows in: float32, or
+    bfloat16 where the CPU computes it natively (EngineConfig.prefill_matmul_dtype)."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"prefill dtype {dtype}: float32 or bfloat16")
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.prefill_dtype = dtype
 
 
 def _kernels():

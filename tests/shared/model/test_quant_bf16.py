@@ -1,5 +1,6 @@
-"""The multi-row bfloat16 path of quantized linears (prefill chunks in bfloat16) against the
-dequantized weight, and float32 rows kept off it."""
+"""The multi-row bfloat16 path of quantized linears (prefill chunks in bfloat16, and float32
+ones where the layer's prefill dtype is bfloat16) against the dequantized weight, and float32
+rows kept off it otherwise."""
 
 from __future__ import annotations
 
@@ -37,6 +38,25 @@ def test_bf16_rows_match_the_dequantized_weight_to_bf16_rounding(name) -> None:
     expected = reference(linear, x)
     # NOTE: bfloat16 keeps 8 bits of mantissa: weights and outputs rounded, sums in float32.
     assert (out.double() - expected).abs().max() <= 2e-2 * expected.abs().max()
+
+
+def test_float32_rows_take_it_where_the_prefill_dtype_is_bf16_and_stay_float32() -> None:
+    linear = layer("q4_1", 300, 512)
+    x = torch.randn(BF16_GEMM_MIN_ROWS, 512)
+    exact = linear(x)
+    quant.set_prefill_dtype(torch.nn.Sequential(linear), torch.bfloat16)
+    out = linear(x)
+    expected = reference(linear, x)
+    assert out.dtype == torch.float32 and out.shape == exact.shape
+    assert not torch.equal(out, exact)  # it did round to bfloat16
+    assert (out.double() - expected).abs().max() <= 2e-2 * expected.abs().max()
+    decode_rows = x[: quant.GEMV_MAX_ROWS]  # a decode step's rows stay on the float32 GEMV
+    assert (linear(decode_rows).double() - reference(linear, decode_rows)).abs().max() <= 1e-3
+
+
+def test_a_prefill_dtype_other_than_float32_or_bf16_is_refused() -> None:
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        quant.set_prefill_dtype(torch.nn.Sequential(layer("q8_0", 64, 256)), torch.float16)
 
 
 def test_float32_rows_never_take_the_bf16_path(monkeypatch) -> None:

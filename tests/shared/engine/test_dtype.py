@@ -1,0 +1,56 @@
+"""What `--dtype auto` resolves to, by device and weights, and what prefill multiplies in."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.engine import config
+from shared.engine.config import (
+    EngineConfig,
+    keeps_quantized_weights,
+    prefill_matmul_dtype,
+    resolve_dtype,
+)
+
+
+@pytest.fixture(params=[True, False], ids=["native-bf16", "no-bf16"])
+def native_bf16(request, monkeypatch) -> bool:
+    monkeypatch.setattr(config, "cpu_has_native_bf16", lambda: request.param)
+    return request.param
+
+
+def test_auto_with_quantized_weights_on_cpu_is_float32_with_bf16_prefill_where_native(
+    native_bf16,
+) -> None:
+    assert resolve_dtype("auto", "cpu", quantized=True) == "float32"
+    wanted = "bfloat16" if native_bf16 else "float32"
+    assert prefill_matmul_dtype("auto", "cpu", quantized=True) == wanted
+    # float weights: bfloat16 throughout where native, as before
+    assert resolve_dtype("auto", "cpu") == wanted
+    assert prefill_matmul_dtype("auto", "cpu") == wanted
+
+
+def test_a_dtype_asked_for_is_kept_and_float32_stays_float32_throughout(native_bf16) -> None:
+    for quantized in (True, False):
+        assert resolve_dtype("float32", "cpu", quantized) == "float32"
+        assert prefill_matmul_dtype("float32", "cpu", quantized) == "float32"
+        assert resolve_dtype("bfloat16", "cpu", quantized) == "bfloat16"
+    assert resolve_dtype("auto", "cuda", quantized=True) == "bfloat16"
+    assert prefill_matmul_dtype("auto", "cuda:0", quantized=True) == "bfloat16"
+
+
+def test_which_weights_stay_quantized(smollm2_dir) -> None:
+    assert keeps_quantized_weights("SmolLM2-135M-Instruct", "auto")  # the package's GGUF
+    assert keeps_quantized_weights(str(smollm2_dir), "q8_0")  # re-quantized at load
+    assert not keeps_quantized_weights(str(smollm2_dir), "auto")  # a converted directory
+    assert not keeps_quantized_weights("SmolLM2-135M-Instruct", "float")
+    assert not keeps_quantized_weights("SmolLM2-135M-Instruct", "auto", "cuda")
+    assert not keeps_quantized_weights("no-such-model", "auto")  # the loader says why
+
+
+def test_the_engine_config_resolves_with_its_weights(native_bf16) -> None:
+    quantized = EngineConfig()  # the package's Q4_1 GGUF, blocks kept
+    assert quantized.quantized_weights and quantized.resolved_dtype == "float32"
+    assert quantized.prefill_matmul_dtype == ("bfloat16" if native_bf16 else "float32")
+    floats = EngineConfig(weights="float")
+    assert floats.resolved_dtype == floats.prefill_matmul_dtype
