@@ -176,25 +176,30 @@ def _errors(outcomes: list[Outcome], limit: int = 5) -> list[str]:
 def baseline_kv(stack: Stack, timeout: float) -> dict[str, int]:
     """KV blocks in use per worker, once every worker answers: one still restarting after
     an earlier fault has no baseline, and its blocks would count as leaked later."""
-    deadline = time.monotonic() + timeout
-    while True:
-        now = kv_in_use(stack)
-        silent = sorted(w for w, n in now.items() if n < 0)
-        if not silent:
-            return now
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"no KV baseline: {', '.join(silent)} did not answer within {timeout:.0f}s"
-            )
-        time.sleep(0.5)
+    now = _poll_kv(stack, lambda counts: all(n >= 0 for n in counts.values()), timeout)
+    silent = sorted(w for w, n in now.items() if n < 0)
+    if silent:
+        raise RuntimeError(
+            f"no KV baseline: {', '.join(silent)} did not answer within {timeout:.0f}s"
+        )
+    return now
 
 
 def settle_kv(stack: Stack, before: dict[str, int], timeout: float) -> dict[str, int]:
     """KV blocks in use per worker once they are back to `before` (or `timeout` passed)."""
+    return _poll_kv(
+        stack, lambda counts: all(n <= before.get(w, 0) for w, n in counts.items()), timeout
+    )
+
+
+def _poll_kv(
+    stack: Stack, done: Callable[[dict[str, int]], bool], timeout: float
+) -> dict[str, int]:
+    """KV blocks in use per worker once `done` holds of them, or as they are at `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
         now = kv_in_use(stack)
-        if all(n <= before.get(w, 0) for w, n in now.items()) or time.monotonic() > deadline:
+        if done(now) or time.monotonic() > deadline:
             return now
         time.sleep(0.5)
 

@@ -21,7 +21,7 @@ from services.gateway.timing import TTFT_STAGES, measured_parts
 from services.gateway.token_source import TokenSource
 from shared import subjects
 from shared.bus import Bus
-from shared.engine.config import keeps_quantized_weights, kv_weights, resolve_dtype
+from shared.engine.config import EngineConfig
 from shared.engine.mock import MockSpec
 from shared.engine.namespace import kv_namespace
 from shared.heartbeats import subscribe_heartbeats
@@ -43,8 +43,9 @@ class GatewayConfig(ServiceConfig):
     max_body_bytes: int = 4 << 20
     block_size: int = 16  # must match the workers' (for block hashes)
     dtype: str = "auto"  # the workers' dtype (names their KV blocks)
-    weights: str = "auto"  # the workers' weights and activations (name their KV blocks;
-    activations: str = "float"  # the weights decide what dtype "auto" is)
+    weights: str = "auto"  # the workers' weights (name their KV blocks and decide what
+    # dtype "auto" is)
+    activations: str = "float"  # the workers' activations (name their KV blocks)
     mock: MockSpec | None = None  # the workers' mock model (names their KV blocks)
     max_model_len: int = 0  # 0: the model's (the mock model's) context size
     timeouts: BackendTimeouts = BackendTimeouts()
@@ -63,12 +64,14 @@ class GatewayService(Service):
         self.names = ModelNames.for_model(config.model, config.served_model_names, model_dir)
         self.served_model = self.names.reported
         self.model_aliases = self.names  # every name accepted, in any case
-        quantized = keeps_quantized_weights(config.model, config.weights)
-        self.namespace = kv_namespace(
-            model_dir,
-            resolve_dtype(config.dtype, "cpu", quantized),
-            kv_weights(config.model, config.weights, config.activations),
+        # NOTE: named by the workers' own engine config, so that both resolve alike
+        workers = EngineConfig(
+            model=config.model,
+            dtype=config.dtype,
+            weights=config.weights,
+            activations=config.activations,
         )
+        self.namespace = kv_namespace(model_dir, workers.resolved_dtype, workers.kv_weights)
         if config.mock is not None:  # the workers' KV blocks and context are the mock model's
             self.namespace = config.mock.namespace
             model_config = config.mock.model_config(model_config, None)

@@ -41,9 +41,9 @@ ACTIVATIONS_CHOICES = ("q8", "float")
 def resolve_dtype(name: str, device: str = "cpu", quantized: bool = False) -> str:
     """ "auto" is bfloat16 where the hardware computes it natively, float32 elsewhere, and
     float32 on a CPU whose linear weights stay quantized: their decode step is fused in
-    float32 (shared/model/fused_decode.py), 1.3x the bfloat16 one's tokens/s
-    (docs/benchmarks.md), while prefill's matmuls still multiply in bfloat16 where the CPU
-    has it (prefill_matmul_dtype)."""
+    float32 (shared/model/fused_decode.py), 1.6x the bfloat16 one's tokens/s here
+    (docs/benchmarks.md, "`--dtype auto` with quantized weights"), while prefill's matmuls
+    still multiply in bfloat16 where the CPU has it (prefill_matmul_dtype)."""
     if name != "auto":
         return name
     if device.startswith("cuda"):
@@ -55,20 +55,19 @@ def resolve_dtype(name: str, device: str = "cpu", quantized: bool = False) -> st
 
 def prefill_matmul_dtype(name: str, device: str = "cpu", quantized: bool = False) -> str:
     """The dtype quantized weights multiply many float32 rows (prefill chunks) in: bfloat16
-    for `--dtype auto` where the CPU computes it natively (2.4x float32's GEMM here), else the
-    activations' own. `--dtype float32` stays float32 throughout."""
+    for `--dtype auto` where the CPU computes it natively (prefill 1.5-1.9x float32's here,
+    the same section of docs/benchmarks.md), else the activations' own. `--dtype float32`
+    stays float32 throughout."""
     if name == "auto" and quantized and device == "cpu" and cpu_has_native_bf16():
         return "bfloat16"
     return resolve_dtype(name, device, quantized)
 
 
-def kv_weights(model: str, weights: str, activations: str, device: str = "cpu") -> str:
+def kv_weights(weights: str, activations: str, quantized: bool) -> str:
     """How the weights that compute a KV block are held, for its namespace: "float", or the
     quantized blocks and how they take activations (a Q4_1 model's KV is not a float one's,
     and q8 activations round what float ones do not)."""
-    if not keeps_quantized_weights(model, weights, device):
-        return "float"
-    return f"{weights}-{activations}"
+    return f"{weights}-{activations}" if quantized else "float"
 
 
 def keeps_quantized_weights(model: str, weights: str, device: str = "cpu") -> bool:
@@ -157,11 +156,7 @@ class EngineConfig:
 
     @property
     def kv_weights(self) -> str:
-        return (
-            "float"
-            if self.mock
-            else kv_weights(self.model, self.weights, self.activations, self.device)
-        )
+        return kv_weights(self.weights, self.activations, self.quantized_weights)
 
     @property
     def resolved_dtype(self) -> str:

@@ -1,7 +1,7 @@
 // The kernels' entry points, for the sources that compose or bind them (decode_stack.cpp,
 // bindings.cpp). Each is implemented once, in the source named beside it; none of them
 // touches the GIL when its caller has already released it. Only ATen here: the kernel sources
-// compile in a third of the time <torch/extension.h> takes (docs/development.md).
+// stay clear of <torch/extension.h> and pybind11, the slow headers (docs/development.md).
 #pragma once
 
 #include <ATen/ATen.h>
