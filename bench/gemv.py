@@ -1,9 +1,16 @@
-"""`python -m bench gemv`: the native GEMV (`small_linear`) against torch's F.linear by rows.
+"""`python -m bench gemv`: the native GEMV (`small_linear`) against torch's F.linear by rows,
+and the quantized layers' kernels against each other by rows.
 
 For each dtype and number of rows M, one decode step's matmuls at SmolLM2-135M's shapes (the
 30 layers' qkv, o, gate_up and down; the logits head), timed both ways in the same run. The
 crossover, the most rows for which the native kernel still wins, is what
 `shared/model/ops.py` encodes as GEMV_MAX_ROWS for this instruction set.
+
+For each GGUF format (`--formats`), the same layers' matmuls through each way a QuantLinear
+can multiply M rows: the in-register GEMV on float32 rows, the integer GEMV on rows rounded
+to 8 bits, dequantized float32 tiles with the library GEMM, and (where the CPU has native
+bfloat16) bfloat16 tiles. Where the GEMVs stop winning is what `shared/model/quant.py`
+encodes as GEMV_MAX_ROWS and Q8_GEMV_MAX_ROWS.
 """
 
 from __future__ import annotations
@@ -15,8 +22,11 @@ import orjson
 import torch
 import torch.nn.functional as F
 
+from shared.engine.config import cpu_has_native_bf16
 from shared.errors import KvstackError
 from shared.model.kernels import chosen_isa, cpu_ops
+from shared.model.quant import GEMM_TILE_ROWS, QuantLinear
+from shared.model.quant_formats import FORMATS, QuantFormat, quantize
 
 # (N, K) of SmolLM2-135M: qkv, o, gate_up, down of a layer (the model has 30: with distinct
 # weights, 430 MB in float32, they do not stay in the caches); the tied logits head.
@@ -28,6 +38,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gemv", help="native GEMV vs torch F.linear by rows (the crossover)")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--rows", default="1,2,3,4,6,8,12,16,24,32")
+    p.add_argument(
+        "--formats",
+        default="q4_1,q8_0",
+        help=f"quantized layers' kernels too, per format ({', '.join(FORMATS)}; '' for none)",
+    )
+    p.add_argument(
+        "--prefetch",
+        default="",
+        help="quantized GEMVs: bytes they prefetch ahead of each weight row, one column per "
+        "value, interleaved (e.g. 0,2048; default: the kernels' own)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--layers", type=int, default=30, help="distinct layers' weights (1: cached)")
     p.add_argument("--repeats", type=int, default=15)
@@ -39,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     native = cpu_ops()
     if native is None:
         raise KvstackError("no native kernels here (KVSTACK_CPU_KERNELS=0, or no build)")
+    formats = [check_format(name) for name in args.formats.split(",") if name]
+    prefetch = prefetch_distances(args.prefetch)  # both checked before minutes of timing
     torch.set_num_threads(args.threads)
     report: dict = {"isa": chosen_isa(), "threads": args.threads, "layers": args.layers}
     report["dtypes"] = {}
@@ -53,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         wins = [r["rows"] for r in rows if r["layers_ratio"] > 1.0]
         report["dtypes"][name] = {"by_rows": rows, "crossover": crossover(rows)}
         report["dtypes"][name]["rows_native_wins"] = wins
+    report["formats"] = {f.name: measure_quant(native, f, prefetch, args) for f in formats}
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json else table(report))
     return 0
 
@@ -91,6 +115,104 @@ def fastest(fns, repeats: int) -> list[float]:
     return best
 
 
+def check_format(name: str) -> QuantFormat:
+    if name not in FORMATS:
+        raise KvstackError(f"--formats: no format {name!r}; choose from {', '.join(FORMATS)}")
+    return FORMATS[name]
+
+
+def quant_layers(fmt: QuantFormat, num_layers: int) -> list[QuantLinear]:
+    """`num_layers` copies of one layer's four weights quantized to `fmt`: distinct memory,
+    as decode reads them (quantizing every layer anew would take most of the run)."""
+    first = [quantize(torch.randn(n, k) * 0.05, fmt) for n, k in LAYER]
+    return [
+        QuantLinear(blocks.clone(), fmt, k, None)
+        for _ in range(num_layers)
+        for blocks, (_, k) in zip(first, LAYER, strict=True)
+    ]
+
+
+def measure_quant(
+    native, fmt: QuantFormat, prefetch: tuple[int, ...], args: argparse.Namespace
+) -> dict:
+    """Microseconds for one pass over the layers per way of multiplying, by rows; the fastest
+    way for each M; the most rows up to which each GEMV beats the float32 tiles."""
+    layers = quant_layers(fmt, args.layers)
+    ways = quant_ways(native, cpu_has_native_bf16(), prefetch)
+    by_rows = []
+    for m in (int(r) for r in args.rows.split(",")):
+        inputs = [torch.randn(m, layer.in_features) for layer in layers]
+        sides = [lambda way=way, inputs=inputs: way(layers, inputs) for way in ways.values()]
+        times = dict(zip(ways, fastest(sides, args.repeats), strict=True))
+        row = {"rows": m, **{f"{w}_us": round(t, 1) for w, t in times.items()}}
+        by_rows.append({**row, "fastest": min(times, key=lambda w: times[w])})
+    return {
+        "by_rows": by_rows,
+        "gemv_wins_up_to": wins_up_to(by_rows, "gemv_float", "tiles_float"),
+        "q8_gemv_wins_up_to": wins_up_to(by_rows, "gemv_q8", "tiles_float"),
+    }
+
+
+def prefetch_distances(text: str) -> tuple[int, ...]:
+    try:
+        distances = tuple(int(d) for d in text.split(",") if d)
+    except ValueError:
+        raise KvstackError(f"--prefetch {text!r}: give byte counts, e.g. 0,2048") from None
+    if any(d < 0 for d in distances):
+        raise KvstackError(f"--prefetch {text!r}: distances are 0 or more bytes")
+    return distances
+
+
+def quant_ways(native, bf16: bool, prefetch: tuple[int, ...] = ()) -> dict:
+    """Each way a QuantLinear can multiply rows, as a call over every layer; the GEMVs once
+    per prefetch distance when given (`gemv_float@0`, ...)."""
+
+    def gemv(activations: str):
+        def run(layers: list[QuantLinear], inputs: list[torch.Tensor]) -> None:
+            for layer, x in zip(layers, inputs, strict=True):
+                layer.activations = activations
+                layer.gemv(x)
+
+        return run
+
+    def tiles_float(layers: list[QuantLinear], inputs: list[torch.Tensor]) -> None:
+        for layer, x in zip(layers, inputs, strict=True):
+            out = x.new_empty(x.shape[0], layer.out_features)
+            native.quant_gemm(out, x, layer.blocks, layer.fmt.ggml_type, None, GEMM_TILE_ROWS)
+
+    def tiles_bf16(layers: list[QuantLinear], inputs: list[torch.Tensor]) -> None:
+        for layer, x in zip(layers, inputs, strict=True):
+            layer.linear_bf16(x)
+
+    def at_distance(way, distance: int):
+        def run(layers: list[QuantLinear], inputs: list[torch.Tensor]) -> None:
+            default = native.set_weight_prefetch(distance)
+            try:
+                way(layers, inputs)
+            finally:
+                native.set_weight_prefetch(default)
+
+        return run
+
+    gemvs = {"gemv_float": gemv("float"), "gemv_q8": gemv("q8")}
+    if prefetch:
+        gemvs = {f"{n}@{d}": at_distance(w, d) for n, w in gemvs.items() for d in prefetch}
+    ways = {**gemvs, "tiles_float": tiles_float}
+    return {**ways, "tiles_bf16": tiles_bf16} if bf16 else ways
+
+
+def wins_up_to(rows: list[dict], fast: str, slow: str) -> int:
+    """The most rows up to which way `fast` (at its best prefetch distance) beats `slow` at
+    every measured M (0: never)."""
+    best = 0
+    for r in rows:
+        fast_us = min(v for k, v in r.items() if k == f"{fast}_us" or k.startswith(f"{fast}@"))
+        if fast_us >= r[slow + "_us"]:
+            break
+        best = r["rows"]
+    return best
+
+
 def crossover(rows: list[dict]) -> int:
     """The most rows up to which the native layers are faster at every measured M (0: never)."""
     best = 0
@@ -120,4 +242,21 @@ def table(report: dict) -> str:
                 f"{r['layers_ratio']:>7}{r['head_torch_us']:>12}{r['head_native_us']:>9}"
                 f"{r['head_ratio']:>7}"
             )
+    for name, d in report.get("formats", {}).items():
+        lines += quant_table(name, d)
     return "\n".join(lines)
+
+
+def quant_table(name: str, d: dict) -> list[str]:
+    ways = [k.removesuffix("_us") for k in d["by_rows"][0] if k.endswith("_us")]
+    lines = [
+        (
+            f"{name}: float32 GEMV beats float32 tiles up to {d['gemv_wins_up_to']} rows, "
+            f"8-bit GEMV up to {d['q8_gemv_wins_up_to']} (µs per pass over the layers)"
+        ),
+        f"{'rows':>6}" + "".join(f"{w:>16}" for w in ways) + f"{'fastest':>16}",
+    ]
+    for r in d["by_rows"]:
+        cells = "".join(f"{r[w + '_us']:>16}" for w in ways)
+        lines.append(f"{r['rows']:>6}{cells}{r['fastest']:>16}")
+    return lines

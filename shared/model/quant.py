@@ -10,25 +10,32 @@ from torch import nn
 from shared.model.kernels import cpu_ops
 from shared.model.quant_formats import QuantFormat
 
-# NOTE: measured (bench quant's kernel table): up to about 8 rows the in-register GEMV wins;
-# past 16 a float tile and the library GEMM win. Tiles of 256 weight rows stay in cache.
+# NOTE: measured (`python -m bench gemv --formats q4_1,q8_0`, docs/benchmarks.md): the
+# in-register GEMV beats float32 tiles up to 8-16 rows, by CPU and build; past 16 tiles and
+# the library GEMM win. Tiles of 256 weight rows stay in cache.
 GEMV_MAX_ROWS = 8
-# NOTE: with 8-bit activations the integer GEMV beats dequantized tiles up to about 16 rows and
-# trails them by some 15% at 32 (a one-off timing at SmolLM2's shapes, one thread: no bench
-# command times the quantized kernels by rows yet); taking it up to 32 rows keeps a
-# decode row's result the same whatever the batch beside it. That matters for q8: rounding x
+# NOTE: with 8-bit activations the integer GEMV beats dequantized tiles up to 8-16 rows and
+# trails them by 1.4-1.7x at 32 (`python -m bench gemv`, docs/benchmarks.md); taking it up to
+# 32 rows keeps a decode row's result the same whatever the batch beside it. That matters for
+# q8: rounding x
 # to 8 bits turns the last-bit differences between two kernels into whole 8-bit steps, which
 # the next layers carry on (a batch of 10 took the tiles and answered differently from a
 # batch of 8, tests/e2e/test_isolation.py).
 Q8_GEMV_MAX_ROWS = 32
 GEMM_TILE_ROWS = 256
 # NOTE: bfloat16 activations of this many rows or more (prefill chunks) multiply in bfloat16:
-# where the CPU has AVX512-BF16 or AMX the library GEMM is about 2x float32's (docs/benchmarks.md
-# "`kvstack serve` in the peers run"). float32 ones do too where the layer's prefill_dtype says
+# where the CPU has AVX512-BF16 or AMX the library GEMM is 2-3x float32's tiles from 64 rows
+# (`python -m bench gemv`, tiles_bf16: docs/benchmarks.md). float32 ones do too where the layer's prefill_dtype says
 # so (`--dtype auto` on such a CPU: shared/engine/config.py's prefill_matmul_dtype); with
 # `--dtype float32` they never do (float32 stays exact), nor do q8 activations (prefill must
 # round them as decode does).
 BF16_GEMM_MIN_ROWS = 64
+# NOTE: bfloat16 rows multiply by the whole weight in one library GEMM, not tile by tile: that
+# GEMM (oneDNN; AMX where the CPU has it) packs its operands on every call, which 256-row
+# tiles paid a dozen times a layer (`python -m bench gemv`, tiles_bf16: docs/benchmarks.md).
+# A weight of more values than this (a large vocabulary's head) goes in parts this big, so
+# the bfloat16 copy stays bounded whatever the model.
+BF16_WEIGHT_VALUES = 32 << 20  # 64 MiB of bfloat16
 # How the GEMV takes its activations: "q8" quantizes each row of x to 8 bits per block of 32
 # once per matmul and multiplies in integers (llama.cpp's way: faster, x rounded to 8 bits);
 # "float" widens the weights to float32 and multiplies by x as it is.
@@ -99,22 +106,21 @@ class QuantLinear(nn.Module):
         )
 
     def linear_bf16(self, x: torch.Tensor) -> torch.Tensor:
-        """y = x @ W^T (+ b) for many rows, in x's dtype: each tile of weight rows dequantized
-        in cache, rounded to bfloat16 and multiplied by the library's bfloat16 GEMM (x rounded
-        to bfloat16 too)."""
+        """y = x @ W^T (+ b) for many rows, in x's dtype: the weight dequantized straight to
+        bfloat16 and multiplied by the library's bfloat16 GEMM (x rounded to bfloat16 too)."""
         native = _kernels()
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
         out = x.new_empty(rows.shape[0], self.out_features)
-        tile = torch.empty(min(GEMM_TILE_ROWS, self.out_features), self.in_features)
         bias = None if self.bias is None else self.bias.to(torch.bfloat16)
-        for n0 in range(0, self.out_features, GEMM_TILE_ROWS):
-            n1 = min(n0 + GEMM_TILE_ROWS, self.out_features)
-            part = tile[: n1 - n0]
-            native.quant_dequantize(part, self.blocks[n0:n1], self.fmt.ggml_type)
+        part = max(GEMM_TILE_ROWS, BF16_WEIGHT_VALUES // self.in_features)
+        for n0 in range(0, self.out_features, part):
+            n1 = min(n0 + part, self.out_features)
+            weight = torch.empty(n1 - n0, self.in_features, dtype=torch.bfloat16)
+            native.quant_dequantize(weight, self.blocks[n0:n1], self.fmt.ggml_type)
             # NOTE: into a fresh tensor, then copied: the library's bfloat16 GEMM writing
             # into a strided slice of `out` falls back to a path 7x slower (measured).
             part_bias = None if bias is None else bias[n0:n1]
-            out[:, n0:n1] = F.linear(rows, part.to(torch.bfloat16), part_bias)
+            out[:, n0:n1] = F.linear(rows, weight, part_bias)
         return out.view(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:

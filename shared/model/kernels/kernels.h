@@ -28,6 +28,8 @@ void quant_gemv(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
 void quant_gemm(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
                 c10::optional<at::Tensor> bias, int64_t tile_rows);
 void quant_dequantize(at::Tensor out, at::Tensor w, int64_t qtype);
+// How far ahead of each weight row the GEMVs prefetch (bytes, 0: not at all); the old value.
+int64_t set_weight_prefetch(int64_t bytes);
 
 // quant_dot.cpp: GGUF blocks on activations rounded to 8 bits
 void quant_gemv_q8(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,

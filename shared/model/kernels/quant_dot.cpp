@@ -243,6 +243,7 @@ void rows_simd(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, int64_t m0,
   const int64_t blocks = x.blocks(), whole = blocks - blocks % kStep;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
+    prefetch_row(row, row_bytes);
     FV acc[M];
     float sacc[M];
     for (int m = 0; m < M; ++m) acc[m] = fzero(), sacc[m] = 0.f;

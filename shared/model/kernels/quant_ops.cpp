@@ -21,10 +21,12 @@
 
 #include "kernels.h"
 #include "quant_blocks.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -158,6 +160,7 @@ void gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t K, const float* x, c
     V acc[M];
     float sacc[M];
     for (int m = 0; m < M; ++m) acc[m] = vzero(), sacc[m] = 0.f;
+    prefetch_row(row, row_bytes);
     for (int64_t i = 0; i < blocks; ++i)
       F::template dot<M>(row + i * F::kBytes, x + i * F::kValues, K,
                          xs + i * (F::kValues / 32), ldxs, acc, sacc);
@@ -237,6 +240,21 @@ void dequantize_rows(const uint8_t* w, int64_t qtype, int64_t K, float* out, int
       dequant_block(qtype, w + r * row_bytes + i * f.bytes, out + r * K + i * f.values);
 }
 
+// out [R, K] bfloat16 = the rows of w dequantized, each value rounded to nearest even: one
+// pass, half the bytes written of a float32 copy converted afterwards.
+void dequantize_rows_bf16(const uint8_t* w, int64_t qtype, int64_t K, c10::BFloat16* out,
+                          int64_t r0, int64_t r1) {
+  const Format f = format_of(qtype);
+  const int64_t blocks = K / f.values, row_bytes = blocks * f.bytes;
+  alignas(64) float y[256];  // the largest block (Q4_K)
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t i = 0; i < blocks; ++i) {
+      dequant_block(qtype, w + r * row_bytes + i * f.bytes, y);
+      c10::BFloat16* o = out + r * K + i * f.values;
+      for (int64_t j = 0; j < f.values; j += simd::kWidth) simd::store(o + j, simd::load(y + j));
+    }
+}
+
 // Per-32 sums of each row of x [M, K]: the offset terms of every format.
 std::vector<float> sums32(const float* x, int64_t M, int64_t K) {
   std::vector<float> xs(M * (K / 32));
@@ -289,16 +307,25 @@ void gemv_scalar(const uint8_t* w, int64_t qtype, int64_t K, const float* x, int
 
 }  // namespace
 
-// out [N, K] float32 = dequantized(w [N, row_bytes]).
+int64_t kernels::set_weight_prefetch(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "weight prefetch distance must be 0 or more bytes");
+  return std::exchange(quant_blocks::weight_prefetch_bytes, bytes);
+}
+
+// out [N, K] float32 or bfloat16 = dequantized(w [N, row_bytes]).
 void kernels::quant_dequantize(at::Tensor out, at::Tensor w, int64_t qtype) {
   const int64_t K = out.size(1);
   check_weight(w, qtype, K);
-  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == w.size(0),
-              "out: a contiguous float32 [N, K] tensor");
+  const bool bf16 = out.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((bf16 || out.scalar_type() == at::kFloat) && out.is_contiguous() &&
+                  out.size(0) == w.size(0),
+              "out: a contiguous float32 or bfloat16 [N, K] tensor");
   const uint8_t* wi = w.data_ptr<uint8_t>();
-  float* o = out.data_ptr<float>();
   at::parallel_for(0, w.size(0), 16, [&](int64_t r0, int64_t r1) {
-    dequantize_rows(wi, qtype, K, o, r0, r1);
+    if (bf16)
+      dequantize_rows_bf16(wi, qtype, K, out.data_ptr<c10::BFloat16>(), r0, r1);
+    else
+      dequantize_rows(wi, qtype, K, out.data_ptr<float>(), r0, r1);
   });
 }
 

@@ -40,6 +40,18 @@ def test_bf16_rows_match_the_dequantized_weight_to_bf16_rounding(name) -> None:
     assert (out.double() - expected).abs().max() <= 2e-2 * expected.abs().max()
 
 
+def test_a_weight_past_the_bound_multiplies_in_parts(monkeypatch) -> None:
+    linear = layer("q4_1", 300, 512)
+    x = torch.randn(BF16_GEMM_MIN_ROWS, 512).bfloat16()
+    whole = linear(x)
+    monkeypatch.setattr(quant, "GEMM_TILE_ROWS", 16)
+    monkeypatch.setattr(quant, "BF16_WEIGHT_VALUES", 128 * 512)  # parts of 128, 128 and 44 rows
+    parts = linear(x)
+    # NOTE: each output column is one row of the weight times x, whichever part holds it (the
+    # library may block a smaller GEMM differently: its last bit may differ).
+    assert (parts.double() - whole.double()).abs().max() <= 1e-2 * whole.double().abs().max()
+
+
 def test_float32_rows_take_it_where_the_prefill_dtype_is_bf16_and_stay_float32() -> None:
     linear = layer("q4_1", 300, 512)
     x = torch.randn(BF16_GEMM_MIN_ROWS, 512)

@@ -93,6 +93,27 @@ def test_dequantize_is_exactly_the_gguf_package(kernels, name):
     torch.testing.assert_close(out, dequantize(blocks, fmt), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("name", FORMATS)
+def test_dequantize_to_bf16_rounds_as_torch_does(kernels, name):
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, 9, 512, seed=4)
+    out = torch.empty(9, 512, dtype=torch.bfloat16)
+    kernels.quant_dequantize(out, blocks, fmt.ggml_type)
+    exact = torch.empty(9, 512)
+    kernels.quant_dequantize(exact, blocks, fmt.ggml_type)
+    assert torch.equal(out, exact.to(torch.bfloat16))  # round to nearest even, bit for bit
+
+
+def test_dequantize_refuses_other_out_dtypes(kernels):
+    fmt = FORMATS["q8_0"]
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        kernels.quant_dequantize(
+            torch.empty(2, 64, dtype=torch.float16),
+            quantize(torch.randn(2, 64), fmt),
+            fmt.ggml_type,
+        )
+
+
 def test_gemv_bias_is_added(kernels):
     fmt = FORMATS["q8_0"]
     blocks = quantize(torch.randn(12, 64), fmt)
@@ -170,3 +191,26 @@ def test_q8_gemv_refuses_bad_input(kernels):
         kernels.quant_gemv_q8(torch.empty(1, 8), torch.randn(1, 64), blocks, 8, bias, False)
     with pytest.raises(RuntimeError, match="do not hold"):
         kernels.quant_gemv_q8(torch.empty(1, 8), torch.randn(1, 96), blocks, 8, None, False)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_prefetching_ahead_changes_no_result(kernels, name):
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, 64, 512, seed=5)
+    x = torch.randn(3, 512)
+    results = []
+    default = kernels.set_weight_prefetch(0)
+    try:
+        for distance in (0, 64, default):
+            kernels.set_weight_prefetch(distance)
+            out, out_q8 = torch.empty(3, 64), torch.empty(3, 64)
+            kernels.quant_gemv(out, x, blocks, fmt.ggml_type, None)
+            kernels.quant_gemv_q8(out_q8, x, blocks, fmt.ggml_type, None, False)
+            results.append((out, out_q8))
+    finally:
+        assert kernels.set_weight_prefetch(default) == default
+    assert default > 0  # the kernels prefetch unless told not to
+    for out, out_q8 in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(out_q8, results[0][1])
+    with pytest.raises(RuntimeError, match="0 or more bytes"):
+        kernels.set_weight_prefetch(-1)

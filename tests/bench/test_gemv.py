@@ -1,0 +1,52 @@
+"""`python -m bench gemv`, run small: every way of multiplying quantized rows is timed, each
+GEMV once per prefetch distance asked for, and bad options fail with one clear line."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from bench.cli import build_parser
+from shared.errors import KvstackError
+from shared.model.kernels import cpu_ops
+
+pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native kernels on this CPU")
+
+
+def run(capsys: pytest.CaptureFixture, *argv: str) -> dict:
+    args = build_parser().parse_args(["gemv", "--layers", "1", "--repeats", "1", *argv])
+    assert args.run(args) == 0
+    return orjson.loads(capsys.readouterr().out)
+
+
+def test_quantized_ways_by_rows_with_two_prefetch_distances(capsys) -> None:
+    report = run(capsys, "--dtypes", "float32", "--rows", "1,2", "--formats", "q4_1",
+                 "--prefetch", "0,64", "--json")  # fmt: skip
+    q4 = report["formats"]["q4_1"]
+    assert [r["rows"] for r in q4["by_rows"]] == [1, 2]
+    for row in q4["by_rows"]:
+        for way in ("gemv_float@0", "gemv_float@64", "gemv_q8@0", "gemv_q8@64", "tiles_float"):
+            assert row[f"{way}_us"] > 0
+        assert row["fastest"] in {k.removesuffix("_us") for k in row if k.endswith("_us")}
+    assert cpu_ops().set_weight_prefetch(2048) == 2048  # the bench put the default back
+
+
+def test_the_table_names_each_format(capsys) -> None:
+    args = build_parser().parse_args(
+        ["gemv", "--layers", "1", "--repeats", "1", "--dtypes", "float32", "--rows", "1",
+         "--formats", "q8_0"]
+    )  # fmt: skip
+    assert args.run(args) == 0
+    out = capsys.readouterr().out
+    assert "q8_0: float32 GEMV beats float32 tiles up to" in out and "gemv_q8" in out
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [("--formats", "q5_k", "no format 'q5_k'"), ("--prefetch", "1k", "give byte counts"),
+     ("--prefetch", "-64", "0 or more bytes")],
+)  # fmt: skip
+def test_bad_options_fail_clearly(option, value, message) -> None:
+    args = build_parser().parse_args(["gemv", "--dtypes", "float32", "--rows", "1", option, value])
+    with pytest.raises(KvstackError, match=message):
+        args.run(args)
