@@ -25,8 +25,9 @@ Q8_GEMV_MAX_ROWS = 32
 GEMM_TILE_ROWS = 256
 # NOTE: bfloat16 activations of this many rows or more (prefill chunks) multiply in bfloat16:
 # where the CPU has AVX512-BF16 or AMX the library GEMM is 2-3x float32's tiles from 64 rows
-# (`python -m bench gemv`, tiles_bf16: docs/benchmarks.md). float32 ones do too where the layer's prefill_dtype says
-# so (`--dtype auto` on such a CPU: shared/engine/config.py's prefill_matmul_dtype); with
+# (`python -m bench gemv`, tiles_bf16: docs/benchmarks.md). float32 ones do too where the
+# layer's prefill_dtype says so (`--dtype auto` on such a CPU: shared/engine/config.py's
+# prefill_matmul_dtype); with
 # `--dtype float32` they never do (float32 stays exact), nor do q8 activations (prefill must
 # round them as decode does).
 BF16_GEMM_MIN_ROWS = 64
