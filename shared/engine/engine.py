@@ -19,7 +19,7 @@ from shared.engine.config import EngineConfig
 from shared.engine.device import with_concrete_device
 from shared.engine.grammar import Grammars
 from shared.engine.interface import EngineInfo, EngineInterface, EngineStats
-from shared.engine.isolation import LayerHook, execute_isolated
+from shared.engine.isolation import LayerHook, StepHook, execute_isolated
 from shared.engine.logits_process import History
 from shared.engine.logprob import TokenLogprob
 from shared.engine.mock_runner import MockRunner, mock_runner
@@ -324,10 +324,15 @@ class LLMEngine:
         return True
 
     def step(
-        self, layer_hook: LayerHook | None = None, layer_gate: LayerHook | None = None
+        self,
+        layer_hook: LayerHook | None = None,
+        layer_gate: LayerHook | None = None,
+        on_scheduled: StepHook | None = None,
     ) -> list[RequestOutput]:
         """One forward pass. `layer_hook(layer, chunks)` runs as each layer's KV is written;
-        `layer_gate(layer, chunks)` before each layer computes (wait for loaded KV there).
+        `layer_gate(layer, chunks)` before each layer computes (wait for loaded KV there);
+        `on_scheduled(chunks)` once before the pass (a per-layer hook costs decode steps
+        their fused path).
 
         A request whose chunk fails alone, or whose next token cannot be sampled, ends
         with an error; the others go on. Raises only when the engine itself failed."""
@@ -336,6 +341,8 @@ class LLMEngine:
             return []
         chunks = [self._chunk(s) for s in out.scheduled]
         self._threads.apply(prefills=any(c.num_tokens > 1 for c in chunks))
+        if on_scheduled is not None:
+            on_scheduled(chunks)
         logits = execute_isolated(self._runner, chunks, layer_hook, layer_gate)
         for s, row in zip(out.scheduled, logits):
             if isinstance(row, Exception):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from shared.engine.config import EngineConfig
-from shared.engine.isolation import LayerHook
+from shared.engine.isolation import LayerHook, StepHook
 from shared.engine.output import Completion, RequestOutput
 from shared.engine.runner import ModelRunner
 from shared.engine.sampling_params import SamplingParams
@@ -102,12 +102,17 @@ class EngineInterface(Protocol):
         ...
 
     def step(
-        self, layer_hook: LayerHook | None = None, layer_gate: LayerHook | None = None
+        self,
+        layer_hook: LayerHook | None = None,
+        layer_gate: LayerHook | None = None,
+        on_scheduled: StepHook | None = None,
     ) -> list[RequestOutput]:
         """One forward pass: what each request gained. `layer_hook(layer, chunks)` runs as
         each layer's KV is written (stream it out); `layer_gate(layer, chunks)` before each
-        layer computes (wait for loaded KV). A request that fails alone ends with an error;
-        raises only when the engine itself failed. Engine thread."""
+        layer computes (wait for loaded KV); `on_scheduled(chunks)` once, before the pass
+        computes (no per-layer hook: a decode step keeps the fused path). A request that
+        fails alone ends with an error; raises only when the engine itself failed. Engine
+        thread."""
         ...
 
     def fail_all(self, message: str) -> list[RequestOutput]:

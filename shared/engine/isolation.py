@@ -19,6 +19,7 @@ from shared.engine.runner import ModelRunner, SeqChunk
 log = logging.getLogger("kvstack.engine")
 
 LayerHook = Callable[[int, "list[SeqChunk]"], None]
+StepHook = Callable[["list[SeqChunk]"], None]
 Runner = ModelRunner | MockRunner
 
 # Failures of the engine's peers (an attention worker gone), not of a request: running

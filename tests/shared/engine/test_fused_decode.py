@@ -180,3 +180,31 @@ def test_the_engine_config_switch_is_validated() -> None:
     assert EngineConfig(fused_decode=False).fused_decode is False
     with pytest.raises(KvstackError, match="fused_decode must be true or false"):
         EngineConfig(fused_decode="no")  # type: ignore[arg-type]
+
+
+def test_a_step_hook_keeps_decode_fused_where_a_layer_hook_does_not(
+    tiny_llama_dir, monkeypatch
+) -> None:
+    """`kvstack serve` marks when each request starts computing; it must do so without a
+    per-layer hook, which costs every decode step its fused path."""
+    from services.colocated.engine_backend import EngineBackend
+    from shared.engine.engine import LLMEngine
+    from shared.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", num_blocks=64))
+    calls = FusedCalls(monkeypatch)
+    backend = EngineBackend()
+    backend._added["r"] = 0.0  # as the gateway's add would have
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    engine.add_request("r", [1, 50, 2, 17], params)
+    steps = 0
+    while engine.has_unfinished:
+        backend.step(engine)
+        steps += 1
+    assert calls.count == steps - 1  # every step after the prompt's
+    assert "r" in backend._computing  # marked at its first step
+    seen: list[int] = []
+    engine.add_request("s", [9, 4, 30], params)
+    engine.step(on_scheduled=lambda chunks: seen.append(len(chunks)))  # the prompt
+    engine.step(layer_hook=lambda layer, chunks: None)
+    assert seen == [1] and calls.count == steps - 1  # the layer-hooked decode was not fused
