@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import statistics
 import sys
 import time
+from typing import Any
 
 import orjson
 import torch
@@ -45,11 +47,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--before",
-        choices=("routing", "float-activations", "unfused"),
+        choices=("routing", "float-activations", "unfused", "openmp"),
         default="routing",
         help="the 'before' column: matmuls routed as before the native GEMV took float32, "
-        "a second engine whose quantized weights take float activations, or one whose decode "
-        "steps run layer by layer (--no-fused-decode)",
+        "a second engine whose quantized weights take float activations, one whose decode "
+        "steps run layer by layer (--no-fused-decode), or the same engine with its fused "
+        "decode steps' loops on OpenMP instead of their own thread pool",
+    )
+    p.add_argument(
+        "--step-thread",
+        action="store_true",
+        help="step every kvstack engine on a thread of its own, as the services do (default: "
+        "the main thread)",
     )
     p.add_argument(
         "--baseline-dtypes",
@@ -88,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     engine = LLMEngine(config)
     ours = KvstackSide(engine)
     before = before_side(args, config, ours)
+    measured: Any = ours  # what the table's kvstack column measures
+    if args.step_thread:
+        measured, before = StepThread(ours), before and StepThread(before)
     args.dtype = resolve_dtype(args.dtype)
     baseline_dtypes = (
         args.baseline_dtypes or ",".join(dict.fromkeys(["float32", args.dtype]))
@@ -97,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         if args.no_baseline
         else {dtype: TransformersSide(engine, dtype) for dtype in baseline_dtypes}
     )
-    report = measure(args, ours, theirs, before)
+    report = measure(args, measured, theirs, before)
     report.update(bandwidth_report(engine, report))
     print(
         orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
@@ -135,6 +147,7 @@ def measure(args: argparse.Namespace, ours, theirs, before=None) -> dict:
         "weights": args.weights,
         "activations": args.activations,
         "before": args.before,
+        "step_thread": args.step_thread,
         "kernels": chosen_isa() if cpu_ops() is not None else "off",
         "threads": args.threads,
         "prompt_len": args.prompt_len,
@@ -213,7 +226,45 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return KvstackSide(LLMEngine(dataclasses.replace(config, activations="float")))
     if args.before == "unfused":
         return KvstackSide(LLMEngine(dataclasses.replace(config, fused_decode=False)))
+    if args.before == "openmp":
+        return OpenMPSteps(ours)
     return RoutingBefore(ours)
+
+
+class StepThread:
+    """A side measured on one thread of its own, as the services step their engines (the
+    event loop keeps the main thread)."""
+
+    def __init__(self, side) -> None:
+        self.side = side
+        self.thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")
+
+    def prefill_rate(self, n: int, repeats: int) -> float:
+        return self.thread.submit(self.side.prefill_rate, n, repeats).result()
+
+    def decode_rate(self, batch: int, prompt_len: int, num_tokens: int, repeats: int) -> float:
+        rate = self.side.decode_rate
+        return self.thread.submit(rate, batch, prompt_len, num_tokens, repeats).result()
+
+
+class OpenMPSteps:
+    """The same engine with its fused decode steps' loops on OpenMP (kernels' use_step_pool)."""
+
+    def __init__(self, side: KvstackSide) -> None:
+        self.side = side
+
+    def prefill_rate(self, n: int, repeats: int) -> float:
+        return self.side.prefill_rate(n, repeats)  # prefill never takes the pool
+
+    def decode_rate(self, batch: int, prompt_len: int, num_tokens: int, repeats: int) -> float:
+        native = cpu_ops()
+        if native is None:
+            raise KvstackError("--before openmp needs the native kernels")
+        enabled = native.use_step_pool(False)
+        try:
+            return self.side.decode_rate(batch, prompt_len, num_tokens, repeats)
+        finally:
+            native.use_step_pool(enabled)
 
 
 class RoutingBefore:
@@ -341,6 +392,10 @@ def format_table(report: dict) -> str:
         lines.append("before: a second engine, its quantized weights' GEMV on float activations")
     elif has_before and report["before"] == "unfused":
         lines.append("before: a second engine, its decode steps layer by layer (no fused decode)")
+    elif has_before and report["before"] == "openmp":
+        lines.append("before: the same engine, its fused decode steps' loops on OpenMP")
     elif has_before:
         lines.append("before: the same engine, matmuls routed as before (one bf16 row to the GEMV)")
+    if report.get("step_thread"):
+        lines.append("every kvstack engine stepped on a thread of its own (--step-thread)")
     return "\n".join(lines)

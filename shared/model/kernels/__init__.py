@@ -32,6 +32,7 @@ HEADERS = (
     HERE / "simd.h",
     HERE / "quant_blocks.h",
     HERE / "kernels.h",
+    HERE / "parallel.h",
 )  # included by the sources: part of the build's key
 DISABLE_ENV = "KVSTACK_CPU_KERNELS"
 ISA_ENV = "KVSTACK_CPU_ISA"

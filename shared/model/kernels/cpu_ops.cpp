@@ -6,6 +6,7 @@
 #include <ATen/Dispatch.h>
 
 #include "kernels.h"
+#include "parallel.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -102,7 +103,7 @@ void kernels::rms_norm(at::Tensor out, at::Tensor x, at::Tensor w, double eps) {
     auto* o = out.data_ptr<scalar_t>();
     auto* xi = x.data_ptr<scalar_t>();
     auto* wi = w.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    kernels::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) rms_norm_row(o + r * n, xi + r * n, wi, n, float(eps));
     });
   });
@@ -128,7 +129,7 @@ void kernels::add_rms_norm_(at::Tensor x, at::Tensor residual, at::Tensor w,
     auto* xi = x.data_ptr<scalar_t>();
     auto* ri = residual.data_ptr<scalar_t>();
     auto* wi = w.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    kernels::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         add_(ri + r * n, xi + r * n, n);
         rms_norm_row(xi + r * n, ri + r * n, wi, n, float(eps));
@@ -165,7 +166,7 @@ void kernels::silu_and_mul(at::Tensor out, at::Tensor gate_up) {
   KV_DISPATCH(out.scalar_type(), "silu_and_mul", [&] {
     auto* o = out.data_ptr<scalar_t>();
     auto* g = gate_up.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    kernels::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) silu_and_mul_row(o + r * n, g + r * 2 * n, g + r * 2 * n + n, n);
     });
   });
@@ -200,7 +201,7 @@ void kernels::rotary_(at::Tensor qkv, at::Tensor cos, at::Tensor sin,
     auto* base = qkv.data_ptr<scalar_t>();
     const float* c = cos.data_ptr<float>();
     const float* s = sin.data_ptr<float>();
-    at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
+    kernels::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
         for (int64_t h = 0; h < num_heads; ++h)
           rotate_head(base + t * row + h * head_dim, c + t * half, s + t * half, half);
@@ -220,7 +221,7 @@ void kernels::write_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache,
     auto* kc = k_cache.data_ptr<scalar_t>();
     auto* vc = v_cache.data_ptr<scalar_t>();
     const int64_t* sl = slots.data_ptr<int64_t>();
-    at::parallel_for(0, tokens, 64, [&](int64_t begin, int64_t end) {
+    kernels::parallel_for(0, tokens, 64, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         std::copy(ki + t * in_row, ki + t * in_row + width, kc + sl[t] * width);
         std::copy(vi + t * in_row, vi + t * in_row + width, vc + sl[t] * width);
@@ -295,7 +296,7 @@ void kernels::decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
     auto* vc = v_cache.data_ptr<scalar_t>();
     const int64_t* bt = block_table.data_ptr<int64_t>();
     const int64_t q_row = q.stride(0);
-    at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    kernels::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / Hkv, hk = task % Hkv;
         decode_attention_task(o, qi, q_row, kc, vc, bt + b * max_blocks, cl[b], b, hk, H, Hkv,
@@ -388,7 +389,7 @@ void kernels::small_linear(at::Tensor out, at::Tensor x, at::Tensor w,
     }
     // NOTE: memory-bound, so threads split the weight's rows: chunks of about 64 KiB each.
     const int64_t grain = std::max<int64_t>(1, (64 << 10) / (K * int64_t(sizeof(scalar_t))));
-    at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+    kernels::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
       linear_rows(o, xf, M, K, wi, bi, N, begin, end);
     });
   });

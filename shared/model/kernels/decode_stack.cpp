@@ -6,8 +6,13 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "kernels.h"
+#include "parallel.h"
 #include "quant_blocks.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <memory>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -110,6 +115,7 @@ class DecodeStack {
                                                at::Tensor context_lens) const {
     const Step step{cos, sin, slots, block_table, context_lens};
     check_step(x, step);
+    const kernels::UsePool use(pool());
     const Buffers b = buffers(x.size(0), x.options());
     const at::Tensor residual = x.clone();
     kernels::rms_norm(b.h, x, layers_[0].input_norm, dims_.eps);
@@ -125,6 +131,21 @@ class DecodeStack {
   Dims dims_;
   at::Tensor kv_;  // KVStorage.kv: [layers, 2, blocks, block_size, kv_heads, head_dim]
   std::vector<at::Tensor> k_caches_, v_caches_;
+  mutable std::unique_ptr<kernels::SpinPool> pool_;  // sized to torch's threads when it runs
+
+  // The step's parallel loops run on a pool of as many threads as torch's count for this
+  // thread, where OpenMP would throttle them (parallel.h): not on the process's first thread,
+  // whose teams OpenMP lets spin, nor for one thread.
+  kernels::SpinPool* pool() const {
+    const int threads = at::get_num_threads();
+    if (threads <= 1 || !kernels::step_pool_enabled.load()) return nullptr;
+    if (getpid() == static_cast<pid_t>(syscall(SYS_gettid))) return nullptr;
+    if (!pool_ || pool_->threads() != threads) {
+      pool_.reset();  // its threads end before the new ones start: never more than the cores
+      pool_ = std::make_unique<kernels::SpinPool>(threads);
+    }
+    return pool_.get();
+  }
 
   int64_t hidden() const { return layers_[0].input_norm.numel(); }
   int64_t intermediate() const { return layers_[0].gate_up.weight.size(0) / 2; }
@@ -253,4 +274,6 @@ void register_decode_stack(py::module_& m) {
            py::arg("layers"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("eps"), py::arg("scale"), py::arg("kv"))
       .def("run", &DecodeStack::run, py::call_guard<py::gil_scoped_release>());
+  m.def("use_step_pool", [](bool enabled) { return kernels::step_pool_enabled.exchange(enabled); },
+        "whether fused decode steps run their loops on their own pool (else OpenMP); the old value");
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "parallel.h"
 #include "quant_blocks.h"
 
 namespace {
@@ -273,7 +274,7 @@ template <class F>
 void gemv_q8(const uint8_t* w, const Q8Rows& x, const float* bias, float* out, int64_t N,
              bool portable) {
   const int64_t row_bytes = x.blocks() / F::kSubs * F::kBytes;
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+  kernels::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
 #if defined(KV_DOT_SIMD)
     if (!portable) return rows_simd_all<F>(w, row_bytes, x, bias, out, N, n0, n1);
 #endif

@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include "kernels.h"
+#include "parallel.h"
 #include "quant_blocks.h"
 #include "simd.h"
 
@@ -273,7 +274,7 @@ void gemv_format(const uint8_t* w, int64_t K, const float* x, int64_t M, const f
   const int64_t row_bytes = K / F::kValues * F::kBytes;
   const std::vector<float> xs = sums32(x, M, K);
   // NOTE: up to 4 rows of x share each dequantized weight vector; more rows take more passes.
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+  kernels::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t m = 0; m < M; m += 4) {
       const float* xm = x + m * K;
       const float* xsm = xs.data() + m * (K / 32);
@@ -290,7 +291,7 @@ void gemv_format(const uint8_t* w, int64_t K, const float* x, int64_t M, const f
 #else
 void gemv_scalar(const uint8_t* w, int64_t qtype, int64_t K, const float* x, int64_t M,
                  const float* bias, float* out, int64_t N) {
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+  kernels::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     std::vector<float> row(K);
     for (int64_t n = n0; n < n1; ++n) {
       dequantize_rows(w + n * (K / format_of(qtype).values * format_of(qtype).bytes), qtype, K,
@@ -321,7 +322,7 @@ void kernels::quant_dequantize(at::Tensor out, at::Tensor w, int64_t qtype) {
                   out.size(0) == w.size(0),
               "out: a contiguous float32 or bfloat16 [N, K] tensor");
   const uint8_t* wi = w.data_ptr<uint8_t>();
-  at::parallel_for(0, w.size(0), 16, [&](int64_t r0, int64_t r1) {
+  kernels::parallel_for(0, w.size(0), 16, [&](int64_t r0, int64_t r1) {
     if (bf16)
       dequantize_rows_bf16(wi, qtype, K, out.data_ptr<c10::BFloat16>(), r0, r1);
     else

@@ -208,3 +208,34 @@ def test_a_step_hook_keeps_decode_fused_where_a_layer_hook_does_not(
     engine.step(on_scheduled=lambda chunks: seen.append(len(chunks)))  # the prompt
     engine.step(layer_hook=lambda layer, chunks: None)
     assert seen == [1] and calls.count == steps - 1  # the layer-hooked decode was not fused
+
+
+def test_steps_on_another_thread_run_their_loops_on_the_pool_and_match(models, monkeypatch):
+    """The services step on a thread of their own, where the fused step runs its loops on its
+    own pool instead of OpenMP: the same logits, bit for bit."""
+    import concurrent.futures
+
+    native = cpu_ops()
+    model = models["auto"]
+    set_activations(model, "float")
+    on_main, on_thread = runner(model, True), runner(model, True)
+    tokens = {name: list(ids) for name, ids in PROMPTS.items()}
+    step_thread = concurrent.futures.ThreadPoolExecutor(1)
+
+    def on_step_thread(chunks):
+        torch.set_num_threads(2)  # a pool needs two threads or more
+        return on_thread.execute(chunks)
+
+    for r in (on_main, on_thread):
+        r.execute([prefill(n) for n in "abc"])
+    for n in "abc":
+        tokens[n].append(7)
+    for enabled in (True, False):  # the pool, then OpenMP on the same thread
+        previous = native.use_step_pool(enabled)
+        try:
+            chunks = decode(tokens, "abc")
+            expected = on_main.execute(chunks)
+            assert_same(step_thread.submit(on_step_thread, chunks).result(), expected)
+        finally:
+            native.use_step_pool(previous)
+    step_thread.shutdown()
