@@ -6,8 +6,9 @@
 // started from any thread but the process's first counts one thread more than it holds. The
 // engine steps on a thread of its own (the event loop keeps the first), so its teams on every
 // core were always over the count: each of a decode step's ~200 parallel loops then waited
-// for its threads to wake (`python -m bench engine --step-thread`: docs/benchmarks.md,
-// "Decode steps off the main thread").
+// for its threads to wake: decode batch 1 at half the main thread's speed (`python -m bench
+// engine --step-thread --before openmp`: docs/benchmarks.md, "Decode steps off the main
+// thread").
 #pragma once
 
 #include <ATen/Parallel.h>

@@ -37,8 +37,8 @@ inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
 }
 
 // NOTE: a GEMV streams its weight once, row after row, and on some CPUs the hardware
-// prefetcher does not run far enough ahead: a 4-bit GEMV on 30 layers' weights (out of cache)
-// ran 1.4-1.6x faster on a Xeon once each row asked for the bytes this far ahead of it
+// prefetcher does not run far enough ahead: the GEMVs on 30 layers' weights (out of cache) ran
+// 1.3-2.6x faster at 1-8 rows on a Xeon once each row asked for the bytes this far ahead of it
 // (`python -m bench gemv --prefetch 0,2048`: docs/benchmarks.md, "Prefetching weights").
 // One value for the whole module (kernels::set_weight_prefetch); 0 asks for nothing.
 inline int64_t weight_prefetch_bytes = 2048;
