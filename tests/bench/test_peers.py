@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from bench.peers.cli import skip
-from bench.peers.lineup import KVSTACK, PeerSetup, discover, weight_format
+from bench.peers.lineup import KVSTACK, NO_REPACK_SERVER, PeerSetup, discover, weight_format
 from bench.peers.report import (
     Samples,
     format_table,
@@ -83,6 +85,33 @@ def test_installed_peers_run_on_the_same_model_and_threads(tmp_path) -> None:
     assert vllm.argv[vllm.argv.index("--model") + 1] == str(peers.hf_dir)
     assert vllm.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert {s.model for s in servers.values()} == {peers.model}
+
+
+def test_llamacpp_without_repacking_runs_the_same_server_patched(tmp_path) -> None:
+    """`--llamacpp-no-repack`: llama-cpp-python's server, its model params patched before it
+    starts; run here against a stand-in package that records what the server would load."""
+    peers = setup(tmp_path, llamacpp_repack=False)
+    install(peers.llamacpp_venv, "llama_cpp/server/__main__.py")
+    llama = next(s for s in discover(peers).servers if s.name == "llama.cpp Q4_1")
+    assert llama.argv[1:3] == ("-c", NO_REPACK_SERVER)
+    assert llama.argv[llama.argv.index("--n_threads") + 1] == "2"
+    package = tmp_path / "stand-in" / "llama_cpp"
+    (package / "server").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "llama_cpp.py").write_text(
+        "class P:\n    use_extra_bufts = True\ndef llama_model_default_params():\n    return P()\n"
+    )
+    (package / "server" / "__init__.py").write_text("")
+    (package / "server" / "__main__.py").write_text(
+        "import sys, llama_cpp.llama_cpp as l\n"
+        "print(l.llama_model_default_params().use_extra_bufts, sys.argv[1:3])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, *llama.argv[1:]],
+        env={**os.environ, "PYTHONPATH": str(package.parent)},
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert result.stdout.strip() == f"False ['--model', '{tmp_path / 'm.Q4_1.gguf'}']"
 
 
 def test_kvstack_runs_a_column_per_mode_and_weight_format(tmp_path) -> None:
