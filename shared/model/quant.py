@@ -17,19 +17,17 @@ GEMV_MAX_ROWS = 8
 # NOTE: with 8-bit activations the integer GEMV beats dequantized tiles up to 8-16 rows and
 # trails them by 1.4-1.7x at 32 (`python -m bench gemv`, docs/benchmarks.md); taking it up to
 # 32 rows keeps a decode row's result the same whatever the batch beside it. That matters for
-# q8: rounding x
-# to 8 bits turns the last-bit differences between two kernels into whole 8-bit steps, which
-# the next layers carry on (a batch of 10 took the tiles and answered differently from a
-# batch of 8, tests/e2e/test_isolation.py).
+# q8: rounding x to 8 bits turns the last-bit differences between two kernels into whole 8-bit
+# steps, which the next layers carry on (a batch of 10 took the tiles and answered differently
+# from a batch of 8, tests/e2e/test_isolation.py).
 Q8_GEMV_MAX_ROWS = 32
 GEMM_TILE_ROWS = 256
 # NOTE: bfloat16 activations of this many rows or more (prefill chunks) multiply in bfloat16:
 # where the CPU has AVX512-BF16 or AMX the library GEMM is 2-3x float32's tiles from 64 rows
 # (`python -m bench gemv`, tiles_bf16: docs/benchmarks.md). float32 ones do too where the
 # layer's prefill_dtype says so (`--dtype auto` on such a CPU: shared/engine/config.py's
-# prefill_matmul_dtype); with
-# `--dtype float32` they never do (float32 stays exact), nor do q8 activations (prefill must
-# round them as decode does).
+# prefill_matmul_dtype); with `--dtype float32` they never do (float32 stays exact), nor do q8
+# activations (prefill must round them as decode does).
 BF16_GEMM_MIN_ROWS = 64
 # NOTE: bfloat16 rows multiply by the whole weight in one library GEMM, not tile by tile: that
 # GEMM (oneDNN; AMX where the CPU has it) packs its operands on every call, which 256-row

@@ -274,6 +274,7 @@ void register_decode_stack(py::module_& m) {
            py::arg("layers"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("eps"), py::arg("scale"), py::arg("kv"))
       .def("run", &DecodeStack::run, py::call_guard<py::gil_scoped_release>());
-  m.def("use_step_pool", [](bool enabled) { return kernels::step_pool_enabled.exchange(enabled); },
-        "whether fused decode steps run their loops on their own pool (else OpenMP); the old value");
+  m.def(
+      "use_step_pool", [](bool enabled) { return kernels::step_pool_enabled.exchange(enabled); },
+      "whether fused decode steps run their loops on their own pool (else OpenMP); the old value");
 }

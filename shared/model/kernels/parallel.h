@@ -19,7 +19,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -55,20 +54,20 @@ class SpinPool {
 
   // f(chunk_begin, chunk_end) over [begin, end) in at most threads() chunks of at least
   // `grain`, as at::parallel_for splits it; returns when every chunk is done.
-  void run(int64_t begin, int64_t end, int64_t grain,
-           const std::function<void(int64_t, int64_t)>& f) {
+  template <class F>
+  void run(int64_t begin, int64_t end, int64_t grain, const F& f) {
     const int64_t range = end - begin;
     if (range <= 0) return;
     grain = std::max<int64_t>(grain, 1);
     const int64_t used = std::min<int64_t>(threads(), (range + grain - 1) / grain);
     if (used <= 1 || running_) return f(begin, end);  // running_: a loop inside a loop
     running_ = true;
-    const int64_t chunk = (range + used - 1) / used;
-    job_ = [&](int64_t index) {
-      const int64_t b = begin + index * chunk, e = std::min(end, b + chunk);
-      if (b < e) f(b, e);
-    };
-    chunks_ = used;
+    // NOTE: the loop's body as a pointer and a plain function, not a std::function: a step
+    // runs some 200 loops, and this keeps each free of an allocation.
+    task_ = {&f, [](const void* body, int64_t b, int64_t e) {
+               (*static_cast<const F*>(body))(b, e);
+             }};
+    begin_ = begin, end_ = end, chunk_ = (range + used - 1) / used, chunks_ = used;
     error_ = nullptr;
     remaining_.store(static_cast<int>(workers_.size()));
     generation_.fetch_add(1);
@@ -110,18 +109,26 @@ class SpinPool {
     return generation_.load();
   }
 
+  // Chunk `index` of the loop that run() published.
   void guarded(int64_t index) {
+    const int64_t b = begin_ + index * chunk_, e = std::min(end_, b + chunk_);
+    if (b >= e) return;
     try {
-      job_(index);
+      task_.call(task_.body, b, e);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!error_) error_ = std::current_exception();
     }
   }
 
+  struct Task {
+    const void* body;
+    void (*call)(const void* body, int64_t begin, int64_t end);
+  };
+
   std::vector<std::thread> workers_;
-  std::function<void(int64_t)> job_;
-  int64_t chunks_ = 0;
+  Task task_{nullptr, nullptr};  // the loop run() published, and its range in chunks:
+  int64_t begin_ = 0, end_ = 0, chunk_ = 0, chunks_ = 0;
   bool running_ = false;  // the calling thread's only
   std::exception_ptr error_;
   std::atomic<uint64_t> generation_{0};

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -231,28 +232,24 @@ void dequant_block(int64_t qtype, const uint8_t* b, float* y) {
 }
 #endif
 
-// out [R, K] float32 = the rows of w dequantized.
-void dequantize_rows(const uint8_t* w, int64_t qtype, int64_t K, float* out, int64_t r0,
-                     int64_t r1) {
+// out [R, K] float32 or bfloat16 = the rows of w dequantized; bfloat16 rounds each value to
+// nearest even on the way out: one pass, half the bytes written of a float32 copy converted
+// afterwards.
+template <class T>
+void dequantize_rows(const uint8_t* w, int64_t qtype, int64_t K, T* out, int64_t r0, int64_t r1) {
   const Format f = format_of(qtype);
   const int64_t blocks = K / f.values, row_bytes = blocks * f.bytes;
-  for (int64_t r = r0; r < r1; ++r)
-    for (int64_t i = 0; i < blocks; ++i)
-      dequant_block(qtype, w + r * row_bytes + i * f.bytes, out + r * K + i * f.values);
-}
-
-// out [R, K] bfloat16 = the rows of w dequantized, each value rounded to nearest even: one
-// pass, half the bytes written of a float32 copy converted afterwards.
-void dequantize_rows_bf16(const uint8_t* w, int64_t qtype, int64_t K, c10::BFloat16* out,
-                          int64_t r0, int64_t r1) {
-  const Format f = format_of(qtype);
-  const int64_t blocks = K / f.values, row_bytes = blocks * f.bytes;
-  alignas(64) float y[256];  // the largest block (Q4_K)
+  alignas(64) float y[256];  // bfloat16's staging: the largest block (Q4_K)
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t i = 0; i < blocks; ++i) {
-      dequant_block(qtype, w + r * row_bytes + i * f.bytes, y);
-      c10::BFloat16* o = out + r * K + i * f.values;
-      for (int64_t j = 0; j < f.values; j += simd::kWidth) simd::store(o + j, simd::load(y + j));
+      const uint8_t* block = w + r * row_bytes + i * f.bytes;
+      T* o = out + r * K + i * f.values;
+      if constexpr (std::is_same_v<T, float>) {
+        dequant_block(qtype, block, o);
+      } else {
+        dequant_block(qtype, block, y);
+        for (int64_t j = 0; j < f.values; j += simd::kWidth) simd::store(o + j, simd::load(y + j));
+      }
     }
 }
 
@@ -324,7 +321,7 @@ void kernels::quant_dequantize(at::Tensor out, at::Tensor w, int64_t qtype) {
   const uint8_t* wi = w.data_ptr<uint8_t>();
   kernels::parallel_for(0, w.size(0), 16, [&](int64_t r0, int64_t r1) {
     if (bf16)
-      dequantize_rows_bf16(wi, qtype, K, out.data_ptr<c10::BFloat16>(), r0, r1);
+      dequantize_rows(wi, qtype, K, out.data_ptr<c10::BFloat16>(), r0, r1);
     else
       dequantize_rows(wi, qtype, K, out.data_ptr<float>(), r0, r1);
   });
