@@ -7,7 +7,7 @@ UP_ARGS ?=
 # CPU machines: the CPU build of torch, installed first, so that nothing pulls the CUDA build.
 TORCH_INDEX := $(if $(shell command -v nvidia-smi),,--extra-index-url https://download.pytorch.org/whl/cpu)
 
-.PHONY: up test check venv clean
+.PHONY: up test test-gpu check venv clean
 
 up: $(BIN)/.installed
 	$(BIN)/kvstack up $(UP_ARGS)
@@ -16,6 +16,10 @@ up: $(BIN)/.installed
 # regression fails CI like a failing test.
 test: check
 	$(BIN)/python -m pytest -q
+
+# On a machine with a CUDA GPU: the GPU path (Triton kernels on CUDA, CUDA graphs, parity).
+test-gpu: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -m "cuda or triton"
 
 check: $(BIN)/.installed
 	$(BIN)/ruff check .

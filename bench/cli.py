@@ -22,6 +22,7 @@ from bench import (
     kvstore,
     offload,
     quant,
+    random_model,
     sampling,
     transfer,
 )
@@ -47,6 +48,7 @@ BENCHMARKS = (
     chaos,
     live_vs_sim,
     peers,
+    random_model,
 )
 
 

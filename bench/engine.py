@@ -20,6 +20,7 @@ from shared.engine.config import (
     EngineConfig,
     resolve_dtype,
 )
+from shared.engine.device import DEVICE_CHOICES_HELP, resolve_device
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
@@ -35,6 +36,7 @@ ROUTING_BEFORE = {torch.bfloat16: 1}
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("engine", help="engine prefill/decode tokens/s vs transformers")
     p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--device", default="auto", help=DEVICE_CHOICES_HELP)
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="kvstack's dtype")
     p.add_argument(
         "--weights", choices=WEIGHTS_CHOICES, default="auto", help="kvstack's weight format"
@@ -47,12 +49,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--before",
-        choices=("routing", "float-activations", "unfused", "openmp"),
+        choices=("routing", "float-activations", "unfused", "openmp", "eager"),
         default="routing",
         help="the 'before' column: matmuls routed as before the native GEMV took float32, "
         "a second engine whose quantized weights take float activations, one whose decode "
         "steps run layer by layer (--no-fused-decode), or the same engine with its fused "
-        "decode steps' loops on OpenMP instead of their own thread pool",
+        "decode steps' loops on OpenMP instead of their own thread pool, or (on a GPU) a "
+        "second engine whose decode steps run eagerly instead of as CUDA graphs",
     )
     p.add_argument(
         "--step-thread",
@@ -74,6 +77,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-baseline", action="store_true", help="skip transformers")
     p.add_argument(
+        "--baseline-cache",
+        choices=("dynamic", "static"),
+        default="dynamic",
+        help="transformers' KV cache: its default (dynamic), or static, which on a GPU also "
+        "compiles its decoding steps (CUDA graphs): its fastest configuration",
+    )
+    p.add_argument(
         "--no-routing-baseline",
         action="store_true",
         help="skip kvstack with the matmul routing as before (one bf16 row to the native GEMV)",
@@ -86,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     config = EngineConfig(
         model=args.model,
+        device=resolve_device(args.device),
         dtype=args.dtype,
         weights=args.weights,
         activations=args.activations,
@@ -100,14 +111,16 @@ def run(args: argparse.Namespace) -> int:
     measured: Any = ours  # what the table's kvstack column measures
     if args.step_thread:
         measured, before = StepThread(ours), before and StepThread(before)
-    args.dtype = resolve_dtype(args.dtype)
+    args.dtype = resolve_dtype(args.dtype, config.device)
     baseline_dtypes = (
         args.baseline_dtypes or ",".join(dict.fromkeys(["float32", args.dtype]))
     ).split(",")
     theirs = (
         {}
         if args.no_baseline
-        else {dtype: TransformersSide(engine, dtype) for dtype in baseline_dtypes}
+        else {
+            dtype: TransformersSide(engine, dtype, args.baseline_cache) for dtype in baseline_dtypes
+        }
     )
     report = measure(args, measured, theirs, before)
     report.update(bandwidth_report(engine, report))
@@ -143,7 +156,9 @@ def measure(args: argparse.Namespace, ours, theirs, before=None) -> dict:
         rows["decode"].append(row("batch", b, rate, ours, theirs, before))
     return {
         "model": args.model,
+        "device": device_name(args),
         "dtype": args.dtype,
+        "baseline_cache": args.baseline_cache,
         "weights": args.weights,
         "activations": args.activations,
         "before": args.before,
@@ -228,6 +243,8 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return KvstackSide(LLMEngine(dataclasses.replace(config, fused_decode=False)))
     if args.before == "openmp":
         return OpenMPSteps(ours)
+    if args.before == "eager":
+        return KvstackSide(LLMEngine(dataclasses.replace(config, cuda_graphs=False)))
     return RoutingBefore(ours)
 
 
@@ -285,7 +302,7 @@ class RoutingBefore:
 class TransformersSide:
     """The same weights through transformers' `generate` (the reference implementation)."""
 
-    def __init__(self, engine: LLMEngine, dtype: str) -> None:
+    def __init__(self, engine: LLMEngine, dtype: str, cache: str = "dynamic") -> None:
         try:
             import transformers
         except ImportError:
@@ -293,9 +310,13 @@ class TransformersSide:
                 "the transformers baseline needs the bench extra "
                 "(pip install -e '.[bench]'), or pass --no-baseline"
             ) from None
+        self.device = engine.info.config.device
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            engine.info.model_dir, dtype=getattr(torch, dtype)
+            engine.info.model_dir, dtype=getattr(torch, dtype), device_map=self.device
         ).eval()
+        # NOTE: a static cache is sized by the first (longest) call and kept by later ones,
+        # so each batch size compiles once; that is why warm-ups ask for the most tokens.
+        self.cache = None if cache == "dynamic" else cache
         self.vocab = engine.info.model.vocab_size
         self.seed = 10_000
 
@@ -305,7 +326,7 @@ class TransformersSide:
         return n / statistics.median(times)
 
     def decode_rate(self, batch: int, prompt_len: int, num_tokens: int, repeats: int) -> float:
-        self._generate(batch, prompt_len, 4)
+        self._generate(batch, prompt_len, num_tokens)
         times = [
             self._generate(batch, prompt_len, num_tokens) - self._generate(batch, prompt_len, 1)
             for _ in range(repeats)
@@ -316,7 +337,8 @@ class TransformersSide:
     def _generate(self, batch: int, prompt_len: int, num_tokens: int) -> float:
         self.seed += 1
         ids = torch.tensor(
-            [random_prompt(prompt_len, self.vocab, self.seed * 1000 + i) for i in range(batch)]
+            [random_prompt(prompt_len, self.vocab, self.seed * 1000 + i) for i in range(batch)],
+            device=self.device,
         )
         start = time.perf_counter()
         self.model.generate(
@@ -326,28 +348,45 @@ class TransformersSide:
             min_new_tokens=num_tokens,
             do_sample=False,
             pad_token_id=0,
+            cache_implementation=self.cache,
         )
+        synchronize(self.device)
         return time.perf_counter() - start
 
 
-def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
+def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5, device: str = "cpu") -> float:
     """Memory read bandwidth in bytes/s: summing a tensor far larger than the caches reads
-    every byte once (with the benchmark's threads, as decode reads its weights)."""
-    src = torch.ones(num_bytes // 4, dtype=torch.float32)
+    every byte once (with the benchmark's threads, as decode reads its weights; on a GPU,
+    its memory)."""
+    src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
     src.sum()
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         src.sum()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return num_bytes / min(times)
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def device_name(args: argparse.Namespace) -> str:
+    device = resolve_device(args.device)
+    if device.startswith("cuda"):
+        return f"{device} ({torch.cuda.get_device_name(device)}, torch {torch.__version__})"
+    return device
 
 
 def bandwidth_report(engine: LLMEngine, report: dict) -> dict:
     """Each decode row's share of the bandwidth limit: a step reads every weight once, so B
     sequences make at most B * bandwidth / weight bytes tokens/s."""
     weight_bytes = engine.info.weight_bytes
-    bandwidth = read_bandwidth()
+    bandwidth = read_bandwidth(device=engine.info.config.device)
     for r in report["decode"]:
         limit = r["batch"] * bandwidth / weight_bytes
         r["limit_tok_s"] = round(limit, 1)
@@ -364,7 +403,10 @@ def format_table(report: dict) -> str:
         f"{'hf ' + d:>18}{'ratio':>7}" for d in baselines
     )
     lines = [
-        f"model {report['model']}  threads {report['threads']}  kernels {report['kernels']}",
+        (
+            f"model {report['model']}  device {report['device']}  threads {report['threads']}  "
+            f"kernels {report['kernels']}"
+        ),
         (
             f"{'':18}{'kvstack ' + report['dtype'] + ' ' + report['weights']:>18}{header}"
             f"{'% of limit':>12}"
@@ -392,6 +434,8 @@ def format_table(report: dict) -> str:
         lines.append("before: a second engine, its quantized weights' GEMV on float activations")
     elif has_before and report["before"] == "unfused":
         lines.append("before: a second engine, its decode steps layer by layer (no fused decode)")
+    elif has_before and report["before"] == "eager":
+        lines.append("before: a second engine, its decode steps eager (no CUDA graphs)")
     elif has_before and report["before"] == "openmp":
         lines.append("before: the same engine, its fused decode steps' loops on OpenMP")
     elif has_before:

@@ -18,6 +18,16 @@ if not torch.cuda.is_available():
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` are skipped, saying why, where torch sees no GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none); run make test-gpu there")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def native_kernels():
     """Compiled once in this process before any test starts model workers that need them."""

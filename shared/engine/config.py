@@ -114,6 +114,8 @@ class EngineConfig:
     # num_blocks then counts the remote pool's blocks
     fused_decode: bool = True  # a decode-only step's layers in one native call, where it
     # applies (CPU, float32; shared/model/fused_decode.py); False: the module path
+    cuda_graphs: bool = True  # a decode-only step replayed as a CUDA graph, where it
+    # applies (a GPU with Triton attention; shared/engine/cuda_graphs.py); False: eager
     seed: int = 0
     mock: MockSpec | None = None  # no model: the mock engine (shared/engine/mock.py)
 
@@ -138,6 +140,8 @@ class EngineConfig:
             )
         if not isinstance(self.fused_decode, bool):
             raise KvstackError(f"fused_decode must be true or false, got {self.fused_decode!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise KvstackError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
         positives = ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs")
         for name in positives:
             if getattr(self, name) < 1:
@@ -165,3 +169,10 @@ class EngineConfig:
     @property
     def prefill_matmul_dtype(self) -> str:
         return prefill_matmul_dtype(self.dtype, self.device, self.quantized_weights)
+
+
+def max_model_len(config: EngineConfig, max_positions: int, num_blocks: int) -> int:
+    """Prompt plus generated tokens at most: the configured limit, within the model's
+    positions and what the KV pool holds."""
+    limit = config.max_model_len or max_positions
+    return min(limit, max_positions, num_blocks * config.block_size)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from shared.engine.config import EngineConfig
+from shared.engine.config import EngineConfig, max_model_len
 from shared.engine.device import with_concrete_device
 from shared.engine.grammar import Grammars
 from shared.engine.interface import EngineInfo, EngineInterface, EngineStats
@@ -98,8 +98,7 @@ class LLMEngine:
             ),
             self._kv,
         )
-        limit = config.max_model_len or mc.max_position_embeddings
-        self._max_model_len = min(limit, mc.max_position_embeddings, num_blocks * config.block_size)
+        self._max_model_len = max_model_len(config, mc.max_position_embeddings, num_blocks)
         self._eos_token_ids = set(mc.eos_token_ids)
         if self._tokenizer is not None and self._tokenizer.eos_token_id is not None:
             self._eos_token_ids.add(self._tokenizer.eos_token_id)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from shared.engine.config import EngineConfig
+from shared.engine.config import EngineConfig, max_model_len
+from shared.engine.cuda_graphs import DecodeGraphs
 from shared.engine.logits_process import History, adjusted
 from shared.engine.logprob import TokenLogprob
 from shared.engine.metadata import attention_metadata
@@ -56,7 +57,12 @@ class ModelRunner:
     """
 
     def __init__(
-        self, model: LlamaModel, storage: KVStorage, backend: AttentionBackend, fused: bool = True
+        self,
+        model: LlamaModel,
+        storage: KVStorage,
+        backend: AttentionBackend,
+        fused: bool = True,
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         self.model = model
         self.storage = storage
@@ -64,6 +70,7 @@ class ModelRunner:
         self.block_size = storage.block_size
         self.device = storage.kv.device
         self.fused = fused_decode(model, backend) if fused else None
+        self.graphs = graphs
 
     @property
     def weight_bytes(self) -> int:
@@ -78,10 +85,14 @@ class ModelRunner:
         on_layer_done: Callable[[int], None] | None = None,
         before_layer: Callable[[int], None] | None = None,
     ) -> list[torch.Tensor]:
-        """Run the chunks; return float32 logits [num_logits, vocab] per chunk, in order."""
+        """Run the chunks; return float32 logits [num_logits, vocab] per chunk, in order
+        (a CUDA graph's are valid until the next step)."""
+        hooked = on_layer_done is not None or before_layer is not None
+        own_backend = backend is None or backend is self.backend
+        if self.graphs is not None and not hooked and own_backend and self.graphs.fits(chunks):
+            return self.graphs.run(chunks)
         order, ordered = decode_first(chunks)
         input_ids, positions, meta = self.prepare(ordered)
-        hooked = on_layer_done is not None or before_layer is not None
         fused = self._fused_for(meta, backend) if not hooked else None
         if fused is not None:
             hidden = fused.forward(input_ids, positions, meta)
@@ -177,7 +188,30 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
     )
     backend = attention_backend(config.attention, storage, mc.head_dim)
     log.info("attention backend %s on %s", backend_name(backend), device)
-    return ModelRunner(model, storage, backend, config.fused_decode), mc, num_blocks
+    graphs = decode_graphs(config, model, storage, backend, num_blocks)
+    runner = ModelRunner(model, storage, backend, config.fused_decode, graphs)
+    return runner, mc, num_blocks
+
+
+def decode_graphs(
+    config: EngineConfig,
+    model: LlamaModel,
+    storage: KVStorage,
+    backend: AttentionBackend,
+    num_blocks: int,
+) -> DecodeGraphs | None:
+    """CUDA graphs for decode steps where they apply: a GPU, the engine's own KV, and the
+    Triton backend (its KV write skips the padding rows' slots)."""
+    if not (config.cuda_graphs and storage.kv.is_cuda and config.local_kv):
+        return None
+    if backend_name(backend) != "triton":
+        return None
+    max_len = max_model_len(config, model.config.max_position_embeddings, num_blocks)
+    max_blocks = -(-max_len // config.block_size)
+    log.info("decode steps replay CUDA graphs (batch buckets up to %d)", config.max_num_seqs)
+    return DecodeGraphs(
+        model, backend, storage.kv.device, config.block_size, config.max_num_seqs, max_blocks
+    )
 
 
 def decode_first(chunks: Sequence[SeqChunk]) -> tuple[list[int], list[SeqChunk]]:

@@ -7,6 +7,7 @@ request alone, and every other row of the batch is sampled as usual.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -24,8 +25,7 @@ def sample(
     generators: Sequence[torch.Generator | None],
 ) -> list[int]:
     """logits [B, vocab] float32 -> one token id per row, or SAMPLING_FAILED."""
-    usable = _usable_rows(logits).tolist()
-    greedy = logits.argmax(dim=-1).tolist()
+    greedy, usable = _greedy_and_usable(logits)
     return [
         SAMPLING_FAILED
         if not usable[i]
@@ -36,10 +36,34 @@ def sample(
     ]
 
 
-def _usable_rows(logits: torch.Tensor) -> torch.Tensor:
-    """-inf is a masked token (penalties, biases, a grammar); NaN and +inf are broken."""
-    broken = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1)
-    return ~broken & torch.isfinite(logits).any(dim=-1)
+def _greedy_and_usable(logits: torch.Tensor) -> tuple[list[int], list[bool]]:
+    """Each row's argmax, and whether the row can be sampled at all: -inf is a masked token
+    (penalties, biases, a grammar), NaN and +inf are broken. A row's max is NaN when any
+    logit is, +inf when one is, -inf when all are masked: usable exactly when finite.
+    One read of the logits and one device-to-host copy (on a GPU, one synchronisation)."""
+    values, indices = row_max(logits, _slices(logits.shape[1]) if logits.is_cuda else 1)
+    rows = torch.stack((indices, torch.isfinite(values).long())).tolist()
+    return rows[0], [bool(u) for u in rows[1]]
+
+
+def row_max(logits: torch.Tensor, slices: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's max and the index of its first occurrence, over `slices` equal slices
+    then their maxima. On a GPU one block reducing a 128k vocabulary alone takes ~27 us
+    on an H200, a sizable share of a small model's decode step; 256 slices side by side,
+    then their maxima, take a few."""
+    if slices == 1:
+        top = logits.max(dim=-1)
+        return top.values, top.indices
+    width = logits.shape[1] // slices
+    part = logits.reshape(logits.shape[0], slices, width).max(dim=-1)
+    values, best = part.values.max(dim=-1)  # the first slice holding the max: first index
+    return values, best * width + part.indices.gather(1, best[:, None])[:, 0]
+
+
+@functools.cache
+def _slices(vocab: int, most: int = 256) -> int:
+    """The most equal slices, up to `most`, that a vocabulary divides into."""
+    return next(n for n in range(min(most, vocab), 0, -1) if vocab % n == 0)
 
 
 def sampling_failure(params: SamplingParams) -> str:

@@ -6,6 +6,7 @@ The torch version of each op is the reference; the native one must match it.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -18,12 +19,30 @@ def _native(x: torch.Tensor):
     return cpu_ops() if x.device.type == "cpu" else None
 
 
+def _gpu(x: torch.Tensor):
+    """The Triton kernels (shared/model/triton_ops.py) for a CUDA tensor where Triton is
+    installed; None elsewhere (torch's ops)."""
+    return _triton_ops() if x.is_cuda else None
+
+
+@functools.cache
+def _triton_ops():
+    try:
+        from shared.model import triton_ops
+    except ImportError:  # a CUDA torch without Triton: torch's ops
+        return None
+    return triton_ops
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     native = _native(x)
     if native is not None and x.is_contiguous():
         out = torch.empty_like(x)
         native.rms_norm(out, x, weight, eps)
         return out
+    gpu = _gpu(x)
+    if gpu is not None and x.dim() == 2 and x.stride(1) == 1:
+        return gpu.rms_norm(x, weight, eps)
     return rms_norm_torch(x, weight, eps)
 
 
@@ -41,6 +60,10 @@ def add_rms_norm(
     native = _native(x)
     if native is not None and x.is_contiguous() and residual.is_contiguous():
         native.add_rms_norm_(x, residual, weight, eps)
+        return x, residual
+    gpu = _gpu(x)
+    if gpu is not None and x.dim() == 2 and x.stride(1) == 1 and residual.stride(1) == 1:
+        gpu.add_rms_norm_(x, residual, weight, eps)
         return x, residual
     residual = x + residual
     return rms_norm_torch(residual, weight, eps), residual
@@ -96,6 +119,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
         native.silu_and_mul(out, gate_up)
         return out
+    gpu = _gpu(gate_up)
+    if gpu is not None and gate_up.dim() == 2 and gate_up.stride(1) == 1:
+        return gpu.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -110,6 +136,10 @@ def rotary_(
     native = _native(qkv)
     if native is not None and qkv.stride(1) == 1:
         native.rotary_(qkv, cos, sin, num_heads, head_dim)
+        return
+    gpu = _gpu(qkv)
+    if gpu is not None and qkv.stride(1) == 1 and cos.stride(1) == 1 and sin.stride(1) == 1:
+        gpu.rotary_(qkv, cos, sin, num_heads, head_dim)
         return
     rotary_torch_(qkv, cos, sin, num_heads, head_dim)
 
@@ -136,6 +166,10 @@ def write_kv(
     native = _native(k)
     if native is not None and k.stride(1) == k.shape[2] and k.stride(2) == 1:
         native.write_kv(k, v, k_cache, v_cache, slots)
+        return
+    gpu = _gpu(k)
+    if gpu is not None and k.stride(2) == 1 and v.stride(2) == 1 and k_cache.stride(3) == 1:
+        gpu.write_kv(k, v, k_cache, v_cache, slots)
         return
     k_cache.flatten(0, 1).index_copy_(0, slots, k)
     v_cache.flatten(0, 1).index_copy_(0, slots, v)

@@ -37,8 +37,16 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
 class RotaryEmbedding:
     def __init__(self, rope: RopeConfig, head_dim: int) -> None:
         self.inv_freq = inverse_frequencies(rope, head_dim)
+        # NOTE: a copy per device, made once: copying it every step is a host-to-device
+        # transfer per forward, and a CUDA graph cannot capture one.
+        self._on_device: dict[torch.device, torch.Tensor] = {self.inv_freq.device: self.inv_freq}
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 cos and sin for `positions` [T], each [T, head_dim / 2]."""
-        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+        freqs = positions.float()[:, None] * self._inv_freq_on(positions.device)[None, :]
         return freqs.cos(), freqs.sin()
+
+    def _inv_freq_on(self, device: torch.device) -> torch.Tensor:
+        if device not in self._on_device:
+            self._on_device[device] = self.inv_freq.to(device)
+        return self._on_device[device]

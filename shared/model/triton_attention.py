@@ -13,6 +13,7 @@ CI checks them against the torch backend.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -27,6 +28,13 @@ from shared.model.attention import AttentionMetadata, PrefillSpan
 # operand edge; larger tiles are a tuning matter for a real GPU, not for correctness.
 PREFILL_BLOCK_M = 16
 BLOCK_N = 16
+# Decode: keys per inner step. A decode step at batch 1 has only as many programs as KV
+# heads, each walking its whole context, so contexts are split over more programs until
+# the GPU has about PROGRAMS_PER_SM per multiprocessor, and a second kernel merges their
+# results (flash-decoding). The split follows the batch and the block table's width, not
+# the lengths, so a CUDA graph captured for a shape stays valid for every context in it.
+DECODE_BLOCK_N = 64
+PROGRAMS_PER_SM = 2
 
 
 class TritonPagedAttention:
@@ -71,8 +79,19 @@ def decode_attention(
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    _decode_kernel[(num_seqs, num_kv_heads)](
+    partition, splits = _decode_split(num_seqs * num_kv_heads, block_table, k_cache)
+    # Split: each program's softmax-normalised part and its log-sum-exp, merged after.
+    parts = torch.empty(
+        (num_seqs, num_heads, splits, head_dim) if splits > 1 else (0,),
+        dtype=torch.float32,
+        device=q.device,
+    )
+    lse = torch.empty((num_seqs, num_heads, splits) if splits > 1 else (0,), device=q.device)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    _decode_kernel[(num_seqs, num_kv_heads, splits)](
         out,
+        parts,
+        lse,
         q,
         k_cache,
         v_cache,
@@ -83,13 +102,46 @@ def decode_attention(
         block_table.stride(0),
         k_cache.shape[1],
         head_dim,
+        num_heads,
+        splits,
+        partition,
         GROUP=group,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=BLOCK_N,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_N=DECODE_BLOCK_N,
+        BLOCK_D=block_d,
+        SPLIT=splits > 1,
         PRECISION=_precision(q),
         DOT_F32=_dot_in_float32(q),
     )
+    if splits > 1:
+        _merge_kernel[(num_seqs, num_heads)](
+            out,
+            parts,
+            lse,
+            out.stride(0),
+            out.stride(1),
+            num_heads,
+            splits,
+            head_dim,
+            BLOCK_S=triton.next_power_of_2(splits),
+            BLOCK_D=block_d,
+        )
+
+
+def _decode_split(programs: int, block_table: torch.Tensor, k_cache: torch.Tensor):
+    """(tokens per split, splits): as many splits as fill the GPU, of whole key tiles."""
+    max_tokens = block_table.shape[1] * k_cache.shape[1]  # what the table can address
+    wanted = triton.cdiv(_multiprocessors(k_cache.device) * PROGRAMS_PER_SM, programs)
+    splits = max(1, min(wanted, triton.cdiv(max_tokens, DECODE_BLOCK_N)))
+    partition = triton.cdiv(triton.cdiv(max_tokens, splits), DECODE_BLOCK_N) * DECODE_BLOCK_N
+    return partition, triton.cdiv(max_tokens, partition)
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1  # Triton's interpreter: programs run one by one anyway
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def prefill_attention(
@@ -183,6 +235,8 @@ def _attend(q, k, v, visible, m_i, l_i, acc, scale, PRECISION: tl.constexpr, DOT
 @triton.jit
 def _decode_kernel(
     out_ptr,
+    parts_ptr,
+    lse_ptr,
     q_ptr,
     k_ptr,
     v_ptr,
@@ -199,15 +253,20 @@ def _decode_kernel(
     stride_table,
     block_size,
     head_dim,
+    num_heads,
+    num_splits,
+    partition,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     rows = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, BLOCK_D)
     offsets = tl.arange(0, BLOCK_N)
@@ -219,25 +278,73 @@ def _decode_kernel(
         other=0.0,
     )
     context_len = tl.load(lens_ptr + seq)
+    first, last = 0, context_len
+    if SPLIT:
+        first = split * partition
+        last = tl.minimum(context_len, first + partition)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     if DOT_F32:
         q = q.to(tl.float32)
-    for start in range(0, context_len, BLOCK_N):
+    for start in range(first, last, BLOCK_N):
         positions = start + offsets
-        visible = positions < context_len
+        visible = positions < last
         blocks = tl.load(table_ptr + seq * stride_table + positions // block_size, mask=visible)
-        token = blocks * stride_kb + (positions % block_size) * stride_kt + kv_head * stride_kh
+        token = blocks.to(tl.int64) * stride_kb + (positions % block_size) * stride_kt
+        token += kv_head * stride_kh
         kv_mask = visible[:, None] & (dims < head_dim)[None, :]
         k = tl.load(k_ptr + token[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + token[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         m_i, l_i, acc = _attend(q, k, v, visible[None, :], m_i, l_i, acc, scale, PRECISION, DOT_F32)
-    acc = acc / l_i[:, None]
+    # A padding row of a CUDA graph's batch, or a split past the context, saw no key:
+    # zeros, not 0 / 0.
+    acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if SPLIT:
+        part = (seq * num_heads + heads) * num_splits + split
+        tl.store(parts_ptr + part[:, None] * head_dim + dims[None, :], acc, mask=row_mask)
+        lse = tl.where(l_i > 0, m_i + tl.log(l_i), float("-inf"))
+        tl.store(lse_ptr + part, lse, mask=rows < GROUP)
+    else:
+        tl.store(
+            out_ptr + seq * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=row_mask,
+        )
+
+
+@triton.jit
+def _merge_kernel(
+    out_ptr,
+    parts_ptr,
+    lse_ptr,
+    stride_ot,
+    stride_oh,
+    num_heads,
+    num_splits,
+    head_dim,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """One sequence and head: its splits' parts weighted by their share of the softmax."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, BLOCK_D)
+    first = (seq * num_heads + head) * num_splits
+    lse = tl.load(lse_ptr + first + splits, mask=splits < num_splits, other=float("-inf"))
+    top = tl.max(lse, 0)
+    weights = tl.exp(lse - tl.where(top == float("-inf"), 0.0, top))
+    mask = (splits < num_splits)[:, None] & (dims < head_dim)[None, :]
+    parts = tl.load(
+        parts_ptr + (first + splits)[:, None] * head_dim + dims[None, :], mask=mask, other=0.0
+    )
+    total = tl.sum(weights, 0)
+    merged = tl.sum(parts * weights[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(
-        out_ptr + seq * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-        acc.to(out_ptr.dtype.element_ty),
-        mask=row_mask,
+        out_ptr + seq * stride_ot + head * stride_oh + dims,
+        merged.to(out_ptr.dtype.element_ty),
+        mask=dims < head_dim,
     )
 
 

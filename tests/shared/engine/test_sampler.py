@@ -121,3 +121,16 @@ def test_logprobs_of_chosen_and_top_tokens() -> None:
 def test_bad_parameters_are_refused_clearly(bad) -> None:
     with pytest.raises(InvalidRequest, match=f"^{next(iter(bad))}"):
         SamplingParams(**bad)
+
+
+def test_row_max_over_slices_is_the_first_max_of_the_row():
+    from shared.engine.sampler import row_max
+
+    logits = torch.randn(4, 96)
+    logits[0, [5, 60]] = 9.0  # a tie across slices: the first wins
+    logits[1, [40, 41]] = 9.0  # a tie inside one slice
+    logits[2, 17] = float("nan")
+    values, indices = row_max(logits, slices=8)
+    assert indices[:2].tolist() == [5, 40]
+    assert indices[3] == logits[3].argmax() and values[3] == logits[3].max()
+    assert values[2].isnan()

@@ -20,6 +20,7 @@ from shared.kvcache.storage import KVStorage
 from shared.model.attention import TorchPagedAttention
 from shared.model.attention_choice import attention_backend
 
+pytestmark = pytest.mark.triton
 pytest.importorskip("triton", reason="Triton is not installed (it comes with the dev extra)")
 assert torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"  # conftest.py
 from shared.model.triton_attention import TritonPagedAttention  # noqa: E402
@@ -39,11 +40,13 @@ class Chunk:
         return self.start_pos + self.num_tokens
 
 
-def run_both(chunks, num_heads, num_kv_heads, head_dim, dtype):
+def run_both(
+    chunks, num_heads, num_kv_heads, head_dim, dtype, num_blocks=16, block_size=BLOCK_SIZE
+):
     torch.manual_seed(0)
-    storage = KVStorage(1, 16, BLOCK_SIZE, num_kv_heads, head_dim, dtype, DEVICE)
+    storage = KVStorage(1, num_blocks, block_size, num_kv_heads, head_dim, dtype, DEVICE)
     storage.kv.normal_()  # prefixes already cached; the chunks overwrite their own slots
-    _, meta = attention_metadata(chunks, BLOCK_SIZE, DEVICE)
+    _, meta = attention_metadata(chunks, block_size, DEVICE)
     num_tokens = sum(c.num_tokens for c in chunks)
     q = torch.randn(num_tokens, num_heads, head_dim, dtype=dtype, device=DEVICE)
     k, v = (
@@ -51,7 +54,7 @@ def run_both(chunks, num_heads, num_kv_heads, head_dim, dtype):
     )
     outputs = []
     for backend_type in (TorchPagedAttention, TritonPagedAttention):
-        copy = KVStorage(1, 16, BLOCK_SIZE, num_kv_heads, head_dim, dtype, DEVICE)
+        copy = KVStorage(1, num_blocks, block_size, num_kv_heads, head_dim, dtype, DEVICE)
         copy.kv.copy_(storage.kv)
         outputs.append((backend_type(copy, head_dim).forward(0, q, k, v, meta), copy.kv))
     return outputs
@@ -90,6 +93,19 @@ def test_triton_matches_torch_on_single_kinds(chunks):
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
 
 
+def test_long_decode_contexts_split_over_programs_and_merge(monkeypatch):
+    """Contexts split over programs (as many as a GPU's multiprocessors want: here forced,
+    the interpreter counts one); a short context beside long ones leaves its later splits
+    empty, which the merge must weigh as nothing."""
+    from shared.model import triton_attention
+
+    monkeypatch.setattr(triton_attention, "PROGRAMS_PER_SM", 64)  # 9 splits of 128 tokens
+    long_blocks = tuple(range(70, 1, -1))  # 69 scattered blocks of 16: 1,100 tokens
+    chunks = [Chunk(1099, 1, long_blocks), Chunk(4, 1, (75,)), Chunk(600, 1, tuple(range(38)))]
+    (expected, _), (got, _) = run_both(chunks, 6, 2, 32, torch.float32, 80, 16)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
 def test_bfloat16_within_its_tolerance():
     (expected, _), (got, _) = run_both(MIXED_STEP, 6, 2, 32, torch.bfloat16)
     torch.testing.assert_close(got.float(), expected.float(), atol=2e-2, rtol=2e-2)
@@ -110,6 +126,7 @@ def test_an_engine_on_triton_attention_decodes_as_on_torch(tiny_llama_dir):
     for attention in ("torch", "triton"):
         config = EngineConfig(
             model=str(tiny_llama_dir),
+            device=DEVICE,
             dtype="float32",
             attention=attention,
             block_size=4,
