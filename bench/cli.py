@@ -18,6 +18,7 @@ from bench import (
     failover,
     fairness,
     gemv,
+    gpu_step,
     grammar,
     kvstore,
     offload,
@@ -34,6 +35,7 @@ from shared import cli
 BENCHMARKS = (
     engine,
     decode_profile,
+    gpu_step,
     gemv,
     quant,
     sampling,

@@ -99,7 +99,7 @@ SETTINGS: dict[str, Setting] = {
     "device": Setting(
         "--device",
         "auto (CUDA where torch sees it, else CPU), cpu, cuda or cuda:N",
-        default="cpu",
+        default="auto",
     ),
     "attention": Setting(
         "--attention",
