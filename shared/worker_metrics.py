@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Gauge
 
+from shared.engine.interface import EngineInfo
 from shared.engine.stats import EngineStats
 from shared.metrics import Metrics
 
@@ -33,3 +34,16 @@ class LoadGauges:
         self.waiting.set(stats.num_waiting)
         self.queued_tokens.set(stats.queued_tokens)
         self.kv_usage.set(stats.usage if stats.total_blocks else 0.0)
+
+
+def show_engine(metrics: Metrics, info: EngineInfo) -> None:
+    """`kvstack_<service>_engine_info` 1, labelled with what was chosen at start-up: the
+    device, dtype, attention backend and whether decode steps replay CUDA graphs."""
+    gauge = metrics.gauge(
+        "engine_info",
+        "the engine as started: device, dtype, attention backend, CUDA graphs",
+        ("device", "dtype", "attention", "cuda_graphs"),
+    )
+    config = info.config
+    labels = (config.device, config.resolved_dtype, info.attention, str(info.cuda_graphs).lower())
+    gauge.labels(*labels).set(1)

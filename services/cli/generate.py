@@ -69,6 +69,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="decode layer by layer through the model's modules, not one native call a step",
     )
+    p.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="on a GPU, decode eagerly instead of replaying CUDA graphs",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--json", action="store_true", help="print ids, text and logprobs as JSON")
     p.set_defaults(run=run)
@@ -84,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             attention=args.attention,
             activations=args.activations,
             fused_decode=not args.no_fused_decode,
+            cuda_graphs=not args.no_cuda_graphs,
             num_threads=args.threads,
         )
     )

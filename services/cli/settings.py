@@ -145,6 +145,13 @@ SETTINGS: dict[str, Setting] = {
         switch=True,
         default=False,
     ),
+    "no_cuda_graphs": Setting(
+        "--no-cuda-graphs",
+        "on a GPU, run decode steps eagerly instead of replaying CUDA graphs (the same "
+        "results, slower; for comparison and debugging)",
+        switch=True,
+        default=False,
+    ),
     # The data plane.
     "data_host": Setting("--data-host", "data-plane bind address", default="127.0.0.1"),
     "data_port": Setting("--data-port", type=int, default=0),
@@ -531,6 +538,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "cores",
         "no_prefix_cache",
         "no_fused_decode",
+        "no_cuda_graphs",
         *ENGINE,
         "max_tokens_limit",
         "read_timeout",

@@ -17,7 +17,7 @@ from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
-from shared.worker_metrics import LoadGauges
+from shared.worker_metrics import LoadGauges, show_engine
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class ColocatedService(GatewayService):
     async def start_alone(self) -> None:
         loop = asyncio.get_running_loop()
         engine = await loop.run_in_executor(None, LLMEngine, self.engine_config)
+        show_engine(self.metrics, engine.info)
         # NOTE: the engine's context limit is also what its KV cache holds; the gateway
         # checks prompts against it, so a 400 comes before any work.
         self.limits = dataclasses.replace(self.limits, max_model_len=engine.info.max_model_len)

@@ -53,7 +53,7 @@ from shared.transfer.factory import make_receiver
 from shared.transfer.tcp import TcpKVSender
 from shared.worker import WorkerConfig, prompt_problem, worker_heartbeat, worker_stats
 from shared.worker_core import Refusal
-from shared.worker_metrics import LoadGauges
+from shared.worker_metrics import LoadGauges, show_engine
 
 log = logging.getLogger("kvstack.decode")
 
@@ -102,6 +102,10 @@ class DecodeService(Service):
             await self._start_offloaded(bus, token)
         else:
             await self._start_local(bus, loop, token)
+        info = self.engine.info
+        if self.group is not None:  # attention runs on the group's workers
+            info = dataclasses.replace(info, attention="offloaded")
+        show_engine(self.metrics, info)
         self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs, step=self._step)
         self.engine_loop.on_broken = lambda reason: self.fail(f"engine broken: {reason}")
         self.engine_loop.start()

@@ -63,7 +63,7 @@ from shared.transfer.factory import make_sender
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from shared.worker import WorkerConfig, prompt_problem, worker_heartbeat, worker_stats
 from shared.worker_core import error_code, intake_refusal
-from shared.worker_metrics import LoadGauges
+from shared.worker_metrics import LoadGauges, show_engine
 
 log = logging.getLogger("kvstack.prefill")
 
@@ -96,6 +96,7 @@ class PrefillService(Service):
         self.engine: EngineInterface = await loop.run_in_executor(
             None, LLMEngine, self.config.engine_config()
         )
+        show_engine(self.metrics, self.engine.info)
         token = self.config.data_token or None
         self.sender = TcpKVSender(auth_token=token)  # pool and peers
         self.kv_out = make_sender(self.config.transport, token)  # the stream to decode

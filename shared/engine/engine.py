@@ -117,6 +117,8 @@ class LLMEngine:
             self._tokenizer,
             self._runner.weight_bytes,
             self._scheduler.prefill_chunk_cap,
+            self._runner.attention_name,
+            getattr(self._runner, "graphs", None) is not None,
         )
 
     @property

@@ -40,6 +40,8 @@ class EngineInfo:
     tokenizer: Tokenizer | None  # None when the model directory has none
     weight_bytes: int  # the model's weights in memory (0: the mock engine has none)
     prefill_chunk_cap: int  # prompt tokens per step while several prefill (0: no cap)
+    attention: str = "none"  # the attention backend chosen at start-up ("mock": none)
+    cuda_graphs: bool = False  # decode steps replay CUDA graphs (shared/engine/cuda_graphs.py)
 
     @property
     def block_size(self) -> int:

@@ -72,6 +72,10 @@ class MockRunner:
     def weight_bytes(self) -> int:
         return 0  # no weights in memory
 
+    @property
+    def attention_name(self) -> str:
+        return "mock"  # no attention computed
+
     def execute(
         self,
         chunks: Sequence[SeqChunk],

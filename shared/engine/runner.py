@@ -73,6 +73,10 @@ class ModelRunner:
         self.graphs = graphs
 
     @property
+    def attention_name(self) -> str:
+        return backend_name(self.backend)
+
+    @property
     def weight_bytes(self) -> int:
         tensors = [*self.model.parameters(), *self.model.buffers()]  # quantized blocks: buffers
         return sum(t.numel() * t.element_size() for t in tensors)

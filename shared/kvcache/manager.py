@@ -56,6 +56,9 @@ class KVCacheManager:
         `cached` (only for a request without a table yet) are prefix-hit blocks that
         become the head of the table. Returns False, changing nothing, when short.
         """
+        held = self.block_tables.get(request_id, ())
+        if not cached and len(held) * self.block_size >= num_tokens:
+            return True  # most decode steps: the last block has room
         if not self.can_allocate(request_id, num_tokens, cached):
             return False
         table = self.block_tables.setdefault(request_id, [])

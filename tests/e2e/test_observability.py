@@ -197,6 +197,19 @@ def test_traffic_shows_in_the_counters(scraped) -> None:
     assert value("prefill-0", "kvstack_prefill_kv_transfer_bytes_total") > 0
 
 
+def test_engine_info_names_what_each_worker_chose(scraped) -> None:
+    """The engine's device, dtype, attention and CUDA graphs, labelled on one series."""
+    for worker, service in (("prefill-0", "prefill"), ("decode-0", "decode")):
+        name = f"kvstack_{service}_engine_info"
+        families = text_string_to_metric_families(scraped[worker])
+        samples = [s for family in families for s in family.samples if s.name == name]
+        assert [s.value for s in samples] == [1.0], (worker, samples)
+        labels = samples[0].labels
+        assert labels == dict(
+            device="cpu", dtype=labels["dtype"], attention="mock", cuda_graphs="false"
+        )
+
+
 def test_the_dashboard_queries_only_metrics_that_exist(scraped) -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tests.conftest import make_hf_model
@@ -116,3 +117,10 @@ async def test_serve_on_the_gpu_answers_requests_side_by_side(server):
             assert response.status == 200
             events = [line async for line in response.content if line.startswith(b"data: ")]
         assert events[-1].strip() == b"data: [DONE]" and len(events) >= 3
+        async with session.get(f"{url}/metrics") as response:
+            metrics = await response.text()
+        families = text_string_to_metric_families(metrics)
+        info = [s for f in families for s in f.samples if s.name == "kvstack_gateway_engine_info"]
+        assert [
+            (s.labels["device"], s.labels["attention"], s.labels["cuda_graphs"]) for s in info
+        ] == [("cuda", "triton", "true")]
