@@ -49,13 +49,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--before",
-        choices=("routing", "float-activations", "unfused", "openmp", "eager"),
+        choices=("routing", "float-activations", "unfused", "openmp", "eager", "cublas"),
         default="routing",
         help="the 'before' column: matmuls routed as before the native GEMV took float32, "
         "a second engine whose quantized weights take float activations, one whose decode "
         "steps run layer by layer (--no-fused-decode), or the same engine with its fused "
         "decode steps' loops on OpenMP instead of their own thread pool, or (on a GPU) a "
-        "second engine whose decode steps run eagerly instead of as CUDA graphs",
+        "second engine whose decode steps run eagerly instead of as CUDA graphs, or one "
+        "whose every matmul goes to cuBLAS (no Triton GEMV)",
     )
     p.add_argument(
         "--step-thread",
@@ -245,6 +246,8 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return OpenMPSteps(ours)
     if args.before == "eager":
         return KvstackSide(LLMEngine(dataclasses.replace(config, cuda_graphs=False)))
+    if args.before == "cublas":  # every matmul to the library: no Triton GEMV
+        return RoutingBefore(KvstackSide(LLMEngine(config)), routing={})
     return RoutingBefore(ours)
 
 
@@ -285,17 +288,18 @@ class OpenMPSteps:
 
 
 class RoutingBefore:
-    """The same engine with its matmuls routed as before (ROUTING_BEFORE)."""
+    """An engine with its matmuls routed as before (ROUTING_BEFORE, or `routing`). On a
+    GPU give it an engine of its own: its CUDA graphs keep the routing they captured."""
 
-    def __init__(self, side: KvstackSide) -> None:
-        self.side = side
+    def __init__(self, side: KvstackSide, routing: dict = ROUTING_BEFORE) -> None:
+        self.side, self.routing = side, routing
 
     def prefill_rate(self, n: int, repeats: int) -> float:
-        with ops.gemv_rows(ROUTING_BEFORE):
+        with ops.gemv_rows(self.routing):
             return self.side.prefill_rate(n, repeats)
 
     def decode_rate(self, batch: int, prompt_len: int, num_tokens: int, repeats: int) -> float:
-        with ops.gemv_rows(ROUTING_BEFORE):
+        with ops.gemv_rows(self.routing):
             return self.side.decode_rate(batch, prompt_len, num_tokens, repeats)
 
 
@@ -434,6 +438,8 @@ def format_table(report: dict) -> str:
         lines.append("before: a second engine, its quantized weights' GEMV on float activations")
     elif has_before and report["before"] == "unfused":
         lines.append("before: a second engine, its decode steps layer by layer (no fused decode)")
+    elif has_before and report["before"] == "cublas":
+        lines.append("before: a second engine, every matmul through cuBLAS (no Triton GEMV)")
     elif has_before and report["before"] == "eager":
         lines.append("before: a second engine, its decode steps eager (no CUDA graphs)")
     elif has_before and report["before"] == "openmp":

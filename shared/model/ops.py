@@ -77,13 +77,20 @@ def add_rms_norm(
 GEMV_MAX_ROWS: dict[str | None, dict[torch.dtype, int]] = {
     "avx512": {torch.float32: 8, torch.bfloat16: 4, torch.float16: 4},
     "avx2": {torch.float32: 6, torch.bfloat16: 2, torch.float16: 2},
+    # On a GPU, the Triton GEMV (shared/model/triton_ops.py) takes one half-width row;
+    # float32 stays with cuBLAS (IEEE sums, for parity with transformers).
+    # NOTE: measured against cuBLAS with `python -m bench engine --device cuda --before
+    # cublas` (docs/benchmarks.md, "The engine on a GPU").
+    "cuda": {torch.bfloat16: 1, torch.float16: 1},
 }
 _gemv_override: dict[torch.dtype, int] | None = None
 
 
-def gemv_max_rows(dtype: torch.dtype) -> int:
-    limits = _gemv_override if _gemv_override is not None else GEMV_MAX_ROWS.get(chosen_isa(), {})
-    return limits.get(dtype, 0)
+def gemv_max_rows(dtype: torch.dtype, device_type: str = "cpu") -> int:
+    if _gemv_override is not None:
+        return _gemv_override.get(dtype, 0)
+    key = chosen_isa() if device_type == "cpu" else device_type
+    return GEMV_MAX_ROWS.get(key, {}).get(dtype, 0)
 
 
 @contextlib.contextmanager
@@ -109,6 +116,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         out = x.new_empty(x.shape[0], weight.shape[0])
         native.small_linear(out, x.contiguous(), weight, bias)
         return out
+    gpu = _gpu(x)
+    if (
+        gpu is not None
+        and x.dim() == 2
+        and x.shape[0] == 1
+        and gemv_max_rows(x.dtype, "cuda") >= 1
+        and x.dtype == weight.dtype
+        and x.stride(1) == 1
+        and weight.stride(1) == 1
+    ):
+        return gpu.gemv(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

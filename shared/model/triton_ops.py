@@ -10,6 +10,8 @@ is how CI checks them.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -95,6 +97,73 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         gate_up, out, width // 2, gate_up.stride(0), out.stride(0), BLOCK=block
     )
     return out
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [1, K] @ weight [N, K].T (+ bias): each program streams a band of the weight once,
+    accumulating in float32 (cuBLAS's kernels for one row leave part of the bandwidth
+    unused on a decode step's small matrices)."""
+    if x.shape[0] != 1:
+        raise ValueError("the Triton GEMV takes one row")
+    out = x.new_empty(1, weight.shape[0])
+    grid = lambda meta: (triton.cdiv(weight.shape[0], meta["BLOCK_N"]),)
+    args = (x, weight, bias if bias is not None else weight, out, weight.shape[0], x.shape[1])
+    if os.environ.get("TRITON_INTERPRET") == "1":  # no GPU to tune on: one fixed tile
+        _gemv_kernel[grid](*args, weight.stride(0), bias is not None, BLOCK_N=16, BLOCK_K=256)
+    else:
+        _tuned_gemv[grid](*args, weight.stride(0), HAS_BIAS=bias is not None)
+    return out
+
+
+def _gemv_configs() -> list[triton.Config]:
+    return [
+        triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
+        for n, k, w, s in (
+            (8, 512, 4, 3),
+            (16, 256, 4, 3),
+            (16, 512, 4, 3),
+            (32, 256, 4, 3),
+            (32, 256, 8, 4),
+            (64, 128, 4, 4),
+            (16, 1024, 8, 2),
+        )
+    ]
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    K,
+    stride_w,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    band = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_K)
+    in_band = band < N
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, K, BLOCK_K):
+        k = start + cols
+        w = tl.load(
+            w_ptr + band[:, None] * stride_w + k[None, :],
+            mask=in_band[:, None] & (k < K)[None, :],
+            other=0.0,
+        )
+        xk = tl.load(x_ptr + k, mask=k < K, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * xk.to(tl.float32)[None, :], axis=1)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + band, mask=in_band, other=0.0).to(tl.float32)
+    tl.store(out_ptr + band, acc.to(out_ptr.dtype.element_ty), mask=in_band)
+
+
+# Tile and warps per weight shape, picked by timing each config once at the shape's first
+# call (in a CUDA graph's warm-up pass, before any capture).
+_tuned_gemv = triton.autotune(configs=_gemv_configs(), key=["N", "K"])(_gemv_kernel)
 
 
 @triton.jit

@@ -82,3 +82,12 @@ def test_write_kv_writes_its_slots_and_skips_negative_ones():
     written = torch.zeros(32, dtype=torch.bool, device=DEVICE)
     written[[13, 30]] = True
     assert not flat_k[~written].any() and not flat_v[~written].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "k"), [(72, 576), (50, 100)])  # bands and columns partly filled
+def test_gemv_matches_torch(dtype, n, k):
+    torch.manual_seed(4)
+    x, weight, bias = randn(1, k, dtype=dtype), randn(n, k, dtype=dtype), randn(n, dtype=dtype)
+    close(triton_ops.gemv(x, weight, None), torch.nn.functional.linear(x, weight))
+    close(triton_ops.gemv(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
