@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
+from shared.engine.metadata import ChunkLayout
 from shared.model.attention import AttentionBackend, AttentionMetadata
 from shared.model.llama import ForwardBatch, LlamaModel
 
@@ -32,26 +33,14 @@ MIN_WIDTH = 8  # blocks per row of the smallest block table a graph is captured 
 INPUT_ROWS = 4  # token ids, positions, slots, context lengths; then the block table
 
 
-class DecodeChunk(Protocol):
+class DecodeChunk(ChunkLayout, Protocol):
     """What a decode step needs of a sequence (shared/engine/runner.py's SeqChunk)."""
 
     @property
     def token_ids(self) -> Sequence[int]: ...
 
     @property
-    def start_pos(self) -> int: ...
-
-    @property
-    def block_ids(self) -> Sequence[int]: ...
-
-    @property
-    def num_tokens(self) -> int: ...
-
-    @property
     def num_logits(self) -> int: ...
-
-    @property
-    def context_len(self) -> int: ...
 
 
 @dataclass(frozen=True)
