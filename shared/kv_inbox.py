@@ -134,6 +134,9 @@ class KVInbox:
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str
     ) -> None:
+        if ok:  # onto the GPU before the layer counts as landed (no-op on CPU)
+            for span in spans:
+                self.storage.to_device(layer, span.block_id, span.offset, span.num_tokens)
         with self._lock:
             expected = self._table.get(request_id)
             if expected is None:

@@ -197,6 +197,8 @@ def send_blocks(
     pieces = coalesce(pieces, block_size) if runs else pieces
     hashes = {dest: block_hash for dest, _, block_hash in blocks}
     for layer in range(storage.kv.shape[0]):
+        for _, src, _, n in pieces:
+            storage.to_host(layer, src, 0, n)  # from a GPU, where the KV is there
         spans = [
             (
                 BlockSpan(dest, 0, n, hashes[dest] if n == block_size else 0),

@@ -163,6 +163,7 @@ class MooncakePool:
     def _read(self, block_id: int, into: memoryview) -> None:
         layout = self.layout
         for layer in range(layout.num_layers):
+            self.storage.to_host(layer, block_id, 0, layout.block_size)
             k, v = self.storage.span_bytes(layer, block_id, 0, layout.block_size)
             into[layout.offset(layer, 0) : layout.offset(layer, 1)] = k
             into[layout.offset(layer, 1) : layout.offset(layer + 1, 0)] = v

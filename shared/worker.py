@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.engine.config import EngineConfig
+from shared.engine.device import resolve_device
 from shared.engine.interface import EngineInterface
 from shared.engine.mock import MockSpec
 from shared.engine.stats import EngineStats
@@ -20,6 +21,7 @@ from shared.worker_core import load_heartbeat
 @dataclass(frozen=True)
 class WorkerConfig(ServiceConfig):
     model: str = "SmolLM2-135M-Instruct"
+    device: str = "cpu"  # EngineConfig.device; the KV moves through a host mirror on a GPU
     dtype: str = "auto"
     weights: str = "auto"  # EngineConfig.weights
     activations: str = "float"  # EngineConfig.activations
@@ -51,10 +53,16 @@ class WorkerConfig(ServiceConfig):
                 "attention offload (--attention-workers) does not run with the "
                 "mock engine; use --engine torch"
             )
+        if self.attention_workers and resolve_device(self.device) != "cpu":
+            raise KvstackError(
+                "attention offload (--attention-workers) from a GPU decode worker is not "
+                "built yet (issue 19); run this decode worker with --device cpu"
+            )
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             model=self.model,
+            device=self.device,
             dtype=self.dtype,
             weights=self.weights,
             activations=self.activations,

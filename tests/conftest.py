@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -85,6 +86,35 @@ def make_hf_model(path: Path, arch: str = "llama", seed: int = 0, **overrides) -
     model = model_cls(config).eval()
     model.save_pretrained(path)
     return path
+
+
+SERVED_CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+)
+
+
+def make_served_model(path: Path) -> Path:
+    """A tiny random Llama with a byte-level BPE tokenizer of its 256-token vocabulary and
+    a chat template: what a server needs, where the SmolLM2 package is not installed (the
+    GPU machines)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    model_dir = make_hf_model(path, vocab_size=256)
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    corpus = ["hello world, the cache is where the keys live", "serve it on a GPU"] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=256,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(corpus, trainer)
+    backend.save(str(model_dir / "tokenizer.json"))
+    config = {"eos_token": "</s>", "bos_token": "<s>", "chat_template": SERVED_CHAT_TEMPLATE}
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    return model_dir
 
 
 @pytest.fixture(scope="session")

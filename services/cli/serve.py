@@ -82,6 +82,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
     return WorkerConfig(
         **common_config(args),
         model=args.model,
+        device=args.device,
         dtype=args.dtype,
         weights=args.weights,
         activations=args.activations,

@@ -408,6 +408,7 @@ WORKER = (
     *COMMON,
     *SECURITY,
     "model",
+    "device",
     "dtype",
     "weights",
     "activations",

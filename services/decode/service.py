@@ -151,7 +151,7 @@ class DecodeService(Service):
             self.config.data_host,
             self.config.data_port,
             token,
-            memory=[storage.kv],
+            memory=[storage.host()],  # where frames land: the KV, or its host mirror
         )
         bound = receiver.start()
         self.receiver = receiver

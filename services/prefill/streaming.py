@@ -51,12 +51,13 @@ def layer_spans(storage: KVStorage, layer: int, chunk: SeqChunk, target: Target)
 def _source(
     storage: KVStorage, layer: int, block_id: int, offset: int, num_tokens: int, target: Target
 ):
+    storage.to_host(layer, block_id, offset, num_tokens)  # from a GPU, where the KV is there
     if target.kv_heads is None:
         return storage.span_bytes(layer, block_id, offset, num_tokens)
     # A head slice is strided in the cache: copy it out once, to send without another copy.
     num_blocks = -(-(offset + num_tokens) // storage.block_size)
     heads = slice(*target.kv_heads)
-    k_cache, v_cache = storage.layer(layer)
+    k_cache, v_cache = storage.host()[layer]
     views = []
     for cache in (k_cache, v_cache):
         tokens = cache[block_id : block_id + num_blocks].flatten(0, 1)[offset : offset + num_tokens]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+# Keep a host mirror even on CPU, so the tests exercise a GPU worker's staging there.
+HOST_MIRROR_ENV = "KVSTACK_KV_HOST_MIRROR"
 
 
 class KVStorage:
@@ -10,6 +15,12 @@ class KVStorage:
 
     A block of one layer is contiguous ([block_size, kv_heads, head_dim] for K,
     then the same for V), so layer-wise streaming sends it without a copy.
+
+    The data plane reads and writes host bytes (`span_bytes`). On a GPU those are a
+    pinned host mirror of the KV, made at its first use (a worker that never moves KV
+    never pays its memory): senders copy a span to it first (`to_host`), receivers copy
+    a span they filled back (`to_device`). On CPU both are no-ops and the bytes are the
+    KV itself.
     """
 
     def __init__(
@@ -27,6 +38,8 @@ class KVStorage:
         self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.token_bytes = num_kv_heads * head_dim * self.kv.element_size()
         self._bytes: memoryview | None = None
+        self.mirrored = self.kv.is_cuda or os.environ.get(HOST_MIRROR_ENV) == "1"
+        self._mirror: torch.Tensor | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -52,8 +65,37 @@ class KVStorage:
 
     def flat_bytes(self) -> memoryview:
         if self._bytes is None:
-            self._bytes = self.kv.reshape(-1).view(torch.uint8).numpy().data
+            self._bytes = self.host().reshape(-1).view(torch.uint8).numpy().data
         return self._bytes
+
+    def host(self) -> torch.Tensor:
+        """The KV the data plane reads and writes: itself, or its host mirror."""
+        if not self.mirrored:
+            return self.kv
+        if self._mirror is None:
+            self._mirror = torch.zeros(
+                self.kv.shape, dtype=self.kv.dtype, pin_memory=self.kv.is_cuda
+            )
+        return self._mirror
+
+    def to_host(self, layer: int, block_id: int, offset: int, num_tokens: int) -> None:
+        """K and V of a token run (from a block's `offset`, through consecutive blocks)
+        into the host mirror, before the data plane reads them; returns once copied."""
+        if self.mirrored:
+            for half in (0, 1):
+                run = self._run(layer, half, block_id, offset, num_tokens)
+                run(self.host()).copy_(run(self.kv))
+
+    def to_device(self, layer: int, block_id: int, offset: int, num_tokens: int) -> None:
+        """A token run the data plane wrote into the host mirror, onto the device."""
+        if self.mirrored:
+            for half in (0, 1):
+                run = self._run(layer, half, block_id, offset, num_tokens)
+                run(self.kv).copy_(run(self.host()))
+
+    def _run(self, layer: int, half: int, block_id: int, offset: int, num_tokens: int):
+        start = block_id * self.block_size + offset
+        return lambda kv: kv[layer, half].flatten(0, 1)[start : start + num_tokens]
 
     @staticmethod
     def bytes_per_block(

@@ -5,7 +5,6 @@ where torch sees no GPU (make test-gpu)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import subprocess
 import sys
@@ -15,36 +14,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tests.conftest import make_hf_model
+from tests.conftest import make_served_model
 
 pytestmark = pytest.mark.cuda
-
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
-)
 
 
 @pytest.fixture(scope="module")
 def served_model(tmp_path_factory) -> Path:
-    """A tiny random Llama with a byte-level BPE tokenizer of its 256-token vocabulary."""
-    model_dir = make_hf_model(tmp_path_factory.mktemp("served"), vocab_size=256)
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    corpus = ["hello world, the cache is where the keys live", "serve it on a GPU"] * 20
-    trainer = trainers.BpeTrainer(
-        vocab_size=256,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    backend.train_from_iterator(corpus, trainer)
-    backend.save(str(model_dir / "tokenizer.json"))
-    config = {"eos_token": "</s>", "bos_token": "<s>", "chat_template": CHAT_TEMPLATE}
-    (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
-    return model_dir
+    return make_served_model(tmp_path_factory.mktemp("served"))
 
 
 def free_port() -> int:

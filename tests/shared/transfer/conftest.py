@@ -23,7 +23,7 @@ def make_receiver(transport):
 
     def make(sink, **kwargs):
         if transport == "mooncake":  # the sink's memory registered up front, as workers do
-            kwargs.setdefault("memory", [sink.storage.kv])
+            kwargs.setdefault("memory", [sink.storage.host()])
         receivers.append(new_receiver(transport, sink, **kwargs))
         return receivers[-1], receivers[-1].start()
 
