@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.engine.config import EngineConfig
-from shared.engine.device import resolve_device
 from shared.engine.interface import EngineInterface
 from shared.engine.mock import MockSpec
 from shared.engine.stats import EngineStats
@@ -53,7 +52,7 @@ class WorkerConfig(ServiceConfig):
                 "attention offload (--attention-workers) does not run with the "
                 "mock engine; use --engine torch"
             )
-        if self.attention_workers and resolve_device(self.device) != "cpu":
+        if self.attention_workers and self.device not in ("cpu", "auto"):
             raise KvstackError(
                 "attention offload (--attention-workers) from a GPU decode worker is not "
                 "built yet (issue 19); run this decode worker with --device cpu"
@@ -62,7 +61,9 @@ class WorkerConfig(ServiceConfig):
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             model=self.model,
-            device=self.device,
+            # NOTE: "auto" stays on the CPU with attention workers: offloading from a GPU
+            # is not built, and a GPU machine should still run the offload stack.
+            device="cpu" if self.attention_workers else self.device,
             dtype=self.dtype,
             weights=self.weights,
             activations=self.activations,

@@ -145,6 +145,12 @@ SETTINGS: dict[str, Setting] = {
         switch=True,
         default=False,
     ),
+    "gpus": Setting(
+        "--gpus",
+        "CUDA devices the prefill and decode workers are spread over, round robin, e.g. "
+        "0,1 or all (default: none named; each worker takes --device)",
+        default="",
+    ),
     "no_cuda_graphs": Setting(
         "--no-cuda-graphs",
         "on a GPU, run decode steps eagerly instead of replaying CUDA graphs (the same "
@@ -487,6 +493,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "attention_group_size",
         "micro_batches",
         "model",
+        "device",
+        "gpus",
         "dtype",
         "weights",
         "activations",
@@ -617,6 +625,7 @@ COMMAND_CHANGES: dict[str, dict[str, dict[str, Any]]] = {
 # them under the same name (the few renamed ones, e.g. --kvstore-dram-gib becoming a
 # kvstore's --dram-gib, `up.py` passes itself).
 WORKER_TUNING = (
+    "device",
     "dtype",
     "weights",
     "activations",

@@ -91,6 +91,8 @@ class StackConfig:
     otlp_endpoint: str = ""  # every child's --otlp-endpoint ("": tracing off)
     worker_cores: tuple[int, ...] = ()  # shared out among the model workers (shared/cpu_cores.py);
     # empty: none is pinned
+    worker_devices: tuple[str, ...] = ()  # CUDA devices shared out among the prefill and
+    # decode workers, round robin; empty: each takes its --device
 
 
 @dataclass
@@ -181,6 +183,7 @@ class Stack:
             commands.append(("gateway-0", ["gateway", *http, *engine, *cfg.gateway_args]))
         every = flags(drain_timeout=f"{cfg.drain_timeout:g}", otlp_endpoint=cfg.otlp_endpoint)
         ports, cores = self._fixed_ports(commands), self._cores(commands)
+        devices = self._devices(commands)
         return [
             (
                 name,
@@ -188,11 +191,21 @@ class Stack:
                     command,
                     *flags(worker_id=name, http_port=ports.get(name), cores=cores.get(name)),
                     *args,
+                    *flags(device=devices.get(name)),  # after the forwarded --device: wins
                     *every,
                 ],
             )
             for name, (command, *args) in commands
         ]
+
+    def _devices(self, commands: list[tuple[str, list[str]]]) -> dict[str, str]:
+        """Each prefill and decode worker's CUDA device, round robin over `worker_devices`
+        (attention workers stay on the CPU: Lamina's memory-rich side)."""
+        devices = self.config.worker_devices
+        if not devices:
+            return {}
+        workers = [name for name, (command, *_) in commands if command in ("prefill", "decode")]
+        return {name: devices[i % len(devices)] for i, name in enumerate(workers)}
 
     def _conductors(self, args: list[str]) -> list[tuple[str, list[str]]]:
         cfg = self.config

@@ -126,7 +126,30 @@ def stack_config(args: argparse.Namespace, mooncake_master: str = "") -> StackCo
         otlp_endpoint=args.otlp_endpoint,
         # NOTE: mock workers compute nothing; they are left unpinned.
         worker_cores=chosen_cores(args.cores) if mock is None else (),
+        worker_devices=gpu_devices(args.gpus),
     )
+
+
+def gpu_devices(gpus: str) -> tuple[str, ...]:
+    """--gpus as CUDA device names: "" none, "all" every one torch sees, else indices;
+    checked here, before any worker starts."""
+    if not gpus:
+        return ()
+    import torch  # NOTE: only here: `up` itself runs no model and starts without torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise KvstackError(f"--gpus {gpus}: torch sees no CUDA device on this machine")
+    if gpus == "all":
+        return tuple(f"cuda:{i}" for i in range(count))
+    try:
+        indices = [int(part) for part in gpus.split(",")]
+    except ValueError:
+        raise KvstackError(f"--gpus takes all or device indices like 0,1, not {gpus!r}") from None
+    wrong = [i for i in indices if not 0 <= i < count]
+    if wrong:
+        raise KvstackError(f"--gpus {gpus}: this machine has {count} CUDA device(s)")
+    return tuple(f"cuda:{i}" for i in indices)
 
 
 def _check_nats_cluster(args: argparse.Namespace) -> None:

@@ -27,11 +27,11 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, model_dir):
-    worker_args = (*WORKER_ARGS, "--device", "cuda")
     with running_stack(
         tmp_path_factory.mktemp("gpu-stack"),
         model=str(model_dir),
-        worker_args=worker_args,
+        worker_args=WORKER_ARGS,
+        worker_devices=("cuda:0",),  # what `kvstack up --gpus 0` gives them
         gateway_args=(*GATEWAY_ARGS, "--api-key", API_KEY),
     ) as s:
         yield s

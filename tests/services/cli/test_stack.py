@@ -88,3 +88,15 @@ def test_with_worker_cores_each_model_worker_is_pinned_to_its_share() -> None:
     for name in ("gateway-0", "conductor-0"):
         assert "--cores" not in stack[name]
     assert not any("--cores" in args for args in commands().values())  # none given: none
+
+
+def test_with_worker_devices_prefill_and_decode_go_round_robin_over_them() -> None:
+    stack = commands(worker_devices=("cuda:0", "cuda:1"), num_attention=1)
+    workers = ("prefill-0", "prefill-1", "decode-0", "decode-1")
+    assert [build_parser().parse_args(stack[name]).device for name in workers] == [
+        "cuda:0",
+        "cuda:1",
+        "cuda:0",
+        "cuda:1",
+    ]
+    assert all("--device" not in stack[n] for n in ("attention-0-0", "gateway-0"))

@@ -134,3 +134,25 @@ def test_up_with_two_conductors_elects_one_by_a_lease_and_gives_each_a_port() ->
     assert build_parser().parse_args(alone["conductor-0"]).lease_ttl == 0  # no lease
     with pytest.raises(KvstackError, match="--conductors"):
         stack_config(build_parser().parse_args(["up", "--conductors", "0"]))
+
+
+def test_up_passes_device_to_its_workers_and_checks_gpus_before_starting(monkeypatch) -> None:
+    import torch
+
+    from services.cli.main import build_parser
+    from services.cli.stack import Stack
+    from services.cli.up import stack_config
+
+    args = build_parser().parse_args(["up", "--device", "cpu"])
+    commands = dict(Stack(stack_config(args)).commands())
+    assert build_parser().parse_args(commands["decode-0"]).device == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(KvstackError, match="torch sees no CUDA device"):
+        stack_config(build_parser().parse_args(["up", "--gpus", "0"]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for wrong, message in (("0,2", "has 2 CUDA device"), ("one", "takes all or device indices")):
+        with pytest.raises(KvstackError, match=message):
+            stack_config(build_parser().parse_args(["up", "--gpus", wrong]))
+    config = stack_config(build_parser().parse_args(["up", "--gpus", "all", "--prefill", "2"]))
+    assert config.worker_devices == ("cuda:0", "cuda:1")
