@@ -25,6 +25,7 @@ from pathlib import Path
 import orjson
 import torch
 
+from bench.engine import read_bandwidth
 from shared.engine.config import QUANT_FORMATS, EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
@@ -267,18 +268,6 @@ def vocab_size(args: argparse.Namespace) -> int:
     from shared.model.config import ModelConfig
 
     return ModelConfig.from_dir(resolve_model(args.model)).vocab_size
-
-
-def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
-    """Bytes/s read by a sum over a buffer far larger than the caches (as decode reads weights)."""
-    data = torch.ones(num_bytes // 4, dtype=torch.float32)
-    data.sum()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        data.sum()
-        times.append(time.perf_counter() - start)
-    return num_bytes / min(times)
 
 
 # ---- report -------------------------------------------------------------------------------

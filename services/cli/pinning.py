@@ -34,15 +34,15 @@ def chosen_cores(cores_text: str) -> tuple[int, ...]:
     return cores
 
 
-def pin(cores_text: str, threads: int | None, spare: int = 0) -> int:
+def pin(cores_text: str, threads: int | None) -> int:
     """Pin this process to `--cores` (none: keep the cores it may use) and return its
-    torch threads: `--threads`, else one per core but `spare` (at least one thread)."""
+    torch threads: `--threads`, else one per core."""
     cores = chosen_cores(cores_text)
     if threads is not None and threads < 1:
         raise KvstackError(f"--threads must be at least 1, got {threads}")
     if cores_text:
         _set_affinity(cores)
-    return threads or max(1, len(cores) - spare)
+    return threads or max(1, len(cores))
 
 
 def _set_affinity(cores: tuple[int, ...]) -> None:
