@@ -76,7 +76,7 @@ def step_and_replay(engine: LLMEngine, batch: int, prompt_len: int, steps: int):
     for _ in range(steps):
         engine.step()
     step = (time.perf_counter() - start) / steps
-    graphs = getattr(engine._runner, "graphs", None)
+    graphs = engine._runner.graphs
     if graphs is None:
         raise KvstackError("this engine replays no CUDA graphs (the Triton backend is needed)")
     bucket = next(b for b in graphs.buckets if b >= batch)

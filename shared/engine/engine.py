@@ -118,7 +118,7 @@ class LLMEngine:
             self._runner.weight_bytes,
             self._scheduler.prefill_chunk_cap,
             self._runner.attention_name,
-            getattr(self._runner, "graphs", None) is not None,
+            self._runner.graphs is not None,
         )
 
     @property

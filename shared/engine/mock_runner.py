@@ -67,6 +67,7 @@ class MockRunner:
         self.vocab_size = vocab_size
         self.avoid = frozenset(avoid)  # never answered: stop and special tokens
         self.device = storage.kv.device
+        self.graphs = None  # no CUDA graphs: nothing is computed
 
     @property
     def weight_bytes(self) -> int:

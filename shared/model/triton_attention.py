@@ -81,12 +81,13 @@ def decode_attention(
     group = num_heads // num_kv_heads
     partition, splits = _decode_split(num_seqs * num_kv_heads, block_table, k_cache)
     # Split: each program's softmax-normalised part and its log-sum-exp, merged after.
-    parts = torch.empty(
-        (num_seqs, num_heads, splits, head_dim) if splits > 1 else (0,),
-        dtype=torch.float32,
-        device=q.device,
-    )
-    lse = torch.empty((num_seqs, num_heads, splits) if splits > 1 else (0,), device=q.device)
+    # NOTE: unsplit, the kernel never touches them (SPLIT is a constexpr): `out` stands in,
+    # so no tensor is allocated per layer and step.
+    parts = lse = out
+    if splits > 1:
+        shape = (num_seqs, num_heads, splits)
+        parts = torch.empty((*shape, head_dim), dtype=torch.float32, device=q.device)
+        lse = torch.empty(shape, dtype=torch.float32, device=q.device)
     block_d = max(16, triton.next_power_of_2(head_dim))
     _decode_kernel[(num_seqs, num_kv_heads, splits)](
         out,
