@@ -52,18 +52,11 @@ class WorkerConfig(ServiceConfig):
                 "attention offload (--attention-workers) does not run with the "
                 "mock engine; use --engine torch"
             )
-        if self.attention_workers and self.device not in ("cpu", "auto"):
-            raise KvstackError(
-                "attention offload (--attention-workers) from a GPU decode worker is not "
-                "built yet (issue 19); run this decode worker with --device cpu"
-            )
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             model=self.model,
-            # NOTE: "auto" stays on the CPU with attention workers: offloading from a GPU
-            # is not built, and a GPU machine should still run the offload stack.
-            device="cpu" if self.attention_workers else self.device,
+            device=self.device,
             dtype=self.dtype,
             weights=self.weights,
             activations=self.activations,

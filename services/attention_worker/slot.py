@@ -3,8 +3,12 @@ sink (prefill KV) and the attention link's handler both outlive re-attaches."""
 
 from __future__ import annotations
 
+import logging
+
 from services.attention_worker.shard import AttentionShard
 from shared.transfer.attention.wire import ChunkSpec
+
+log = logging.getLogger("kvstack.attention")
 
 
 class ShardSlot:
@@ -50,3 +54,19 @@ class ShardSlot:
 
     def release(self, request_ids: list[str]) -> None:
         self.attached().release(request_ids)
+
+    def link_opened(self) -> AttentionShard | None:
+        return self.shard  # a decode worker attaches first, then opens its link
+
+    def link_closed(self, opened: object) -> None:
+        """The shard whose link closed is dead: its decode worker recomputes every request
+        on a re-formed group, or is gone. Dropped, its blocks and requests cannot outlive it
+        (holding up a drain) when a re-formed group leaves this worker out."""
+        shard = self.shard
+        if shard is None or opened is not shard:
+            return  # an older link, of a shard already replaced
+        self.shard = None
+        log.info(
+            "the link of this shard's decode worker closed; dropping the shard (%d requests)",
+            len(shard.request_blocks),
+        )

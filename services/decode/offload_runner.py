@@ -1,5 +1,9 @@
 """A model runner whose attention runs on the attention group, with staggered micro-batches:
-while one micro-batch's attention is away, the next one's dense work runs here."""
+while one micro-batch's attention is away, the next one's dense work runs here.
+
+On a GPU (Lamina's heterogeneous case: dense work on the GPU, attention on memory-rich CPU
+workers) each layer's q, k and v come down to host memory in one wait and the attention
+output goes back up; the links carry host bytes."""
 
 from __future__ import annotations
 
@@ -65,7 +69,7 @@ class OffloadRunner(ModelRunner):
         layers = self._layers()
         for layer_idx, layer in enumerate(layers):
             for mb in micro_batches:
-                out = self.group.wait(mb.index, layer_idx)
+                out = self.group.wait(mb.index, layer_idx).to(self.device)
                 mb.x, mb.residual = layer.after_attention(out, mb.residual)
                 if layer_idx + 1 < len(layers):
                     self._send(mb, layers[layer_idx + 1], layer_idx + 1)
@@ -85,12 +89,21 @@ class OffloadRunner(ModelRunner):
         self.group.begin_step(index, chunks)
         x = self.model.embed(input_ids, batch)
         (q, k, v), residual = self._layers()[0].before_attention(x, None, batch)
-        self.group.send(index, 0, q, k, v)
+        self.group.send(index, 0, *self._on_host(q, k, v))
         return _MicroBatch(index, chunks, batch, x, residual)
 
     def _send(self, mb: _MicroBatch, layer: DecoderLayer, layer_idx: int) -> None:
         (q, k, v), mb.residual = layer.before_attention(mb.x, mb.residual, mb.batch)
-        self.group.send(mb.index, layer_idx, q, k, v)
+        self.group.send(mb.index, layer_idx, *self._on_host(q, k, v))
+
+    def _on_host(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The tensors in host memory: as they are on a CPU; from a GPU, copied into pinned
+        memory (what a non-blocking copy to the CPU allocates) with one wait for all."""
+        if self.device.type == "cpu":
+            return tensors
+        host = tuple(t.to("cpu", non_blocking=True) for t in tensors)
+        torch.cuda.current_stream(self.device).synchronize()
+        return host
 
     def _layers(self) -> list[DecoderLayer]:
         # NOTE: nn.ModuleList types its items as Module; the model holds DecoderLayers only.

@@ -1,7 +1,9 @@
 """The disaggregated stack with its prefill and decode workers on a GPU: the prompt's KV
 leaves the prefill worker's GPU through its host mirror, crosses the data plane and lands
-on the decode worker's GPU; the answers equal one engine's on the same GPU. Skipped,
-saying why, where torch sees no GPU (make test-gpu)."""
+on the decode worker's GPU; the answers equal one engine's on the same GPU. Offloaded
+(Lamina's heterogeneous case), the KV goes to attention workers on the CPU instead, which
+compute every layer's attention for the decode worker on the GPU. Skipped, saying why,
+where torch sees no GPU (make test-gpu)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from tests.conftest import make_served_model
 from tests.e2e.conftest import API_KEY, GATEWAY_ARGS, WORKER_ARGS, running_stack
+from tests.e2e.test_offload import OFFLOAD, attention_stats
 
 pytestmark = pytest.mark.cuda
 
@@ -25,14 +28,16 @@ def model_dir(tmp_path_factory):
     return make_served_model(tmp_path_factory.mktemp("gpu-stack-model"))
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, model_dir):
+@pytest.fixture(scope="module", params=[0, 2], ids=["local", "offloaded"])
+def stack(request, tmp_path_factory, model_dir):
+    offload = dict(num_attention=request.param, **OFFLOAD) if request.param else {}
     with running_stack(
         tmp_path_factory.mktemp("gpu-stack"),
         model=str(model_dir),
         worker_args=WORKER_ARGS,
         worker_devices=("cuda:0",),  # what `kvstack up --gpus 0` gives them
         gateway_args=(*GATEWAY_ARGS, "--api-key", API_KEY),
+        **offload,
     ) as s:
         yield s
 
@@ -58,3 +63,6 @@ def test_prefill_and_decode_on_the_gpu_answer_as_one_engine(stack, model_dir) ->
     for result, completion in zip(results, want):
         assert result["usage"]["completion_tokens"] == 12
         assert result["choices"][0]["text"] == completion.text
+    for i in range(stack.config.num_attention):  # the attention ran there, on the CPU
+        stats = attention_stats(stack, f"attention-0-{i}")
+        assert stats.kv_bytes_received > 0 and stats.num_attention_calls > 0

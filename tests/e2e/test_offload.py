@@ -106,6 +106,9 @@ def test_a_dead_attention_worker_is_rebuilt_and_the_stream_goes_on(tmp_path, ref
         assert "".join(pieces) == want  # no token lost or repeated across the rebuild
         survivor = attention_stats(stack, "attention-0-0")
         assert survivor.kv_heads == (0, 3)  # the group re-formed as one worker with all heads
+        # 3 KV heads do not split over the 2 left: the one left out holds nothing any more
+        left_out = attention_stats(stack, "attention-0-2")
+        assert left_out.decode_id == "" and left_out.num_requests == 0
 
 
 def _stream(stack, prompt: str, max_tokens: int):

@@ -45,6 +45,12 @@ class AttentionHandler(Protocol):
 
     def release(self, request_ids: list[str]) -> None: ...
 
+    def link_opened(self) -> object:
+        """A decode worker's link opened: what `link_closed` gets back when it closes."""
+
+    def link_closed(self, opened: object) -> None:
+        """That link closed (its decode worker stopped, died or re-formed its group)."""
+
 
 class _NoKV:
     """The KV sink of a link, which carries no KV frames: the listener it shares with the KV
@@ -67,9 +73,14 @@ class _NoKV:
 
 class _LinkConnection(Connection[tuple[int, int, int, int], OpenFrame]):
     receiver: AttentionServer
+    opened: object = None  # what the handler said when this link opened
 
     def _handshake(self) -> None:
         challenge(self.sock, self.receiver.auth_token, GREETING)
+        self.opened = self.receiver.handler.link_opened()
+
+    def _closed(self) -> None:
+        self.receiver.handler.link_closed(self.opened)
 
     def _read_header(self) -> tuple[int, int, int, int] | None:
         return read_header(self.sock)

@@ -58,10 +58,6 @@ def test_the_torch_engine_is_the_default_and_takes_no_mock_flags() -> None:
             "attention offload (--attention-workers) does not run with the mock engine",
         ),
         (("gateway", "--max-model-len", "-5"), "--max-model-len must not be negative"),
-        (
-            ("decode", "--device", "cuda", "--attention-workers", "a,b"),
-            "attention offload (--attention-workers) from a GPU decode worker is not built",
-        ),
     ],
 )
 def test_bad_engine_flags_are_one_line_errors(capsys, argv, message) -> None:

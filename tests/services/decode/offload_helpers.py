@@ -7,6 +7,7 @@ import dataclasses
 from contextlib import contextmanager
 
 from services.attention_worker.shard import AttentionShard
+from services.attention_worker.slot import ShardSlot
 from services.decode.attention_group import AttentionGroup
 from services.decode.offload_runner import OffloadRunner
 from shared.engine.config import EngineConfig
@@ -43,7 +44,7 @@ def offloaded_engine(config: EngineConfig, group_size: int, micro_batches: int =
         )
         for i in range(group_size)
     ]
-    servers = [AttentionServer(shard, "127.0.0.1", 0, None) for shard in shards]
+    servers = [AttentionServer(_slot(shard), "127.0.0.1", 0, None) for shard in shards]
     try:
         addrs = [server.start() for server in servers]
         group.connect(ids, addrs, addrs)
@@ -81,3 +82,9 @@ def record_logits(engine: LLMEngine) -> list:
 
     engine.use_runner(record)
     return recorded
+
+
+def _slot(shard: AttentionShard) -> ShardSlot:
+    slot = ShardSlot()
+    slot.shard = shard
+    return slot

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -111,3 +113,16 @@ def test_micro_batches_split_in_order_with_balanced_tokens():
     assert [c for part in parts for c in part] == chunks
     assert len(parts) == 2 and all(parts)
     assert split_micro_batches(chunks[:1], 4) == [chunks[:1]]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_decode_engine_on_a_gpu_offloads_to_shards_on_the_cpu(tiny_llama_dir, micro_batches):
+    """Lamina's heterogeneous case: the dense work on the GPU, the KV and attention in host
+    memory; the tokens equal an engine's that runs everything on the GPU."""
+    config = dataclasses.replace(config_of(tiny_llama_dir), device="cuda")
+    want, _ = run_steps(LLMEngine(config))
+    with offloaded_engine(config, 2, micro_batches) as (engine, group, shards, _):
+        assert all(shard.storage.kv.device.type == "cpu" for shard in shards)
+        assert run_steps(engine)[0] == want
+        assert group.counter("qkv_bytes") > 0

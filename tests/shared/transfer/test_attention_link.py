@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from services.attention_worker.shard import AttentionShard
+from services.attention_worker.slot import ShardSlot
 from shared.messages import AttentionAttach
 from shared.transfer.attention.client import AttentionLink, AttentionLost
 from shared.transfer.attention.server import AttentionServer
@@ -16,9 +17,7 @@ from shared.transfer.attention.wire import ChunkSpec, decode_step, encode_step
 from shared.transfer.common.frames import ProtocolError
 
 
-@pytest.fixture
-def served():
-    loop = asyncio.new_event_loop()
+def _shard(loop) -> AttentionShard:
     spec = AttentionAttach(
         "d",
         1,
@@ -30,10 +29,17 @@ def served():
         block_size=4,
         dtype="float32",
     )
-    shard = AttentionShard(spec, 1 << 20, loop)
-    server = AttentionServer(shard, "127.0.0.1", 0, "secret")
+    return AttentionShard(spec, 1 << 20, loop)
+
+
+@pytest.fixture
+def served():
+    loop = asyncio.new_event_loop()
+    slot = ShardSlot()
+    slot.shard = _shard(loop)
+    server = AttentionServer(slot, "127.0.0.1", 0, "secret")
     addr = server.start()
-    yield shard, server, addr
+    yield slot, server, addr
     server.stop()
     loop.close()
 
@@ -47,7 +53,7 @@ def test_step_layout_round_trips_and_garbage_is_refused():
 
 
 def test_qkv_out_and_counters(served):
-    _shard, server, addr = served
+    _slot, server, addr = served
     link = AttentionLink(addr, 4, 8, torch.float32, "secret")
     try:
         link.begin_step(0, [ChunkSpec("a", 0, 2, (0,))])
@@ -93,3 +99,40 @@ def test_a_dead_worker_fails_the_waiting_caller_at_once(served):
             link.result(0, 0)
     finally:
         link.close()
+
+
+def _until(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_closed_link_drops_its_shard_and_its_requests(served):
+    """Its decode worker re-formed the group without this worker (or is gone): the shard's
+    requests would otherwise be held for ever, and the worker's drain would wait on them."""
+    slot, _, addr = served
+    shard = slot.shard
+    link = AttentionLink(addr, 4, 8, torch.float32, "secret")
+    link.begin_step(0, [ChunkSpec("a", 0, 1, (0,))])
+    assert _until(lambda: "a" in shard.request_blocks)
+    link.close()
+    assert _until(lambda: slot.shard is None)
+
+
+def test_the_link_of_a_replaced_shard_leaves_the_new_one_alone(served):
+    """A re-formed group attaches (a new shard) before it closes its old links."""
+    slot, _, addr = served
+    old_link = AttentionLink(addr, 4, 8, torch.float32, "secret")
+    old_link.begin_step(0, [ChunkSpec("a", 0, 1, (0,))])
+    assert _until(lambda: "a" in slot.shard.request_blocks)
+    new_shard = slot.shard = _shard(asyncio.new_event_loop())
+    new_link = AttentionLink(addr, 4, 8, torch.float32, "secret")
+    try:
+        old_link.close()
+        new_link.begin_step(0, [ChunkSpec("b", 0, 1, (0,))])
+        assert _until(lambda: "b" in new_shard.request_blocks)
+        assert slot.shard is new_shard
+    finally:
+        new_link.close()
+    assert _until(lambda: slot.shard is None)
