@@ -17,12 +17,13 @@ from pathlib import Path
 import orjson
 import torch
 
-from bench.engine import KvstackSide
+from bench.engine import KvstackSide, device_name
 from services.cli.stack import Stack, StackConfig
 from services.decode.attention_group import AttentionGroup
 from services.decode.offload_runner import OffloadRunner
 from shared.costmodel import offload as lamina
 from shared.engine.config import DTYPE_CHOICES, EngineConfig
+from shared.engine.device import resolve_device
 from shared.engine.engine import LLMEngine
 from shared.model.config import ModelConfig
 from shared.model.registry import DEFAULT_MODEL, resolve_model
@@ -32,6 +33,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("offload", help="decode tokens/s, attention local vs offloaded (Lamina)")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="the decode engine's device (cpu, cuda, cuda:N); attention workers run on the CPU",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -57,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     config = EngineConfig(
         model=args.model,
+        device=resolve_device(args.device),
         dtype=args.dtype,
         num_threads=args.threads,
         enable_prefix_cache=False,
@@ -85,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "model": args.model,
         "dtype": config.resolved_dtype,
+        "device": device_name(args),
         "threads": args.threads,
         "thread_budget": f"decode process {args.threads} torch thread(s); each attention "
         f"worker process {args.threads}",
@@ -188,7 +196,14 @@ def offloaded(
     async def attach() -> tuple[AttentionGroup, int]:
         bus = await stack.bus("bench-offload")
         group = AttentionGroup(
-            bus, "bench-offload", ids, model, config.resolved_dtype, config.block_size, None, 30.0
+            bus,
+            "bench-offload",
+            ids,
+            model,
+            config.resolved_dtype,
+            config.block_size,
+            stack.data_token,  # the attention workers' data-plane secret
+            30.0,
         )
         try:
             return group, await group.attach()
@@ -213,7 +228,8 @@ def format_report(report: dict) -> str:
     f = report["formula_bytes"]
     lines = [
         (
-            f"model {report['model']} ({report['dtype']}); {report['thread_budget']}; "
+            f"model {report['model']} ({report['dtype']}, decode on {report['device']}); "
+            f"{report['thread_budget']}; "
             f"{report['cpus']} CPUs"
         ),
         f"formula: send {f['send']} B, receive {f['receive']} B per token per layer",
