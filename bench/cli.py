@@ -15,6 +15,7 @@ from bench import (
     conductor,
     decode_profile,
     engine,
+    engine_thread,
     failover,
     fairness,
     gemv,
@@ -34,6 +35,7 @@ from shared import cli
 
 BENCHMARKS = (
     engine,
+    engine_thread,
     decode_profile,
     gpu_step,
     gemv,

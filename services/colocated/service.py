@@ -15,6 +15,7 @@ from services.gateway.relay import Relay
 from services.gateway.service import GatewayConfig, GatewayService
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
+from shared.engine.engine_thread import EngineThread
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
 from shared.worker_metrics import LoadGauges, show_engine
@@ -42,12 +43,15 @@ class ColocatedService(GatewayService):
 
     async def start_alone(self) -> None:
         loop = asyncio.get_running_loop()
-        engine = await loop.run_in_executor(None, LLMEngine, self.engine_config)
+        thread = EngineThread()  # built where it steps: engine_thread.py says why
+        engine = await thread.run(LLMEngine, self.engine_config)
         show_engine(self.metrics, engine.info)
         # NOTE: the engine's context limit is also what its KV cache holds; the gateway
         # checks prompts against it, so a 400 comes before any work.
         self.limits = dataclasses.replace(self.limits, max_model_len=engine.info.max_model_len)
-        self.engine_loop = EngineLoop(engine, loop, self._on_outputs, self.engine_backend.step)
+        self.engine_loop = EngineLoop(
+            engine, loop, self._on_outputs, self.engine_backend.step, thread
+        )
         self.engine_loop.on_broken = lambda reason: self.fail(f"engine broken: {reason}")
         self.engine_loop.start()
         self.engine_backend.attach(self.engine_loop)

@@ -24,6 +24,7 @@ from shared.decode.admission import (
 from shared.decode.commit import CommitVerdict, commit_verdict, current_tbt, holds_kv_for_pool
 from shared.decode.tokens import TokenSequencer
 from shared.engine.engine import LLMEngine
+from shared.engine.engine_thread import EngineThread
 from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
@@ -98,6 +99,7 @@ class DecodeService(Service):
         token = self.config.data_token or None
         self.sender = TcpKVSender(auth_token=token)
         self.reattaching = False
+        self.engine_thread = EngineThread()  # built where it steps: engine_thread.py
         if self.config.attention_workers:
             await self._start_offloaded(bus, token)
         else:
@@ -106,7 +108,9 @@ class DecodeService(Service):
         if self.group is not None:  # attention runs on the group's workers
             info = dataclasses.replace(info, attention="offloaded")
         show_engine(self.metrics, info)
-        self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs, step=self._step)
+        self.engine_loop = EngineLoop(
+            self.engine, loop, self._on_outputs, step=self._step, thread=self.engine_thread
+        )
         self.engine_loop.on_broken = lambda reason: self.fail(f"engine broken: {reason}")
         self.engine_loop.start()
         self.tasks.every(1.0, self._expire_reservations, "expiring reservations")
@@ -140,8 +144,8 @@ class DecodeService(Service):
     async def _start_local(
         self, bus: Bus, loop: asyncio.AbstractEventLoop, token: str | None
     ) -> None:
-        self.engine: EngineInterface = await loop.run_in_executor(
-            None, LLMEngine, self.config.engine_config()
+        self.engine: EngineInterface = await self.engine_thread.run(
+            LLMEngine, self.config.engine_config()
         )
         storage = self.engine.kv_storage
         inbox = KVInbox(storage, loop)
@@ -185,8 +189,7 @@ class DecodeService(Service):
         config = dataclasses.replace(
             config, num_blocks=num_blocks, local_kv=False, enable_prefix_cache=False
         )
-        loop = asyncio.get_running_loop()
-        self.engine = await loop.run_in_executor(None, LLMEngine, config)
+        self.engine = await self.engine_thread.run(LLMEngine, config)
         micro_batches = self.config.micro_batches
         self.engine.use_runner(
             lambda runner: OffloadRunner(runner.model, runner.storage, group, micro_batches)

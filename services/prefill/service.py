@@ -15,6 +15,7 @@ from shared import subjects, tracing
 from shared.block_fetch import BlockFetcher
 from shared.bus import Bus, ServiceUnavailable
 from shared.engine.engine import LLMEngine
+from shared.engine.engine_thread import EngineThread
 from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
@@ -93,8 +94,9 @@ class PrefillService(Service):
 
     async def start(self, bus: Bus) -> None:
         loop = asyncio.get_running_loop()
-        self.engine: EngineInterface = await loop.run_in_executor(
-            None, LLMEngine, self.config.engine_config()
+        self.engine_thread = EngineThread()  # built where it steps: engine_thread.py
+        self.engine: EngineInterface = await self.engine_thread.run(
+            LLMEngine, self.config.engine_config()
         )
         show_engine(self.metrics, self.engine.info)
         token = self.config.data_token or None
@@ -106,7 +108,9 @@ class PrefillService(Service):
         )
         bound = self.receiver.start()  # listen even when peers dial another address
         self.data_addr = self.config.advertise_data_addr or bound
-        self.engine_loop = EngineLoop(self.engine, loop, self._on_outputs, step=self._step)
+        self.engine_loop = EngineLoop(
+            self.engine, loop, self._on_outputs, step=self._step, thread=self.engine_thread
+        )
         storage = self.engine.kv_storage
         self.pool = await open_kv_pool(
             self.config, self.worker_id, bus, self.sender, storage, self.inbox, self.data_addr

@@ -2,7 +2,9 @@
 
 The event loop sends work with `call(fn)` (run between steps, on the engine thread, its
 result delivered as an awaitable); the thread steps the engine whenever it has work and
-hands each step's outputs to `on_outputs` back on the event loop.
+hands each step's outputs to `on_outputs` back on the event loop. The thread is the
+`EngineThread` the engine was built on, when the service passes it (see engine_thread.py
+for why), else one of its own.
 
 A step that raises ends every request on the engine (a failure of one request alone ends
 only that one, inside the engine's `step`). After BROKEN_AFTER such steps in a row the loop
@@ -12,6 +14,7 @@ is `broken`, and `on_broken` tells the service, which should stop taking work.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -19,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from shared.engine.engine_thread import EngineThread
 from shared.engine.interface import EngineInterface
 from shared.engine.output import RequestOutput
 from shared.engine.step_time import smoothed
@@ -35,6 +39,7 @@ class EngineLoop:
         loop: asyncio.AbstractEventLoop,
         on_outputs: Callable[[list[RequestOutput]], None],
         step: Callable[[EngineInterface], list[RequestOutput]] | None = None,
+        thread: EngineThread | None = None,
     ) -> None:
         self.engine = engine
         self.loop = loop
@@ -43,7 +48,7 @@ class EngineLoop:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._running = False
-        self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
+        self._thread = thread or EngineThread()
         self.num_steps = 0
         self.step_seconds = 0.0
         self.mean_step_seconds = 0.0  # moving average: the TBT this worker gives now
@@ -58,12 +63,12 @@ class EngineLoop:
 
     def start(self) -> None:
         self._running = True
-        self._thread.start()
+        self._thread.submit(self._main).add_done_callback(_log_if_failed)
 
     def stop(self) -> None:
         self._running = False
         self._wake.set()
-        self._thread.join(timeout=30)
+        self._thread.close(timeout=30)
 
     def call(self, fn: Callable[[EngineInterface], Any]) -> asyncio.Future:
         """Run fn(engine) on the engine thread before its next step."""
@@ -118,6 +123,12 @@ class EngineLoop:
             except Exception as e:  # delivered to the awaiting side, not swallowed
                 result, error = None, e
             self.loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _log_if_failed(done: concurrent.futures.Future) -> None:
+    error = done.exception()
+    if error is not None:  # the loop itself broke, not a step: nothing steps the engine now
+        log.error("the engine thread's loop ended", exc_info=error)
 
 
 def _settle(future: asyncio.Future, result: Any, error: Exception | None) -> None:

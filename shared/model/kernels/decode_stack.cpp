@@ -99,7 +99,10 @@ class DecodeStack {
  public:
   DecodeStack(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
               double eps, double scale, at::Tensor kv)
-      : layers_(std::move(layers)), dims_{heads, kv_heads, head_dim, eps, scale}, kv_(kv) {
+      : layers_(std::move(layers)),
+        dims_{heads, kv_heads, head_dim, eps, scale},
+        kv_(kv),
+        built_on_(static_cast<pid_t>(syscall(SYS_gettid))) {
     check_model();
     for (int64_t i = 0; i < kv_.size(0); ++i) {
       k_caches_.push_back(kv_.select(0, i).select(0, 0));
@@ -132,14 +135,19 @@ class DecodeStack {
   at::Tensor kv_;  // KVStorage.kv: [layers, 2, blocks, block_size, kv_heads, head_dim]
   std::vector<at::Tensor> k_caches_, v_caches_;
   mutable std::unique_ptr<kernels::SpinPool> pool_;  // sized to torch's threads when it runs
+  pid_t built_on_;  // the thread the model was loaded on (its teams live as long as it does)
 
   // The step's parallel loops run on a pool of as many threads as torch's count for this
-  // thread, where OpenMP would throttle them (parallel.h): not on the process's first thread,
-  // whose teams OpenMP lets spin, nor for one thread.
+  // thread, where OpenMP would throttle them (parallel.h). Not on the process's first thread
+  // nor on the thread the model was built on (the services' EngineThread), whose teams are
+  // the process's only ones and spin: there the pool's workers and OpenMP's idle spinning ones
+  // would share the cores (decode batch 1 at 2/3 speed: `python -m bench engine-thread`); nor
+  // for one thread.
   kernels::SpinPool* pool() const {
     const int threads = at::get_num_threads();
     if (threads <= 1 || !kernels::step_pool_enabled.load()) return nullptr;
-    if (getpid() == static_cast<pid_t>(syscall(SYS_gettid))) return nullptr;
+    const auto here = static_cast<pid_t>(syscall(SYS_gettid));
+    if (here == getpid() || here == built_on_) return nullptr;
     if (!pool_ || pool_->threads() != threads) {
       pool_.reset();  // its threads end before the new ones start: never more than the cores
       pool_ = std::make_unique<kernels::SpinPool>(threads);

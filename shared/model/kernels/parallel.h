@@ -1,14 +1,16 @@
-// The kernels' parallel loops: at::parallel_for (OpenMP), except inside a fused decode step,
-// which runs them on a pool of its own threads that spin between loops.
+// The kernels' parallel loops: at::parallel_for (OpenMP), except inside a fused decode step
+// stepped where OpenMP is throttled, which runs them on a pool of its own threads that spin
+// between loops.
 //
 // NOTE: why a pool of our own: libgomp spins only about 100 iterations before a thread sleeps
 // on a futex when it counts more threads in its teams than the process has CPUs, and a team
-// started from any thread but the process's first counts one thread more than it holds. The
-// engine steps on a thread of its own (the event loop keeps the first), so its teams on every
-// core were always over the count: each of a decode step's ~200 parallel loops then waited
-// for its threads to wake: decode batch 1 at half the main thread's speed (`python -m bench
-// engine --step-thread --before openmp`: docs/benchmarks.md, "Decode steps off the main
-// thread").
+// lives as long as the thread that started it. An engine built on one thread (its model load
+// runs teams there) and stepped on another kept the process over the count: each of a decode
+// step's ~200 parallel loops then waited for its threads to wake, decode batch 1 at half the
+// main thread's speed (`python -m bench engine --step-thread --before openmp`:
+// docs/benchmarks.md, "Decode steps off the main thread"). The services now build and step
+// on one thread (shared/engine/engine_thread.py), where OpenMP is not throttled and the pool
+// stays idle (decode_stack.cpp: pool()); it still serves an engine stepped anywhere else.
 #pragma once
 
 #include <ATen/Parallel.h>
