@@ -61,8 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--step-thread",
         action="store_true",
-        help="step every kvstack engine on a thread of its own, as the services do (default: "
-        "the main thread)",
+        help="step every kvstack engine on a thread of its own, built on the main thread (as "
+        "the services did before they built engines where they step them: `bench "
+        "engine-thread` compares the placements; default: the main thread)",
     )
     p.add_argument(
         "--baseline-dtypes",
@@ -255,8 +256,7 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
 
 
 class StepThread:
-    """A side measured on one thread of its own, as the services step their engines (the
-    event loop keeps the main thread)."""
+    """A side measured on one thread of its own, its engine built on the main thread."""
 
     def __init__(self, side) -> None:
         self.side = side
