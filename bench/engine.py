@@ -49,14 +49,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--before",
-        choices=("routing", "float-activations", "unfused", "openmp", "eager", "cublas"),
+        choices=(
+            "routing",
+            "float-activations",
+            "unfused",
+            "openmp",
+            "eager",
+            "cublas",
+            "kv-dtype-attention",
+        ),
         default="routing",
         help="the 'before' column: matmuls routed as before the native GEMV took float32, "
         "a second engine whose quantized weights take float activations, one whose decode "
         "steps run layer by layer (--no-fused-decode), or the same engine with its fused "
         "decode steps' loops on OpenMP instead of their own thread pool, or (on a GPU) a "
         "second engine whose decode steps run eagerly instead of as CUDA graphs, or one "
-        "whose every matmul goes to cuBLAS (no Triton GEMV)",
+        "whose every matmul goes to cuBLAS (no Triton GEMV), or a second engine whose "
+        "prompts attend in the KV's dtype (float32) rather than their matmuls' (bfloat16)",
     )
     p.add_argument(
         "--step-thread",
@@ -250,9 +259,33 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return OpenMPSteps(ours)
     if args.before == "eager":
         return KvstackSide(LLMEngine(dataclasses.replace(config, cuda_graphs=False)))
+    if args.before == "kv-dtype-attention":
+        return KvstackSide(kv_dtype_attention(LLMEngine(config)))
     if args.before == "cublas":  # every matmul to the library: no Triton GEMV
         return RoutingBefore(KvstackSide(LLMEngine(config)), routing={})
     return RoutingBefore(ours)
+
+
+BEFORE_NOTES = {
+    "float-activations": "a second engine, its quantized weights' GEMV on float activations",
+    "unfused": "a second engine, its decode steps layer by layer (no fused decode)",
+    "cublas": "a second engine, every matmul through cuBLAS (no Triton GEMV)",
+    "eager": "a second engine, its decode steps eager (no CUDA graphs)",
+    "openmp": "the same engine, its fused decode steps' loops on OpenMP",
+    "routing": "the same engine, matmuls routed as before (one bf16 row to the GEMV)",
+    "kv-dtype-attention": "a second engine, its prompts attending in the KV's dtype",
+}
+
+
+def kv_dtype_attention(engine: LLMEngine) -> LLMEngine:
+    """The engine with its prompts attending in the KV's dtype (TorchPagedAttention)."""
+
+    def unset(runner):
+        runner.backend.prefill_dtype = None
+        return runner
+
+    engine.use_runner(unset)
+    return engine
 
 
 class StepThread:
@@ -437,18 +470,8 @@ def format_table(report: dict) -> str:
         f"({report['read_bandwidth_gb_s']} GB/s) / weight bytes "
         f"({report['weight_bytes'] / 1e6:.0f} MB) per step"
     )
-    if has_before and report["before"] == "float-activations":
-        lines.append("before: a second engine, its quantized weights' GEMV on float activations")
-    elif has_before and report["before"] == "unfused":
-        lines.append("before: a second engine, its decode steps layer by layer (no fused decode)")
-    elif has_before and report["before"] == "cublas":
-        lines.append("before: a second engine, every matmul through cuBLAS (no Triton GEMV)")
-    elif has_before and report["before"] == "eager":
-        lines.append("before: a second engine, its decode steps eager (no CUDA graphs)")
-    elif has_before and report["before"] == "openmp":
-        lines.append("before: the same engine, its fused decode steps' loops on OpenMP")
-    elif has_before:
-        lines.append("before: the same engine, matmuls routed as before (one bf16 row to the GEMV)")
+    if has_before:
+        lines.append(f"before: {BEFORE_NOTES[report['before']]}")
     if report.get("step_thread"):
         lines.append("every kvstack engine stepped on a thread of its own (--step-thread)")
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from shared.engine.metadata import attention_metadata
 from shared.engine.sampler import logprobs, sample
 from shared.engine.sampling_params import SamplingParams
 from shared.kvcache.storage import KVStorage
-from shared.model.attention import AttentionBackend, AttentionMetadata
+from shared.model.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from shared.model.attention_choice import attention_backend, backend_name
 from shared.model.config import ModelConfig
 from shared.model.fused_decode import FusedDecode, fused_decode
@@ -191,10 +191,19 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
         device,
     )
     backend = attention_backend(config.attention, storage, mc.head_dim)
+    if isinstance(backend, TorchPagedAttention) and prefill_bf16(config):
+        backend.prefill_dtype = torch.bfloat16  # prompts attend in what they multiply in
     log.info("attention backend %s on %s", backend_name(backend), device)
     graphs = decode_graphs(config, model, storage, backend, num_blocks)
     runner = ModelRunner(model, storage, backend, config.fused_decode, graphs)
     return runner, mc, num_blocks
+
+
+def prefill_bf16(config: EngineConfig) -> bool:
+    """Whether prompts multiply, and so attend, in bfloat16 (over float32 activations, quant.py's
+    linear_bf16: float activations only; q8 ones round prefill as decode does, and stay
+    float32)."""
+    return config.prefill_matmul_dtype == "bfloat16" and config.activations == "float"
 
 
 def decode_graphs(

@@ -11,6 +11,7 @@ from shared.engine.config import (
     prefill_matmul_dtype,
     resolve_dtype,
 )
+from shared.engine.runner import prefill_bf16
 
 
 @pytest.fixture(params=[True, False], ids=["native-bf16", "no-bf16"])
@@ -54,3 +55,10 @@ def test_the_engine_config_resolves_with_its_weights(native_bf16) -> None:
     assert quantized.prefill_matmul_dtype == ("bfloat16" if native_bf16 else "float32")
     floats = EngineConfig(weights="float")
     assert floats.resolved_dtype == floats.prefill_matmul_dtype
+
+
+def test_prompts_attend_in_bfloat16_only_where_their_matmuls_multiply_in_it(native_bf16) -> None:
+    assert prefill_bf16(EngineConfig()) == native_bf16  # auto, the GGUF's blocks, float rows
+    assert not prefill_bf16(EngineConfig(activations="q8"))  # prefill rounds as decode does
+    assert not prefill_bf16(EngineConfig(dtype="float32"))  # float32 stays exact
+    assert prefill_bf16(EngineConfig(weights="float")) == native_bf16  # so is its KV there

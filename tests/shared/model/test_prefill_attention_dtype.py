@@ -1,0 +1,57 @@
+"""Prompts attend in bfloat16 over a float32 KV where their matmuls multiply in it
+(TorchPagedAttention.prefill_dtype): within bfloat16's tolerance of float32, decode rows and
+the KV written untouched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shared.engine.metadata import attention_metadata
+from shared.kvcache.storage import KVStorage
+from shared.model.attention import TorchPagedAttention
+
+BLOCK_SIZE, HEADS, KV_HEADS, HEAD_DIM = 8, 4, 2, 16
+
+
+@dataclass(frozen=True)
+class Chunk:
+    start_pos: int
+    num_tokens: int
+    block_ids: tuple[int, ...]
+
+    @property
+    def context_len(self) -> int:
+        return self.start_pos + self.num_tokens
+
+
+CHUNKS = [
+    Chunk(36, 1, (9, 2, 14, 5, 0)),  # decode
+    Chunk(0, 20, (6, 7, 8)),  # a prompt without a prefix
+    Chunk(19, 13, (11, 1, 12, 4)),  # a prompt over a cached prefix
+]
+
+
+def attend(prefill_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    storage = KVStorage(1, 16, BLOCK_SIZE, KV_HEADS, HEAD_DIM, torch.float32)
+    storage.kv.normal_()  # the prefix, already cached
+    _, meta = attention_metadata(CHUNKS, BLOCK_SIZE, "cpu")
+    num_tokens = sum(c.num_tokens for c in CHUNKS)
+    q = torch.randn(num_tokens, HEADS, HEAD_DIM)
+    k, v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM) for _ in "kv")
+    backend = TorchPagedAttention(storage, HEAD_DIM)
+    backend.prefill_dtype = prefill_dtype
+    return backend.forward(0, q, k, v, meta), storage.kv
+
+
+def test_prompts_attend_in_bfloat16_within_its_tolerance_and_the_rest_stays_float32() -> None:
+    exact, exact_kv = attend(None)
+    rounded, rounded_kv = attend(torch.bfloat16)
+    assert rounded.dtype == torch.float32
+    assert torch.equal(rounded_kv, exact_kv)  # the KV is written as computed
+    assert torch.equal(rounded[:1], exact[:1])  # decode rows attend in the KV's dtype
+    prompts = slice(1, None)
+    assert not torch.equal(rounded[prompts], exact[prompts])  # they did go through bfloat16
+    assert torch.allclose(rounded[prompts], exact[prompts], atol=3e-2, rtol=0)
