@@ -4,26 +4,14 @@ the KV written untouched."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from shared.engine.metadata import attention_metadata
 from shared.kvcache.storage import KVStorage
 from shared.model.attention import TorchPagedAttention
+from tests.shared.model.chunks import Chunk
 
 BLOCK_SIZE, HEADS, KV_HEADS, HEAD_DIM = 8, 4, 2, 16
-
-
-@dataclass(frozen=True)
-class Chunk:
-    start_pos: int
-    num_tokens: int
-    block_ids: tuple[int, ...]
-
-    @property
-    def context_len(self) -> int:
-        return self.start_pos + self.num_tokens
 
 
 CHUNKS = [

@@ -7,7 +7,6 @@ indexing, masking and online softmax there; speed needs a GPU.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from shared.engine.sampling_params import SamplingParams
 from shared.kvcache.storage import KVStorage
 from shared.model.attention import TorchPagedAttention
 from shared.model.attention_choice import attention_backend
+from tests.shared.model.chunks import Chunk
 
 pytestmark = pytest.mark.triton
 pytest.importorskip("triton", reason="Triton is not installed (it comes with the dev extra)")
@@ -27,17 +27,6 @@ from shared.model.triton_attention import TritonPagedAttention  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BLOCK_SIZE = 8
-
-
-@dataclass(frozen=True)
-class Chunk:
-    start_pos: int
-    num_tokens: int
-    block_ids: tuple[int, ...]
-
-    @property
-    def context_len(self) -> int:
-        return self.start_pos + self.num_tokens
 
 
 def run_both(
