@@ -12,6 +12,7 @@ from services.cli.main import main as kvstack
 
 BENCHMARKS = (
     "engine",
+    "engine-thread",
     "quant",
     "gemv",
     "decode-profile",
