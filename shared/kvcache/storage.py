@@ -82,20 +82,26 @@ class KVStorage:
         """K and V of a token run (from a block's `offset`, through consecutive blocks)
         into the host mirror, before the data plane reads them; returns once copied."""
         if self.mirrored:
-            for half in (0, 1):
-                run = self._run(layer, half, block_id, offset, num_tokens)
-                run(self.host()).copy_(run(self.kv))
+            self._copy_run(self.kv, self.host(), layer, block_id, offset, num_tokens)
 
     def to_device(self, layer: int, block_id: int, offset: int, num_tokens: int) -> None:
         """A token run the data plane wrote into the host mirror, onto the device."""
         if self.mirrored:
-            for half in (0, 1):
-                run = self._run(layer, half, block_id, offset, num_tokens)
-                run(self.kv).copy_(run(self.host()))
+            self._copy_run(self.host(), self.kv, layer, block_id, offset, num_tokens)
 
-    def _run(self, layer: int, half: int, block_id: int, offset: int, num_tokens: int):
+    def _copy_run(
+        self,
+        src: torch.Tensor,
+        dst: torch.Tensor,
+        layer: int,
+        block_id: int,
+        offset: int,
+        num_tokens: int,
+    ) -> None:
         start = block_id * self.block_size + offset
-        return lambda kv: kv[layer, half].flatten(0, 1)[start : start + num_tokens]
+        tokens = slice(start, start + num_tokens)
+        for half in (0, 1):
+            dst[layer, half].flatten(0, 1)[tokens].copy_(src[layer, half].flatten(0, 1)[tokens])
 
     @staticmethod
     def bytes_per_block(
