@@ -64,3 +64,26 @@ def test_an_engine_loop_steps_on_the_thread_its_engine_was_built_on(tiny_llama_d
     built_on, stepped_on, outputs = asyncio.run(main())
     assert stepped_on == {built_on}
     assert sum(len(out.new_token_ids) for out in outputs) == 4
+
+
+class BrokenEngine:
+    """An engine whose own bookkeeping raises: the loop itself ends, not a step."""
+
+    @property
+    def has_unfinished(self) -> bool:
+        raise RuntimeError("scheduler state corrupted")
+
+
+def test_a_loop_that_ends_by_an_exception_is_logged(caplog) -> None:
+    async def main() -> None:
+        loop = EngineLoop(BrokenEngine(), asyncio.get_running_loop(), lambda outputs: None)
+        loop.start()
+        deadline = asyncio.get_running_loop().time() + 10
+        while "engine thread's loop ended" not in caplog.text:
+            assert asyncio.get_running_loop().time() < deadline, "the failure was not logged"
+            await asyncio.sleep(0.01)
+        loop.stop()
+
+    with caplog.at_level("ERROR", logger="kvstack.engine"):
+        asyncio.run(main())
+    assert "scheduler state corrupted" in caplog.text
