@@ -16,6 +16,7 @@ import torch
 from shared.engine.config import (
     ACTIVATIONS_CHOICES,
     DTYPE_CHOICES,
+    PREFILL_WEIGHTS_CHOICES,
     WEIGHTS_CHOICES,
     EngineConfig,
     resolve_dtype,
@@ -48,6 +49,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="of kvstack's quantized weights' GEMV",
     )
     p.add_argument(
+        "--prefill-weights",
+        choices=PREFILL_WEIGHTS_CHOICES,
+        default="auto",
+        help="what kvstack's prompts' matmuls read from quantized weights (EngineConfig)",
+    )
+    p.add_argument(
         "--before",
         choices=(
             "routing",
@@ -57,6 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "eager",
             "cublas",
             "kv-dtype-attention",
+            "quantized-prefill",
         ),
         default="routing",
         help="the 'before' column: matmuls routed as before the native GEMV took float32, "
@@ -65,7 +73,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "decode steps' loops on OpenMP instead of their own thread pool, or (on a GPU) a "
         "second engine whose decode steps run eagerly instead of as CUDA graphs, or one "
         "whose every matmul goes to cuBLAS (no Triton GEMV), or a second engine whose "
-        "prompts attend in the KV's dtype (float32) rather than their matmuls' (bfloat16)",
+        "prompts attend in the KV's dtype (float32) rather than their matmuls' (bfloat16), or "
+        "one whose prompts' matmuls dequantize the weights on every pass (--prefill-weights "
+        "quantized) rather than reading --prefill-weights' copy",
     )
     p.add_argument(
         "--step-thread",
@@ -111,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         weights=args.weights,
         activations=args.activations,
+        prefill_weights=args.prefill_weights,
         num_threads=args.threads,
         enable_prefix_cache=False,
         max_num_batched_tokens=8192,
@@ -261,6 +272,8 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return KvstackSide(LLMEngine(dataclasses.replace(config, cuda_graphs=False)))
     if args.before == "kv-dtype-attention":
         return KvstackSide(kv_dtype_attention(LLMEngine(config)))
+    if args.before == "quantized-prefill":
+        return KvstackSide(LLMEngine(dataclasses.replace(config, prefill_weights="quantized")))
     if args.before == "cublas":  # every matmul to the library: no Triton GEMV
         return RoutingBefore(KvstackSide(LLMEngine(config)), routing={})
     return RoutingBefore(ours)
@@ -274,6 +287,7 @@ BEFORE_NOTES = {
     "openmp": "the same engine, its fused decode steps' loops on OpenMP",
     "routing": "the same engine, matmuls routed as before (one bf16 row to the GEMV)",
     "kv-dtype-attention": "a second engine, its prompts attending in the KV's dtype",
+    "quantized-prefill": "a second engine, its prompts' matmuls dequantizing on every pass",
 }
 
 

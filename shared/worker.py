@@ -24,6 +24,7 @@ class WorkerConfig(ServiceConfig):
     dtype: str = "auto"
     weights: str = "auto"  # EngineConfig.weights
     activations: str = "float"  # EngineConfig.activations
+    prefill_weights: str = "auto"  # EngineConfig.prefill_weights (a decode worker: engine_config)
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30
     max_num_batched_tokens: int = 2048
@@ -53,13 +54,17 @@ class WorkerConfig(ServiceConfig):
                 "mock engine; use --engine torch"
             )
 
-    def engine_config(self) -> EngineConfig:
+    def engine_config(self, prefills: bool = True) -> EngineConfig:
+        """The engine's config; `prefills` False (a decode worker: it prefills only to
+        recompute) keeps no bfloat16 copy for prefill unless --prefill-weights asks for one."""
+        copy = self.prefill_weights != "auto" or prefills
         return EngineConfig(
             model=self.model,
             device=self.device,
             dtype=self.dtype,
             weights=self.weights,
             activations=self.activations,
+            prefill_weights=self.prefill_weights if copy else "quantized",
             block_size=self.block_size,
             kv_cache_bytes=self.kv_cache_bytes,
             max_num_batched_tokens=self.max_num_batched_tokens,

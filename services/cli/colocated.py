@@ -76,6 +76,7 @@ def colocated_config(args: argparse.Namespace, threads: int, prefill_threads: in
             dtype=args.dtype,
             weights=args.weights,
             activations=args.activations,
+            prefill_weights=args.prefill_weights,
             device=args.device,
             attention=args.attention,
             block_size=args.block_size,

@@ -86,6 +86,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         dtype=args.dtype,
         weights=args.weights,
         activations=args.activations,
+        prefill_weights=args.prefill_weights,
         block_size=args.block_size,
         kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
         max_num_batched_tokens=args.max_num_batched_tokens,

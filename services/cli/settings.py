@@ -16,6 +16,7 @@ from shared.engine.config import (
     ACTIVATIONS_CHOICES,
     ATTENTION_CHOICES,
     DTYPE_CHOICES,
+    PREFILL_WEIGHTS_CHOICES,
     WEIGHTS_CHOICES,
 )
 from shared.engine.mock import ENGINES, MOCK_MAX_MODEL_LEN, MockSpec
@@ -115,6 +116,16 @@ SETTINGS: dict[str, Setting] = {
         "faster, about 96 in 100 greedy tokens as float32's)",
         choices=ACTIVATIONS_CHOICES,
         default="float",
+    ),
+    "prefill_weights": Setting(
+        "--prefill-weights",
+        "what prompts' matmuls read from quantized weights: quantized dequantizes them on "
+        "every pass, bfloat16 keeps a copy made at load (2 bytes a weight more, a faster "
+        "prefill: docs/benchmarks.md; decode still reads the quantized ones), auto keeps one "
+        "where prompts multiply in bfloat16 (a CPU with native bfloat16) and it takes at "
+        "most an eighth of memory; decode workers only with bfloat16",
+        choices=PREFILL_WEIGHTS_CHOICES,
+        default="auto",
     ),
     "block_size": Setting("--block-size", type=int, default=16),
     "kv_cache_gib": Setting("--kv-cache-gib", "KV cache size in GiB", type=float, default=1.0),
@@ -418,6 +429,7 @@ WORKER = (
     "dtype",
     "weights",
     "activations",
+    "prefill_weights",
     "block_size",
     "kv_cache_gib",
     "max_num_batched_tokens",
@@ -498,6 +510,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "dtype",
         "weights",
         "activations",
+        "prefill_weights",
         "host",
         "port",
         "base_port",
@@ -536,6 +549,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "dtype",
         "weights",
         "activations",
+        "prefill_weights",
         "device",
         "attention",
         "block_size",
@@ -629,6 +643,7 @@ WORKER_TUNING = (
     "dtype",
     "weights",
     "activations",
+    "prefill_weights",
     "kv_cache_gib",
     "threads",
     "max_num_seqs",

@@ -145,7 +145,7 @@ class DecodeService(Service):
         self, bus: Bus, loop: asyncio.AbstractEventLoop, token: str | None
     ) -> None:
         self.engine: EngineInterface = await self.engine_thread.run(
-            LLMEngine, self.config.engine_config()
+            LLMEngine, self.config.engine_config(prefills=False)
         )
         storage = self.engine.kv_storage
         inbox = KVInbox(storage, loop)
@@ -170,7 +170,7 @@ class DecodeService(Service):
 
     async def _start_offloaded(self, bus: Bus, token: str | None) -> None:
         """Attention goes to the group: attach it first, since its pool sizes ours."""
-        config = self.config.engine_config()
+        config = self.config.engine_config(prefills=False)
         model = ModelConfig.from_dir(resolve_model(config.model))
         group = AttentionGroup(
             bus,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,14 @@ def check_device(name: str) -> None:
 # float stays the default: tests/e2e/test_isolation.py's greedy answers through the stack
 # differ from an in-process engine's with q8 (not understood yet; see docs/benchmarks.md).
 ACTIVATIONS_CHOICES = ("q8", "float")
+# What prefill's many-row matmuls read from quantized weights: "quantized" dequantizes the
+# blocks to bfloat16 on every pass, "bfloat16" keeps a copy made at load (2 bytes a weight
+# more; decode's GEMV still reads the blocks), "auto" keeps one where prefill multiplies in
+# bfloat16 and the copy is small beside the machine's memory (keeps_prefill_copy).
+PREFILL_WEIGHTS_CHOICES = ("auto", "quantized", "bfloat16")
+# NOTE: an eighth of memory: SmolLM2's copy (0.2 GB) or a 1B model's (2.5 GB) on a 24 GiB
+# machine, never an 8B's (15 GB); the KV cache and the blocks themselves keep the rest.
+PREFILL_COPY_MEMORY_SHARE = 1 / 8
 
 
 def resolve_dtype(name: str, device: str = "cpu", quantized: bool = False) -> str:
@@ -61,6 +70,21 @@ def prefill_matmul_dtype(name: str, device: str = "cpu", quantized: bool = False
     if name == "auto" and quantized and device == "cpu" and cpu_has_native_bf16():
         return "bfloat16"
     return resolve_dtype(name, device, quantized)
+
+
+def keeps_prefill_copy(choice: str, prefill_bf16: bool, copy_bytes: int) -> bool:
+    """Whether quantized weights also keep a bfloat16 copy for prefill's matmuls
+    (PREFILL_WEIGHTS_CHOICES): "auto" where prefill multiplies in bfloat16 and the copy takes
+    at most PREFILL_COPY_MEMORY_SHARE of the machine's memory."""
+    if choice == "quantized" or not prefill_bf16:
+        return False
+    if choice == "bfloat16":
+        return True
+    return copy_bytes <= PREFILL_COPY_MEMORY_SHARE * physical_memory_bytes()
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def kv_weights(weights: str, activations: str, quantized: bool) -> str:
@@ -95,6 +119,7 @@ class EngineConfig:
     dtype: str = "auto"  # "auto": resolve_dtype
     weights: str = "auto"  # WEIGHTS_CHOICES: "auto" is what the file holds, on CPU
     activations: str = "float"  # ACTIVATIONS_CHOICES: of quantized weights' GEMV (few rows)
+    prefill_weights: str = "auto"  # PREFILL_WEIGHTS_CHOICES: what many rows multiply by
     device: str = "cpu"  # "auto", "cpu", "cuda" or "cuda:N"
     attention: str = "auto"  # ATTENTION_CHOICES
     block_size: int = 16
@@ -137,6 +162,11 @@ class EngineConfig:
             raise KvstackError(
                 f"unknown activations {self.activations!r}; "
                 f"choose from {', '.join(ACTIVATIONS_CHOICES)}"
+            )
+        if self.prefill_weights not in PREFILL_WEIGHTS_CHOICES:
+            raise KvstackError(
+                f"unknown prefill weights {self.prefill_weights!r}; "
+                f"choose from {', '.join(PREFILL_WEIGHTS_CHOICES)}"
             )
         if not isinstance(self.fused_decode, bool):
             raise KvstackError(f"fused_decode must be true or false, got {self.fused_decode!r}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from shared.engine.config import EngineConfig, max_model_len
+from shared.engine.config import EngineConfig, keeps_prefill_copy, max_model_len
 from shared.engine.cuda_graphs import DecodeGraphs
 from shared.engine.logits_process import History, adjusted
 from shared.engine.logprob import TokenLogprob
@@ -23,7 +23,12 @@ from shared.model.config import ModelConfig
 from shared.model.fused_decode import FusedDecode, fused_decode
 from shared.model.kernels import cpu_ops
 from shared.model.llama import ForwardBatch, LlamaModel
-from shared.model.quant import set_activations, set_prefill_dtype
+from shared.model.quant import (
+    bf16_copy_bytes,
+    keep_bf16_copies,
+    set_activations,
+    set_prefill_dtype,
+)
 from shared.model.quant_loader import load_model_as
 from shared.model.registry import gguf_source
 
@@ -169,6 +174,7 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
     set_activations(model, config.activations)
     if config.prefill_matmul_dtype in ("float32", "bfloat16"):
         set_prefill_dtype(model, getattr(torch, config.prefill_matmul_dtype))
+    keep_prefill_copy(config, model)
     mc = model.config
     num_blocks = config.num_blocks or max(
         1,
@@ -197,6 +203,14 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
     graphs = decode_graphs(config, model, storage, backend, num_blocks)
     runner = ModelRunner(model, storage, backend, config.fused_decode, graphs)
     return runner, mc, num_blocks
+
+
+def keep_prefill_copy(config: EngineConfig, model: LlamaModel) -> None:
+    """Quantized weights' bfloat16 copy for prefill, where config.prefill_weights says so."""
+    copy_bytes = bf16_copy_bytes(model)
+    if copy_bytes and keeps_prefill_copy(config.prefill_weights, prefill_bf16(config), copy_bytes):
+        log.info("keeping a bfloat16 copy of the weights for prefill: %.0f MB", copy_bytes / 1e6)
+        keep_bf16_copies(model)
 
 
 def prefill_bf16(config: EngineConfig) -> bool:

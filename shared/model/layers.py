@@ -12,6 +12,10 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, self.weight, self.bias)
 
+    def matmul_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """What rows like x multiply in: their own dtype (QuantLinear's may differ)."""
+        return x.dtype
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float) -> None:
@@ -36,4 +40,9 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        # NOTE: a prefill chunk whose quantized weights multiply in bfloat16 goes through the
+        # MLP in it: one conversion in and one out instead of one per matmul side (the
+        # 2x1536-wide ones were most of a 128-token prefill's copies).
+        dtype = self.gate_up_proj.matmul_dtype(x)
+        up = self.gate_up_proj(x.to(dtype))
+        return self.down_proj(ops.silu_and_mul(up)).to(x.dtype)

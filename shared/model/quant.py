@@ -3,6 +3,8 @@ of the weight (shared/model/kernels/quant_ops.cpp)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -52,6 +54,7 @@ class QuantLinear(nn.Module):
     activations = "float"
     gemv_max_rows = GEMV_MAX_ROWS
     prefill_dtype = torch.float32  # what many float32 rows multiply in (set_prefill_dtype)
+    bf16_copy: Bf16Weight | None = None  # what many rows multiply by, if kept (keep_bf16_copy)
 
     def __init__(
         self, blocks: torch.Tensor, fmt: QuantFormat, in_features: int, bias: nn.Parameter | None
@@ -69,7 +72,7 @@ class QuantLinear(nn.Module):
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= self.gemv_max_rows:
             return self.gemv(x.contiguous())  # NOTE: a decode step's path: no copies, no views
-        if self.activations == "float" and self.many_rows(x) and self.bf16_rows(x):
+        if self.matmul_dtype(x) == torch.bfloat16:
             return self.linear_bf16(x)
         rows = x.reshape(-1, self.in_features).float().contiguous()
         out = self.gemv(rows) if rows.shape[0] <= self.gemv_max_rows else self.gemm(rows)
@@ -96,6 +99,14 @@ class QuantLinear(nn.Module):
         _kernels().quant_gemm(out, rows, self.blocks, self.fmt.ggml_type, bias, GEMM_TILE_ROWS)
         return out
 
+    def matmul_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """What rows like x multiply in here: bfloat16 for a prefill chunk that linear_bf16
+        takes (the caller may hand them over in it and keep its result so: no conversions),
+        else x's own dtype."""
+        if self.activations == "float" and self.many_rows(x) and self.bf16_rows(x):
+            return torch.bfloat16
+        return x.dtype
+
     def many_rows(self, x: torch.Tensor) -> bool:
         return x.numel() >= BF16_GEMM_MIN_ROWS * self.in_features
 
@@ -107,20 +118,37 @@ class QuantLinear(nn.Module):
     def linear_bf16(self, x: torch.Tensor) -> torch.Tensor:
         """y = x @ W^T (+ b) for many rows, in x's dtype: the weight dequantized straight to
         bfloat16 and multiplied by the library's bfloat16 GEMM (x rounded to bfloat16 too)."""
-        native = _kernels()
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
-        out = x.new_empty(rows.shape[0], self.out_features)
         bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+        if self.bf16_copy is not None:
+            out = self.bf16_copy.linear(rows, bias).to(x.dtype)
+            return out.view(*x.shape[:-1], self.out_features)
         part = max(GEMM_TILE_ROWS, BF16_WEIGHT_VALUES // self.in_features)
+        if part >= self.out_features:  # one part: the GEMM's own output, no copy in bfloat16
+            out = F.linear(rows, self.bf16_weight(0, self.out_features), bias).to(x.dtype)
+            return out.view(*x.shape[:-1], self.out_features)
+        out = x.new_empty(rows.shape[0], self.out_features)
         for n0 in range(0, self.out_features, part):
             n1 = min(n0 + part, self.out_features)
-            weight = torch.empty(n1 - n0, self.in_features, dtype=torch.bfloat16)
-            native.quant_dequantize(weight, self.blocks[n0:n1], self.fmt.ggml_type)
+            weight = self.bf16_weight(n0, n1)
             # NOTE: into a fresh tensor, then copied: the library's bfloat16 GEMM writing
             # into a strided slice of `out` falls back to a path 7x slower (measured).
             part_bias = None if bias is None else bias[n0:n1]
             out[:, n0:n1] = F.linear(rows, weight, part_bias)
         return out.view(*x.shape[:-1], self.out_features)
+
+    def bf16_weight(self, n0: int, n1: int) -> torch.Tensor:
+        """Weight rows n0:n1 dequantized to bfloat16, a fresh tensor."""
+        weight = torch.empty(n1 - n0, self.in_features, dtype=torch.bfloat16)
+        _kernels().quant_dequantize(weight, self.blocks[n0:n1], self.fmt.ggml_type)
+        return weight
+
+    def keep_bf16_copy(self, packed: bool = True) -> int:
+        """Keep the weight dequantized to bfloat16 for many-row matmuls (prefill), so that no
+        pass dequantizes it again: 2 bytes a weight more. Decode's GEMV still reads the
+        quantized blocks. Returns the bytes it takes."""
+        self.bf16_copy = Bf16Weight(self.bf16_weight(0, self.out_features), packed)
+        return self.bf16_copy.nbytes
 
     def dequantized(self) -> torch.Tensor:
         """The whole weight as float32 [out_features, in_features]."""
@@ -134,6 +162,46 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, format={self.fmt.name}"
+
+
+class Bf16Weight:
+    """A bfloat16 weight [out_features, in_features] kept for the library GEMM: packed once in
+    oneDNN's own layout where torch's build can (the plain GEMM packs it on every call: a
+    third of a 128-row matmul's time here, `python -m bench prefill-weights`), else plain."""
+
+    def __init__(self, weight: torch.Tensor, packed: bool = True) -> None:
+        self.packed = packed and can_pack_bf16()
+        self.out_features = weight.shape[0]
+        self.weight = (
+            torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR_ROWS)
+            if self.packed
+            else weight
+        )
+
+    def linear(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """rows bfloat16 [M, in_features] -> bfloat16 [M, out_features]."""
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(rows, self.weight, bias, "none", [], "")
+        return F.linear(rows, self.weight, bias)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+
+# The rows oneDNN tunes a packed weight's layout for; any other count multiplies by it too.
+PACKED_FOR_ROWS = 128
+
+
+def can_pack_bf16() -> bool:
+    """Whether torch's oneDNN can pack bfloat16 weights here (inductor's own freezing path)."""
+    mkldnn = torch.ops.mkldnn
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(mkldnn, "_reorder_linear_weight")
+        and hasattr(mkldnn, "_linear_pointwise")
+        and bool(mkldnn._is_mkldnn_bf16_supported())
+    )
 
 
 class QuantEmbedding(QuantLinear):
@@ -178,6 +246,23 @@ def set_prefill_dtype(model: nn.Module, dtype: torch.dtype) -> None:
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.prefill_dtype = dtype
+
+
+def keep_bf16_copies(model: nn.Module) -> int:
+    """A bfloat16 copy of every quantized linear layer's weight but the output head (its rows
+    are the last tokens': few, the GEMV's); returns the bytes they take."""
+    return sum(module.keep_bf16_copy() for module in _prefill_layers(model))
+
+
+def bf16_copy_bytes(model: nn.Module) -> int:
+    """What keep_bf16_copies would take, before taking it."""
+    return sum(2 * m.out_features * m.in_features for m in _prefill_layers(model))
+
+
+def _prefill_layers(model: nn.Module) -> Iterator[QuantLinear]:
+    for name, module in model.named_modules():
+        if type(module) is QuantLinear and name.rsplit(".", 1)[-1] != "lm_head":
+            yield module
 
 
 def _kernels():

@@ -6,12 +6,16 @@ import pytest
 
 from shared.engine import config
 from shared.engine.config import (
+    PREFILL_WEIGHTS_CHOICES,
     EngineConfig,
+    keeps_prefill_copy,
     keeps_quantized_weights,
     prefill_matmul_dtype,
     resolve_dtype,
 )
 from shared.engine.runner import prefill_bf16
+from shared.errors import KvstackError
+from shared.worker import WorkerConfig
 
 
 @pytest.fixture(params=[True, False], ids=["native-bf16", "no-bf16"])
@@ -62,3 +66,28 @@ def test_prompts_attend_in_bfloat16_only_where_their_matmuls_multiply_in_it(nati
     assert not prefill_bf16(EngineConfig(activations="q8"))  # prefill rounds as decode does
     assert not prefill_bf16(EngineConfig(dtype="float32"))  # float32 stays exact
     assert prefill_bf16(EngineConfig(weights="float")) == native_bf16  # so is its KV there
+
+
+def test_a_bf16_copy_for_prefill_is_kept_where_prefill_multiplies_in_it_and_it_fits(
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(config, "physical_memory_bytes", lambda: 8 << 30)
+    fits, too_big = 1 << 30, (1 << 30) + 1  # an eighth of memory, and a byte more
+    assert keeps_prefill_copy("auto", True, fits)
+    assert not keeps_prefill_copy("auto", True, too_big)
+    assert keeps_prefill_copy("bfloat16", True, too_big)  # asked for: whatever its size
+    assert not keeps_prefill_copy("quantized", True, 1)
+    for choice in PREFILL_WEIGHTS_CHOICES:  # prefill in float32 or q8: nothing to copy for
+        assert not keeps_prefill_copy(choice, False, 1)
+
+
+def test_an_unknown_prefill_weights_choice_is_refused() -> None:
+    with pytest.raises(KvstackError, match="unknown prefill weights 'fp8'"):
+        EngineConfig(prefill_weights="fp8")
+
+
+def test_a_decode_worker_keeps_no_copy_unless_asked() -> None:
+    assert WorkerConfig().engine_config().prefill_weights == "auto"  # a prefill worker's
+    assert WorkerConfig().engine_config(prefills=False).prefill_weights == "quantized"
+    asked = WorkerConfig(prefill_weights="bfloat16")
+    assert asked.engine_config(prefills=False).prefill_weights == "bfloat16"

@@ -77,3 +77,40 @@ def test_float32_rows_never_take_the_bf16_path(monkeypatch) -> None:
     x = torch.randn(BF16_GEMM_MIN_ROWS * 2, 256)
     assert (linear(x).double() - reference(linear, x)).abs().max() <= 1e-3
     assert quant.GEMV_MAX_ROWS < BF16_GEMM_MIN_ROWS  # decode rows stay on the GEMV
+
+
+def packings() -> list[bool]:
+    """The copy's layouts this machine has: plain always, oneDNN's packed where torch can."""
+    return [False, True] if quant.can_pack_bf16() else [False]
+
+
+@pytest.mark.parametrize("packed", packings())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_kept_bf16_copy_multiplies_many_rows_and_decode_rows_still_read_the_blocks(
+    packed, dtype
+) -> None:
+    linear = layer("q4_1", 300, 512)
+    quant.set_prefill_dtype(torch.nn.Sequential(linear), torch.bfloat16)
+    x = torch.randn(BF16_GEMM_MIN_ROWS + 3, 512).to(dtype)
+    dequantized_each_pass = linear(x)
+    linear.keep_bf16_copy(packed)
+    assert linear.bf16_copy.packed == packed
+    assert linear.bf16_copy.nbytes >= 2 * 300 * 512
+    out = linear(x)
+    assert out.dtype == dtype and out.shape == dequantized_each_pass.shape
+    expected = reference(linear, x)
+    assert (out.double() - expected).abs().max() <= 2e-2 * expected.abs().max()
+    decode_rows = x[: quant.GEMV_MAX_ROWS].float()
+    linear.blocks.zero_()  # from here on only the copy knows the weight
+    assert torch.equal(linear(x), out)  # many rows: the copy
+    assert torch.count_nonzero(linear(decode_rows) - linear.bias) == 0  # few: the blocks
+
+
+def test_the_copies_skip_the_output_head_and_say_their_size() -> None:
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([layer("q8_0", 64, 256), layer("q4_0", 32, 256)])
+    model.lm_head = layer("q8_0", 1000, 256)  # an untied head: only the last rows reach it
+    assert quant.bf16_copy_bytes(model) == 2 * (64 + 32) * 256
+    assert quant.keep_bf16_copies(model) >= quant.bf16_copy_bytes(model)
+    assert all(m.bf16_copy is not None for m in model.layers)
+    assert model.lm_head.bf16_copy is None

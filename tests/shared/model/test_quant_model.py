@@ -11,7 +11,14 @@ from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.model.kernels import cpu_ops
 from shared.model.loader import load_model
-from shared.model.quant import QuantEmbedding, QuantLinear, set_activations
+from shared.model.quant import (
+    BF16_GEMM_MIN_ROWS,
+    QuantEmbedding,
+    QuantLinear,
+    keep_bf16_copies,
+    set_activations,
+    set_prefill_dtype,
+)
 from shared.model.quant_formats import FORMATS
 from shared.model.quant_loader import load_model_as, load_requantized
 from shared.model.registry import gguf_source
@@ -95,3 +102,30 @@ def test_q8_prefill_computes_what_the_q8_gemv_computes(tiny_llama_dir) -> None:
     as_float = causal_logits(model, ids)
     torch.testing.assert_close(prefilled, decoded, rtol=1e-4, atol=1e-4)
     assert (prefilled - as_float).abs().max() > 1e-3  # the rounding is there to be matched
+
+
+def test_a_bf16_copy_for_prefill_predicts_as_dequantizing_on_every_pass(smollm2_dir) -> None:
+    def bf16_prefill(copies: bool):
+        model = load_model_as("auto", smollm2_dir, gguf_source(MODEL), torch.float32, "cpu")
+        set_activations(model, "float")
+        set_prefill_dtype(model, torch.bfloat16)
+        if copies:
+            keep_bf16_copies(model)
+        return model
+
+    ids = Tokenizer.from_dir(smollm2_dir).encode(TEXT + " " + TEXT)
+    assert len(ids) >= BF16_GEMM_MIN_ROWS  # the whole text is one prefill of many rows
+    with_copies = causal_logits(bf16_prefill(True), ids)
+    dequantized_each_pass = causal_logits(bf16_prefill(False), ids)
+    # NOTE: the same bfloat16 weights and rows; only the library GEMM's blocking may differ
+    assert greedy_agreement(with_copies, dequantized_each_pass) >= 0.98
+    torch.testing.assert_close(with_copies, dequantized_each_pass, rtol=0, atol=0.15)
+
+
+@pytest.mark.parametrize(("choice", "kept"), [("bfloat16", True), ("quantized", False)])
+def test_the_engine_keeps_the_copy_its_config_asks_for(choice, kept) -> None:
+    # dtype bfloat16: prompts multiply in bfloat16 on any CPU, so the choice alone decides
+    config = EngineConfig(model=MODEL, dtype="bfloat16", prefill_weights=choice, num_blocks=16)
+    model = LLMEngine(config)._runner.model
+    layers = [m for m in model.modules() if type(m) is QuantLinear]
+    assert layers and all((m.bf16_copy is not None) == kept for m in layers)
