@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,37 +31,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def native_kernels():
-    """Compiled once in this process before any test starts model workers that need them;
-    the other builds the CPU runs (the AVX2 one on an AVX-512 machine, which tests force)
-    compile in the background, niced, while the early tests wait on their processes (a
-    fresh machine's suite: half a minute less)."""
-    from shared.model.kernels import build_dir, chosen_isa, cpu_ops, supported_isas
+    """Compiled once in this process before any test starts model workers that need them."""
+    from shared.model.kernels import cpu_ops
 
-    native = cpu_ops()
-    missing = [
-        isa
-        for isa in supported_isas()
-        if isa != chosen_isa() and not any(build_dir(isa).glob("*.so"))
-    ]
-    builder = (
-        subprocess.Popen(
-            [sys.executable, "-c", BUILD_OTHERS, *missing],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=lambda: os.nice(19),
-        )
-        if missing
-        else None
-    )
-    yield native
-    if builder is not None:
-        builder.wait()  # NOTE: not killed: a compiler cut short could leave a torn object
-
-
-# NOTE: each build holds its directory's lock, so a test that needs one meanwhile waits for it.
-BUILD_OTHERS = (
-    "import sys; from shared.model.kernels import cpu_ops; [cpu_ops(i) for i in sys.argv[1:]]"
-)
+    return cpu_ops()
 
 
 @pytest.fixture(scope="session")

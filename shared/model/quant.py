@@ -166,12 +166,12 @@ class QuantLinear(nn.Module):
 
 class Bf16Weight:
     """A bfloat16 weight [out_features, in_features] kept for the library GEMM: packed once in
-    oneDNN's own layout where torch's build can (the plain GEMM packs it on every call: a
-    third of a 128-row matmul's time here, `python -m bench prefill-weights`), else plain."""
+    oneDNN's own layout where torch's build can (the plain GEMM packs it again on every call,
+    which short prompts feel most: `python -m bench engine --before quantized-prefill`,
+    docs/benchmarks.md), else plain."""
 
     def __init__(self, weight: torch.Tensor, packed: bool = True) -> None:
         self.packed = packed and can_pack_bf16()
-        self.out_features = weight.shape[0]
         self.weight = (
             torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR_ROWS)
             if self.packed
