@@ -123,7 +123,8 @@ SETTINGS: dict[str, Setting] = {
         "every pass, bfloat16 keeps a copy made at load (2 bytes a weight more, a faster "
         "prefill: docs/benchmarks.md; decode still reads the quantized ones), auto keeps one "
         "where prompts multiply in bfloat16 (a CPU with native bfloat16) and it takes at "
-        "most an eighth of memory; decode workers only with bfloat16",
+        "most an eighth of the memory (the container's, if limited); decode workers only "
+        "with bfloat16",
         choices=PREFILL_WEIGHTS_CHOICES,
         default="auto",
     ),

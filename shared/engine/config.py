@@ -40,7 +40,7 @@ ACTIVATIONS_CHOICES = ("q8", "float")
 # What prefill's many-row matmuls read from quantized weights: "quantized" dequantizes the
 # blocks to bfloat16 on every pass, "bfloat16" keeps a copy made at load (2 bytes a weight
 # more; decode's GEMV still reads the blocks), "auto" keeps one where prefill multiplies in
-# bfloat16 and the copy is small beside the machine's memory (keeps_prefill_copy).
+# bfloat16 and the copy is small beside the machine's (or container's) memory.
 PREFILL_WEIGHTS_CHOICES = ("auto", "quantized", "bfloat16")
 # NOTE: an eighth of memory: SmolLM2's copy (0.2 GB) or a 1B model's (2.5 GB) on a 24 GiB
 # machine, never an 8B's (15 GB); the KV cache and the blocks themselves keep the rest.
@@ -84,7 +84,28 @@ def keeps_prefill_copy(choice: str, prefill_bf16: bool, copy_bytes: int) -> bool
 
 
 def physical_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """The machine's memory, or the container's where its cgroup allows less (a pod's limit)."""
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min(machine, *cgroup_memory_limits())
+
+
+# cgroup v2, then v1: where a container's memory limit is read ("max" or a huge v1 value: none)
+CGROUP_MEMORY_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+
+
+def cgroup_memory_limits(files: tuple[Path, ...] = CGROUP_MEMORY_LIMITS) -> list[int]:
+    limits = []
+    for path in files:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limits.append(int(text))
+    return limits
 
 
 def kv_weights(weights: str, activations: str, quantized: bool) -> str:

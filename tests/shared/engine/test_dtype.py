@@ -91,3 +91,15 @@ def test_a_decode_worker_keeps_no_copy_unless_asked() -> None:
     assert WorkerConfig().engine_config(prefills=False).prefill_weights == "quantized"
     asked = WorkerConfig(prefill_weights="bfloat16")
     assert asked.engine_config(prefills=False).prefill_weights == "bfloat16"
+
+
+def test_a_containers_memory_limit_bounds_the_memory_the_copy_is_measured_against(
+    tmp_path,
+) -> None:
+    v2, v1, missing = tmp_path / "memory.max", tmp_path / "limit_in_bytes", tmp_path / "none"
+    v2.write_text("max\n")  # no limit
+    v1.write_text(f"{3 << 30}\n")  # a pod's 3Gi
+    assert config.cgroup_memory_limits((v2, v1, missing)) == [3 << 30]
+    v2.write_text(f"{2 << 30}\n")
+    assert config.cgroup_memory_limits((v2, missing)) == [2 << 30]
+    assert 0 < config.physical_memory_bytes()
