@@ -44,10 +44,14 @@ ISAS = {
 
 
 def build_dir(isa: str | None = None) -> Path:
-    """One build per sources, torch version, CPU model and instruction set."""
+    """One build per sources (their content and where they are), torch version, CPU model and
+    instruction set."""
     isa = isa or chosen_isa()
     key = hashlib.sha256(b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS)))
     key.update(torch.__version__.encode() + _cpu_model().encode() + str(isa).encode())
+    # NOTE: torch's build file names the sources by path: two checkouts sharing a directory
+    # rewrote it in turn and recompiled on every switch (half a minute an instruction set).
+    key.update(str(HERE).encode())
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return cache / "kvstack" / "kernels" / key.hexdigest()[:16]
 

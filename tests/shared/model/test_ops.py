@@ -252,3 +252,17 @@ def test_a_long_kernel_lets_other_python_threads_run(native) -> None:
     finally:
         sys.setswitchinterval(interval)
     assert any(s + 0.0005 < t < e - 0.0005 for s, e in calls for t in stamps), calls[:3]
+
+
+def test_two_checkouts_of_the_same_sources_build_apart(monkeypatch, tmp_path) -> None:
+    from shared.model import kernels
+
+    here = build_dir("avx2")
+    copy = tmp_path / "checkout" / "kernels"
+    copy.mkdir(parents=True)
+    for source in (*kernels.SOURCES, *kernels.HEADERS):
+        (copy / source.name).write_bytes(source.read_bytes())
+    monkeypatch.setattr(kernels, "HERE", copy)
+    monkeypatch.setattr(kernels, "SOURCES", tuple(copy / s.name for s in kernels.SOURCES))
+    monkeypatch.setattr(kernels, "HEADERS", tuple(copy / h.name for h in kernels.HEADERS))
+    assert build_dir("avx2") != here  # same bytes, another place: torch's build file differs
