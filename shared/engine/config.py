@@ -23,6 +23,11 @@ WEIGHTS_CHOICES = ("auto", "float", *QUANT_FORMATS)
 ATTENTION_CHOICES = ("auto", "torch", "triton")
 
 
+def check_choice(label: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise KvstackError(f"unknown {label} {value!r}; choose from {', '.join(choices)}")
+
+
 def check_device(name: str) -> None:
     """A device an engine may run on ("auto": the engine resolves it, shared/engine/device.py)."""
     if name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
@@ -166,29 +171,12 @@ class EngineConfig:
     mock: MockSpec | None = None  # no model: the mock engine (shared/engine/mock.py)
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPE_CHOICES:
-            raise KvstackError(
-                f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPE_CHOICES)}"
-            )
-        if self.weights not in WEIGHTS_CHOICES:
-            raise KvstackError(
-                f"unknown weights {self.weights!r}; choose from {', '.join(WEIGHTS_CHOICES)}"
-            )
-        if self.attention not in ATTENTION_CHOICES:
-            raise KvstackError(
-                f"unknown attention {self.attention!r}; choose from {', '.join(ATTENTION_CHOICES)}"
-            )
+        check_choice("dtype", self.dtype, DTYPE_CHOICES)
+        check_choice("weights", self.weights, WEIGHTS_CHOICES)
+        check_choice("attention", self.attention, ATTENTION_CHOICES)
         check_device(self.device)
-        if self.activations not in ACTIVATIONS_CHOICES:
-            raise KvstackError(
-                f"unknown activations {self.activations!r}; "
-                f"choose from {', '.join(ACTIVATIONS_CHOICES)}"
-            )
-        if self.prefill_weights not in PREFILL_WEIGHTS_CHOICES:
-            raise KvstackError(
-                f"unknown prefill weights {self.prefill_weights!r}; "
-                f"choose from {', '.join(PREFILL_WEIGHTS_CHOICES)}"
-            )
+        check_choice("activations", self.activations, ACTIVATIONS_CHOICES)
+        check_choice("prefill weights", self.prefill_weights, PREFILL_WEIGHTS_CHOICES)
         if not isinstance(self.fused_decode, bool):
             raise KvstackError(f"fused_decode must be true or false, got {self.fused_decode!r}")
         if not isinstance(self.cuda_graphs, bool):

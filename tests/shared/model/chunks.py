@@ -1,16 +1,10 @@
-"""A step's chunk as `attention_metadata` reads it, for attention tests."""
+"""A step's chunk as `attention_metadata` reads it, for attention tests: the attention wire's
+own chunk, without a request."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
+from shared.transfer.attention.wire import ChunkSpec
 
-@dataclass(frozen=True)
-class Chunk:
-    start_pos: int
-    num_tokens: int
-    block_ids: tuple[int, ...]
-
-    @property
-    def context_len(self) -> int:
-        return self.start_pos + self.num_tokens
+Chunk = functools.partial(ChunkSpec, "")
