@@ -27,8 +27,9 @@ import orjson
 import torch
 
 from shared.transfer import mooncake
-from shared.transfer.base import BlockSpan, tensor_bytes
+from shared.transfer.base import BlockSpan
 from shared.transfer.tcp import SOCKET_BUFFER_BYTES, TcpKVReceiver, TcpKVSender, tune
+from shared.transfer.tensor_bytes import tensor_bytes
 
 MAX_LAYERS = 32
 TOKENS_PER_BLOCK = 16  # nominal; the data plane only moves bytes

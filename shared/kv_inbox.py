@@ -14,10 +14,11 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from shared.kvcache.storage import KVStorage
-from shared.transfer.base import BlockSpan
+if TYPE_CHECKING:
+    from shared.kvcache.storage import KVStorage
+    from shared.transfer.base import BlockSpan
 
 
 @dataclass

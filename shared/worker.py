@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shared.engine.config import EngineConfig
-from shared.engine.interface import EngineInterface
 from shared.engine.mock import MockSpec
 from shared.engine.stats import EngineStats
 from shared.errors import KvstackError
@@ -15,6 +15,9 @@ from shared.messages import Heartbeat, WorkerStats
 from shared.mooncake_store import MooncakeStoreConfig
 from shared.service import ServiceConfig
 from shared.worker_core import load_heartbeat
+
+if TYPE_CHECKING:
+    from shared.engine.interface import EngineInterface
 
 
 @dataclass(frozen=True)

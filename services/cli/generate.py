@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -13,12 +14,13 @@ from shared.engine.config import (
     WEIGHTS_CHOICES,
     EngineConfig,
 )
-from shared.engine.engine import LLMEngine
-from shared.engine.interface import EngineInterface
 from shared.engine.output import Completion
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest, KvstackError
 from shared.model.registry import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from shared.engine.interface import EngineInterface
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -80,6 +82,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from shared.engine.engine import LLMEngine  # torch: only the command that computes loads it
+
     engine: EngineInterface = LLMEngine(
         EngineConfig(
             model=args.model,

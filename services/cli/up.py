@@ -13,7 +13,6 @@ import signal
 import time
 from pathlib import Path
 
-from services.attention_worker.shard import kv_head_range
 from services.cli import prometheus_config, settings
 from services.cli.mooncake_master import MooncakeMaster, start_master
 from services.cli.pinning import chosen_cores
@@ -23,6 +22,7 @@ from services.cli.serve import backend_timeouts, engine_options
 from services.cli.settings import FORWARDED_BY_UP, flags, forward
 from services.cli.stack import Stack, StackConfig, say
 from shared import tracing
+from shared.attention_groups import kv_head_range
 from shared.errors import KvstackError
 from shared.model.config import ModelConfig
 from shared.model.registry import resolve_model

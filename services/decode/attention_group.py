@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from services.attention_worker.shard import kv_head_range
 from shared import subjects
+from shared.attention_groups import kv_head_range
 from shared.bus import Bus, ServiceUnavailable
 from shared.errors import KvstackError
 from shared.messages import (

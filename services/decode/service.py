@@ -8,11 +8,11 @@ import dataclasses
 import logging
 import time
 
-from services.attention_worker.shard import usable_group_size
 from services.decode.attention_group import AttentionGroup
 from services.decode.incoming import LocalKV, OffloadedKV
 from services.decode.offload_runner import OffloadRunner
 from shared import subjects, tracing
+from shared.attention_groups import usable_group_size
 from shared.bus import Bus
 from shared.decode.admission import (
     KV_FULL,

@@ -8,7 +8,8 @@ import torch
 
 from shared.engine.runner import SeqChunk
 from shared.kvcache.storage import KVStorage
-from shared.transfer.base import BlockSpan, SpanBytes, coalesce, tensor_bytes
+from shared.transfer.base import BlockSpan, SpanBytes, coalesce
+from shared.transfer.tensor_bytes import tensor_bytes
 
 
 @dataclass

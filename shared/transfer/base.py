@@ -14,8 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
 
 @dataclass(frozen=True, slots=True)
 class BlockSpan:
@@ -120,24 +118,6 @@ class KVReceiver(ABC):
     @abstractmethod
     def frames_rejected(self) -> int:
         """Frames reported with ok=False."""
-
-
-def tensor_bytes(tensor: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor of any dtype, as a flat writable memoryview
-    sharing its memory (bfloat16 has no buffer format, hence the uint8 view)."""
-    if not tensor.is_contiguous() or tensor.device.type != "cpu":
-        raise ValueError("tensor_bytes needs a contiguous CPU tensor")
-    return tensor.reshape(-1).view(torch.uint8).numpy().data
-
-
-def kv_span_bytes(kv: torch.Tensor, layer: int, span: BlockSpan) -> tuple[memoryview, memoryview]:
-    """K and V bytes of `span` in a KV tensor laid out as KVStorage's
-    `kv[layer, k/v, block, offset, kv_head, head_dim]` (token runs are contiguous)."""
-    tokens = slice(span.offset, span.offset + span.num_tokens)
-    return (
-        tensor_bytes(kv[layer, 0, span.block_id, tokens]),
-        tensor_bytes(kv[layer, 1, span.block_id, tokens]),
-    )
 
 
 def coalesce(

@@ -4,13 +4,15 @@ Transfer Engine, extra `rdma`: its `tcp` protocol here, `rdma` where NICs exist)
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from shared.errors import KvstackError
 from shared.transfer.base import KVReceiver, KVSender, KVSink
 from shared.transfer.common.limits import ConnectionLimits
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
+
+if TYPE_CHECKING:
+    import torch
 
 TRANSPORTS = ("tcp", "mooncake")
 

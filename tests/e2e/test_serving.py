@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+from pathlib import Path
 
 import openai
 import pytest
@@ -155,3 +156,12 @@ def test_logprobs_match_the_engine(client, reference) -> None:
 def test_models_lists_the_served_model_with_root(client) -> None:
     model = client.models.list().data[0]
     assert model.id == "SmolLM2-135M-Instruct" and model.root
+
+
+def test_the_control_plane_serves_without_torch(stack, client) -> None:
+    """The conductor and the gateway never hold a tensor: they start without torch (a
+    second or more of CPU and some 200 MB each, at every start and restart)."""
+    client.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=2)
+    for name in ("conductor-0", "gateway-0", "prefill-0"):
+        maps = Path(f"/proc/{stack.process(name).popen.pid}/maps").read_text()
+        assert ("libtorch" in maps) == name.startswith("prefill"), name

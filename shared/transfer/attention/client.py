@@ -23,12 +23,12 @@ from shared.transfer.attention.wire import (
     read_header,
     send_frame,
 )
-from shared.transfer.base import tensor_bytes
 from shared.transfer.common.counters import Counters
 from shared.transfer.common.frames import ProtocolError
 from shared.transfer.common.handshake import HANDSHAKE_TIMEOUT_S, answer_hello
 from shared.transfer.common.sockets import recv_exact, shut_down, split_peer, tune
 from shared.transfer.tcp.sockets import recv_hashed
+from shared.transfer.tensor_bytes import tensor_bytes
 
 
 class AttentionLost(ConnectionError):

@@ -20,13 +20,14 @@ from shared.transfer.attention.wire import (
     read_header,
     send_frame,
 )
-from shared.transfer.base import BlockSpan, tensor_bytes
+from shared.transfer.base import BlockSpan
 from shared.transfer.common.counters import Counters
 from shared.transfer.common.frames import ProtocolError
 from shared.transfer.common.handshake import challenge
 from shared.transfer.common.receiver import Connection, ListeningReceiver, OpenFrame
 from shared.transfer.common.sockets import recv_exact
 from shared.transfer.tcp.sockets import recv_hashed
+from shared.transfer.tensor_bytes import tensor_bytes
 
 
 class AttentionHandler(Protocol):

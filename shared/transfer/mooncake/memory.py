@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shared.transfer.base import tensor_bytes
+from shared.transfer.tensor_bytes import tensor_bytes
 
 Region = tuple[int, int]  # (start address, end address)
 

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 import torch
 
-from services.attention_worker.shard import AttentionShard, kv_head_range, usable_group_size
+from services.attention_worker.shard import AttentionShard
+from shared.attention_groups import kv_head_range, usable_group_size
 from shared.errors import KvstackError
 from shared.messages import AttentionAttach
 from shared.transfer.attention.wire import ChunkSpec

@@ -9,7 +9,8 @@ from collections.abc import Callable
 import torch
 
 from shared.kvcache.storage import KVStorage
-from shared.transfer.base import BlockSpan, KVSender, kv_span_bytes
+from shared.transfer.base import BlockSpan, KVSender
+from shared.transfer.tensor_bytes import kv_span_bytes
 
 WAIT_S = 5.0
 # request id -> (source block, destination span); offsets > 0 are partial blocks

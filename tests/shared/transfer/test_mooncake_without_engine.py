@@ -8,7 +8,7 @@ import socket
 import numpy as np
 import torch
 
-from shared.transfer.base import BlockSpan, kv_span_bytes, tensor_bytes
+from shared.transfer.base import BlockSpan
 from shared.transfer.common.frames import checked_frame
 from shared.transfer.mooncake.control import (
     KIND_ASK,
@@ -31,6 +31,7 @@ from shared.transfer.mooncake.memory import (
     views_of,
 )
 from shared.transfer.mooncake.parts import parts_of
+from shared.transfer.tensor_bytes import kv_span_bytes, tensor_bytes
 
 
 def test_allocation_of_a_kv_span_is_the_whole_tensor() -> None:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from shared.kvcache.storage import KVStorage
-from shared.transfer.base import BlockSpan, tensor_bytes
+from shared.transfer.base import BlockSpan
+from shared.transfer.tensor_bytes import tensor_bytes
 from tests.shared.transfer.sinks import (
     MOVES,
     Done,
