@@ -36,7 +36,7 @@ HEAD = ((49152, 576),)
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gemv", help="native GEMV vs torch F.linear by rows (the crossover)")
-    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="float weights ('' for none)")
     p.add_argument("--rows", default="1,2,3,4,6,8,12,16,24,32")
     p.add_argument(
         "--formats",
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     report: dict = {"isa": chosen_isa(), "threads": args.threads, "layers": args.layers}
     report["dtypes"] = {}
-    for name in args.dtypes.split(","):
+    for name in (name for name in args.dtypes.split(",") if name):
         dtype = getattr(torch, name)
         weights = {
             part: [torch.empty(n, k, dtype=dtype).normal_() for n, k in shapes]

@@ -25,6 +25,30 @@ inline float half_to_float(const uint8_t* p) {
 #endif
 }
 
+// A Q4 block's scale d and offset: m (Q4_1), or -8 d (Q4_0).
+// NOTE: Q4_1's two fp16 values are adjacent: one vector conversion takes both, where two
+// scalar ones cost the 8-bit GEMV about a tenth of its time on weights in cache.
+template <bool kHasMin>
+inline void q4_scale_offset(const uint8_t* b, float* d, float* offset) {
+#if defined(__F16C__)
+  if constexpr (kHasMin) {
+    int32_t both;
+    std::memcpy(&both, b, 4);
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(both));
+    *d = _mm_cvtss_f32(dm);
+    *offset = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+    return;
+  }
+#endif
+  if constexpr (kHasMin) {
+    *d = half_to_float(b);
+    *offset = half_to_float(b + 2);
+  } else {
+    *d = half_to_float(b);
+    *offset = -8.f * *d;
+  }
+}
+
 // The 6-bit scale and min of Q4_K sub-block j (ggml's get_scale_min_k4).
 inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
   if (j < 4) {

@@ -80,8 +80,7 @@ struct Q4 {  // Q4_0 and Q4_1: value i in the low nibble of byte i, value i + 16
   static constexpr int64_t kSubs = 1, kBytes = kHasMin ? 20 : 18, kQuants = kHasMin ? 4 : 2;
   static constexpr bool kSigned = false;
   static void scale_offset(const uint8_t* b, int, float* d, float* o) {
-    *d = half_to_float(b);
-    *o = kHasMin ? half_to_float(b + 2) : -8.f * *d;
+    q4_scale_offset<kHasMin>(b, d, o);
   }
   static int value(const uint8_t* b, int, int i) {
     return i < 16 ? b[kQuants + i] & 0x0F : b[kQuants + i - 16] >> 4;

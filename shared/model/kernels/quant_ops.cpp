@@ -44,6 +44,7 @@ inline V vload(const float* p) { return _mm512_loadu_ps(p); }
 inline V vset(float v) { return _mm512_set1_ps(v); }
 inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
 inline V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
 inline float vsum(V v) { return _mm512_reduce_add_ps(v); }
 inline void widen_u8(__m128i b, V* out) { out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
@@ -57,6 +58,7 @@ inline V vload(const float* p) { return _mm256_loadu_ps(p); }
 inline V vset(float v) { return _mm256_set1_ps(v); }
 inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
 inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
 inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
 inline float vsum(V v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -117,8 +119,8 @@ struct Q4 {  // Q4_0 (offset -8 d) and Q4_1 (offset m)
   template <int M>
   static void dot(const uint8_t* b, const float* x, int64_t ldx, const float* xs, int64_t ldxs,
                   V* acc, float* sacc) {
-    const float d = half_to_float(b);
-    const float offset = kHasMin ? half_to_float(b + 2) : -8.f * d;
+    float d, offset;
+    q4_scale_offset<kHasMin>(b, &d, &offset);
     const __m128i q = load16(b + (kHasMin ? 4 : 2));
     V lo[G], hi[G];
     widen_u8(low_nibbles(q), lo);
@@ -159,15 +161,17 @@ void gemv_rows(const uint8_t* w, int64_t row_bytes, int64_t K, const float* x, c
   const int64_t blocks = K / F::kValues, ldxs = K / 32;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
-    V acc[M];
+    // NOTE: even and odd blocks add into accumulators of their own: one chain of dependent
+    // FMAs through every block of a row kept the core waiting on each one's latency.
+    V acc[2][M];
     float sacc[M];
-    for (int m = 0; m < M; ++m) acc[m] = vzero(), sacc[m] = 0.f;
+    for (int m = 0; m < M; ++m) acc[0][m] = acc[1][m] = vzero(), sacc[m] = 0.f;
     prefetch_row(row, row_bytes);
     for (int64_t i = 0; i < blocks; ++i)
       F::template dot<M>(row + i * F::kBytes, x + i * F::kValues, K,
-                         xs + i * (F::kValues / 32), ldxs, acc, sacc);
+                         xs + i * (F::kValues / 32), ldxs, acc[i % 2], sacc);
     const float b = bias ? bias[n] : 0.f;
-    for (int m = 0; m < M; ++m) out[m * N + n] = vsum(acc[m]) + sacc[m] + b;
+    for (int m = 0; m < M; ++m) out[m * N + n] = vsum(vadd(acc[0][m], acc[1][m])) + sacc[m] + b;
   }
 }
 #endif  // KV_SIMD
