@@ -232,7 +232,8 @@ void kernels::write_kv(at::Tensor k, at::Tensor v, at::Tensor k_cache,
 
 namespace {
 
-inline void softmax_(float* x, int64_t n) {
+// x[0:n] = exp(x - max(x)); returns that max, and the sum of the new x in *sum.
+inline float exp_sum_(float* x, int64_t n, float* sum) {
   V mv = simd::set1(-INFINITY);
   int64_t i = 0;
   for (; i + kWidth <= n; i += kWidth) mv = simd::max(mv, simd::load(x + i));
@@ -245,36 +246,81 @@ inline void softmax_(float* x, int64_t n) {
     simd::store(x + i, e);
     sv = simd::add(sv, e);
   }
-  float sum = simd::reduce_add(sv);
-  for (; i < n; ++i) sum += (x[i] = simd::exp1(x[i] - mx));
-  const V inv = simd::set1(1.f / sum);
-  for (i = 0; i + kWidth <= n; i += kWidth) simd::store(x + i, simd::mul(simd::load(x + i), inv));
-  for (; i < n; ++i) x[i] *= 1.f / sum;
+  *sum = simd::reduce_add(sv);
+  for (; i < n; ++i) *sum += (x[i] = simd::exp1(x[i] - mx));
+  return mx;
 }
 
 // ---- Decode attention over the paged cache: one query token per sequence -----------------
 // q [B, H, D] (row stride q_row), caches [blocks, block_size, H_kv, D], out [B, H, D].
-// One task per (sequence, kv head); its G query heads read each cached row in place.
+// A task is a (sequence, kv head): its G query heads read each cached row in place. Where the
+// tasks are fewer than twice the threads, each task's context is cut into pieces that run
+// apart and merge by their maxima (flash-decoding): one sequence over SmolLM2's 3 KV heads on
+// 2 threads left one thread two tasks and the other one.
+constexpr int64_t kMinPiece = 32;  // tokens: shorter pieces cost more to merge than they save
+
+int64_t pieces_per_task(int64_t tasks, int64_t threads, int64_t max_ctx) {
+  if (tasks >= 2 * threads) return 1;
+  const int64_t wanted = (2 * threads + tasks - 1) / tasks;
+  return std::max<int64_t>(1, std::min(wanted, max_ctx / kMinPiece));
+}
+
+// One piece's partial result per query head g: the max score m[g], the sum l[g] of
+// exp(score - m[g]) and acc[g] = the sum of those weights times the values (l = 0: empty).
+struct Partial {
+  float* m;
+  float* l;
+  float* acc;
+};
+
+// Tokens [t0, t1) of task (b, hk) into `part`.
 template <typename T>
-void decode_attention_task(T* out, const T* q, int64_t q_row, const T* kc, const T* vc,
-                           const int64_t* table, int64_t ctx, int64_t b, int64_t hk,
-                           int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale) {
-  const int64_t G = H / Hkv;
-  std::vector<float> qf(G * D), scores(G * ctx), acc(G * D, 0.f);
+void attend_piece(const T* q, int64_t q_row, const T* kc, const T* vc, const int64_t* table,
+                  int64_t t0, int64_t t1, int64_t b, int64_t hk, int64_t H, int64_t Hkv,
+                  int64_t D, int64_t bs, float scale, Partial part) {
+  const int64_t G = H / Hkv, n = t1 - t0;
+  std::fill(part.acc, part.acc + G * D, 0.f);
+  std::fill(part.l, part.l + G, 0.f);
+  std::fill(part.m, part.m + G, -INFINITY);
+  if (n <= 0) return;
+  std::vector<float> qf(G * D), scores(G * n);
   convert(qf.data(), q + b * q_row + hk * G * D, G * D);
   auto row = [&](const T* cache, int64_t t) {
     return cache + ((table[t / bs] * bs + t % bs) * Hkv + hk) * D;
   };
-  for (int64_t t = 0; t < ctx; ++t) {
+  for (int64_t t = t0; t < t1; ++t) {
     const T* k = row(kc, t);
-    for (int64_t g = 0; g < G; ++g) scores[g * ctx + t] = dot(qf.data() + g * D, k, D) * scale;
+    for (int64_t g = 0; g < G; ++g) scores[g * n + t - t0] = dot(qf.data() + g * D, k, D) * scale;
   }
-  for (int64_t g = 0; g < G; ++g) softmax_(scores.data() + g * ctx, ctx);
-  for (int64_t t = 0; t < ctx; ++t) {
+  for (int64_t g = 0; g < G; ++g) part.m[g] = exp_sum_(scores.data() + g * n, n, part.l + g);
+  for (int64_t t = t0; t < t1; ++t) {
     const T* v = row(vc, t);
-    for (int64_t g = 0; g < G; ++g) axpy(acc.data() + g * D, scores[g * ctx + t], v, D);
+    for (int64_t g = 0; g < G; ++g) axpy(part.acc + g * D, scores[g * n + t - t0], v, D);
   }
-  convert(out + (b * H + hk * G) * D, acc.data(), G * D);
+}
+
+// out [G, D] of one task = its pieces' partials merged: each rescaled to the largest max.
+template <typename T>
+void merge_pieces(T* out, const float* m, const float* l, const float* acc, int64_t pieces,
+                  int64_t G, int64_t D) {
+  std::vector<float> row(D);
+  for (int64_t g = 0; g < G; ++g) {
+    float top = -INFINITY, total = 0.f;
+    for (int64_t p = 0; p < pieces; ++p)
+      if (l[p * G + g] > 0.f) top = std::max(top, m[p * G + g]);
+    std::fill(row.begin(), row.end(), 0.f);
+    for (int64_t p = 0; p < pieces; ++p) {
+      if (l[p * G + g] <= 0.f) continue;
+      const float w = pieces == 1 ? 1.f : simd::exp1(m[p * G + g] - top);
+      total += w * l[p * G + g];
+      axpy(row.data(), w, acc + (p * G + g) * D, D);
+    }
+    const V inv = simd::set1(1.f / total);
+    int64_t i = 0;
+    for (; i + kWidth <= D; i += kWidth) simd::store(row.data() + i, simd::mul(simd::load(row.data() + i), inv));
+    for (; i < D; ++i) row[i] *= 1.f / total;
+    convert(out + g * D, row.data(), D);
+  }
 }
 
 }  // namespace
@@ -289,6 +335,12 @@ void kernels::decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
   int64_t total_ctx = 0;
   for (int64_t b = 0; b < B; ++b) total_ctx += cl[b];
   GilRelease gil(total_ctx * Hkv * D * 2);
+  const int64_t G = H / Hkv, tasks = B * Hkv;
+  int64_t max_ctx = 0;
+  for (int64_t b = 0; b < B; ++b) max_ctx = std::max(max_ctx, cl[b]);
+  const int64_t pieces = pieces_per_task(tasks, kernels::num_threads(), max_ctx);
+  // partials, piece-major within a task: m and l [tasks, pieces, G], acc [tasks, pieces, G, D]
+  std::vector<float> m(tasks * pieces * G), l(tasks * pieces * G), acc(tasks * pieces * G * D);
   KV_DISPATCH(q.scalar_type(), "decode_attention", [&] {
     auto* o = out.data_ptr<scalar_t>();
     auto* qi = q.data_ptr<scalar_t>();
@@ -296,13 +348,22 @@ void kernels::decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
     auto* vc = v_cache.data_ptr<scalar_t>();
     const int64_t* bt = block_table.data_ptr<int64_t>();
     const int64_t q_row = q.stride(0);
-    kernels::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t b = task / Hkv, hk = task % Hkv;
-        decode_attention_task(o, qi, q_row, kc, vc, bt + b * max_blocks, cl[b], b, hk, H, Hkv,
-                              D, bs, float(scale));
+    kernels::parallel_for(0, tasks * pieces, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t task = item / pieces, p = item % pieces;
+        const int64_t b = task / Hkv, hk = task % Hkv, ctx = cl[b];
+        const Partial part{m.data() + item * G, l.data() + item * G, acc.data() + item * G * D};
+        attend_piece(qi, q_row, kc, vc, bt + b * max_blocks, ctx * p / pieces,
+                     ctx * (p + 1) / pieces, b, hk, H, Hkv, D, bs, float(scale), part);
+        if (pieces == 1) merge_pieces(o + task * G * D, part.m, part.l, part.acc, 1, G, D);
       }
     });
+    // NOTE: a few tasks' merges: shorter than another loop's fork and join
+    for (int64_t task = 0; pieces > 1 && task < tasks; ++task) {
+      const int64_t at = task * pieces * G;
+      merge_pieces(o + task * G * D, m.data() + at, l.data() + at, acc.data() + at * D, pieces,
+                   G, D);
+    }
   });
 }
 

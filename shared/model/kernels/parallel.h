@@ -156,6 +156,11 @@ class UsePool {
   SpinPool* previous_;
 };
 
+// The threads parallel_for splits a loop over here.
+inline int num_threads() {
+  return active_pool != nullptr ? active_pool->threads() : at::get_num_threads();
+}
+
 template <class F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
   if (active_pool != nullptr) return active_pool->run(begin, end, grain, f);

@@ -204,6 +204,26 @@ def test_decode_attention_with_tails(native, dtype, head_dim, context) -> None:
     close(out, expected, dtype)
 
 
+@pytest.mark.parametrize(("lens", "threads"), [((300,), 2), ((300, 1), 4), ((300,), 8)])
+def test_decode_attention_over_few_heads_splits_contexts_and_merges(native, dtype, lens, threads):
+    """Fewer (sequence, kv head) tasks than twice the threads: each context is cut into
+    pieces (of at least 32 tokens; a 1-token context leaves a piece empty) merged by their
+    maxima; the result is still the softmax's."""
+    blocks, block_size, kv_heads, heads, head_dim = 80, 4, 3, 9, 64
+    k_cache, v_cache = (randn(blocks, block_size, kv_heads, head_dim, dtype=dtype) for _ in "kv")
+    table = torch.randperm(blocks, generator=torch.Generator().manual_seed(2))[:76]
+    table = torch.stack([table, table.flip(0)])[: len(lens)]
+    q = randn(len(lens), heads, head_dim, dtype=dtype) * 3
+    out, before = torch.empty_like(q), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        native.decode_attention(out, q, k_cache, v_cache, table, torch.tensor(lens), 0.125)
+    finally:
+        torch.set_num_threads(before)
+    expected = ops.decode_attention_torch(q, k_cache, v_cache, table, torch.tensor(lens), 0.125)
+    close(out, expected, dtype)
+
+
 def test_linear_sends_up_to_the_measured_rows_to_the_native_gemv(native, dtype, monkeypatch):
     calls: list[int] = []
 
