@@ -82,22 +82,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shared.engine.engine import LLMEngine  # torch: only the command that computes loads it
-
-    engine: EngineInterface = LLMEngine(
-        EngineConfig(
-            model=args.model,
-            dtype=args.dtype,
-            weights=args.weights,
-            device=args.device,
-            attention=args.attention,
-            activations=args.activations,
-            fused_decode=not args.no_fused_decode,
-            cuda_graphs=not args.no_cuda_graphs,
-            num_threads=args.threads,
-        )
+    # NOTE: everything the flags alone can get wrong is checked before torch loads (seconds)
+    config = EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        weights=args.weights,
+        device=args.device,
+        attention=args.attention,
+        activations=args.activations,
+        fused_decode=not args.no_fused_decode,
+        cuda_graphs=not args.no_cuda_graphs,
+        num_threads=args.threads,
     )
-    prompt_ids = prompt_token_ids(engine, args)
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -108,6 +104,11 @@ def run(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         logprobs=args.logprobs if args.logprobs is not None else (0 if args.json else None),
     )
+    given_ids = given_token_ids(args)
+    from shared.engine.engine import LLMEngine  # torch: only the command that computes loads it
+
+    engine: EngineInterface = LLMEngine(config)
+    prompt_ids = given_ids if given_ids is not None else text_token_ids(engine, args)
     engine.add_request("generate", prompt_ids, params)
     completion = Completion("generate", prompt_ids, [], "", None, None)
     while engine.has_unfinished:
@@ -119,11 +120,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def prompt_token_ids(engine: EngineInterface, args: argparse.Namespace) -> list[int]:
-    if args.prompt_ids is not None:
-        if args.chat:
-            raise KvstackError("--chat needs --prompt text, not --prompt-ids")
-        return parse_ids(args.prompt_ids)
+def given_token_ids(args: argparse.Namespace) -> list[int] | None:
+    """--prompt-ids, parsed; None where the prompt is text (the model's tokenizer's)."""
+    if args.prompt_ids is None:
+        return None
+    if args.chat:
+        raise KvstackError("--chat needs --prompt text, not --prompt-ids")
+    return parse_ids(args.prompt_ids)
+
+
+def text_token_ids(engine: EngineInterface, args: argparse.Namespace) -> list[int]:
     tokenizer = engine.info.tokenizer
     if tokenizer is None:
         raise KvstackError(f"{engine.info.model_dir} has no tokenizer.json; use --prompt-ids")
