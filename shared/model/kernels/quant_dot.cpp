@@ -4,9 +4,9 @@
 // product:  sum(w * x) ~= d * dx * sum(q * qx) + offset * sx
 //   Q8_0: q signed, offset 0    Q4_0: q in 0..15, offset -8 d    Q4_1: offset m
 //   Q4_K: each of its 8 sub-blocks of 32 is such a block, scale d * sc, offset -dmin * mn
-// Paths: AVX-512 VNNI (_mm512_dpbusd_epi32) or AVX-512BW (_mm512_maddubs_epi16 +
-// _mm512_madd_epi16), two blocks a vector; AVX2 (the same in 256 bits, one block); and a
-// portable scalar path that every build carries (`portable=true` runs it: the reference).
+// Paths: one block a 256-bit vector, through AVX512-VNNI's _mm256_dpbusd_epi32 where the build
+// has it, else AVX2's _mm256_maddubs_epi16 + _mm256_madd_epi16; and a portable scalar path
+// that every build carries (`portable=true` runs it: the reference).
 //
 // NOTE: products of 8-bit integers are exact and the integer sums cannot overflow (maddubs
 // pairs stay under 2 * 128 * 127), so the paths differ only in the order of float sums; the
@@ -156,46 +156,18 @@ void rows_portable(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, const f
 }
 
 // ---- SIMD: int32 lanes, each the sum of 4 products of an unsigned and a signed byte -------
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-constexpr int64_t kStep = 2;  // blocks of 32 a vector
-using IV = __m512i;
-using FV = __m512;
-inline IV dot_u8s8(IV u, IV s) {
-#if defined(__AVX512VNNI__)
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
-#else
-  return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
-#endif
-}
-inline IV dot_s8s8(IV a, IV b) {  // a's sign moves onto b, so |a| is the unsigned side
-  const __mmask64 negative = _mm512_movepi8_mask(a);
-  return dot_u8s8(_mm512_abs_epi8(a), _mm512_mask_sub_epi8(b, negative, _mm512_setzero_si512(), b));
-}
-inline FV fzero() { return _mm512_setzero_ps(); }
-inline float fsum(FV v) { return _mm512_reduce_add_ps(v); }
-inline FV fma_lanes(IV p, float s0, float s1, FV acc) {  // lanes 0-7 scaled by s0, 8-15 by s1
-  const __m512i scales = _mm512_inserti64x4(_mm512_castps_si512(_mm512_set1_ps(s0)),
-                                            _mm256_castps_si256(_mm256_set1_ps(s1)), 1);
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_castsi512_ps(scales), acc);
-}
-template <class F>
-inline IV quants2(const uint8_t* row, int64_t j, bool pair) {
-  const __m256i lo = F::quants(block_of<F>(row, j), static_cast<int>(j % F::kSubs));
-  if (!pair) return _mm512_zextsi256_si512(lo);
-  const __m256i hi = F::quants(block_of<F>(row, j + 1), static_cast<int>((j + 1) % F::kSubs));
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-inline IV load_x(const int8_t* p, bool pair) {
-  return pair ? _mm512_loadu_si512(p)
-              : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-#define KV_DOT_SIMD 1
-#elif defined(__AVX2__) && defined(__FMA__)
-constexpr int64_t kStep = 1;
+// NOTE: 256 bits on AVX-512 machines too. The 512-bit form (two blocks a vector) spent more
+// on putting the pair's quants and scales into one register than the wider dot product saved:
+// one decode row ran 10-20% slower on a Sapphire Rapids (python -m bench gemv --layers 1).
+#if defined(__AVX2__) && defined(__FMA__)
 using IV = __m256i;
 using FV = __m256;
 inline IV dot_u8s8(IV u, IV s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
 }
 inline IV dot_s8s8(IV a, IV b) { return dot_u8s8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)); }
 inline FV fzero() { return _mm256_setzero_ps(); }
@@ -204,35 +176,30 @@ inline float fsum(FV v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-inline FV fma_lanes(IV p, float s0, float, FV acc) {
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s0), acc);
+inline FV fma_scaled(IV p, float scale, FV acc) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale), acc);
 }
-template <class F>
-inline IV quants2(const uint8_t* row, int64_t j, bool) {
-  return F::quants(block_of<F>(row, j), static_cast<int>(j % F::kSubs));
-}
-inline IV load_x(const int8_t* p, bool) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
+inline IV load_x(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 #define KV_DOT_SIMD 1
 #endif
 
 #if defined(KV_DOT_SIMD)
-// Blocks j (and j + 1 when `pair`) of one weight row against M rows of x from row m0.
+// Block j of one weight row against M rows of x from row m0.
 template <class F, int M>
-inline void step(const uint8_t* row, int64_t j, bool pair, const Q8Rows& x, int64_t m0, FV* acc,
+inline void step(const uint8_t* row, int64_t j, const Q8Rows& x, int64_t m0, FV* acc,
                  float* sacc) {
   const int64_t blocks = x.blocks();
-  float d0, o0, d1 = 0.f, o1 = 0.f;
-  F::scale_offset(block_of<F>(row, j), static_cast<int>(j % F::kSubs), &d0, &o0);
-  if (pair) F::scale_offset(block_of<F>(row, j + 1), static_cast<int>((j + 1) % F::kSubs), &d1, &o1);
-  const IV q = quants2<F>(row, j, pair);
+  const uint8_t* block = block_of<F>(row, j);
+  const int sub = static_cast<int>(j % F::kSubs);
+  float d, o;
+  F::scale_offset(block, sub, &d, &o);
+  const IV q = F::quants(block, sub);
   for (int m = 0; m < M; ++m) {
     const int64_t b = (m0 + m) * blocks + j;
-    const IV xm = load_x(x.q.data() + (m0 + m) * x.K + 32 * j, pair);
+    const IV xm = load_x(x.q.data() + (m0 + m) * x.K + 32 * j);
     const IV p = F::kSigned ? dot_s8s8(q, xm) : dot_u8s8(q, xm);
-    acc[m] = fma_lanes(p, d0 * x.d[b], pair ? d1 * x.d[b + 1] : 0.f, acc[m]);
-    sacc[m] += o0 * x.s[b] + (pair ? o1 * x.s[b + 1] : 0.f);
+    acc[m] = fma_scaled(p, d * x.d[b], acc[m]);
+    sacc[m] += o * x.s[b];
   }
 }
 
@@ -240,15 +207,14 @@ inline void step(const uint8_t* row, int64_t j, bool pair, const Q8Rows& x, int6
 template <class F, int M>
 void rows_simd(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, int64_t m0,
                const float* bias, float* out, int64_t N, int64_t n0, int64_t n1) {
-  const int64_t blocks = x.blocks(), whole = blocks - blocks % kStep;
+  const int64_t blocks = x.blocks();
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
     prefetch_row(row, row_bytes);
     FV acc[M];
     float sacc[M];
     for (int m = 0; m < M; ++m) acc[m] = fzero(), sacc[m] = 0.f;
-    for (int64_t j = 0; j < whole; j += kStep) step<F, M>(row, j, kStep == 2, x, m0, acc, sacc);
-    if (whole < blocks) step<F, M>(row, whole, false, x, m0, acc, sacc);
+    for (int64_t j = 0; j < blocks; ++j) step<F, M>(row, j, x, m0, acc, sacc);
     const float b = bias ? bias[n] : 0.f;
     for (int m = 0; m < M; ++m) out[(m0 + m) * N + n] = fsum(acc[m]) + sacc[m] + b;
   }
