@@ -118,7 +118,14 @@ def fastest(fns, repeats: int) -> list[float]:
 def check_format(name: str) -> QuantFormat:
     if name not in FORMATS:
         raise KvstackError(f"--formats: no format {name!r}; choose from {', '.join(FORMATS)}")
-    return FORMATS[name]
+    fmt = FORMATS[name]
+    widths = sorted({k for _, k in LAYER + HEAD})
+    if any(k % fmt.block_values for k in widths):
+        raise KvstackError(
+            f"--formats: {name} needs rows of a multiple of {fmt.block_values} values; "
+            f"SmolLM2's are {', '.join(map(str, widths))} wide"
+        )
+    return fmt
 
 
 def quant_layers(fmt: QuantFormat, num_layers: int) -> list[QuantLinear]:

@@ -19,6 +19,11 @@ def run(capsys: pytest.CaptureFixture, *argv: str) -> dict:
     return orjson.loads(capsys.readouterr().out)
 
 
+def test_the_quantized_formats_alone(capsys) -> None:
+    report = run(capsys, "--dtypes", "", "--rows", "1", "--formats", "q4_0", "--json")
+    assert report["dtypes"] == {} and report["formats"]["q4_0"]["by_rows"][0]["rows"] == 1
+
+
 def test_quantized_ways_by_rows_with_two_prefetch_distances(capsys) -> None:
     report = run(capsys, "--dtypes", "float32", "--rows", "1,2", "--formats", "q4_1",
                  "--prefetch", "0,64", "--json")  # fmt: skip
@@ -44,7 +49,8 @@ def test_the_table_names_each_format(capsys) -> None:
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [("--formats", "q5_k", "no format 'q5_k'"), ("--prefetch", "1k", "give byte counts"),
-     ("--prefetch", "-64", "0 or more bytes")],
+     ("--prefetch", "-64", "0 or more bytes"),
+     ("--formats", "q4_k", "multiple of 256 values; SmolLM2's are 576, 1536")],
 )  # fmt: skip
 def test_bad_options_fail_clearly(option, value, message) -> None:
     args = build_parser().parse_args(["gemv", "--dtypes", "float32", "--rows", "1", option, value])
