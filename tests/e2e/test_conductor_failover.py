@@ -5,7 +5,8 @@ standby places within about one lease, and no request id is placed twice.
 "Placed twice" is checked where it matters, in the placements the gateway receives: an
 admin client hears every reply on the control bus; for each request id every accepted
 reply must be the same placement (the one on record, docs/conductor.md), and after the
-first placement of the new epoch none of the old epoch may come.
+first placement of the new epoch one of the old epoch may come only as a replay of a record
+the old conductor wrote before it died.
 """
 
 from __future__ import annotations

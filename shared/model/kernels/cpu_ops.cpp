@@ -332,12 +332,10 @@ void kernels::decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
   const int64_t Hkv = k_cache.size(2), bs = k_cache.size(1), max_blocks = block_table.size(1);
   TORCH_CHECK(H % Hkv == 0, "decode_attention: ", H, " heads over ", Hkv, " kv heads");
   const int64_t* cl = context_lens.data_ptr<int64_t>();
-  int64_t total_ctx = 0;
-  for (int64_t b = 0; b < B; ++b) total_ctx += cl[b];
+  int64_t total_ctx = 0, max_ctx = 0;
+  for (int64_t b = 0; b < B; ++b) total_ctx += cl[b], max_ctx = std::max(max_ctx, cl[b]);
   GilRelease gil(total_ctx * Hkv * D * 2);
   const int64_t G = H / Hkv, tasks = B * Hkv;
-  int64_t max_ctx = 0;
-  for (int64_t b = 0; b < B; ++b) max_ctx = std::max(max_ctx, cl[b]);
   const int64_t pieces = pieces_per_task(tasks, kernels::num_threads(), max_ctx);
   // partials, piece-major within a task: m and l [tasks, pieces, G], acc [tasks, pieces, G, D]
   std::vector<float> m(tasks * pieces * G), l(tasks * pieces * G), acc(tasks * pieces * G * D);

@@ -40,13 +40,8 @@ inline void q4_scale_offset(const uint8_t* b, float* d, float* offset) {
     return;
   }
 #endif
-  if constexpr (kHasMin) {
-    *d = half_to_float(b);
-    *offset = half_to_float(b + 2);
-  } else {
-    *d = half_to_float(b);
-    *offset = -8.f * *d;
-  }
+  *d = half_to_float(b);
+  *offset = kHasMin ? half_to_float(b + 2) : -8.f * *d;
 }
 
 // The 6-bit scale and min of Q4_K sub-block j (ggml's get_scale_min_k4).

@@ -221,9 +221,7 @@ void dequant_block(int64_t qtype, const uint8_t* b, float* y) {
     widen_i8(load16(b + 18), hi);
     store32(lo, hi, d, 0.f, y);
   } else if (qtype == kQ4_0 || qtype == kQ4_1) {
-    const __m128i q = load16(b + (qtype == kQ4_1 ? 4 : 2));
-    widen_u8(low_nibbles(q), lo);
-    widen_u8(high_nibbles(q), hi);
+    widen_nibbles(b + (qtype == kQ4_1 ? 4 : 2), lo, hi);
     store32(lo, hi, d, qtype == kQ4_1 ? half_to_float(b + 2) : -8.f * d, y);
   } else {  // Q4_K
     const float dmin = half_to_float(b + 2);
