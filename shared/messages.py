@@ -37,6 +37,7 @@ class Heartbeat:
     instance: str = ""  # one process's life: a restart under the same id changes it
     stopped: bool = False  # the last beat of a clean stop: forget this worker now
     reconnections: int = 0  # of its NATS connection: what it sent just before may be lost
+    caches_prefixes: bool = True  # a prefill worker keeps computed blocks for later prompts
 
 
 @message("placement_request")
@@ -343,6 +344,7 @@ class ConductorStats:
     live_prefill: tuple[str, ...] = ()
     live_decode: tuple[str, ...] = ()
     estimates: tuple[EstimateError, ...] = ()  # over the latest finished requests
+    num_pooled_blocks: int = 0  # of the indexed blocks, those a kvstore holds
 
 
 @message("store_stats")

@@ -105,6 +105,7 @@ def worker_heartbeat(
         data_addr=data_addr,
         model=config.model,
         draining=draining,
+        caches_prefixes=config.enable_prefix_cache,
     )
 
 

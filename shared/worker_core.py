@@ -61,6 +61,7 @@ def load_heartbeat(
     data_addr: str = "",
     model: str = "",
     draining: bool = False,
+    caches_prefixes: bool = True,
 ) -> Heartbeat:
     return Heartbeat(
         service,
@@ -72,5 +73,6 @@ def load_heartbeat(
         model=model,
         block_size=block_size,
         draining=draining,
+        caches_prefixes=caches_prefixes,
         **asdict(load),
     )

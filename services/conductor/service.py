@@ -84,6 +84,9 @@ class ConductorService(Service):
         )
         self.live_workers = self.metrics.gauge("live_workers", "workers alive", ("service",))
         self.indexed_blocks = self.metrics.gauge("indexed_blocks", "blocks in the prefix index")
+        self.pooled_blocks = self.metrics.gauge(
+            "pooled_blocks", "blocks in the prefix index that a kvstore holds"
+        )
         self.active_gauge = self.metrics.gauge(
             "active", "1 while this conductor places (holds the lease, or runs alone)"
         )
@@ -203,6 +206,7 @@ class ConductorService(Service):
             tuple(hb.worker_id for hb in core.state.live("prefill", now)),
             tuple(hb.worker_id for hb in core.state.live("decode", now)),
             core.estimates.summary(),
+            core.index.num_pooled,
         )
 
     def heartbeat(self) -> Heartbeat:
@@ -210,6 +214,7 @@ class ConductorService(Service):
         for service in ("prefill", "decode"):
             self.live_workers.labels(service).set(len(self.core.state.live(service, now)))
         self.indexed_blocks.set(len(self.core.index))
+        self.pooled_blocks.set(self.core.index.num_pooled)
         return super().heartbeat()
 
 

@@ -181,11 +181,17 @@ class Conductor:
             self.ledger.book(
                 choice.decode_id, Booking(now + choice.ttft, now + choice.ttft + duration, n)
             )
-        self.inflight.placed(choice.prefill_id, inputs.request.block_hashes, now + choice.ttft)
+        if self._caches_prefixes(choice.prefill_id):
+            # a worker without a prefix cache will not hold the prompt after its prefill
+            self.inflight.placed(choice.prefill_id, inputs.request.block_hashes, now + choice.ttft)
         self.counters.accepted += 1
         if choice.fetch_blocks:
             self.counters.replications += 1
             self.counters.replicated_blocks += choice.fetch_blocks
+
+    def _caches_prefixes(self, worker_id: str) -> bool:
+        beat = self.state.heartbeats.get(worker_id)
+        return beat is None or beat.caches_prefixes
 
     def _placement(
         self, request: PlacementRequest, choice: Choice, prefix: PrefixMatch

@@ -37,6 +37,11 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._holders)
 
+    @property
+    def num_pooled(self) -> int:
+        """How many distinct blocks some kvstore holds."""
+        return len(self._pool)
+
     def apply(self, event: KVEvent) -> None:
         self._service[event.source] = event.service
         if event.source not in self._blocks:

@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -79,6 +80,26 @@ def worker_stats(stack: Stack, service: str, worker_id: str, expected: type = Wo
             await bus.drain()
 
     return asyncio.run(ask())
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Polls `condition` until it holds; fails naming `what` after `timeout` seconds (a
+    fixed sleep instead races the system on a slow machine)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.1)
+
+
+def indexed_blocks(stack: Stack) -> int:
+    """How many distinct blocks the conductor's prefix index knows a holder of."""
+    return asyncio.run(ask_conductor(stack)).num_indexed_blocks
+
+
+def pooled_blocks(stack: Stack) -> int:
+    """How many distinct blocks the conductor knows a kvstore (or Mooncake Store) holds:
+    what it can plan a prefix load from."""
+    return asyncio.run(ask_conductor(stack)).num_pooled_blocks
 
 
 async def ask_conductor(stack: Stack) -> ConductorStats:

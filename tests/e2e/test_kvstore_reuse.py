@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-import time
-
 import openai
 import pytest
 
 from shared.engine.sampling_params import SamplingParams
-from tests.e2e.conftest import running_stack, worker_stats
+from tests.e2e.conftest import (
+    indexed_blocks,
+    pooled_blocks,
+    running_stack,
+    wait_until,
+    worker_stats,
+)
 
 STORY = (
     "The lighthouse keeper climbed the spiral stairs every evening, counting the steps "
@@ -35,10 +39,18 @@ def ask(stack, prompt: str) -> openai.types.Completion:
     )
 
 
+def full_blocks(num_tokens: int) -> int:
+    return num_tokens // 16
+
+
 def test_a_prefix_computed_on_one_worker_is_loaded_by_another(stack_with_pool, reference):
     first = ask(stack_with_pool, STORY + " Question one: what did he count?")
     assert worker_stats(stack_with_pool, "prefill", "prefill-0").num_requests_done == 1
-    time.sleep(1.0)  # the write-back to the pool runs after the first token
+    prompt_blocks = full_blocks(first.usage.prompt_tokens)  # written back after the first token
+    wait_until(
+        lambda: pooled_blocks(stack_with_pool) >= prompt_blocks,
+        "the conductor knows the pool holds the prompt",
+    )
     prompt = STORY + " Question two: what answered him?"
     second = ask(stack_with_pool, prompt)
     stats = worker_stats(stack_with_pool, "prefill", "prefill-1")
@@ -73,8 +85,12 @@ def test_a_kvstore_killed_mid_transfer_means_recompute_not_failure(tmp_path, ref
     )
     with running_stack(tmp_path, num_kvstore=1, prefill_args=prefill_args) as stack:
         stack_ref["s"] = stack
-        ask(stack, STORY + " Question one: what did he count?")
-        time.sleep(1.0)  # the prompt's blocks reach the pool
+        first = ask(stack, STORY + " Question one: what did he count?")
+        prompt_blocks = full_blocks(first.usage.prompt_tokens)
+        wait_until(
+            lambda: pooled_blocks(stack) >= prompt_blocks,
+            "the conductor knows the pool holds the prompt",
+        )
         prompt = STORY + " Question two: what answered him?"
         second = ask(stack, prompt)
         assert proxy.cut and proxy.error is None, proxy.error  # cut half way, sender killed
@@ -90,10 +106,16 @@ def test_a_kvstore_killed_mid_transfer_means_recompute_not_failure(tmp_path, ref
 def test_the_next_turn_of_a_conversation_hits_the_blocks_of_the_last(stack_with_pool):
     client = openai.OpenAI(base_url=f"{stack_with_pool.api_url}/v1", api_key="none", max_retries=0)
     history = [{"role": "user", "content": STORY + " Tell me more about the keeper."}]
+    before = pooled_blocks(stack_with_pool)  # the chat template's blocks are new
     first = client.chat.completions.create(
         model="SmolLM2-135M-Instruct", messages=history, max_tokens=64, temperature=0
     )
-    time.sleep(1.0)  # decode writes prompt + answer back to the pool when the turn ends
+    # decode writes prompt + answer back when the turn ends (the last token has no KV yet)
+    turn_blocks = full_blocks(first.usage.total_tokens - 1)
+    wait_until(
+        lambda: pooled_blocks(stack_with_pool) >= before + turn_blocks,
+        "the conductor knows the pool holds the turn",
+    )
     history += [
         {"role": "assistant", "content": first.choices[0].message.content},
         {"role": "user", "content": "And the sea?"},
@@ -109,8 +131,9 @@ def test_a_peer_prefill_worker_serves_its_cache_when_no_pool_has_it(tmp_path, re
     with running_stack(
         tmp_path, num_prefill=2, num_kvstore=0, conductor_args=("--policy", "round-robin")
     ) as stack:
-        ask(stack, STORY + " Question one: what did he count?")  # on prefill-0
-        time.sleep(1.0)  # its KV events reach the conductor's index
+        first = ask(stack, STORY + " Question one: what did he count?")  # on prefill-0
+        prompt_blocks = full_blocks(first.usage.prompt_tokens)
+        wait_until(lambda: indexed_blocks(stack) >= prompt_blocks, "the index holds the prompt")
         prompt = STORY + " Question two: what answered him?"
         second = ask(stack, prompt)  # on prefill-1
         taker = worker_stats(stack, "prefill", "prefill-1")

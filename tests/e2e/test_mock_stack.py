@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import random
-import time
 import urllib.request
 
 import openai
@@ -14,8 +13,14 @@ import pytest
 
 from shared import codec, subjects
 from shared.engine.mock import MockSpec
-from shared.messages import ConductorStats, Heartbeat, StatsRequest, StoreStats
-from tests.e2e.conftest import running_stack, worker_stats
+from shared.messages import ConductorStats, Heartbeat, StoreStats
+from tests.e2e.conftest import (
+    ask_conductor,
+    indexed_blocks,
+    running_stack,
+    wait_until,
+    worker_stats,
+)
 
 SPEC = MockSpec("llama3-70b", "a800", 1e-3)
 MAX_TOKENS = 8
@@ -91,26 +96,7 @@ def kv_bytes_sent(stack) -> int:
 
 
 def conductor_stats(stack) -> ConductorStats:
-    async def ask() -> ConductorStats:
-        bus = await stack.bus("test-conductor")
-        try:
-            return await bus.request(
-                subjects.conductor_stats(), StatsRequest(), 5.0, expected=ConductorStats
-            )
-        finally:
-            await bus.drain()
-
-    return asyncio.run(ask())
-
-
-def indexed_blocks(stack) -> int:
-    return conductor_stats(stack).num_indexed_blocks
-
-
-def wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    return asyncio.run(ask_conductor(stack))
 
 
 def test_answers_are_complete_and_kv_crosses_at_the_scaled_size(mock_stack) -> None:
@@ -124,7 +110,7 @@ def test_answers_are_complete_and_kv_crosses_at_the_scaled_size(mock_stack) -> N
         assert answer.usage.prompt_tokens == len(prompt)
     # Each prompt's KV goes once from prefill to decode, all 80 layers at 320 B per token.
     want = sum(len(p) for p in prompts) * SPEC.kv_bytes_per_token
-    wait_until(lambda: kv_bytes_sent(mock_stack) >= want)
+    wait_until(lambda: kv_bytes_sent(mock_stack) >= want, "the prefill workers sent the KV")
     assert kv_bytes_sent(mock_stack) == want == sum(len(p) for p in prompts) * 320
 
 
@@ -132,7 +118,7 @@ def test_a_shared_prefix_is_served_from_cache_and_answers_repeat(mock_stack) -> 
     prefix = token_prompt(4, PREFIX_TOKENS)
     first = complete(mock_stack, prefix)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
-    wait_until(lambda: indexed_blocks(mock_stack) >= 40)  # the conductor knows the prefix
+    wait_until(lambda: indexed_blocks(mock_stack) >= 40, "the conductor knows the prefix")
     longer = complete(mock_stack, prefix + token_prompt(5, 20))
     assert longer.usage.prompt_tokens_details.cached_tokens == 640
     again = complete(mock_stack, prefix)
@@ -143,7 +129,7 @@ def test_a_shared_prefix_is_served_from_cache_and_answers_repeat(mock_stack) -> 
 def test_the_kvstore_holds_blocks_of_the_scaled_size(mock_stack) -> None:
     complete(mock_stack, token_prompt(6, 200))  # 12 full blocks written back after it
     stats = lambda: worker_stats(mock_stack, "kvstore", "kvstore-0", StoreStats)
-    wait_until(lambda: stats().dram_blocks >= 12)
+    wait_until(lambda: stats().dram_blocks >= 12, "the kvstore holds the prompt")
     held = stats()
     assert held.dram_blocks >= 12
     assert held.dram_bytes == held.dram_blocks * 16 * SPEC.kv_bytes_per_token
@@ -156,11 +142,17 @@ def test_the_conductor_reports_how_far_its_ttft_and_tbt_estimates_fell(mock_stac
     for seed in (7, 8, 9):
         complete(mock_stack, token_prompt(seed, 2000))
     errors = lambda: {e.estimate: e for e in conductor_stats(mock_stack).estimates}
-    wait_until(lambda: errors().get("ttft") is not None and errors()["ttft"].count >= 3)
+    wait_until(
+        lambda: errors().get("ttft") is not None and errors()["ttft"].count >= 3,
+        "three TTFT estimates are scored",
+    )
     found = errors()
     assert found["ttft"].count >= 3 and found["tbt"].count >= 3
     # the measured parts of the TTFT: nothing was loaded into these prompts (distinct)
-    wait_until(lambda: errors().get("prefill") is not None and errors()["prefill"].count >= 3)
+    wait_until(
+        lambda: errors().get("prefill") is not None and errors()["prefill"].count >= 3,
+        "three prefill estimates are scored",
+    )
     assert errors()["queue"].count >= 3
     for error in found.values():
         assert 0 <= error.median_abs_rel_error <= error.p90_abs_rel_error

@@ -3,13 +3,11 @@ computed is loaded from the store by another, and the answer equals a cold run."
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from shared.engine.sampling_params import SamplingParams
 from shared.mooncake_store import MISSING_HELP, available
-from tests.e2e.conftest import WORKER_ARGS, running_stack, worker_stats
+from tests.e2e.conftest import WORKER_ARGS, pooled_blocks, running_stack, wait_until, worker_stats
 from tests.e2e.test_kvstore_reuse import STORY, ask
 
 pytestmark = pytest.mark.skipif(
@@ -31,7 +29,11 @@ def test_a_prefix_computed_on_one_worker_is_loaded_by_another(tmp_path, referenc
             conductor_args=("--policy", "round-robin"),
         ) as stack:
             first = ask(stack, STORY + " Question one: what did he count?")  # on prefill-0
-            time.sleep(1.0)  # the write-back to the store runs after the first token
+            prompt_blocks = first.usage.prompt_tokens // 16  # written back after the first token
+            wait_until(
+                lambda: pooled_blocks(stack) >= prompt_blocks,
+                "the conductor knows the store holds the prompt",
+            )
             prompt = STORY + " Question two: what answered him?"
             second = ask(stack, prompt)  # on prefill-1
             stats = worker_stats(stack, "prefill", "prefill-1")

@@ -68,6 +68,21 @@ def test_a_prefix_from_the_kvstore_names_no_peer_but_is_a_replication() -> None:
     assert (core.counters.replications, core.counters.replicated_blocks) == (1, 8)
 
 
+@pytest.mark.parametrize("caches", [True, False])
+def test_a_prompt_placed_again_at_once_loads_the_pool_unless_its_worker_will_hold_it(caches):
+    """The first placement predicts the prompt's blocks in p0's cache once its prefill is
+    done (inflight.py), so the second waits for that rather than loading the shorter pool
+    prefix; a worker without a prefix cache (--no-prefix-cache) will not hold them, so the
+    second loads from the pool."""
+    core = conductor(prefill=())
+    core.observe(replace(beat("p0", "prefill"), caches_prefixes=caches))
+    core.observe(beat("s0", "kvstore"))
+    core.apply(KVEvent("s0", "kvstore", stored=PROMPT[:60]))
+    core.place(request(1600, "first", hashes=PROMPT), 0.1)
+    again = core.place(request(1600, "again", hashes=PROMPT), 0.2)
+    assert again.load_prefix is not caches
+
+
 def test_counters_split_accepted_rejected_and_unplaceable() -> None:
     core = conductor(admission="early", slo_ttft=1.0)
     core.place(request(100, "fits"), 0.0)

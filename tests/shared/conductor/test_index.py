@@ -51,6 +51,19 @@ def test_a_prefill_worker_holding_a_block_does_not_put_it_in_the_pool() -> None:
     assert index_of(stored("p0", 1, 2)).match(PROMPT, ["p0"]).pool_blocks == 0
 
 
+def test_the_pooled_count_is_the_distinct_blocks_some_kvstore_holds() -> None:
+    index = index_of(
+        stored("p0", 1, 2, 5),
+        stored("s0", 1, 3, service="kvstore"),
+        stored("s1", 3, 4, service="kvstore"),
+    )
+    assert (len(index), index.num_pooled) == (5, 3)
+    index.apply(KVEvent("s1", "kvstore", removed=(3, 4)))
+    assert (len(index), index.num_pooled) == (4, 2)  # s0 still holds 3; 4 is gone
+    index.forget("s0")
+    assert (len(index), index.num_pooled) == (3, 0)
+
+
 def test_only_the_workers_asked_for_are_matched() -> None:
     match = index_of(stored("p0", 1, 2), stored("p1", 1)).match(PROMPT, ["p1", "p9"])
     assert match.by_worker == {"p1": 1}  # p9 holds none: left out
