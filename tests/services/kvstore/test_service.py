@@ -67,6 +67,14 @@ async def connect(stack: Stack) -> tuple[Bus, list[Client]]:
     return bus, clients
 
 
+async def disconnect(bus: Bus, clients: list[Client]) -> None:
+    """Close what `connect` opened, before its stores stop: a bus left open to a stopped NATS
+    keeps reconnecting, and the test's event loop then cannot close (pytest hung there)."""
+    for client in clients:
+        client.close()
+    await bus.drain()
+
+
 def _observer(pool: KvstorePool):
     async def observe(hb: Heartbeat) -> None:
         pool.observe(hb)
@@ -97,8 +105,9 @@ async def stats(bus: Bus, worker_id: str) -> StoreStats:
 
 async def test_blocks_spread_over_three_stores_and_losing_one_loses_only_its_share(tmp_path):
     stack = await asyncio.to_thread(start_stores, tmp_path, 3)
+    bus, clients = await connect(stack)
+    writer, reader = clients
     try:
-        bus, (writer, reader) = await connect(stack)
         hashes = [random.Random(i).getrandbits(64) for i in range(NUM_BLOCKS)]
         await put_all(writer, hashes)
         counts = [(await stats(bus, f"kvstore-{i}")).dram_blocks for i in range(3)]
@@ -120,10 +129,8 @@ async def test_blocks_spread_over_three_stores_and_losing_one_loses_only_its_sha
         lost = {h for h, n in zip(hashes, present) if n == 0}
         assert lost == {h for h in hashes if owners[h] == "kvstore-1"}
         assert await reader.pool.get("get-2", hashes, list(range(NUM_BLOCKS))) is None
-        for client in (writer, reader):
-            client.close()
-        await bus.drain()
     finally:
+        await disconnect(bus, clients)
         stack.stop()
 
 
@@ -131,16 +138,19 @@ async def test_the_ssd_tier_survives_a_restart(tmp_path):
     disk = tmp_path / "ssd"
     args = ("--dram-gib", "0.0001", "--disk-dir", str(disk), "--disk-gib", "0.01")  # ~26 blocks
     stack = await asyncio.to_thread(start_stores, tmp_path, 1, args)
+    bus, clients = await connect(stack)
+    writer = clients[0]
     try:
-        bus, (writer, _) = await connect(stack)
         hashes = [random.Random(100 + i).getrandbits(64) for i in range(NUM_BLOCKS)]
         await put_all(writer, hashes)
         before = await stats(bus, "kvstore-0")
         assert before.disk_blocks > 0 and before.dram_blocks < NUM_BLOCKS  # DRAM overflowed
+        await disconnect(bus, clients)
         stack.stop()
         stack = await asyncio.to_thread(start_stores, tmp_path, 1, args)
-        bus2, (_, reader) = await connect(stack)
-        after = await stats(bus2, "kvstore-0")
+        bus, clients = await connect(stack)
+        reader = clients[1]
+        after = await stats(bus, "kvstore-0")
         # A clean stop (SIGTERM) wrote what DRAM held to the SSD tier as well.
         assert after.disk_blocks == before.disk_blocks + before.dram_blocks
         on_disk = [h for h in hashes if await reader.pool.longest_prefix([h]) == 1]
@@ -153,4 +163,5 @@ async def test_the_ssd_tier_survives_a_restart(tmp_path):
             source = hashes.index(h)
             assert torch.equal(reader.storage.kv[:, :, i], writer.storage.kv[:, :, source])
     finally:
+        await disconnect(bus, clients)
         stack.stop()
