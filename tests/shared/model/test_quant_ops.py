@@ -57,6 +57,22 @@ def test_gemv_matches_the_dequantized_weight(kernels, name, rows, out_features, 
 
 
 @pytest.mark.parametrize("name", FORMATS)
+def test_a_row_of_x_sums_alike_alone_and_among_others(kernels, name):
+    """Batch invariance: one row of x (its weight rows taken four at a time, a tail of 37 % 4
+    alone) gives bit for bit what it gives among other rows of x (which share each weight)."""
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, 37, 512, seed=11)
+    x, bias = torch.randn(4, 512), torch.randn(37)
+    together = torch.empty(4, 37)
+    kernels.quant_gemv(together, x, blocks, fmt.ggml_type, bias)
+    for m in range(4):
+        alone = torch.empty(1, 37)
+        kernels.quant_gemv(alone, x[m : m + 1].contiguous(), blocks, fmt.ggml_type, bias)
+        assert torch.equal(alone[0], together[m]), m
+    assert_close(together, reference(x, blocks, fmt, bias.double()))
+
+
+@pytest.mark.parametrize("name", FORMATS)
 def test_gemm_with_bias_and_a_partial_last_tile(kernels, name):
     fmt = FORMATS[name]
     blocks = random_blocks(fmt, 70, 512, seed=1)
