@@ -91,15 +91,19 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) 
         time.sleep(0.1)
 
 
+def conductor_stats(stack: Stack) -> ConductorStats:
+    return asyncio.run(ask_conductor(stack))
+
+
 def indexed_blocks(stack: Stack) -> int:
     """How many distinct blocks the conductor's prefix index knows a holder of."""
-    return asyncio.run(ask_conductor(stack)).num_indexed_blocks
+    return conductor_stats(stack).num_indexed_blocks
 
 
 def pooled_blocks(stack: Stack) -> int:
     """How many distinct blocks the conductor knows a kvstore (or Mooncake Store) holds:
     what it can plan a prefix load from."""
-    return asyncio.run(ask_conductor(stack)).num_pooled_blocks
+    return conductor_stats(stack).num_pooled_blocks
 
 
 async def ask_conductor(stack: Stack) -> ConductorStats:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import openai
 import pytest
 
-from shared.messages import ConductorStats
-from tests.e2e.conftest import ask_conductor, running_stack, worker_stats
+from tests.e2e.conftest import indexed_blocks, running_stack, worker_stats
 
 MANUAL = (
     "Step one of the maintenance manual: close the intake valve, wait for the gauge to "
@@ -38,10 +36,6 @@ def ask(stack, prompt: str, **extra) -> openai.types.Completion:
     )
 
 
-def conductor_stats(stack) -> ConductorStats:
-    return asyncio.run(ask_conductor(stack))
-
-
 def requests_done(stack) -> dict[str, int]:
     return {
         w: worker_stats(stack, "prefill", w).num_requests_done for w in ("prefill-0", "prefill-1")
@@ -50,7 +44,7 @@ def requests_done(stack) -> dict[str, int]:
 
 def wait_for_index(stack, minimum: int, timeout: float = 10.0) -> int:
     deadline = time.monotonic() + timeout
-    while (n := conductor_stats(stack).num_indexed_blocks) < minimum:
+    while (n := indexed_blocks(stack)) < minimum:
         assert time.monotonic() < deadline, f"the index holds {n} blocks, wanted {minimum}"
         time.sleep(0.2)
     return n

@@ -43,14 +43,20 @@ def full_blocks(num_tokens: int) -> int:
     return num_tokens // 16
 
 
+def wait_until_pooled(stack, answer: openai.types.Completion) -> None:
+    """Until the conductor knows the pool holds the answered prompt's full blocks (each
+    prefill writes them back after its first token)."""
+    prompt_blocks = full_blocks(answer.usage.prompt_tokens)
+    wait_until(
+        lambda: pooled_blocks(stack) >= prompt_blocks,
+        "the conductor knows the pool holds the prompt",
+    )
+
+
 def test_a_prefix_computed_on_one_worker_is_loaded_by_another(stack_with_pool, reference):
     first = ask(stack_with_pool, STORY + " Question one: what did he count?")
     assert worker_stats(stack_with_pool, "prefill", "prefill-0").num_requests_done == 1
-    prompt_blocks = full_blocks(first.usage.prompt_tokens)  # written back after the first token
-    wait_until(
-        lambda: pooled_blocks(stack_with_pool) >= prompt_blocks,
-        "the conductor knows the pool holds the prompt",
-    )
+    wait_until_pooled(stack_with_pool, first)
     prompt = STORY + " Question two: what answered him?"
     second = ask(stack_with_pool, prompt)
     stats = worker_stats(stack_with_pool, "prefill", "prefill-1")
@@ -86,11 +92,7 @@ def test_a_kvstore_killed_mid_transfer_means_recompute_not_failure(tmp_path, ref
     with running_stack(tmp_path, num_kvstore=1, prefill_args=prefill_args) as stack:
         stack_ref["s"] = stack
         first = ask(stack, STORY + " Question one: what did he count?")
-        prompt_blocks = full_blocks(first.usage.prompt_tokens)
-        wait_until(
-            lambda: pooled_blocks(stack) >= prompt_blocks,
-            "the conductor knows the pool holds the prompt",
-        )
+        wait_until_pooled(stack, first)
         prompt = STORY + " Question two: what answered him?"
         second = ask(stack, prompt)
         assert proxy.cut and proxy.error is None, proxy.error  # cut half way, sender killed

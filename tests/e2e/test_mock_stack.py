@@ -13,9 +13,9 @@ import pytest
 
 from shared import codec, subjects
 from shared.engine.mock import MockSpec
-from shared.messages import ConductorStats, Heartbeat, StoreStats
+from shared.messages import Heartbeat, StoreStats
 from tests.e2e.conftest import (
-    ask_conductor,
+    conductor_stats,
     indexed_blocks,
     running_stack,
     wait_until,
@@ -93,10 +93,6 @@ def kv_bytes_sent(stack) -> int:
         )
         total += int(float(line.split()[1]))
     return total
-
-
-def conductor_stats(stack) -> ConductorStats:
-    return asyncio.run(ask_conductor(stack))
 
 
 def test_answers_are_complete_and_kv_crosses_at_the_scaled_size(mock_stack) -> None:

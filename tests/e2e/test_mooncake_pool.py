@@ -7,8 +7,8 @@ import pytest
 
 from shared.engine.sampling_params import SamplingParams
 from shared.mooncake_store import MISSING_HELP, available
-from tests.e2e.conftest import WORKER_ARGS, pooled_blocks, running_stack, wait_until, worker_stats
-from tests.e2e.test_kvstore_reuse import STORY, ask
+from tests.e2e.conftest import WORKER_ARGS, running_stack, worker_stats
+from tests.e2e.test_kvstore_reuse import STORY, ask, wait_until_pooled
 
 pytestmark = pytest.mark.skipif(
     not available(), reason=f"Mooncake Store is not installed here: {MISSING_HELP}"
@@ -29,11 +29,7 @@ def test_a_prefix_computed_on_one_worker_is_loaded_by_another(tmp_path, referenc
             conductor_args=("--policy", "round-robin"),
         ) as stack:
             first = ask(stack, STORY + " Question one: what did he count?")  # on prefill-0
-            prompt_blocks = first.usage.prompt_tokens // 16  # written back after the first token
-            wait_until(
-                lambda: pooled_blocks(stack) >= prompt_blocks,
-                "the conductor knows the store holds the prompt",
-            )
+            wait_until_pooled(stack, first)
             prompt = STORY + " Question two: what answered him?"
             second = ask(stack, prompt)  # on prefill-1
             stats = worker_stats(stack, "prefill", "prefill-1")
