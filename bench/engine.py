@@ -65,6 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "cublas",
             "kv-dtype-attention",
             "quantized-prefill",
+            "small-pages",
         ),
         default="routing",
         help="the 'before' column: matmuls routed as before the native GEMV took float32, "
@@ -75,7 +76,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "whose every matmul goes to cuBLAS (no Triton GEMV), or a second engine whose "
         "prompts attend in the KV's dtype (float32) rather than their matmuls' (bfloat16), or "
         "one whose prompts' matmuls dequantize the weights on every pass (--prefill-weights "
-        "quantized) rather than reading --prefill-weights' copy",
+        "quantized) rather than reading --prefill-weights' copy, or one whose weights stay where "
+        "they loaded and whose KV pool torch allocates, rather than both in huge pages",
     )
     p.add_argument(
         "--step-thread",
@@ -274,6 +276,8 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return KvstackSide(kv_dtype_attention(LLMEngine(config)))
     if args.before == "quantized-prefill":
         return KvstackSide(LLMEngine(dataclasses.replace(config, prefill_weights="quantized")))
+    if args.before == "small-pages":
+        return KvstackSide(LLMEngine(dataclasses.replace(config, huge_pages=False)))
     if args.before == "cublas":  # every matmul to the library: no Triton GEMV
         return RoutingBefore(KvstackSide(LLMEngine(config)), routing={})
     return RoutingBefore(ours)
@@ -288,6 +292,7 @@ BEFORE_NOTES = {
     "routing": "the same engine, matmuls routed as before (one bf16 row to the GEMV)",
     "kv-dtype-attention": "a second engine, its prompts attending in the KV's dtype",
     "quantized-prefill": "a second engine, its prompts' matmuls dequantizing on every pass",
+    "small-pages": "a second engine, its weights and KV where torch puts them (no huge pages)",
 }
 
 

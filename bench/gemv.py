@@ -21,12 +21,14 @@ import time
 import orjson
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from shared.engine.config import cpu_has_native_bf16
 from shared.errors import KvstackError
 from shared.model.kernels import chosen_isa, cpu_ops
 from shared.model.quant import GEMM_TILE_ROWS, QuantLinear
 from shared.model.quant_formats import FORMATS, QuantFormat, quantize
+from shared.model.weight_arena import pack_weights
 
 # (N, K) of SmolLM2-135M: qkv, o, gate_up, down of a layer (the model has 30: with distinct
 # weights, 430 MB in float32, they do not stay in the caches); the tied logits head.
@@ -48,6 +50,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="",
         help="quantized GEMVs: bytes they prefetch ahead of each weight row, one column per "
         "value, interleaved (e.g. 0,2048; default: the kernels' own)",
+    )
+    p.add_argument(
+        "--arena",
+        action="store_true",
+        help="quantized GEMVs: also on a copy of the layers in one arena of huge pages, as "
+        "engines keep their weights (columns ...[arena]; the others: one tensor each)",
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--layers", type=int, default=30, help="distinct layers' weights (1: cached)")
@@ -145,11 +153,17 @@ def measure_quant(
     """Microseconds for one pass over the layers per way of multiplying, by rows; the fastest
     way for each M; the most rows up to which each GEMV beats the float32 tiles."""
     layers = quant_layers(fmt, args.layers)
-    ways = quant_ways(native, cpu_has_native_bf16(), prefetch)
+    ways = {
+        name: (way, layers)
+        for name, way in quant_ways(native, cpu_has_native_bf16(), prefetch).items()
+    }
+    if args.arena:  # the GEMVs again, on a copy of the layers in one arena
+        packed = in_arena(layers)
+        ways |= {f"{n}[arena]": (w, packed) for n, (w, _) in ways.items() if n.startswith("gemv")}
     by_rows = []
     for m in (int(r) for r in args.rows.split(",")):
         inputs = [torch.randn(m, layer.in_features) for layer in layers]
-        sides = [lambda way=way, inputs=inputs: way(layers, inputs) for way in ways.values()]
+        sides = [lambda way=way, on=on, inputs=inputs: way(on, inputs) for way, on in ways.values()]
         times = dict(zip(ways, fastest(sides, args.repeats), strict=True))
         row = {"rows": m, **{f"{w}_us": round(t, 1) for w, t in times.items()}}
         by_rows.append({**row, "fastest": min(times, key=lambda w: times[w])})
@@ -158,6 +172,16 @@ def measure_quant(
         "gemv_wins_up_to": wins_up_to(by_rows, "gemv_float", "tiles_float"),
         "q8_gemv_wins_up_to": wins_up_to(by_rows, "gemv_q8", "tiles_float"),
     }
+
+
+def in_arena(layers: list[QuantLinear]) -> list[QuantLinear]:
+    """Copies of `layers` whose blocks sit in one arena of huge pages, in order, as an engine
+    keeps its weights (shared/model/weight_arena.py)."""
+    copies = [
+        QuantLinear(layer.blocks.clone(), layer.fmt, layer.in_features, None) for layer in layers
+    ]
+    pack_weights(nn.ModuleList(copies))
+    return copies
 
 
 def prefetch_distances(text: str) -> tuple[int, ...]:
@@ -213,7 +237,9 @@ def wins_up_to(rows: list[dict], fast: str, slow: str) -> int:
     every measured M (0: never)."""
     best = 0
     for r in rows:
-        fast_us = min(v for k, v in r.items() if k == f"{fast}_us" or k.startswith(f"{fast}@"))
+        fast_us = min(
+            v for k, v in r.items() if k == f"{fast}_us" or k.startswith((f"{fast}@", f"{fast}["))
+        )
         if fast_us >= r[slow + "_us"]:
             break
         best = r["rows"]
@@ -256,14 +282,15 @@ def table(report: dict) -> str:
 
 def quant_table(name: str, d: dict) -> list[str]:
     ways = [k.removesuffix("_us") for k in d["by_rows"][0] if k.endswith("_us")]
+    width = max(16, *(len(w) + 2 for w in ways))
     lines = [
         (
             f"{name}: float32 GEMV beats float32 tiles up to {d['gemv_wins_up_to']} rows, "
             f"8-bit GEMV up to {d['q8_gemv_wins_up_to']} (µs per pass over the layers)"
         ),
-        f"{'rows':>6}" + "".join(f"{w:>16}" for w in ways) + f"{'fastest':>16}",
+        f"{'rows':>6}" + "".join(f"{w:>{width}}" for w in ways) + f"{'fastest':>{width}}",
     ]
     for r in d["by_rows"]:
-        cells = "".join(f"{r[w + '_us']:>16}" for w in ways)
-        lines.append(f"{r['rows']:>6}{cells}{r['fastest']:>16}")
+        cells = "".join(f"{r[w + '_us']:>{width}}" for w in ways)
+        lines.append(f"{r['rows']:>6}{cells}{r['fastest']:>{width}}")
     return lines

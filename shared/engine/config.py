@@ -165,6 +165,9 @@ class EngineConfig:
     # num_blocks then counts the remote pool's blocks
     fused_decode: bool = True  # a decode-only step's layers in one native call, where it
     # applies (CPU, float32; shared/model/fused_decode.py); False: the module path
+    huge_pages: bool = True  # on CPU, the weights moved into one arena in the order a step
+    # reads them (shared/model/weight_arena.py) and the KV pool, both in huge pages where the
+    # kernel grants them (shared/huge_pages.py); False: as torch allocates them
     cuda_graphs: bool = True  # a decode-only step replayed as a CUDA graph, where it
     # applies (a GPU with Triton attention; shared/engine/cuda_graphs.py); False: eager
     seed: int = 0
@@ -177,10 +180,9 @@ class EngineConfig:
         check_device(self.device)
         check_choice("activations", self.activations, ACTIVATIONS_CHOICES)
         check_choice("prefill weights", self.prefill_weights, PREFILL_WEIGHTS_CHOICES)
-        if not isinstance(self.fused_decode, bool):
-            raise KvstackError(f"fused_decode must be true or false, got {self.fused_decode!r}")
-        if not isinstance(self.cuda_graphs, bool):
-            raise KvstackError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
+        for name in ("fused_decode", "huge_pages", "cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                raise KvstackError(f"{name} must be true or false, got {getattr(self, name)!r}")
         positives = ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs")
         for name in positives:
             if getattr(self, name) < 1:

@@ -31,6 +31,7 @@ from shared.model.quant import (
 )
 from shared.model.quant_loader import load_model_as
 from shared.model.registry import gguf_source
+from shared.model.weight_arena import pack_weights
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,8 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
     if config.prefill_matmul_dtype in ("float32", "bfloat16"):
         set_prefill_dtype(model, getattr(torch, config.prefill_matmul_dtype))
     keep_prefill_copy(config, model)
+    if device == "cpu" and config.huge_pages:
+        log.info("weights in one arena: %.0f MB", pack_weights(model) / 1e6)
     mc = model.config
     num_blocks = config.num_blocks or max(
         1,
@@ -195,6 +198,7 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
         mc.head_dim,
         dtype,
         device,
+        huge_pages=config.huge_pages,
     )
     backend = attention_backend(config.attention, storage, mc.head_dim)
     if isinstance(backend, TorchPagedAttention) and prefill_bf16(config):

@@ -6,6 +6,8 @@ import os
 
 import torch
 
+from shared import huge_pages as host_memory
+
 # Keep a host mirror even on CPU, so the tests exercise a GPU worker's staging there.
 HOST_MIRROR_ENV = "KVSTACK_KV_HOST_MIRROR"
 
@@ -32,10 +34,16 @@ class KVStorage:
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
+        huge_pages: bool = True,
     ) -> None:
         self.block_size = block_size
         shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
-        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        # NOTE: on the host in huge pages: decode attention streams it every step
+        self.kv = (
+            host_memory.zeros(shape, dtype)
+            if device == "cpu" and huge_pages
+            else torch.zeros(shape, dtype=dtype, device=device)
+        )
         self.token_bytes = num_kv_heads * head_dim * self.kv.element_size()
         self._bytes: memoryview | None = None
         self.mirrored = self.kv.is_cuda or os.environ.get(HOST_MIRROR_ENV) == "1"

@@ -34,13 +34,15 @@ struct Q8Rows {
   int64_t M, K;
   std::vector<int8_t> q;
   std::vector<float> d, s;
+  std::vector<float> ds;  // d and s of each block side by side: one 64-bit load for both
 
   int64_t blocks() const { return K / 32; }
 };
 
 Q8Rows quantize_rows(const float* x, int64_t M, int64_t K) {
   const int64_t n = M * K / 32;
-  Q8Rows r{M, K, std::vector<int8_t>(M * K), std::vector<float>(n), std::vector<float>(n)};
+  Q8Rows r{M, K, std::vector<int8_t>(M * K), std::vector<float>(n), std::vector<float>(n),
+           std::vector<float>(2 * n)};
   for (int64_t b = 0; b < n; ++b) {
     const float* v = x + 32 * b;
     float amax = 0.f;
@@ -52,23 +54,34 @@ Q8Rows quantize_rows(const float* x, int64_t M, int64_t K) {
       r.q[32 * b + i] = static_cast<int8_t>(q);
       sum += q;
     }
-    r.d[b] = d;
-    r.s[b] = d * static_cast<float>(sum);
+    r.d[b] = r.ds[2 * b] = d;
+    r.s[b] = r.ds[2 * b + 1] = d * static_cast<float>(sum);
   }
   return r;
 }
+
+#if defined(__AVX2__)
+// [d, offset, 0, 0] of sub-block j of block b, from the format's scalars.
+template <class F>
+inline __m128 pair_of(const uint8_t* b, int j) {
+  float d, o;
+  F::scale_offset(b, j, &d, &o);
+  return _mm_setr_ps(d, o, 0.f, 0.f);
+}
+#endif
 
 // ---- Formats: block j of 32 values within a row: scale, offset, quant i (and, with SIMD,
 // all 32 quants in order in one vector) ---------------------------------------------------
 struct Q8_0 {
   static constexpr int64_t kSubs = 1, kBytes = 34;
-  static constexpr bool kSigned = true;
+  static constexpr bool kSigned = true, kHasOffset = false;
   static void scale_offset(const uint8_t* b, int, float* d, float* o) {
     *d = half_to_float(b);
     *o = 0.f;
   }
   static int value(const uint8_t* b, int, int i) { return static_cast<int8_t>(b[2 + i]); }
 #if defined(__AVX2__)
+  static __m128 scale_offset_pair(const uint8_t* b, int) { return _mm_set_ss(half_to_float(b)); }
   static __m256i quants(const uint8_t* b, int) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
   }
@@ -78,7 +91,7 @@ struct Q8_0 {
 template <bool kHasMin>
 struct Q4 {  // Q4_0 and Q4_1: value i in the low nibble of byte i, value i + 16 in its high one
   static constexpr int64_t kSubs = 1, kBytes = kHasMin ? 20 : 18, kQuants = kHasMin ? 4 : 2;
-  static constexpr bool kSigned = false;
+  static constexpr bool kSigned = false, kHasOffset = true;
   static void scale_offset(const uint8_t* b, int, float* d, float* o) {
     q4_scale_offset<kHasMin>(b, d, o);
   }
@@ -86,17 +99,30 @@ struct Q4 {  // Q4_0 and Q4_1: value i in the low nibble of byte i, value i + 16
     return i < 16 ? b[kQuants + i] & 0x0F : b[kQuants + i - 16] >> 4;
   }
 #if defined(__AVX2__)
+  static __m128 scale_offset_pair(const uint8_t* b, int sub) {
+#if defined(__F16C__)
+    if constexpr (kHasMin) {  // d and m are the block's first two halves: one conversion
+      int32_t both;
+      std::memcpy(&both, b, 4);
+      return _mm_cvtph_ps(_mm_cvtsi32_si128(both));
+    }
+#endif
+    return pair_of<Q4>(b, sub);
+  }
   static __m256i quants(const uint8_t* b, int) {
-    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQuants));
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+    // NOTE: the 16 bytes loaded into both halves at once, the high half shifted by 4: no
+    // shuffle (inserting a shifted copy took the one port that also broadcasts the scale).
+    const __m256i both = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQuants)));
+    const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
   }
 #endif
 };
 
 struct Q4_K {  // sub-block j: the low (j even) or high nibbles of the 32 bytes of chunk j / 2
   static constexpr int64_t kSubs = 8, kBytes = 144;
-  static constexpr bool kSigned = false;
+  static constexpr bool kSigned = false, kHasOffset = true;
   static void scale_offset(const uint8_t* b, int j, float* d, float* o) {
     int sc, mn;
     q4k_scale_min(b + 4, j, &sc, &mn);
@@ -107,6 +133,7 @@ struct Q4_K {  // sub-block j: the low (j even) or high nibbles of the 32 bytes 
     return (b[16 + 32 * (j / 2) + i] >> (4 * (j % 2))) & 0x0F;
   }
 #if defined(__AVX2__)
+  static __m128 scale_offset_pair(const uint8_t* b, int j) { return pair_of<Q4_K>(b, j); }
   static __m256i quants(const uint8_t* b, int j) {
     const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * (j / 2)));
     const __m256i shifted = _mm256_srl_epi16(t, _mm_cvtsi32_si128(4 * (j % 2)));
@@ -176,9 +203,6 @@ inline float fsum(FV v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-inline FV fma_scaled(IV p, float scale, FV acc) {
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale), acc);
-}
 inline IV load_x(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 #define KV_DOT_SIMD 1
 #endif
@@ -187,19 +211,23 @@ inline IV load_x(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<c
 // Block j of one weight row against M rows of x from row m0.
 template <class F, int M>
 inline void step(const uint8_t* row, int64_t j, const Q8Rows& x, int64_t m0, FV* acc,
-                 float* sacc) {
+                 __m128* sacc) {
   const int64_t blocks = x.blocks();
   const uint8_t* block = block_of<F>(row, j);
   const int sub = static_cast<int>(j % F::kSubs);
-  float d, o;
-  F::scale_offset(block, sub, &d, &o);
+  // [d, offset] of the block times [dx, sx] of x's: both products in one multiply
+  const __m128 scale_offset = F::scale_offset_pair(block, sub);
   const IV q = F::quants(block, sub);
   for (int m = 0; m < M; ++m) {
     const int64_t b = (m0 + m) * blocks + j;
     const IV xm = load_x(x.q.data() + (m0 + m) * x.K + 32 * j);
     const IV p = F::kSigned ? dot_s8s8(q, xm) : dot_u8s8(q, xm);
-    acc[m] = fma_scaled(p, d * x.d[b], acc[m]);
-    sacc[m] += o * x.s[b];
+    const __m128 xds = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(&x.ds[2 * b])));
+    const __m128 products = _mm_mul_ps(scale_offset, xds);
+    acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(products), acc[m]);
+    // NOTE: offset * sx fused into its sum (lane 1), as the scalar form rounded it: an
+    // unfused product moved q8 prefill off the GEMV's rounding (test_quant_model.py).
+    if constexpr (F::kHasOffset) sacc[m] = _mm_fmadd_ps(scale_offset, xds, sacc[m]);
   }
 }
 
@@ -211,12 +239,27 @@ void rows_simd(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, int64_t m0,
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
     prefetch_row(row, row_bytes);
-    FV acc[M];
-    float sacc[M];
-    for (int m = 0; m < M; ++m) acc[m] = fzero(), sacc[m] = 0.f;
-    for (int64_t j = 0; j < blocks; ++j) step<F, M>(row, j, x, m0, acc, sacc);
+    // NOTE: even and odd blocks add into sums of their own: with one chain, every block
+    // waited on the previous one's FMA (4 cycles), which bounded a row of x at one block per
+    // 4-5 cycles (python -m bench gemv --layers 1: docs/benchmarks.md, "Two chains").
+    FV even[M], odd[M];
+    __m128 even_offsets[M], odd_offsets[M];  // lane 1: the sum of offset * sx
+    for (int m = 0; m < M; ++m) {
+      even[m] = odd[m] = fzero();
+      even_offsets[m] = odd_offsets[m] = _mm_setzero_ps();
+    }
+    int64_t j = 0;
+    for (; j + 1 < blocks; j += 2) {
+      step<F, M>(row, j, x, m0, even, even_offsets);
+      step<F, M>(row, j + 1, x, m0, odd, odd_offsets);
+    }
+    if (j < blocks) step<F, M>(row, j, x, m0, even, even_offsets);
     const float b = bias ? bias[n] : 0.f;
-    for (int m = 0; m < M; ++m) out[(m0 + m) * N + n] = fsum(acc[m]) + sacc[m] + b;
+    for (int m = 0; m < M; ++m) {
+      const __m128 both = _mm_add_ps(even_offsets[m], odd_offsets[m]);
+      const float offsets = _mm_cvtss_f32(_mm_movehdup_ps(both));
+      out[(m0 + m) * N + n] = fsum(_mm256_add_ps(even[m], odd[m])) + offsets + b;
+    }
   }
 }
 
