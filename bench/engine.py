@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         }
     )
     report = measure(args, measured, theirs, before)
-    report.update(bandwidth_report(engine, report))
+    report.update(bandwidth_report(engine, report, args.prompt_len + args.decode_tokens / 2))
     print(
         orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
         if args.json
@@ -441,18 +441,26 @@ def device_name(args: argparse.Namespace) -> str:
     return device
 
 
-def bandwidth_report(engine: LLMEngine, report: dict) -> dict:
-    """Each decode row's share of the bandwidth limit: a step reads every weight once, so B
-    sequences make at most B * bandwidth / weight bytes tokens/s."""
+def bandwidth_report(engine: LLMEngine, report: dict, mean_context: float) -> dict:
+    """Each decode row's share of the bandwidth limit: a step reads every weight once and each
+    of its B sequences' KV (`mean_context` tokens on average over the run), so B sequences make
+    at most B * bandwidth / those bytes tokens/s."""
     weight_bytes = engine.info.weight_bytes
+    kv_token_bytes = 2 * engine.info.model.num_layers * engine.kv_storage.token_bytes
     bandwidth = read_bandwidth(device=engine.info.config.device)
     for r in report["decode"]:
-        limit = r["batch"] * bandwidth / weight_bytes
+        step_bytes = weight_bytes + r["batch"] * mean_context * kv_token_bytes
+        limit = r["batch"] * bandwidth / step_bytes
         r["limit_tok_s"] = round(limit, 1)
         r["share_of_limit"] = round(r["kvstack_tok_s"] / limit, 3)
         if "before_tok_s" in r:
             r["before_share_of_limit"] = round(r["before_tok_s"] / limit, 3)
-    return {"weight_bytes": weight_bytes, "read_bandwidth_gb_s": round(bandwidth / 1e9, 2)}
+    return {
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_context_token": kv_token_bytes,
+        "mean_context": mean_context,
+        "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+    }
 
 
 def format_table(report: dict) -> str:
@@ -486,8 +494,9 @@ def format_table(report: dict) -> str:
             lines.append(f"{label:18}{r['kvstack_tok_s']:>18}{cells}{share}")
     lines.append(
         f"% of limit: decode tokens/s over batch x read bandwidth "
-        f"({report['read_bandwidth_gb_s']} GB/s) / weight bytes "
-        f"({report['weight_bytes'] / 1e6:.0f} MB) per step"
+        f"({report['read_bandwidth_gb_s']} GB/s) / the bytes a step reads: weights "
+        f"({report['weight_bytes'] / 1e6:.0f} MB) + batch x KV of {report['mean_context']:.0f} "
+        f"tokens ({report['kv_bytes_per_context_token'] / 1e3:.0f} KB a token)"
     )
     if has_before:
         lines.append(f"before: {BEFORE_NOTES[report['before']]}")

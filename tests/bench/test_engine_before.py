@@ -1,5 +1,6 @@
-"""`bench engine --before quantized-prefill`: the 'before' column is an engine whose prompts'
-matmuls dequantize on every pass, beside one that keeps the bfloat16 copy."""
+"""`bench engine --before ...`: with quantized-prefill the 'before' column is an engine whose
+prompts' matmuls dequantize on every pass, beside one that keeps the bfloat16 copy; with
+small-pages one whose KV is not in huge pages."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.model.kernels import cpu_ops
 from shared.model.quant import QuantLinear
+from tests.shared.test_huge_pages import huge_page_bytes, thp_setting
 
 pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native kernels on this CPU")
 
@@ -29,3 +31,13 @@ def test_the_before_engine_dequantizes_on_every_pass_and_ours_keeps_the_copy() -
     before = before_side(args, config, None)
     assert copies(before.engine) == {False}
     assert copies(LLMEngine(config)) == {True}
+
+
+@pytest.mark.skipif(thp_setting("enabled") != "madvise", reason="huge pages only where asked")
+def test_the_small_pages_engine_keeps_its_kv_where_torch_puts_it() -> None:
+    config = EngineConfig(num_blocks=64)
+    args = argparse.Namespace(no_routing_baseline=False, before="small-pages")
+    before = before_side(args, config, None)
+    ours = LLMEngine(config)
+    assert huge_page_bytes(before.engine.kv_storage.kv.data_ptr()) == 0
+    assert huge_page_bytes(ours.kv_storage.kv.data_ptr()) > 0

@@ -239,9 +239,8 @@ void rows_simd(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, int64_t m0,
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
     prefetch_row(row, row_bytes);
-    // NOTE: even and odd blocks add into sums of their own: with one chain, every block
-    // waited on the previous one's FMA (4 cycles), which bounded a row of x at one block per
-    // 4-5 cycles (python -m bench gemv --layers 1: docs/benchmarks.md, "Two chains").
+    // NOTE: even and odd blocks add into sums of their own, as in the float GEMV: one chain
+    // made every block wait on the previous one's FMA.
     FV even[M], odd[M];
     __m128 even_offsets[M], odd_offsets[M];  // lane 1: the sum of offset * sx
     for (int m = 0; m < M; ++m) {
