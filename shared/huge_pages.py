@@ -40,7 +40,7 @@ def zeros_bytes(nbytes: int) -> torch.Tensor:
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """torch.zeros(shape, dtype=dtype) on the host, in huge pages (an empty shape: plain)."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
     return zeros_bytes(nbytes).view(dtype).view(shape)

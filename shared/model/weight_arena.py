@@ -28,8 +28,9 @@ def pack_weights(model: nn.Module) -> int:
     slots: dict[tuple, list[tuple[nn.Module, str]]] = {}
     sizes: dict[tuple, int] = {}
     for module, name, tensor in _weight_slots(model):
-        slots.setdefault(_key(tensor), []).append((module, name))
-        sizes[_key(tensor)] = tensor.nbytes
+        key = _key(tensor)
+        slots.setdefault(key, []).append((module, name))
+        sizes[key] = tensor.nbytes
     if not slots:
         return 0
     offsets, size = _layout(sizes)

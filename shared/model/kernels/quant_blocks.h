@@ -25,6 +25,15 @@ inline float half_to_float(const uint8_t* p) {
 #endif
 }
 
+#if defined(__F16C__)
+// A Q4_1 block's d and m, its first two fp16 values, as [d, m, 0, 0]: one conversion.
+inline __m128 q4_1_scale_min(const uint8_t* b) {
+  int32_t both;
+  std::memcpy(&both, b, 4);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(both));
+}
+#endif
+
 // A Q4 block's scale d and offset: m (Q4_1), or -8 d (Q4_0).
 // NOTE: Q4_1's two fp16 values are adjacent: one vector conversion takes both, where two
 // scalar ones cost the 8-bit GEMV about a tenth of its time on weights in cache.
@@ -32,9 +41,7 @@ template <bool kHasMin>
 inline void q4_scale_offset(const uint8_t* b, float* d, float* offset) {
 #if defined(__F16C__)
   if constexpr (kHasMin) {
-    int32_t both;
-    std::memcpy(&both, b, 4);
-    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(both));
+    const __m128 dm = q4_1_scale_min(b);
     *d = _mm_cvtss_f32(dm);
     *offset = _mm_cvtss_f32(_mm_movehdup_ps(dm));
     return;

@@ -29,20 +29,21 @@ namespace {
 
 using namespace quant_blocks;
 
-// x [M, K] as 8-bit blocks: q [M, K]; per block of 32: d [M, K / 32] and s = d * sum(q).
+// x [M, K] as 8-bit blocks: q [M, K]; per block b of 32: d and s = d * sum(q), side by side
+// in ds [M, K / 32, 2] (the SIMD path loads both at once).
 struct Q8Rows {
   int64_t M, K;
   std::vector<int8_t> q;
-  std::vector<float> d, s;
-  std::vector<float> ds;  // d and s of each block side by side: one 64-bit load for both
+  std::vector<float> ds;
 
   int64_t blocks() const { return K / 32; }
+  float d(int64_t b) const { return ds[2 * b]; }
+  float s(int64_t b) const { return ds[2 * b + 1]; }
 };
 
 Q8Rows quantize_rows(const float* x, int64_t M, int64_t K) {
   const int64_t n = M * K / 32;
-  Q8Rows r{M, K, std::vector<int8_t>(M * K), std::vector<float>(n), std::vector<float>(n),
-           std::vector<float>(2 * n)};
+  Q8Rows r{M, K, std::vector<int8_t>(M * K), std::vector<float>(2 * n)};
   for (int64_t b = 0; b < n; ++b) {
     const float* v = x + 32 * b;
     float amax = 0.f;
@@ -54,8 +55,8 @@ Q8Rows quantize_rows(const float* x, int64_t M, int64_t K) {
       r.q[32 * b + i] = static_cast<int8_t>(q);
       sum += q;
     }
-    r.d[b] = r.ds[2 * b] = d;
-    r.s[b] = r.ds[2 * b + 1] = d * static_cast<float>(sum);
+    r.ds[2 * b] = d;
+    r.ds[2 * b + 1] = d * static_cast<float>(sum);
   }
   return r;
 }
@@ -101,11 +102,7 @@ struct Q4 {  // Q4_0 and Q4_1: value i in the low nibble of byte i, value i + 16
 #if defined(__AVX2__)
   static __m128 scale_offset_pair(const uint8_t* b, int sub) {
 #if defined(__F16C__)
-    if constexpr (kHasMin) {  // d and m are the block's first two halves: one conversion
-      int32_t both;
-      std::memcpy(&both, b, 4);
-      return _mm_cvtph_ps(_mm_cvtsi32_si128(both));
-    }
+    if constexpr (kHasMin) return q4_1_scale_min(b);
 #endif
     return pair_of<Q4>(b, sub);
   }
@@ -169,7 +166,7 @@ KV_NO_VECTORIZE float dot_portable(const uint8_t* row, const Q8Rows& x, int64_t 
     for (int i = 0; i < 32; ++i) dot += F::value(b, sub, i) * qx[i];
     float d, o;
     F::scale_offset(b, sub, &d, &o);
-    sum += d * x.d[m * blocks + j] * static_cast<float>(dot) + o * x.s[m * blocks + j];
+    sum += d * x.d(m * blocks + j) * static_cast<float>(dot) + o * x.s(m * blocks + j);
   }
   return sum;
 }
