@@ -128,8 +128,8 @@ def kvstack_model(setup: PeerSetup, gguf: Path) -> str:
 
 
 def serve_args(setup: PeerSetup, gguf: Path) -> tuple[str, ...]:
-    # NOTE: cores, not threads, where there are that many: serve prefills on every core it
-    # may use and decodes on one fewer (its front end keeps that one); `--threads` sets both.
+    # NOTE: cores, not threads, where there are that many: serve is pinned to them and runs a
+    # torch thread on each, as the peers run theirs.
     cores = usable_cores()
     if setup.threads > len(cores):
         return ("--threads", str(setup.threads))

@@ -13,6 +13,7 @@ from services.cli.pinning import pin
 from services.cli.serve import edge_config, engine_options
 from services.cli.stack import say
 from shared.auth.deployment import ensure_api_key
+from shared.errors import KvstackError
 from shared.service import run
 
 
@@ -22,9 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="serve the OpenAI API from one process and one engine (one machine)",
         description="Serve --model behind the gateway's OpenAI-compatible API from this "
         "process alone: one engine prefills and decodes in the same steps (chunked "
-        "prefill) with one torch thread per core it may use while it prefills, and one fewer "
-        "while it only decodes (the front end keeps that core; --cores, --threads sets "
-        "both). Every "
+        "prefill) with one torch thread per core it may use (--cores, --threads; "
+        "--decode-threads for steps that only decode). Every "
         "request wants an API key: --api-key, else one made on first start and kept in "
         "--secrets-dir/api-key (--insecure: none). For more than one machine use "
         "`kvstack up` and the services it runs.",
@@ -36,14 +36,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from services.colocated.service import ColocatedService
 
-    # NOTE: while it only decodes, one core stays with the front end: the event loop that
-    # takes requests and streams tokens shares this process, and torch threads spinning on
-    # every core starve it (2 cores, idle machine: decode batch 1 55.6 tok/s on 2 threads,
-    # 76.7 on 1; docs/benchmarks.md). A step that prefills takes every core: there is no
-    # token to stream until it ends, and the prompt's matmuls are where threads pay.
+    # NOTE: decode steps take every core too. One core was left to the front end once (2
+    # cores: decode batch 1 55.6 tok/s on 2 threads, 76.7 on 1), measured while the engine
+    # was built on one thread and stepped on another, where libgomp throttles both teams
+    # (shared/engine/engine_thread.py); built where it steps, 2 threads decode 1.7x faster
+    # than 1 and serve lower TPOTs (docs/benchmarks.md, "An AVX2-only CPU").
     prefill_threads = pin(args.cores, args.threads)  # before any thread starts
-    threads = args.threads or max(1, prefill_threads - 1)
+    threads = decode_threads(args, prefill_threads)
     return run(ColocatedService(colocated_config(args, threads, prefill_threads)))
+
+
+def decode_threads(args: argparse.Namespace, threads: int) -> int:
+    """--decode-threads, else the threads every other step gets."""
+    if args.decode_threads is None:
+        return threads
+    if args.decode_threads < 1:
+        raise KvstackError(f"--decode-threads must be at least 1, got {args.decode_threads}")
+    return args.decode_threads
 
 
 def colocated_config(args: argparse.Namespace, threads: int, prefill_threads: int):

@@ -120,11 +120,12 @@ SETTINGS: dict[str, Setting] = {
     "prefill_weights": Setting(
         "--prefill-weights",
         "what prompts' matmuls read from quantized weights: quantized dequantizes them on "
-        "every pass, bfloat16 keeps a copy made at load (2 bytes a weight more, a faster "
-        "prefill: docs/benchmarks.md; decode still reads the quantized ones), auto keeps one "
-        "where prompts multiply in bfloat16 (a CPU with native bfloat16) and it takes at "
-        "most an eighth of the memory (the container's, if limited); decode workers only "
-        "with bfloat16",
+        "every pass; bfloat16 or float32 keeps a copy made at load where prompts multiply "
+        "in that dtype (bfloat16 on a CPU with native bfloat16 under --dtype auto, else "
+        "float32; 2 or 4 bytes a weight more, a faster prefill: docs/benchmarks.md; decode "
+        "still reads the quantized ones); auto keeps one in whatever prompts multiply in "
+        "where it takes at most an eighth of the memory (the container's, if limited); "
+        "decode workers only when asked by name",
         choices=PREFILL_WEIGHTS_CHOICES,
         default="auto",
     ),
@@ -136,6 +137,12 @@ SETTINGS: dict[str, Setting] = {
     "threads": Setting(
         "--threads",
         "torch threads (default: one per core of --cores, or of the cores this process may use)",
+        type=int,
+    ),
+    "decode_threads": Setting(
+        "--decode-threads",
+        "torch threads for steps that only decode (default: --threads): fewer leaves cores "
+        "to the front end that streams the tokens",
         type=int,
     ),
     "cores": Setting(
@@ -559,6 +566,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "max_num_batched_tokens",
         "long_prefill_tokens",
         "threads",
+        "decode_threads",
         "cores",
         "no_prefix_cache",
         "no_fused_decode",

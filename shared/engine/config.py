@@ -43,10 +43,11 @@ def check_device(name: str) -> None:
 # differ from an in-process engine's with q8 (not understood yet; see docs/benchmarks.md).
 ACTIVATIONS_CHOICES = ("q8", "float")
 # What prefill's many-row matmuls read from quantized weights: "quantized" dequantizes the
-# blocks to bfloat16 on every pass, "bfloat16" keeps a copy made at load (2 bytes a weight
-# more; decode's GEMV still reads the blocks), "auto" keeps one where prefill multiplies in
-# bfloat16 and the copy is small beside the machine's (or container's) memory.
-PREFILL_WEIGHTS_CHOICES = ("auto", "quantized", "bfloat16")
+# blocks on every pass; "bfloat16" and "float32" keep a copy made at load where prompts
+# multiply in that dtype (2 or 4 bytes a weight more; decode's GEMV still reads the blocks);
+# "auto" keeps one in whatever they multiply in where it is small beside the machine's (or
+# container's) memory.
+PREFILL_WEIGHTS_CHOICES = ("auto", "quantized", "bfloat16", "float32")
 # NOTE: an eighth of memory: SmolLM2's copy (0.2 GB) or a 1B model's (2.5 GB) on a 24 GiB
 # machine, never an 8B's (15 GB); the KV cache and the blocks themselves keep the rest.
 PREFILL_COPY_MEMORY_SHARE = 1 / 8
@@ -77,15 +78,13 @@ def prefill_matmul_dtype(name: str, device: str = "cpu", quantized: bool = False
     return resolve_dtype(name, device, quantized)
 
 
-def keeps_prefill_copy(choice: str, prefill_bf16: bool, copy_bytes: int) -> bool:
-    """Whether quantized weights also keep a bfloat16 copy for prefill's matmuls
-    (PREFILL_WEIGHTS_CHOICES): "auto" where prefill multiplies in bfloat16 and the copy takes
-    at most PREFILL_COPY_MEMORY_SHARE of the machine's memory."""
-    if choice == "quantized" or not prefill_bf16:
-        return False
-    if choice == "bfloat16":
-        return True
-    return copy_bytes <= PREFILL_COPY_MEMORY_SHARE * physical_memory_bytes()
+def keeps_prefill_copy(choice: str, copy_dtype: str, copy_bytes: int) -> bool:
+    """Whether quantized weights also keep a copy in `copy_dtype` (what prompts multiply in)
+    for prefill's matmuls (PREFILL_WEIGHTS_CHOICES): the dtype asked for, or "auto" where the
+    copy takes at most PREFILL_COPY_MEMORY_SHARE of the machine's memory."""
+    if choice == "auto":
+        return copy_bytes <= PREFILL_COPY_MEMORY_SHARE * physical_memory_bytes()
+    return choice == copy_dtype
 
 
 def physical_memory_bytes() -> int:

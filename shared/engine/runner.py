@@ -24,8 +24,8 @@ from shared.model.fused_decode import FusedDecode, fused_decode
 from shared.model.kernels import cpu_ops
 from shared.model.llama import ForwardBatch, LlamaModel
 from shared.model.quant import (
-    bf16_copy_bytes,
-    keep_bf16_copies,
+    keep_prefill_copies,
+    prefill_copy_bytes,
     set_activations,
     set_prefill_dtype,
 )
@@ -210,11 +210,23 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
 
 
 def keep_prefill_copy(config: EngineConfig, model: LlamaModel) -> None:
-    """Quantized weights' bfloat16 copy for prefill, where config.prefill_weights says so."""
-    copy_bytes = bf16_copy_bytes(model)
-    if copy_bytes and keeps_prefill_copy(config.prefill_weights, prefill_bf16(config), copy_bytes):
-        log.info("keeping a bfloat16 copy of the weights for prefill: %.0f MB", copy_bytes / 1e6)
-        keep_bf16_copies(model)
+    """Quantized weights' copy for prefill, in what prompts multiply in, where
+    config.prefill_weights says so."""
+    dtype = torch.bfloat16 if prefill_bf16(config) else torch.float32
+    copy_bytes = prefill_copy_bytes(model, dtype)
+    if not copy_bytes:
+        return
+    name = str(dtype).removeprefix("torch.")
+    if not keeps_prefill_copy(config.prefill_weights, name, copy_bytes):
+        if config.prefill_weights not in ("auto", "quantized"):
+            log.warning(
+                "--prefill-weights %s: prompts multiply in %s here, so no copy is kept",
+                config.prefill_weights,
+                name,
+            )
+        return
+    log.info("keeping a %s copy of the weights for prefill: %.0f MB", name, copy_bytes / 1e6)
+    keep_prefill_copies(model, dtype)
 
 
 def prefill_bf16(config: EngineConfig) -> bool:

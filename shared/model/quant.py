@@ -29,8 +29,9 @@ GEMM_TILE_ROWS = 256
 # (`python -m bench gemv`, tiles_bf16: docs/benchmarks.md). float32 ones do too where the
 # layer's prefill_dtype says so (`--dtype auto` on such a CPU: shared/engine/config.py's
 # prefill_matmul_dtype); with `--dtype float32` they never do (float32 stays exact), nor do q8
-# activations (prefill must round them as decode does).
-BF16_GEMM_MIN_ROWS = 64
+# activations (prefill must round them as decode does). From this many rows on, a kept prefill
+# copy (keep_prefill_copy) multiplies them.
+PREFILL_GEMM_MIN_ROWS = 64
 # NOTE: bfloat16 rows multiply by the whole weight in one library GEMM, not tile by tile: that
 # GEMM (oneDNN; AMX where the CPU has it) packs its operands on every call, which 256-row
 # tiles paid a dozen times a layer (`python -m bench gemv`, tiles_bf16: docs/benchmarks.md).
@@ -54,7 +55,7 @@ class QuantLinear(nn.Module):
     activations = "float"
     gemv_max_rows = GEMV_MAX_ROWS
     prefill_dtype = torch.float32  # what many float32 rows multiply in (set_prefill_dtype)
-    bf16_copy: Bf16Weight | None = None  # what many rows multiply by, if kept (keep_bf16_copy)
+    prefill_copy: PrefillWeight | None = None  # what many rows multiply by, if kept
 
     def __init__(
         self, blocks: torch.Tensor, fmt: QuantFormat, in_features: int, bias: nn.Parameter | None
@@ -94,10 +95,18 @@ class QuantLinear(nn.Module):
             # NOTE: rounded as the q8 GEMV rounds them, so that prefill computes what decode
             # computes (a request prefilled again continues as one that decoded its tokens).
             rows = round_to_q8(rows)
-        out = rows.new_empty(rows.shape[0], self.out_features)
         bias = None if self.bias is None else self.bias.float()
+        copy = self.copy_in(torch.float32)
+        if copy is not None and self.many_rows(rows):
+            return copy.linear(rows, bias)
+        out = rows.new_empty(rows.shape[0], self.out_features)
         _kernels().quant_gemm(out, rows, self.blocks, self.fmt.ggml_type, bias, GEMM_TILE_ROWS)
         return out
+
+    def copy_in(self, dtype: torch.dtype) -> PrefillWeight | None:
+        """The kept prefill copy if it is in `dtype`."""
+        copy = self.prefill_copy
+        return copy if copy is not None and copy.dtype == dtype else None
 
     def matmul_dtype(self, x: torch.Tensor) -> torch.dtype:
         """What rows like x multiply in here: bfloat16 for a prefill chunk that linear_bf16
@@ -108,7 +117,7 @@ class QuantLinear(nn.Module):
         return x.dtype
 
     def many_rows(self, x: torch.Tensor) -> bool:
-        return x.numel() >= BF16_GEMM_MIN_ROWS * self.in_features
+        return x.numel() >= PREFILL_GEMM_MIN_ROWS * self.in_features
 
     def bf16_rows(self, x: torch.Tensor) -> bool:
         return x.dtype == torch.bfloat16 or (
@@ -120,35 +129,37 @@ class QuantLinear(nn.Module):
         bfloat16 and multiplied by the library's bfloat16 GEMM (x rounded to bfloat16 too)."""
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
         bias = None if self.bias is None else self.bias.to(torch.bfloat16)
-        if self.bf16_copy is not None:
-            out = self.bf16_copy.linear(rows, bias).to(x.dtype)
+        copy = self.copy_in(torch.bfloat16)
+        if copy is not None:
+            out = copy.linear(rows, bias).to(x.dtype)
             return out.view(*x.shape[:-1], self.out_features)
         part = max(GEMM_TILE_ROWS, BF16_WEIGHT_VALUES // self.in_features)
         if part >= self.out_features:  # one part: the GEMM's own output, no copy in bfloat16
-            out = F.linear(rows, self.bf16_weight(0, self.out_features), bias).to(x.dtype)
+            out = F.linear(rows, self.weight_rows(0, self.out_features), bias).to(x.dtype)
             return out.view(*x.shape[:-1], self.out_features)
         out = x.new_empty(rows.shape[0], self.out_features)
         for n0 in range(0, self.out_features, part):
             n1 = min(n0 + part, self.out_features)
-            weight = self.bf16_weight(n0, n1)
+            weight = self.weight_rows(n0, n1)
             # NOTE: into a fresh tensor, then copied: the library's bfloat16 GEMM writing
             # into a strided slice of `out` falls back to a path 7x slower (measured).
             part_bias = None if bias is None else bias[n0:n1]
             out[:, n0:n1] = F.linear(rows, weight, part_bias)
         return out.view(*x.shape[:-1], self.out_features)
 
-    def bf16_weight(self, n0: int, n1: int) -> torch.Tensor:
-        """Weight rows n0:n1 dequantized to bfloat16, a fresh tensor."""
-        weight = torch.empty(n1 - n0, self.in_features, dtype=torch.bfloat16)
+    def weight_rows(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Weight rows n0:n1 dequantized to `dtype` (bfloat16 or float32), a fresh tensor."""
+        weight = torch.empty(n1 - n0, self.in_features, dtype=dtype)
         _kernels().quant_dequantize(weight, self.blocks[n0:n1], self.fmt.ggml_type)
         return weight
 
-    def keep_bf16_copy(self, packed: bool = True) -> int:
-        """Keep the weight dequantized to bfloat16 for many-row matmuls (prefill), so that no
-        pass dequantizes it again: 2 bytes a weight more. Decode's GEMV still reads the
-        quantized blocks. Returns the bytes it takes."""
-        self.bf16_copy = Bf16Weight(self.bf16_weight(0, self.out_features), packed)
-        return self.bf16_copy.nbytes
+    def keep_prefill_copy(self, dtype: torch.dtype, packed: bool = True) -> int:
+        """Keep the weight dequantized to `dtype` (what prompts multiply in: bfloat16 or
+        float32) for many-row matmuls, so that no pass dequantizes it again: 2 or 4 bytes a
+        weight more. Decode's GEMV still reads the quantized blocks. Returns the bytes it
+        takes."""
+        self.prefill_copy = PrefillWeight(self.weight_rows(0, self.out_features, dtype), packed)
+        return self.prefill_copy.nbytes
 
     def dequantized(self) -> torch.Tensor:
         """The whole weight as float32 [out_features, in_features]."""
@@ -164,14 +175,16 @@ class QuantLinear(nn.Module):
         return f"{self.in_features}, {self.out_features}, format={self.fmt.name}"
 
 
-class Bf16Weight:
-    """A bfloat16 weight [out_features, in_features] kept for the library GEMM: packed once in
-    oneDNN's own layout where torch's build can (the plain GEMM packs it again on every call,
-    which short prompts feel most: `python -m bench engine --before quantized-prefill`,
+class PrefillWeight:
+    """A bfloat16 or float32 weight [out_features, in_features] kept for the library GEMM:
+    packed once in oneDNN's own layout where torch's build can (the plain GEMM packs it again
+    on every call, which short prompts feel most; in float32, oneDNN's GEMM is also faster than
+    MKL's on an AVX2-only AMD CPU: `python -m bench engine --before quantized-prefill`,
     docs/benchmarks.md), else plain."""
 
     def __init__(self, weight: torch.Tensor, packed: bool = True) -> None:
-        self.packed = packed and can_pack_bf16()
+        self.dtype = weight.dtype
+        self.packed = packed and can_pack(weight.dtype)
         self.weight = (
             torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR_ROWS)
             if self.packed
@@ -179,7 +192,7 @@ class Bf16Weight:
         )
 
     def linear(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """rows bfloat16 [M, in_features] -> bfloat16 [M, out_features]."""
+        """rows [M, in_features] -> [M, out_features], both in the copy's dtype."""
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(rows, self.weight, bias, "none", [], "")
         return F.linear(rows, self.weight, bias)
@@ -193,14 +206,14 @@ class Bf16Weight:
 PACKED_FOR_ROWS = 128
 
 
-def can_pack_bf16() -> bool:
-    """Whether torch's oneDNN can pack bfloat16 weights here (inductor's own freezing path)."""
+def can_pack(dtype: torch.dtype) -> bool:
+    """Whether torch's oneDNN can pack `dtype` weights here (inductor's own freezing path)."""
     mkldnn = torch.ops.mkldnn
     return (
         torch.backends.mkldnn.is_available()
         and hasattr(mkldnn, "_reorder_linear_weight")
         and hasattr(mkldnn, "_linear_pointwise")
-        and bool(mkldnn._is_mkldnn_bf16_supported())
+        and (dtype == torch.float32 or bool(mkldnn._is_mkldnn_bf16_supported()))
     )
 
 
@@ -248,15 +261,16 @@ def set_prefill_dtype(model: nn.Module, dtype: torch.dtype) -> None:
             module.prefill_dtype = dtype
 
 
-def keep_bf16_copies(model: nn.Module) -> int:
-    """A bfloat16 copy of every quantized linear layer's weight but the output head (its rows
+def keep_prefill_copies(model: nn.Module, dtype: torch.dtype) -> int:
+    """A `dtype` copy of every quantized linear layer's weight but the output head (its rows
     are the last tokens': few, the GEMV's); returns the bytes they take."""
-    return sum(module.keep_bf16_copy() for module in _prefill_layers(model))
+    return sum(module.keep_prefill_copy(dtype) for module in _prefill_layers(model))
 
 
-def bf16_copy_bytes(model: nn.Module) -> int:
-    """What keep_bf16_copies would take, before taking it."""
-    return sum(2 * m.out_features * m.in_features for m in _prefill_layers(model))
+def prefill_copy_bytes(model: nn.Module, dtype: torch.dtype) -> int:
+    """What keep_prefill_copies would take, before taking it."""
+    size = dtype.itemsize
+    return sum(size * m.out_features * m.in_features for m in _prefill_layers(model))
 
 
 def _prefill_layers(model: nn.Module) -> Iterator[QuantLinear]:

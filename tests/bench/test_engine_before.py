@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native kernels on 
 
 def copies(engine: LLMEngine) -> set[bool]:
     return {
-        m.bf16_copy is not None for m in engine._runner.model.modules() if type(m) is QuantLinear
+        m.prefill_copy is not None for m in engine._runner.model.modules() if type(m) is QuantLinear
     }
 
 

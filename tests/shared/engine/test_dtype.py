@@ -68,17 +68,18 @@ def test_prompts_attend_in_bfloat16_only_where_their_matmuls_multiply_in_it(nati
     assert prefill_bf16(EngineConfig(weights="float")) == native_bf16  # so is its KV there
 
 
-def test_a_bf16_copy_for_prefill_is_kept_where_prefill_multiplies_in_it_and_it_fits(
-    monkeypatch,
-) -> None:
+def test_a_prefill_copy_is_kept_in_the_dtype_asked_for_or_where_it_fits(monkeypatch) -> None:
     monkeypatch.setattr(config, "physical_memory_bytes", lambda: 8 << 30)
     fits, too_big = 1 << 30, (1 << 30) + 1  # an eighth of memory, and a byte more
-    assert keeps_prefill_copy("auto", True, fits)
-    assert not keeps_prefill_copy("auto", True, too_big)
-    assert keeps_prefill_copy("bfloat16", True, too_big)  # asked for: whatever its size
-    assert not keeps_prefill_copy("quantized", True, 1)
-    for choice in PREFILL_WEIGHTS_CHOICES:  # prefill in float32 or q8: nothing to copy for
-        assert not keeps_prefill_copy(choice, False, 1)
+    for dtype in ("bfloat16", "float32"):  # what prompts multiply in
+        assert keeps_prefill_copy("auto", dtype, fits)
+        assert not keeps_prefill_copy("auto", dtype, too_big)
+        assert keeps_prefill_copy(dtype, dtype, too_big)  # asked for: whatever its size
+        assert not keeps_prefill_copy("quantized", dtype, 1)
+    # a copy in a dtype prompts do not multiply in would never be read
+    assert not keeps_prefill_copy("bfloat16", "float32", 1)
+    assert not keeps_prefill_copy("float32", "bfloat16", 1)
+    assert set(PREFILL_WEIGHTS_CHOICES) == {"auto", "quantized", "bfloat16", "float32"}
 
 
 def test_an_unknown_prefill_weights_choice_is_refused() -> None:

@@ -140,8 +140,8 @@ def test_a_seeded_request_draws_the_same_beside_other_requests(tiny_llama_dir) -
 
 
 def test_a_step_that_prefills_runs_on_the_prefill_threads(tiny_llama_dir) -> None:
-    """kvstack serve: every core while a prompt is computed, one fewer while it only decodes
-    (the counts are this thread's: the engine's step thread sets them)."""
+    """kvstack serve --decode-threads: its count while a step only decodes, --threads while a
+    prompt is computed (the counts are this thread's: the engine's step thread sets them)."""
     before = torch.get_num_threads()
     try:
         eng = engine(tiny_llama_dir, num_threads=1, prefill_threads=2)

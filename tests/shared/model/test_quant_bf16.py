@@ -1,6 +1,7 @@
 """The multi-row bfloat16 path of quantized linears (prefill chunks in bfloat16, and float32
 ones where the layer's prefill dtype is bfloat16) against the dequantized weight, and float32
-rows kept off it otherwise."""
+rows kept off it otherwise; the prefill copies (bfloat16 and float32) against dequantizing on
+every pass."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from shared.model import quant
 from shared.model.kernels import cpu_ops
-from shared.model.quant import BF16_GEMM_MIN_ROWS, QuantLinear
+from shared.model.quant import PREFILL_GEMM_MIN_ROWS, QuantLinear
 from shared.model.quant_formats import FORMATS, dequantize
 from tests.shared.model.test_quant_ops import random_blocks
 
@@ -32,9 +33,9 @@ def reference(linear: QuantLinear, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("name", FORMATS)
 def test_bf16_rows_match_the_dequantized_weight_to_bf16_rounding(name) -> None:
     linear = layer(name, 300, 512)  # a partial last tile of weight rows
-    x = torch.randn(2, BF16_GEMM_MIN_ROWS, 512).bfloat16()
+    x = torch.randn(2, PREFILL_GEMM_MIN_ROWS, 512).bfloat16()
     out = linear(x)
-    assert out.dtype == torch.bfloat16 and out.shape == (2, BF16_GEMM_MIN_ROWS, 300)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, PREFILL_GEMM_MIN_ROWS, 300)
     expected = reference(linear, x)
     # NOTE: bfloat16 keeps 8 bits of mantissa: weights and outputs rounded, sums in float32.
     assert (out.double() - expected).abs().max() <= 2e-2 * expected.abs().max()
@@ -42,7 +43,7 @@ def test_bf16_rows_match_the_dequantized_weight_to_bf16_rounding(name) -> None:
 
 def test_a_weight_past_the_bound_multiplies_in_parts(monkeypatch) -> None:
     linear = layer("q4_1", 300, 512)
-    x = torch.randn(BF16_GEMM_MIN_ROWS, 512).bfloat16()
+    x = torch.randn(PREFILL_GEMM_MIN_ROWS, 512).bfloat16()
     whole = linear(x)
     monkeypatch.setattr(quant, "GEMM_TILE_ROWS", 16)
     monkeypatch.setattr(quant, "BF16_WEIGHT_VALUES", 128 * 512)  # parts of 128, 128 and 44 rows
@@ -54,7 +55,7 @@ def test_a_weight_past_the_bound_multiplies_in_parts(monkeypatch) -> None:
 
 def test_float32_rows_take_it_where_the_prefill_dtype_is_bf16_and_stay_float32() -> None:
     linear = layer("q4_1", 300, 512)
-    x = torch.randn(BF16_GEMM_MIN_ROWS, 512)
+    x = torch.randn(PREFILL_GEMM_MIN_ROWS, 512)
     exact = linear(x)
     quant.set_prefill_dtype(torch.nn.Sequential(linear), torch.bfloat16)
     out = linear(x)
@@ -74,32 +75,54 @@ def test_a_prefill_dtype_other_than_float32_or_bf16_is_refused() -> None:
 def test_float32_rows_never_take_the_bf16_path(monkeypatch) -> None:
     linear = layer("q8_0", 64, 256)
     monkeypatch.setattr(QuantLinear, "linear_bf16", None)  # would raise if called
-    x = torch.randn(BF16_GEMM_MIN_ROWS * 2, 256)
+    x = torch.randn(PREFILL_GEMM_MIN_ROWS * 2, 256)
     assert (linear(x).double() - reference(linear, x)).abs().max() <= 1e-3
-    assert quant.GEMV_MAX_ROWS < BF16_GEMM_MIN_ROWS  # decode rows stay on the GEMV
+    assert quant.GEMV_MAX_ROWS < PREFILL_GEMM_MIN_ROWS  # decode rows stay on the GEMV
 
 
-def packings() -> list[bool]:
+def packings(dtype: torch.dtype) -> list[bool]:
     """The copy's layouts this machine has: plain always, oneDNN's packed where torch can."""
-    return [False, True] if quant.can_pack_bf16() else [False]
+    return [False, True] if quant.can_pack(dtype) else [False]
 
 
-@pytest.mark.parametrize("packed", packings())
+@pytest.mark.parametrize("packed", packings(torch.bfloat16))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_a_kept_bf16_copy_multiplies_many_rows_and_decode_rows_still_read_the_blocks(
     packed, dtype
 ) -> None:
     linear = layer("q4_1", 300, 512)
     quant.set_prefill_dtype(torch.nn.Sequential(linear), torch.bfloat16)
-    x = torch.randn(BF16_GEMM_MIN_ROWS + 3, 512).to(dtype)
+    x = torch.randn(PREFILL_GEMM_MIN_ROWS + 3, 512).to(dtype)
     dequantized_each_pass = linear(x)
-    linear.keep_bf16_copy(packed)
-    assert linear.bf16_copy.packed == packed
-    assert linear.bf16_copy.nbytes >= 2 * 300 * 512
+    linear.keep_prefill_copy(torch.bfloat16, packed)
+    assert linear.prefill_copy.packed == packed
+    assert linear.prefill_copy.nbytes >= 2 * 300 * 512
     out = linear(x)
     assert out.dtype == dtype and out.shape == dequantized_each_pass.shape
     expected = reference(linear, x)
     assert (out.double() - expected).abs().max() <= 2e-2 * expected.abs().max()
+    assert_the_copy_takes_many_rows_and_the_blocks_few(linear, x, out)
+
+
+@pytest.mark.parametrize("packed", packings(torch.float32))
+@pytest.mark.parametrize("activations", quant.ACTIVATIONS)
+def test_a_kept_float32_copy_multiplies_many_rows_as_the_tiles_do(packed, activations) -> None:
+    """Where prompts multiply in float32 (no native bfloat16, or --dtype float32) the copy
+    is the dequantized weight itself: the tiles' results up to the order of the sums."""
+    linear = layer("q4_1", 300, 512)
+    quant.set_activations(torch.nn.Sequential(linear), activations)
+    x = torch.randn(PREFILL_GEMM_MIN_ROWS + 3, 512)
+    dequantized_each_pass = linear(x)
+    linear.keep_prefill_copy(torch.float32, packed)
+    assert linear.prefill_copy.packed == packed
+    assert linear.prefill_copy.nbytes >= 4 * 300 * 512
+    out = linear(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, dequantized_each_pass, rtol=1e-5, atol=1e-4)
+    assert_the_copy_takes_many_rows_and_the_blocks_few(linear, x, out)
+
+
+def assert_the_copy_takes_many_rows_and_the_blocks_few(linear, x, out) -> None:
     decode_rows = x[: quant.GEMV_MAX_ROWS].float()
     linear.blocks.zero_()  # from here on only the copy knows the weight
     assert torch.equal(linear(x), out)  # many rows: the copy
@@ -110,7 +133,9 @@ def test_the_copies_skip_the_output_head_and_say_their_size() -> None:
     model = torch.nn.Module()
     model.layers = torch.nn.ModuleList([layer("q8_0", 64, 256), layer("q4_0", 32, 256)])
     model.lm_head = layer("q8_0", 1000, 256)  # an untied head: only the last rows reach it
-    assert quant.bf16_copy_bytes(model) == 2 * (64 + 32) * 256
-    assert quant.keep_bf16_copies(model) >= quant.bf16_copy_bytes(model)
-    assert all(m.bf16_copy is not None for m in model.layers)
-    assert model.lm_head.bf16_copy is None
+    assert quant.prefill_copy_bytes(model, torch.bfloat16) == 2 * (64 + 32) * 256
+    assert quant.prefill_copy_bytes(model, torch.float32) == 4 * (64 + 32) * 256
+    copied = quant.keep_prefill_copies(model, torch.bfloat16)
+    assert copied >= quant.prefill_copy_bytes(model, torch.bfloat16)
+    assert all(m.prefill_copy is not None for m in model.layers)
+    assert model.lm_head.prefill_copy is None

@@ -12,10 +12,10 @@ from shared.engine.sampling_params import SamplingParams
 from shared.model.kernels import cpu_ops
 from shared.model.loader import load_model
 from shared.model.quant import (
-    BF16_GEMM_MIN_ROWS,
+    PREFILL_GEMM_MIN_ROWS,
     QuantEmbedding,
     QuantLinear,
-    keep_bf16_copies,
+    keep_prefill_copies,
     set_activations,
     set_prefill_dtype,
 )
@@ -110,11 +110,11 @@ def test_a_bf16_copy_for_prefill_predicts_as_dequantizing_on_every_pass(smollm2_
         set_activations(model, "float")
         set_prefill_dtype(model, torch.bfloat16)
         if copies:
-            keep_bf16_copies(model)
+            keep_prefill_copies(model, torch.bfloat16)
         return model
 
     ids = Tokenizer.from_dir(smollm2_dir).encode(TEXT + " " + TEXT)
-    assert len(ids) >= BF16_GEMM_MIN_ROWS  # the whole text is one prefill of many rows
+    assert len(ids) >= PREFILL_GEMM_MIN_ROWS  # the whole text is one prefill of many rows
     with_copies = causal_logits(bf16_prefill(True), ids)
     dequantized_each_pass = causal_logits(bf16_prefill(False), ids)
     # NOTE: the same bfloat16 weights and rows; only the library GEMM's blocking may differ
@@ -122,10 +122,20 @@ def test_a_bf16_copy_for_prefill_predicts_as_dequantizing_on_every_pass(smollm2_
     torch.testing.assert_close(with_copies, dequantized_each_pass, rtol=0, atol=0.15)
 
 
-@pytest.mark.parametrize(("choice", "kept"), [("bfloat16", True), ("quantized", False)])
-def test_the_engine_keeps_the_copy_its_config_asks_for(choice, kept) -> None:
-    # dtype bfloat16: prompts multiply in bfloat16 on any CPU, so the choice alone decides
-    config = EngineConfig(model=MODEL, dtype="bfloat16", prefill_weights=choice, num_blocks=16)
+@pytest.mark.parametrize(
+    ("dtype", "choice", "kept"),
+    [
+        # dtype bfloat16: prompts multiply in bfloat16 on any CPU, float32 in float32
+        ("bfloat16", "bfloat16", torch.bfloat16),
+        ("bfloat16", "quantized", None),
+        ("bfloat16", "float32", None),
+        ("float32", "float32", torch.float32),
+        ("float32", "bfloat16", None),
+    ],
+)
+def test_the_engine_keeps_the_copy_its_config_asks_for(dtype, choice, kept) -> None:
+    config = EngineConfig(model=MODEL, dtype=dtype, prefill_weights=choice, num_blocks=16)
     model = LLMEngine(config)._runner.model
     layers = [m for m in model.modules() if type(m) is QuantLinear]
-    assert layers and all((m.bf16_copy is not None) == kept for m in layers)
+    copies = {None if m.prefill_copy is None else m.prefill_copy.dtype for m in layers}
+    assert layers and copies == {kept}
