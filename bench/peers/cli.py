@@ -90,6 +90,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="",
         help="appended to each kvstack command line (quoted, e.g. '--max-num-batched-tokens 512')",
     )
+    p.add_argument(
+        "--kvstack-variant",
+        action="append",
+        default=[],
+        help="another kvstack column per mode and format, these flags appended after "
+        "--kvstack-args (e.g. '--decode-threads 1'), in the same interleaved rounds; "
+        "repeatable. Peers are compared with the first column of their format",
+    )
     p.add_argument("--skip", default="", help="peers to leave out, comma-separated prefixes")
     p.add_argument("--rounds", type=int, default=3, help="interleaved; the table has medians")
     p.add_argument("--prefill-len", type=int, default=512, help="prompt words (about tokens)")
@@ -161,6 +169,7 @@ def peer_setup(args: argparse.Namespace) -> PeerSetup:
         vllm_venv=args.vllm_venv,
         work_dir=args.work_dir.resolve(),
         kvstack_args=args.kvstack_args,
+        kvstack_variants=("", *args.kvstack_variant),
         kvstack_modes=comma_list(args.kvstack_mode),
         kvstack_formats=comma_list(args.kvstack_formats),
         api_key=secrets.token_urlsafe(16),

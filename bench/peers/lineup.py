@@ -32,6 +32,8 @@ class PeerSetup:
     vllm_venv: Path
     work_dir: Path  # logs, kvstack's secrets
     kvstack_args: str = ""  # appended to each kvstack command line (later flags win)
+    # a kvstack column set each, its flags appended after kvstack_args ("": none more)
+    kvstack_variants: tuple[str, ...] = ("",)
     vllm_kv_cache_gib: int = 1
     kvstack_modes: tuple[str, ...] = ("serve",)  # `kvstack serve` and/or `kvstack up`
     kvstack_formats: tuple[str, ...] = ()  # kvstack runs these of `ggufs` too; () = the first
@@ -92,13 +94,18 @@ def kvstack_servers(setup: PeerSetup) -> tuple[list[ServerSpec], list[str]]:
     skipped = [
         f"kvstack {f}: no {f} file among the GGUFs: skipped" for f in formats if f not in by_format
     ]
-    servers = [kvstack_server(setup, mode, gguf) for mode in setup.kvstack_modes for gguf in ggufs]
+    servers = [
+        kvstack_server(setup, mode, gguf, variant)
+        for variant in setup.kvstack_variants
+        for mode in setup.kvstack_modes
+        for gguf in ggufs
+    ]
     return servers, skipped
 
 
-def kvstack_server(setup: PeerSetup, mode: str, gguf: Path) -> ServerSpec:
+def kvstack_server(setup: PeerSetup, mode: str, gguf: Path, variant: str = "") -> ServerSpec:
     """`kvstack serve` (one engine on every thread) or `kvstack up` on `gguf`'s own weights
-    (`--weights auto`: its quantized blocks as they are)."""
+    (`--weights auto`: its quantized blocks as they are), with `variant`'s flags last."""
     port = free_port()
     argv = (
         sys.executable,
@@ -113,12 +120,15 @@ def kvstack_server(setup: PeerSetup, mode: str, gguf: Path) -> ServerSpec:
         "--secrets-dir", str(setup.work_dir / "kvstack-secrets"),
         *MODE_ARGS[mode](setup, gguf),
         *shlex.split(setup.kvstack_args),
+        *shlex.split(variant),
     )  # fmt: skip
     env = {"PYTHONPATH": str(REPO_ROOT)}
     api_key = setup.api_key if mode == "serve" else ""
     if api_key:
         env["KVSTACK_API_KEY"] = api_key  # NOTE: not in argv, where `ps` shows it
-    name = f"{KVSTACK} {mode} {weight_format(gguf)}"
+    # NOTE: the weight format stays the name's last word: peers are compared by it (report.py)
+    label = f" [{variant.strip()}]" if variant.strip() else ""
+    name = f"{KVSTACK} {mode}{label} {weight_format(gguf)}"
     return ServerSpec(name, argv, port, setup.model, env, cwd=str(setup.work_dir), api_key=api_key)
 
 

@@ -178,9 +178,9 @@ class QuantLinear(nn.Module):
 class PrefillWeight:
     """A bfloat16 or float32 weight [out_features, in_features] kept for the library GEMM:
     packed once in oneDNN's own layout where torch's build can (the plain GEMM packs it again
-    on every call, which short prompts feel most; in float32, oneDNN's GEMM is also faster than
-    MKL's on an AVX2-only AMD CPU: `python -m bench engine --before quantized-prefill`,
-    docs/benchmarks.md), else plain."""
+    on every call, which short prompts feel most: `python -m bench engine --before
+    quantized-prefill`, docs/benchmarks.md; float32 rows multiply faster by it than by the
+    tiles' library GEMM on an AVX2-only EPYC too), else plain."""
 
     def __init__(self, weight: torch.Tensor, packed: bool = True) -> None:
         self.dtype = weight.dtype

@@ -134,6 +134,25 @@ def test_kvstack_runs_a_column_per_mode_and_weight_format(tmp_path) -> None:
     assert [s.name for s in other][:1] == ["kvstack serve Q4_1"]  # the model's own file
 
 
+def test_a_variant_is_a_kvstack_column_more_with_its_flags_last(tmp_path) -> None:
+    peers = setup(tmp_path, kvstack_args="--threads 2", kvstack_variants=("", "--threads 1"))
+    servers = {s.name: s for s in discover(peers).servers}
+    plain, variant = servers[KVSTACK_SERVE], servers["kvstack serve [--threads 1] Q4_1"]
+    assert variant.port != plain.port
+    on_its_port = [str(plain.port) if a == str(variant.port) else a for a in variant.argv]
+    assert on_its_port[: len(plain.argv)] == list(plain.argv)  # the same command ...
+    assert on_its_port[len(plain.argv) :] == ["--threads", "1"]  # ... its flags last
+    samples = Samples()
+    for name, rate in (
+        ("kvstack serve Q4_1", 50.0),
+        (variant.name, 40.0),
+        ("llama.cpp Q4_1", 25.0),
+    ):
+        samples.add(name, "decode_tok_s", rate)
+    # a peer is compared with the first kvstack column of its format, not the variant's
+    assert ratios(samples.medians())["llama.cpp Q4_1"]["decode_tok_s"] == 2.0
+
+
 def test_skip_leaves_out_peers_by_prefix_but_never_kvstack(tmp_path) -> None:
     peers = setup(tmp_path)
     install(peers.vllm_venv, "vllm/entrypoints/openai/api_server.py")
