@@ -10,7 +10,7 @@ For each GGUF format (`--formats`), the same layers' matmuls through each way a 
 can multiply M rows: the in-register GEMV on float32 rows, the integer GEMV on rows rounded
 to 8 bits, dequantized float32 tiles with the library GEMM, and (where the CPU has native
 bfloat16) bfloat16 tiles. Where the GEMVs stop winning is what `shared/model/quant.py`
-encodes as GEMV_MAX_ROWS and Q8_GEMV_MAX_ROWS.
+encodes as GEMV_MAX_ROWS and INT_GEMV_MAX_ROWS.
 """
 
 from __future__ import annotations
@@ -171,6 +171,7 @@ def measure_quant(
         "by_rows": by_rows,
         "gemv_wins_up_to": wins_up_to(by_rows, "gemv_float", "tiles_float"),
         "q8_gemv_wins_up_to": wins_up_to(by_rows, "gemv_q8", "tiles_float"),
+        "q16_gemv_wins_up_to": wins_up_to(by_rows, "gemv_q16", "tiles_float"),
     }
 
 
@@ -225,7 +226,7 @@ def quant_ways(native, bf16: bool, prefetch: tuple[int, ...] = ()) -> dict:
 
         return run
 
-    gemvs = {"gemv_float": gemv("float"), "gemv_q8": gemv("q8")}
+    gemvs = {"gemv_float": gemv("float"), "gemv_q8": gemv("q8"), "gemv_q16": gemv("q16")}
     if prefetch:
         gemvs = {f"{n}@{d}": at_distance(w, d) for n, w in gemvs.items() for d in prefetch}
     ways = {**gemvs, "tiles_float": tiles_float}
@@ -286,7 +287,8 @@ def quant_table(name: str, d: dict) -> list[str]:
     lines = [
         (
             f"{name}: float32 GEMV beats float32 tiles up to {d['gemv_wins_up_to']} rows, "
-            f"8-bit GEMV up to {d['q8_gemv_wins_up_to']} (µs per pass over the layers)"
+            f"8-bit GEMV up to {d['q8_gemv_wins_up_to']}, 16-bit GEMV up to "
+            f"{d['q16_gemv_wins_up_to']} (µs per pass over the layers)"
         ),
         f"{'rows':>6}" + "".join(f"{w:>{width}}" for w in ways) + f"{'fastest':>{width}}",
     ]

@@ -82,7 +82,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="more files for llama.cpp to decode (comma-separated; absent ones skipped)",
     )
     p.add_argument("--weights", default=",".join(WEIGHTS), help="formats to score and time")
-    p.add_argument("--activations", default="float,q8", help="of the quantized formats (float, q8)")
+    p.add_argument(
+        "--activations", default="float,q8,q16", help="of the quantized formats (float, q8, q16)"
+    )
     p.add_argument("--speed-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)

@@ -36,12 +36,13 @@ def check_device(name: str) -> None:
 
 
 # How quantized weights take a decode step's activations (shared/model/quant.py): "q8" rounds
-# them to 8 bits per block of 32 and multiplies in integers (as llama.cpp), "float" as they are.
-# NOTE: with q8, prefill's many rows (the float GEMM) are rounded to 8 bits the same way, so a
+# them to 8 bits per block of 32 and multiplies in integers (as llama.cpp), "q16" to 16 bits
+# (finer than bfloat16), "float" as they are.
+# NOTE: with q8 or q16, prefill's many rows (the float GEMM) are rounded the same way, so a
 # request prefilled again (moved to another worker, preempted) continues as one that decoded.
 # float stays the default: tests/e2e/test_isolation.py's greedy answers through the stack
 # differ from an in-process engine's with q8 (not understood yet; see docs/benchmarks.md).
-ACTIVATIONS_CHOICES = ("q8", "float")
+ACTIVATIONS_CHOICES = ("q8", "q16", "float")
 # What prefill's many-row matmuls read from quantized weights: "quantized" dequantizes the
 # blocks on every pass; "bfloat16" and "float32" keep a copy made at load where prompts
 # multiply in that dtype (2 or 4 bytes a weight more; decode's GEMV still reads the blocks);

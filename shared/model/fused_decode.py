@@ -16,7 +16,7 @@ from shared.model.attention import AttentionBackend, AttentionMetadata, TorchPag
 from shared.model.kernels import cpu_ops
 from shared.model.layers import GatedMLP, Linear, RMSNorm
 from shared.model.llama import Attention, DecoderLayer, LlamaModel
-from shared.model.quant import QuantLinear
+from shared.model.quant import ACTIVATION_BITS, QuantLinear
 
 # The most decode rows the native stack takes (decode_stack.cpp's kMaxRows).
 MAX_ROWS = 8
@@ -25,8 +25,8 @@ MAX_ROWS = 8
 class FusedDecode:
     """Decode-only steps of one model over one KV pool, every layer in one native call.
 
-    NOTE: the quantized layers' activations ("float" or "q8") and row limits are read when the
-    stack is built: set them first (shared/model/quant.py: set_activations).
+    NOTE: the quantized layers' activations ("float", "q8" or "q16") and row limits are read
+    when the stack is built: set them first (shared/model/quant.py: set_activations).
     """
 
     def __init__(self, model: LlamaModel, stack: Any, has_float: bool, quant_rows: int) -> None:
@@ -124,7 +124,7 @@ def _native_layer(native: Any, layer: DecoderLayer) -> Any:
 
 def _native_linear(native: Any, linear: torch.nn.Module) -> Any:
     if isinstance(linear, QuantLinear):
-        q8 = linear.activations == "q8"
-        return native.StackLinear(linear.blocks, linear.fmt.ggml_type, q8, linear.bias)
+        bits = ACTIVATION_BITS.get(linear.activations, 0)
+        return native.StackLinear(linear.blocks, linear.fmt.ggml_type, bits, linear.bias)
     assert isinstance(linear, Linear)
-    return native.StackLinear(linear.weight, None, False, linear.bias)
+    return native.StackLinear(linear.weight, None, 0, linear.bias)

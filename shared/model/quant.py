@@ -21,8 +21,8 @@ GEMV_MAX_ROWS = 8
 # 32 rows keeps a decode row's result the same whatever the batch beside it. That matters for
 # q8: rounding x to 8 bits turns the last-bit differences between two kernels into whole 8-bit
 # steps, which the next layers carry on (a batch of 10 took the tiles and answered differently
-# from a batch of 8, tests/e2e/test_isolation.py).
-Q8_GEMV_MAX_ROWS = 32
+# from a batch of 8, tests/e2e/test_isolation.py). 16-bit activations keep the same limit.
+INT_GEMV_MAX_ROWS = 32
 GEMM_TILE_ROWS = 256
 # NOTE: bfloat16 activations of this many rows or more (prefill chunks) multiply in bfloat16:
 # where the CPU has AVX512-BF16 or AMX the library GEMM is 2-3x float32's tiles from 64 rows
@@ -40,8 +40,11 @@ PREFILL_GEMM_MIN_ROWS = 64
 BF16_WEIGHT_VALUES = 32 << 20  # 64 MiB of bfloat16
 # How the GEMV takes its activations: "q8" quantizes each row of x to 8 bits per block of 32
 # once per matmul and multiplies in integers (llama.cpp's way: faster, x rounded to 8 bits);
-# "float" widens the weights to float32 and multiplies by x as it is.
-ACTIVATIONS = ("q8", "float")
+# "q16" the same in 16 bits (x rounded finer than bfloat16 rounds it; as fast as q8 where a
+# core, not memory, bounds the float GEMV); "float" widens the weights to float32 and
+# multiplies by x as it is.
+ACTIVATIONS = ("q8", "q16", "float")
+ACTIVATION_BITS = {"q8": 8, "q16": 16}  # the integer ones
 
 
 class QuantLinear(nn.Module):
@@ -83,18 +86,20 @@ class QuantLinear(nn.Module):
         """rows float32 [M, in_features], M small: the in-register GEMV."""
         out = rows.new_empty(rows.shape[0], self.out_features)
         bias = None if self.bias is None else self.bias.float()
-        if self.activations == "q8":
-            _kernels().quant_gemv_q8(out, rows, self.blocks, self.fmt.ggml_type, bias, False)
+        bits = ACTIVATION_BITS.get(self.activations)
+        if bits is not None:
+            native = _kernels()
+            native.quant_gemv_int(out, rows, self.blocks, self.fmt.ggml_type, bias, bits, False)
         else:
             _kernels().quant_gemv(out, rows, self.blocks, self.fmt.ggml_type, bias)
         return out
 
     def gemm(self, rows: torch.Tensor) -> torch.Tensor:
         """rows float32 [M, in_features], M large: dequantized tiles and the library GEMM."""
-        if self.activations == "q8":
-            # NOTE: rounded as the q8 GEMV rounds them, so that prefill computes what decode
-            # computes (a request prefilled again continues as one that decoded its tokens).
-            rows = round_to_q8(rows)
+        if self.activations in ACTIVATION_BITS:
+            # NOTE: rounded as the integer GEMV rounds them, so that prefill computes what
+            # decode computes (a request prefilled again continues as one that decoded).
+            rows = round_activations(rows, ACTIVATION_BITS[self.activations])
         bias = None if self.bias is None else self.bias.float()
         copy = self.copy_in(torch.float32)
         if copy is not None and self.many_rows(rows):
@@ -229,13 +234,12 @@ class QuantEmbedding(QuantLinear):
         return self.rows(input_ids.flatten()).view(*input_ids.shape, -1).to(self.dtype)
 
 
-def round_to_q8(rows: torch.Tensor) -> torch.Tensor:
-    """rows [M, K] as the q8 GEMV sees them: per block of 32, d = max|x| / 127, x = d * round(x / d)
-    (in float32, as quant_dot.cpp's quantize_rows)."""
-    blocks = rows.view(rows.shape[0], -1, 32)
-    scale = blocks.abs().amax(-1, keepdim=True) / 127
-    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
-    return (torch.round(blocks * inverse) * scale).view(rows.shape)
+def round_activations(rows: torch.Tensor, bits: int) -> torch.Tensor:
+    """rows [M, K] float32 as the integer GEMV of `bits` (8 or 16) sees them: per block of 32,
+    d = max|x| / (2^(bits-1) - 1), x = d * round(x / d) (quant_dot.cpp's own rounding)."""
+    out = torch.empty_like(rows)
+    _kernels().quant_round_rows(out, rows.contiguous(), bits)
+    return out
 
 
 def set_activations(model: nn.Module, activations: str, max_rows: int | None = None) -> None:
@@ -245,7 +249,7 @@ def set_activations(model: nn.Module, activations: str, max_rows: int | None = N
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations {activations!r}: choose one of {', '.join(ACTIVATIONS)}")
     if max_rows is None:
-        max_rows = Q8_GEMV_MAX_ROWS if activations == "q8" else GEMV_MAX_ROWS
+        max_rows = INT_GEMV_MAX_ROWS if activations in ACTIVATION_BITS else GEMV_MAX_ROWS
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.activations, module.gemv_max_rows = activations, max_rows

@@ -25,18 +25,18 @@ constexpr int64_t kFloatWeight = -1;  // Linear::qtype of a float32 weight
 constexpr int64_t kMaxRows = 8;  // decode rows a step takes: the GEMV kernels' range
 
 // y = x @ W^T (+ b): W float32 [N, K] (small_linear) or GGUF blocks [N, row_bytes] of `qtype`
-// (quant_gemv; quant_gemv_q8 when the activations are rounded to 8 bits).
+// (quant_gemv; quant_gemv_int when the activations are rounded to `bits`: 8 or 16, 0: not).
 struct Linear {
   at::Tensor weight;
   int64_t qtype;
-  bool q8;
+  int64_t bits;
   c10::optional<at::Tensor> bias;
 
   void operator()(const at::Tensor& out, const at::Tensor& x) const {
     if (qtype == kFloatWeight)
       kernels::small_linear(out, x, weight, bias);
-    else if (q8)
-      kernels::quant_gemv_q8(out, x, weight, qtype, bias, false);
+    else if (bits)
+      kernels::quant_gemv_int(out, x, weight, qtype, bias, bits, false);
     else
       kernels::quant_gemv(out, x, weight, qtype, bias);
   }
@@ -264,11 +264,12 @@ class DecodeStack {
 
 void register_decode_stack(py::module_& m) {
   py::class_<Linear>(m, "StackLinear")
-      .def(py::init([](at::Tensor weight, c10::optional<int64_t> qtype, bool q8,
+      .def(py::init([](at::Tensor weight, c10::optional<int64_t> qtype, int64_t bits,
                        c10::optional<at::Tensor> bias) {
-             return Linear{weight, qtype.value_or(kFloatWeight), q8, bias};
+             TORCH_CHECK(bits == 0 || bits == 8 || bits == 16, "bits: 0, 8 or 16, got ", bits);
+             return Linear{weight, qtype.value_or(kFloatWeight), bits, bias};
            }),
-           py::arg("weight"), py::arg("qtype"), py::arg("q8"), py::arg("bias"));
+           py::arg("weight"), py::arg("qtype"), py::arg("bits"), py::arg("bias"));
   py::class_<Layer>(m, "StackLayer")
       .def(py::init([](at::Tensor input_norm, at::Tensor post_norm, Linear qkv, Linear o,
                        Linear gate_up, Linear down) {

@@ -31,8 +31,9 @@ void quant_dequantize(at::Tensor out, at::Tensor w, int64_t qtype);
 // How far ahead of each weight row the GEMVs prefetch (bytes, 0: not at all); the old value.
 int64_t set_weight_prefetch(int64_t bytes);
 
-// quant_dot.cpp: GGUF blocks on activations rounded to 8 bits
-void quant_gemv_q8(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
-                   c10::optional<at::Tensor> bias, bool portable);
+// quant_dot.cpp: GGUF blocks on activations rounded to 8 or 16 bits
+void quant_gemv_int(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
+                    c10::optional<at::Tensor> bias, int64_t bits, bool portable);
+void quant_round_rows(at::Tensor out, at::Tensor x, int64_t bits);
 
 }  // namespace kernels

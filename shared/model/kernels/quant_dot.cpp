@@ -1,16 +1,20 @@
-// GEMV on GGUF blocks with 8-bit activations, as llama.cpp computes it. Each row of x is
-// quantized once per call to blocks of 32 int8 values qx with a float scale dx (and
-// sx = dx * sum(qx)); every weight block of 32 values d * q + offset is then one integer dot
-// product:  sum(w * x) ~= d * dx * sum(q * qx) + offset * sx
+// GEMV on GGUF blocks with integer activations: 8 bits as llama.cpp computes it, or 16. Each
+// row of x is quantized once per call to blocks of 32 integers qx (int8 or int16) with a
+// float scale dx (and sx = dx * sum(qx)); every weight block of 32 values d * q + offset is
+// then one integer dot product:  sum(w * x) ~= d * dx * sum(q * qx) + offset * sx
 //   Q8_0: q signed, offset 0    Q4_0: q in 0..15, offset -8 d    Q4_1: offset m
 //   Q4_K: each of its 8 sub-blocks of 32 is such a block, scale d * sc, offset -dmin * mn
-// Paths: one block a 256-bit vector, through AVX512-VNNI's _mm256_dpbusd_epi32 where the build
-// has it, else AVX2's _mm256_maddubs_epi16 + _mm256_madd_epi16; and a portable scalar path
-// that every build carries (`portable=true` runs it: the reference).
+// Paths: one block a 256-bit vector; 8 bits through AVX512-VNNI's _mm256_dpbusd_epi32 where
+// the build has it, else AVX2's _mm256_maddubs_epi16 + _mm256_madd_epi16; 16 bits through
+// _mm256_madd_epi16 on the weights widened to 16 bits; and a portable scalar path that every
+// build carries (`portable=true` runs it: the reference).
 //
-// NOTE: products of 8-bit integers are exact and the integer sums cannot overflow (maddubs
-// pairs stay under 2 * 128 * 127), so the paths differ only in the order of float sums; the
-// cost against float activations is x's rounding to 8 bits, llama.cpp's own choice.
+// NOTE: products of integers are exact and the integer sums cannot overflow (maddubs pairs
+// stay under 2 * 128 * 127; a 16-bit lane's four products under 4 * 128 * 32767), so the paths
+// differ only in the order of float sums. The cost against float activations is x's rounding:
+// to 8 bits (llama.cpp's own choice; greedy tokens drift) or to 16, finer than bfloat16's 8 bits
+// of mantissa, where the widening and multiplying of 32 floats a block (the float GEMV) costs
+// a core more than memory gives it (docs/benchmarks.md, "An AVX2-only CPU").
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -19,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -29,11 +34,12 @@ namespace {
 
 using namespace quant_blocks;
 
-// x [M, K] as 8-bit blocks: q [M, K]; per block b of 32: d and s = d * sum(q), side by side
-// in ds [M, K / 32, 2] (the SIMD path loads both at once).
-struct Q8Rows {
+// x [M, K] as integer blocks (T: int8_t or int16_t): q [M, K]; per block b of 32: d and
+// s = d * sum(q), side by side in ds [M, K / 32, 2] (the SIMD path loads both at once).
+template <class T>
+struct QRows {
   int64_t M, K;
-  std::vector<int8_t> q;
+  std::vector<T> q;
   std::vector<float> ds;
 
   int64_t blocks() const { return K / 32; }
@@ -41,18 +47,22 @@ struct Q8Rows {
   float s(int64_t b) const { return ds[2 * b + 1]; }
 };
 
-Q8Rows quantize_rows(const float* x, int64_t M, int64_t K) {
+// NOTE: the largest |q| is 127 or 32767 (symmetric): quant.py's round_activations rounds
+// prefill's rows the same way.
+template <class T>
+QRows<T> quantize_rows(const float* x, int64_t M, int64_t K) {
+  constexpr float kLevels = std::is_same_v<T, int8_t> ? 127.f : 32767.f;
   const int64_t n = M * K / 32;
-  Q8Rows r{M, K, std::vector<int8_t>(M * K), std::vector<float>(2 * n)};
+  QRows<T> r{M, K, std::vector<T>(M * K), std::vector<float>(2 * n)};
   for (int64_t b = 0; b < n; ++b) {
     const float* v = x + 32 * b;
     float amax = 0.f;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
-    const float d = amax / 127.f, inverse = d > 0.f ? 1.f / d : 0.f;
+    const float d = amax / kLevels, inverse = d > 0.f ? 1.f / d : 0.f;
     int sum = 0;
     for (int i = 0; i < 32; ++i) {
       const int q = static_cast<int>(std::nearbyint(v[i] * inverse));
-      r.q[32 * b + i] = static_cast<int8_t>(q);
+      r.q[32 * b + i] = static_cast<T>(q);
       sum += q;
     }
     r.ds[2 * b] = d;
@@ -71,6 +81,18 @@ inline __m128 pair_of(const uint8_t* b, int j) {
 }
 #endif
 
+#if defined(__AVX2__)
+inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+// A block's 32 quants as 16-bit lanes, for 16-bit x: values 0-15, then 16-31.
+struct Quants16 {
+  __m256i lo, hi;
+};
+// The low nibbles of 16 bytes, each in a 16-bit lane.
+inline __m256i widen_nibbles16(__m128i bytes) {
+  return _mm256_cvtepu8_epi16(_mm_and_si128(bytes, _mm_set1_epi8(0x0F)));
+}
+#endif
+
 // ---- Formats: block j of 32 values within a row: scale, offset, quant i (and, with SIMD,
 // all 32 quants in order in one vector) ---------------------------------------------------
 struct Q8_0 {
@@ -85,6 +107,9 @@ struct Q8_0 {
   static __m128 scale_offset_pair(const uint8_t* b, int) { return _mm_set_ss(half_to_float(b)); }
   static __m256i quants(const uint8_t* b, int) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+  }
+  static Quants16 quants16(const uint8_t* b, int) {
+    return {_mm256_cvtepi8_epi16(load16(b + 2)), _mm256_cvtepi8_epi16(load16(b + 18))};
   }
 #endif
 };
@@ -114,6 +139,10 @@ struct Q4 {  // Q4_0 and Q4_1: value i in the low nibble of byte i, value i + 16
     const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
     return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
   }
+  static Quants16 quants16(const uint8_t* b, int) {
+    const __m128i raw = load16(b + kQuants);
+    return {widen_nibbles16(raw), widen_nibbles16(_mm_srli_epi16(raw, 4))};
+  }
 #endif
 };
 
@@ -136,6 +165,12 @@ struct Q4_K {  // sub-block j: the low (j even) or high nibbles of the 32 bytes 
     const __m256i shifted = _mm256_srl_epi16(t, _mm_cvtsi32_si128(4 * (j % 2)));
     return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
   }
+  static Quants16 quants16(const uint8_t* b, int j) {
+    const uint8_t* chunk = b + 16 + 32 * (j / 2);
+    const __m128i shift = _mm_cvtsi32_si128(4 * (j % 2));
+    return {widen_nibbles16(_mm_srl_epi16(load16(chunk), shift)),
+            widen_nibbles16(_mm_srl_epi16(load16(chunk + 16), shift))};
+  }
 #endif
 };
 
@@ -154,14 +189,14 @@ inline const uint8_t* block_of(const uint8_t* row, int64_t j) {
 #define KV_NO_VECTORIZE
 #endif
 
-template <class F>
-KV_NO_VECTORIZE float dot_portable(const uint8_t* row, const Q8Rows& x, int64_t m) {
+template <class F, class T>
+KV_NO_VECTORIZE float dot_portable(const uint8_t* row, const QRows<T>& x, int64_t m) {
   const int64_t blocks = x.blocks();
   float sum = 0.f;
   for (int64_t j = 0; j < blocks; ++j) {
     const uint8_t* b = block_of<F>(row, j);
     const int sub = static_cast<int>(j % F::kSubs);
-    const int8_t* qx = x.q.data() + m * x.K + 32 * j;
+    const T* qx = x.q.data() + m * x.K + 32 * j;
     int32_t dot = 0;
     for (int i = 0; i < 32; ++i) dot += F::value(b, sub, i) * qx[i];
     float d, o;
@@ -171,8 +206,8 @@ KV_NO_VECTORIZE float dot_portable(const uint8_t* row, const Q8Rows& x, int64_t 
   return sum;
 }
 
-template <class F>
-void rows_portable(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, const float* bias,
+template <class F, class T>
+void rows_portable(const uint8_t* w, int64_t row_bytes, const QRows<T>& x, const float* bias,
                    float* out, int64_t N, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n)
     for (int64_t m = 0; m < x.M; ++m)
@@ -200,25 +235,39 @@ inline float fsum(FV v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-inline IV load_x(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline IV load_x(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+// A block's quants, loaded once for all rows of x: 32 bytes for 8-bit x, 16-bit lanes for 16.
+template <class F, class T>
+inline auto block_quants(const uint8_t* block, int sub) {
+  if constexpr (std::is_same_v<T, int16_t>) return F::quants16(block, sub);
+  else return F::quants(block, sub);
+}
+// Those quants times 32 values of x: int32 lanes, each the sum of 4 products.
+template <class F>
+inline IV dot_q(IV q, const int8_t* x) {
+  return F::kSigned ? dot_s8s8(q, load_x(x)) : dot_u8s8(q, load_x(x));
+}
+template <class F>
+inline IV dot_q(const Quants16& q, const int16_t* x) {
+  return _mm256_add_epi32(_mm256_madd_epi16(q.lo, load_x(x)), _mm256_madd_epi16(q.hi, load_x(x + 16)));
+}
 #define KV_DOT_SIMD 1
 #endif
 
 #if defined(KV_DOT_SIMD)
 // Block j of one weight row against M rows of x from row m0.
-template <class F, int M>
-inline void step(const uint8_t* row, int64_t j, const Q8Rows& x, int64_t m0, FV* acc,
+template <class F, int M, class T>
+inline void step(const uint8_t* row, int64_t j, const QRows<T>& x, int64_t m0, FV* acc,
                  __m128* sacc) {
   const int64_t blocks = x.blocks();
   const uint8_t* block = block_of<F>(row, j);
   const int sub = static_cast<int>(j % F::kSubs);
   // [d, offset] of the block times [dx, sx] of x's: both products in one multiply
   const __m128 scale_offset = F::scale_offset_pair(block, sub);
-  const IV q = F::quants(block, sub);
+  const auto q = block_quants<F, T>(block, sub);
   for (int m = 0; m < M; ++m) {
     const int64_t b = (m0 + m) * blocks + j;
-    const IV xm = load_x(x.q.data() + (m0 + m) * x.K + 32 * j);
-    const IV p = F::kSigned ? dot_s8s8(q, xm) : dot_u8s8(q, xm);
+    const IV p = dot_q<F>(q, x.q.data() + (m0 + m) * x.K + 32 * j);
     const __m128 xds = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(&x.ds[2 * b])));
     const __m128 products = _mm_mul_ps(scale_offset, xds);
     acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(products), acc[m]);
@@ -229,8 +278,8 @@ inline void step(const uint8_t* row, int64_t j, const Q8Rows& x, int64_t m0, FV*
 }
 
 // out[m, n] for weight rows n in [n0, n1) and M rows of x from row m0.
-template <class F, int M>
-void rows_simd(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, int64_t m0,
+template <class F, int M, class T>
+void rows_simd(const uint8_t* w, int64_t row_bytes, const QRows<T>& x, int64_t m0,
                const float* bias, float* out, int64_t N, int64_t n0, int64_t n1) {
   const int64_t blocks = x.blocks();
   for (int64_t n = n0; n < n1; ++n) {
@@ -259,8 +308,8 @@ void rows_simd(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, int64_t m0,
   }
 }
 
-template <class F>
-void rows_simd_all(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, const float* bias,
+template <class F, class T>
+void rows_simd_all(const uint8_t* w, int64_t row_bytes, const QRows<T>& x, const float* bias,
                    float* out, int64_t N, int64_t n0, int64_t n1) {
   // NOTE: up to 4 rows of x share each weight vector; more rows take more passes.
   for (int64_t m = 0; m < x.M; m += 4) {
@@ -274,9 +323,9 @@ void rows_simd_all(const uint8_t* w, int64_t row_bytes, const Q8Rows& x, const f
 }
 #endif  // KV_DOT_SIMD
 
-template <class F>
-void gemv_q8(const uint8_t* w, const Q8Rows& x, const float* bias, float* out, int64_t N,
-             bool portable) {
+template <class F, class T>
+void gemv_q(const uint8_t* w, const QRows<T>& x, const float* bias, float* out, int64_t N,
+            bool portable) {
   const int64_t row_bytes = x.blocks() / F::kSubs * F::kBytes;
   kernels::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
 #if defined(KV_DOT_SIMD)
@@ -286,14 +335,51 @@ void gemv_q8(const uint8_t* w, const Q8Rows& x, const float* bias, float* out, i
   });
 }
 
+template <class T>
+void gemv_rows_of(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
+                  const float* bias, float* out, int64_t N, bool portable) {
+  const QRows<T> xq = quantize_rows<T>(x, M, K);
+  switch (qtype) {
+    case kQ8_0: gemv_q<Q8_0>(w, xq, bias, out, N, portable); break;
+    case kQ4_0: gemv_q<Q4<false>>(w, xq, bias, out, N, portable); break;
+    case kQ4_1: gemv_q<Q4<true>>(w, xq, bias, out, N, portable); break;
+    case kQ4_K: gemv_q<Q4_K>(w, xq, bias, out, N, portable); break;
+  }
+}
+
 }  // namespace
 
-// out [M, N] float32 = x [M, K] float32, quantized to 8 bits per block of 32, @ w^T (+ bias),
-// in integer dot products. `portable` runs the scalar path whatever the build.
-void kernels::quant_gemv_q8(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
-                            c10::optional<at::Tensor> bias, bool portable) {
+// out [M, K] float32 = x [M, K] rounded as quant_gemv_int rounds it to `bits` (8 or 16):
+// d * q per block of 32, so that prefill's float GEMM multiplies what decode's GEMV does.
+void kernels::quant_round_rows(at::Tensor out, at::Tensor x, int64_t bits) {
+  TORCH_CHECK(bits == 8 || bits == 16, "bits: 8 or 16, got ", bits);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() &&
+                  x.size(1) % 32 == 0,
+              "x: contiguous float32 [M, K], K a multiple of 32");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.sizes() == x.sizes(),
+              "out: contiguous float32 of x's shape");
+  const int64_t M = x.size(0), K = x.size(1);
+  const float* xi = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  auto round = [&](auto zero, int64_t m0, int64_t m1) {
+    using T = decltype(zero);
+    const QRows<T> r = quantize_rows<T>(xi + m0 * K, m1 - m0, K);
+    for (int64_t b = 0; b < (m1 - m0) * K / 32; ++b)
+      for (int i = 0; i < 32; ++i) o[m0 * K + 32 * b + i] = r.d(b) * r.q[32 * b + i];
+  };
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    if (bits == 8) round(int8_t{}, m0, m1);
+    else round(int16_t{}, m0, m1);
+  });
+}
+
+// out [M, N] float32 = x [M, K] float32, quantized to `bits` (8 or 16) per block of 32,
+// @ w^T (+ bias), in integer dot products. `portable` runs the scalar path whatever the build.
+void kernels::quant_gemv_int(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
+                             c10::optional<at::Tensor> bias, int64_t bits, bool portable) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_weight(w, qtype, K);
+  TORCH_CHECK(bits == 8 || bits == 16, "bits: 8 or 16, got ", bits);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x: contiguous float32 [M, K]");
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == M &&
@@ -301,14 +387,12 @@ void kernels::quant_gemv_q8(at::Tensor out, at::Tensor x, at::Tensor w, int64_t 
               "out: contiguous float32 [M, N]");
   TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->numel() == N),
               "bias: float32 [N]");
-  const Q8Rows xq = quantize_rows(x.data_ptr<float>(), M, K);
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   const uint8_t* wi = w.data_ptr<uint8_t>();
+  const float* xi = x.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  switch (qtype) {
-    case kQ8_0: gemv_q8<Q8_0>(wi, xq, b, o, N, portable); break;
-    case kQ4_0: gemv_q8<Q4<false>>(wi, xq, b, o, N, portable); break;
-    case kQ4_1: gemv_q8<Q4<true>>(wi, xq, b, o, N, portable); break;
-    case kQ4_K: gemv_q8<Q4_K>(wi, xq, b, o, N, portable); break;
-  }
+  if (bits == 8)
+    gemv_rows_of<int8_t>(qtype, wi, xi, M, K, b, o, N, portable);
+  else
+    gemv_rows_of<int16_t>(qtype, wi, xi, M, K, b, o, N, portable);
 }

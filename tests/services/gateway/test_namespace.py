@@ -10,7 +10,12 @@ from shared.model.registry import resolve_model
 
 def test_the_gateway_names_kv_blocks_as_the_engine_does_and_each_weight_format_apart() -> None:
     names = set()
-    for weights, activations in (("auto", "float"), ("auto", "q8"), ("q8_0", "float")):
+    for weights, activations in (
+        ("auto", "float"),
+        ("auto", "q8"),
+        ("auto", "q16"),
+        ("q8_0", "float"),
+    ):
         engine = EngineConfig(weights=weights, activations=activations)
         mine = kv_namespace(resolve_model(engine.model), engine.resolved_dtype, engine.kv_weights)
         gateway = GatewayService(
@@ -20,4 +25,4 @@ def test_the_gateway_names_kv_blocks_as_the_engine_does_and_each_weight_format_a
         names.add(mine)
     floats = EngineConfig(weights="float", dtype="float32")
     names.add(kv_namespace(resolve_model(floats.model), "float32", floats.kv_weights))
-    assert len(names) == 4  # a Q4_1 model's KV is never served to a float one
+    assert len(names) == 5  # a Q4_1 model's KV is never served to a float one

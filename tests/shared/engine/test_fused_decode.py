@@ -85,8 +85,8 @@ def assert_same(fused: list[torch.Tensor], plain: list[torch.Tensor]) -> None:
 
 @pytest.mark.parametrize(
     ("weights", "activations"),
-    [("float", "float"), ("auto", "float"), ("auto", "q8"), ("q8_0", "q8")],
-    ids=["float32", "q4_1", "q4_1-q8act", "q8_0-q8act"],
+    [("float", "float"), ("auto", "float"), ("auto", "q8"), ("auto", "q16"), ("q8_0", "q8")],
+    ids=["float32", "q4_1", "q4_1-q8act", "q4_1-q16act", "q8_0-q8act"],
 )
 def test_fused_decode_steps_give_the_module_paths_logits_bit_for_bit(
     models, isa, weights, activations, monkeypatch

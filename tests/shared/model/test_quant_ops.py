@@ -148,65 +148,86 @@ def test_a_row_length_the_format_cannot_hold_is_refused(kernels):
         fmt.row_bytes(576)
 
 
-# ---- 8-bit activations: integer dot products (quant_dot.cpp) ------------------------------
-def rounded_to_q8(x: torch.Tensor) -> torch.Tensor:
-    """x as the kernel quantizes it: per block of 32, d = max|x| / 127, q = round(x / d)."""
+# ---- 8- and 16-bit activations: integer dot products (quant_dot.cpp) ----------------------
+def rounded(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x as the kernel quantizes it: per block of 32, d = max|x| / (2^(bits-1) - 1),
+    q = round(x / d)."""
     blocks = x.reshape(x.shape[0], -1, 32)
-    d = blocks.abs().amax(-1, keepdim=True) / 127
+    d = blocks.abs().amax(-1, keepdim=True) / (2 ** (bits - 1) - 1)
     inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
     return (torch.round(blocks * inverse) * d).reshape(x.shape)
 
 
+BITS = pytest.mark.parametrize("bits", [8, 16])
+
+
 # NOTE: integer products are exact, so the SIMD and portable paths differ from the reference
-# on x rounded to 8 bits only in float sums; x's rounding itself costs about 1% (below).
+# on x rounded to 8 or 16 bits only in float sums; x's rounding itself costs about 1% at 8
+# bits (below).
 @pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize(("rows", "out_features", "in_features"), SHAPES)
-def test_q8_gemv_is_the_dequantized_weight_times_x_rounded_to_8_bits(
-    kernels, portable, name, rows, out_features, in_features
+@BITS
+def test_int_gemv_is_the_dequantized_weight_times_x_rounded_to_its_bits(
+    kernels, portable, name, rows, out_features, in_features, bits
 ):
     fmt = FORMATS[name]
     blocks = random_blocks(fmt, out_features, in_features, seed=rows)
     x, bias = torch.randn(rows, in_features), torch.randn(out_features)
     out = torch.empty(rows, out_features)
-    kernels.quant_gemv_q8(out, x, blocks, fmt.ggml_type, bias, portable)
-    assert_close(out, reference(rounded_to_q8(x), blocks, fmt, bias.double()))
+    kernels.quant_gemv_int(out, x, blocks, fmt.ggml_type, bias, bits, portable)
+    assert_close(out, reference(rounded(x, bits), blocks, fmt, bias.double()))
 
 
 @pytest.mark.parametrize("name", FORMATS)
-def test_q8_gemv_is_near_float_activations(kernels, name):
+@pytest.mark.parametrize(("bits", "most"), [(8, 0.02), (16, 1e-4)])
+def test_int_gemv_is_near_float_activations(kernels, name, bits, most):
     fmt = FORMATS[name]
     blocks = random_blocks(fmt, 64, 512, seed=4)
     x = torch.randn(3, 512)
     out = torch.empty(3, 64)
-    kernels.quant_gemv_q8(out, x, blocks, fmt.ggml_type, None, False)
+    kernels.quant_gemv_int(out, x, blocks, fmt.ggml_type, None, bits, False)
     expected = reference(x, blocks, fmt)
     error = (out.double() - expected).norm() / expected.norm()
-    assert 0 < error < 0.02, error  # rounded, but only by x's 8 bits
+    assert 0 < error < most, error  # rounded, but only by x's 8 or 16 bits
 
 
-def test_q8_gemv_of_zero_rows_and_an_odd_number_of_blocks(kernels):
+@BITS
+def test_int_gemv_of_zero_rows_and_an_odd_number_of_blocks(kernels, bits):
     fmt = FORMATS["q4_1"]
     blocks = random_blocks(fmt, 9, 96, seed=3)  # 3 blocks: a pair and a single
     x = torch.randn(2, 96)
     x[1] = 0.0
     out = torch.empty(2, 9)
-    kernels.quant_gemv_q8(out, x, blocks, fmt.ggml_type, None, False)
-    assert_close(out, reference(rounded_to_q8(x), blocks, fmt))
+    kernels.quant_gemv_int(out, x, blocks, fmt.ggml_type, None, bits, False)
+    assert_close(out, reference(rounded(x, bits), blocks, fmt))
 
 
-def test_q8_gemv_refuses_bad_input(kernels):
+@BITS
+def test_rows_are_rounded_for_prefill_as_the_int_gemv_rounds_them(kernels, bits):
+    x = torch.randn(5, 96) * torch.logspace(-3, 3, 96)  # blocks of every magnitude
+    x[2] = 0.0
+    out = torch.empty_like(x)
+    kernels.quant_round_rows(out, x, bits)
+    torch.testing.assert_close(out, rounded(x, bits), rtol=1e-6, atol=0)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernels.quant_round_rows(torch.empty(1, 40), torch.randn(1, 40), bits)
+
+
+def test_int_gemv_refuses_bad_input(kernels):
     fmt = FORMATS["q8_0"]
     blocks = quantize(torch.randn(8, 64), fmt)
     with pytest.raises(RuntimeError, match="float32"):
-        kernels.quant_gemv_q8(
-            torch.empty(1, 8), torch.randn(1, 64).double(), blocks, 8, None, False
+        kernels.quant_gemv_int(
+            torch.empty(1, 8), torch.randn(1, 64).double(), blocks, 8, None, 8, False
         )
     with pytest.raises(RuntimeError, match="bias"):
         bias = torch.randn(7)
-        kernels.quant_gemv_q8(torch.empty(1, 8), torch.randn(1, 64), blocks, 8, bias, False)
+        kernels.quant_gemv_int(torch.empty(1, 8), torch.randn(1, 64), blocks, 8, bias, 8, False)
     with pytest.raises(RuntimeError, match="do not hold"):
-        kernels.quant_gemv_q8(torch.empty(1, 8), torch.randn(1, 96), blocks, 8, None, False)
+        kernels.quant_gemv_int(torch.empty(1, 8), torch.randn(1, 96), blocks, 8, None, 8, False)
+    with pytest.raises(RuntimeError, match="bits: 8 or 16, got 4"):
+        kernels.quant_gemv_int(torch.empty(1, 8), torch.randn(1, 64), blocks, 8, None, 4, False)
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -219,14 +240,15 @@ def test_prefetching_ahead_changes_no_result(kernels, name):
     try:
         for distance in (0, 64, default):
             kernels.set_weight_prefetch(distance)
-            out, out_q8 = torch.empty(3, 64), torch.empty(3, 64)
-            kernels.quant_gemv(out, x, blocks, fmt.ggml_type, None)
-            kernels.quant_gemv_q8(out_q8, x, blocks, fmt.ggml_type, None, False)
-            results.append((out, out_q8))
+            outs = [torch.empty(3, 64) for _ in range(3)]
+            kernels.quant_gemv(outs[0], x, blocks, fmt.ggml_type, None)
+            kernels.quant_gemv_int(outs[1], x, blocks, fmt.ggml_type, None, 8, False)
+            kernels.quant_gemv_int(outs[2], x, blocks, fmt.ggml_type, None, 16, False)
+            results.append(outs)
     finally:
         assert kernels.set_weight_prefetch(default) == default
     assert default > 0  # the kernels prefetch unless told not to
-    for out, out_q8 in results[1:]:
-        assert torch.equal(out, results[0][0]) and torch.equal(out_q8, results[0][1])
+    for outs in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(outs, results[0], strict=True))
     with pytest.raises(RuntimeError, match="0 or more bytes"):
         kernels.set_weight_prefetch(-1)
