@@ -50,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
     p.add_argument("--weights", choices=WEIGHTS_CHOICES, default="auto")
-    p.add_argument("--activations", choices=ACTIVATIONS_CHOICES, default="float")
+    p.add_argument("--activations", choices=ACTIVATIONS_CHOICES, default="q16")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument(
         "--no-fused-decode", action="store_true", help="decode layer by layer (the module path)"

@@ -26,7 +26,7 @@ class WorkerConfig(ServiceConfig):
     device: str = "cpu"  # EngineConfig.device; the KV moves through a host mirror on a GPU
     dtype: str = "auto"
     weights: str = "auto"  # EngineConfig.weights
-    activations: str = "float"  # EngineConfig.activations
+    activations: str = "q16"  # EngineConfig.activations
     prefill_weights: str = "auto"  # EngineConfig.prefill_weights (a decode worker: engine_config)
     block_size: int = 16
     kv_cache_bytes: int = 1 << 30

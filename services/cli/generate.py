@@ -63,8 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--activations",
         choices=ACTIVATIONS_CHOICES,
-        default="float",
-        help="of quantized weights: float, or q8 (8-bit, integer dot products, as llama.cpp)",
+        default="q16",
+        help="of quantized weights: q16 or q8 (rounded to 16 or 8 bits, integer dot products; "
+        "q8 as llama.cpp), or float",
     )
     p.add_argument(
         "--no-fused-decode",

@@ -111,12 +111,13 @@ SETTINGS: dict[str, Setting] = {
     ),
     "activations": Setting(
         "--activations",
-        "how quantized weights take activations: float keeps them float32, q8 rounds them to "
-        "8 bits per block of 32 and a decode step multiplies in integers (as llama.cpp: "
-        "faster, about 96 in 100 greedy tokens as float32's), q16 to 16 bits (near q8's "
-        "speed where a core bounds the float GEMV, e.g. AVX2-only CPUs; about 998 in 1000)",
+        "how quantized weights take activations: q16 rounds them to 16 bits per block of 32 "
+        "and a decode step multiplies in integers (finer than bfloat16; float32's perplexity "
+        "to 3 decimals, faster than float where the core, not memory, bounds decode), q8 to "
+        "8 bits (as llama.cpp: faster still, about 96 in 100 greedy tokens as float32's), "
+        "float keeps them float32 (float32's greedy tokens exactly)",
         choices=ACTIVATIONS_CHOICES,
-        default="float",
+        default="q16",
     ),
     "prefill_weights": Setting(
         "--prefill-weights",

@@ -45,7 +45,7 @@ class GatewayConfig(ServiceConfig):
     dtype: str = "auto"  # the workers' dtype (names their KV blocks)
     weights: str = "auto"  # the workers' weights (name their KV blocks and decide what
     # dtype "auto" is)
-    activations: str = "float"  # the workers' activations (name their KV blocks)
+    activations: str = "q16"  # the workers' activations (name their KV blocks)
     mock: MockSpec | None = None  # the workers' mock model (names their KV blocks)
     max_model_len: int = 0  # 0: the model's (the mock model's) context size
     timeouts: BackendTimeouts = BackendTimeouts()

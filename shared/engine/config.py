@@ -40,8 +40,10 @@ def check_device(name: str) -> None:
 # (finer than bfloat16), "float" as they are.
 # NOTE: with q8 or q16, prefill's many rows (the float GEMM) are rounded the same way, so a
 # request prefilled again (moved to another worker, preempted) continues as one that decoded.
-# float stays the default: tests/e2e/test_isolation.py's greedy answers through the stack
-# differ from an in-process engine's with q8 (not understood yet; see docs/benchmarks.md).
+# q16 is the default: float32's perplexity to three decimals and 1.3x float's decode on an
+# AVX2-only CPU (`python -m bench quant`, docs/benchmarks.md). q8 is not: 96.5% greedy
+# agreement, and tests/e2e/test_isolation.py's greedy answers through the stack differ from
+# an in-process engine's with it (not understood yet; see docs/benchmarks.md).
 ACTIVATIONS_CHOICES = ("q8", "q16", "float")
 # What prefill's many-row matmuls read from quantized weights: "quantized" dequantizes the
 # blocks on every pass; "bfloat16" and "float32" keep a copy made at load where prompts
@@ -144,7 +146,7 @@ class EngineConfig:
     model: str = "SmolLM2-135M-Instruct"  # a known name, an HF directory or a .gguf file
     dtype: str = "auto"  # "auto": resolve_dtype
     weights: str = "auto"  # WEIGHTS_CHOICES: "auto" is what the file holds, on CPU
-    activations: str = "float"  # ACTIVATIONS_CHOICES: of quantized weights' GEMV (few rows)
+    activations: str = "q16"  # ACTIVATIONS_CHOICES: of quantized weights' GEMV (few rows)
     prefill_weights: str = "auto"  # PREFILL_WEIGHTS_CHOICES: what many rows multiply by
     device: str = "cpu"  # "auto", "cpu", "cuda" or "cuda:N"
     attention: str = "auto"  # ATTENTION_CHOICES

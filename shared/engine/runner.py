@@ -28,6 +28,7 @@ from shared.model.quant import (
     prefill_copy_bytes,
     set_activations,
     set_prefill_dtype,
+    takes_bf16_prefill,
 )
 from shared.model.quant_loader import load_model_as
 from shared.model.registry import gguf_source
@@ -231,9 +232,9 @@ def keep_prefill_copy(config: EngineConfig, model: LlamaModel) -> None:
 
 def prefill_bf16(config: EngineConfig) -> bool:
     """Whether prompts multiply, and so attend, in bfloat16 (over float32 activations, quant.py's
-    linear_bf16: float activations only; q8 ones round prefill as decode does, and stay
-    float32)."""
-    return config.prefill_matmul_dtype == "bfloat16" and config.activations == "float"
+    linear_bf16: float or q16 activations, which bfloat16 rounds coarser than their own
+    rounding; q8 ones round prefill as decode does, and stay float32)."""
+    return config.prefill_matmul_dtype == "bfloat16" and takes_bf16_prefill(config.activations)
 
 
 def decode_graphs(

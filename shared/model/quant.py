@@ -117,7 +117,7 @@ class QuantLinear(nn.Module):
         """What rows like x multiply in here: bfloat16 for a prefill chunk that linear_bf16
         takes (the caller may hand them over in it and keep its result so: no conversions),
         else x's own dtype."""
-        if self.activations == "float" and self.many_rows(x) and self.bf16_rows(x):
+        if takes_bf16_prefill(self.activations) and self.many_rows(x) and self.bf16_rows(x):
             return torch.bfloat16
         return x.dtype
 
@@ -232,6 +232,14 @@ class QuantEmbedding(QuantLinear):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.rows(input_ids.flatten()).view(*input_ids.shape, -1).to(self.dtype)
+
+
+def takes_bf16_prefill(activations: str) -> bool:
+    """Whether prefill chunks under these activations may multiply in bfloat16 (where the
+    layer's prefill dtype says so): float and q16 ones, whose own rounding is finer than
+    bfloat16's; not q8 ones, which prefill must round as decode does (a request prefilled
+    again continues as one that decoded: whole 8-bit steps apart otherwise)."""
+    return activations != "q8"
 
 
 def round_activations(rows: torch.Tensor, bits: int) -> torch.Tensor:

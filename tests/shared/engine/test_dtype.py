@@ -64,6 +64,8 @@ def test_the_engine_config_resolves_with_its_weights(native_bf16) -> None:
 def test_prompts_attend_in_bfloat16_only_where_their_matmuls_multiply_in_it(native_bf16) -> None:
     assert prefill_bf16(EngineConfig()) == native_bf16  # auto, the GGUF's blocks, float rows
     assert not prefill_bf16(EngineConfig(activations="q8"))  # prefill rounds as decode does
+    for finer in ("q16", "float"):  # their own rounding is finer than bfloat16's
+        assert prefill_bf16(EngineConfig(activations=finer)) == native_bf16
     assert not prefill_bf16(EngineConfig(dtype="float32"))  # float32 stays exact
     assert prefill_bf16(EngineConfig(weights="float")) == native_bf16  # so is its KV there
 

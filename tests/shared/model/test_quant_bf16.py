@@ -53,8 +53,12 @@ def test_a_weight_past_the_bound_multiplies_in_parts(monkeypatch) -> None:
     assert (parts.double() - whole.double()).abs().max() <= 1e-2 * whole.double().abs().max()
 
 
-def test_float32_rows_take_it_where_the_prefill_dtype_is_bf16_and_stay_float32() -> None:
+@pytest.mark.parametrize("activations", ["float", "q16"])
+def test_float32_rows_take_it_where_the_prefill_dtype_is_bf16_and_stay_float32(
+    activations,
+) -> None:
     linear = layer("q4_1", 300, 512)
+    quant.set_activations(torch.nn.Sequential(linear), activations)
     x = torch.randn(PREFILL_GEMM_MIN_ROWS, 512)
     exact = linear(x)
     quant.set_prefill_dtype(torch.nn.Sequential(linear), torch.bfloat16)
@@ -77,6 +81,10 @@ def test_float32_rows_never_take_the_bf16_path(monkeypatch) -> None:
     monkeypatch.setattr(QuantLinear, "linear_bf16", None)  # would raise if called
     x = torch.randn(PREFILL_GEMM_MIN_ROWS * 2, 256)
     assert (linear(x).double() - reference(linear, x)).abs().max() <= 1e-3
+    # q8 activations: not even where the prefill dtype is bfloat16 (prefill rounds as decode)
+    quant.set_activations(torch.nn.Sequential(linear), "q8")
+    quant.set_prefill_dtype(torch.nn.Sequential(linear), torch.bfloat16)
+    assert linear(x).dtype == torch.float32
     assert quant.GEMV_MAX_ROWS < PREFILL_GEMM_MIN_ROWS  # decode rows stay on the GEMV
 
 
