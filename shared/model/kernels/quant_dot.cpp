@@ -6,7 +6,8 @@
 //   Q4_K: each of its 8 sub-blocks of 32 is such a block, scale d * sc, offset -dmin * mn
 // Paths: one block a 256-bit vector; 8 bits through AVX512-VNNI's _mm256_dpbusd_epi32 where
 // the build has it, else AVX2's _mm256_maddubs_epi16 + _mm256_madd_epi16; 16 bits through
-// _mm256_madd_epi16 on the weights widened to 16 bits; and a portable scalar path that every
+// _mm256_madd_epi16 on the weights widened to 16 bits (its second half through VNNI's
+// _mm256_dpwssd_epi32 where the build has it); and a portable scalar path that every
 // build carries (`portable=true` runs it: the reference).
 //
 // NOTE: products of integers are exact and the integer sums cannot overflow (maddubs pairs
@@ -249,7 +250,12 @@ inline IV dot_q(IV q, const int8_t* x) {
 }
 template <class F>
 inline IV dot_q(const Quants16& q, const int16_t* x) {
-  return _mm256_add_epi32(_mm256_madd_epi16(q.lo, load_x(x)), _mm256_madd_epi16(q.hi, load_x(x + 16)));
+  const IV lo = _mm256_madd_epi16(q.lo, load_x(x));
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(lo, q.hi, load_x(x + 16));  // the high half's madd and the add
+#else
+  return _mm256_add_epi32(lo, _mm256_madd_epi16(q.hi, load_x(x + 16)));
+#endif
 }
 #define KV_DOT_SIMD 1
 #endif
