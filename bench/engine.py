@@ -45,8 +45,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--activations",
         choices=ACTIVATIONS_CHOICES,
-        default="q8",
-        help="of kvstack's quantized weights' GEMV",
+        default=EngineConfig.activations,  # what the stack runs unless told
+        help="of kvstack's quantized weights' GEMV (default: the engine's)",
     )
     p.add_argument(
         "--prefill-weights",

@@ -59,7 +59,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--gguf-dir", type=Path, default=PEERS_DIR / "gguf", help="more llama.cpp weight formats"
     )
     p.add_argument("--threads", type=int, default=2, help="each peer's (kvstack: in all)")
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="kvstack, vLLM, HF")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="vLLM's and transformers' (auto: bfloat16 where the CPU has it natively); kvstack's "
+        "as given (auto: kvstack picks by its weight format)",
+    )
     p.add_argument(
         "--llamacpp-venv",
         type=Path,
@@ -164,6 +170,7 @@ def peer_setup(args: argparse.Namespace) -> PeerSetup:
         ggufs=tuple(args.gguf or default_ggufs(args.model, args.gguf_dir)),
         threads=args.threads,
         dtype=resolve_dtype(args.dtype),
+        kvstack_dtype=args.dtype,
         llamacpp_venv=args.llamacpp_venv,
         llamacpp_repack=not args.llamacpp_no_repack,
         vllm_venv=args.vllm_venv,
@@ -308,8 +315,8 @@ def add_serving(samples: Samples, name: str, rate: float, result: dict) -> None:
 
 def header(setup: PeerSetup, rounds: int) -> str:
     return (
-        f"model {setup.model}  threads {setup.threads} each  dtype {setup.dtype}  "
-        f"medians of {rounds} interleaved rounds"
+        f"model {setup.model}  threads {setup.threads} each  dtype {setup.dtype} "
+        f"(kvstack: --dtype {setup.kvstack_dtype})  medians of {rounds} interleaved rounds"
     )
 
 
@@ -328,6 +335,7 @@ def write_json(path: Path, setup: PeerSetup, lineup: Lineup, samples: Samples, m
             "model": setup.model,
             "threads": setup.threads,
             "dtype": setup.dtype,
+            "kvstack_dtype": setup.kvstack_dtype,
             "ggufs": [str(g) for g in setup.ggufs],
             "kvstack_args": setup.kvstack_args,
             "kvstack_modes": list(setup.kvstack_modes),

@@ -27,7 +27,7 @@ class PeerSetup:
     hf_dir: Path  # the Hugging Face directory kvstack converts the GGUF into
     ggufs: tuple[Path, ...]  # llama.cpp: one peer per file (weight format)
     threads: int
-    dtype: str  # kvstack's, vLLM's and transformers' (llama.cpp: the file's)
+    dtype: str  # vLLM's and transformers' (llama.cpp: the file's)
     llamacpp_venv: Path
     vllm_venv: Path
     work_dir: Path  # logs, kvstack's secrets
@@ -39,6 +39,10 @@ class PeerSetup:
     kvstack_formats: tuple[str, ...] = ()  # kvstack runs these of `ggufs` too; () = the first
     api_key: str = ""  # kvstack serve's, made per run
     llamacpp_repack: bool = True  # llama.cpp's CPU weight repacking (extra buffer types)
+    # kvstack's --dtype as asked: "auto" stays auto, which kvstack resolves by its weights
+    # (float32 activations for quantized ones on a CPU: shared/engine/config.py), where
+    # `dtype` is what it means for float weights
+    kvstack_dtype: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,7 @@ def kvstack_server(setup: PeerSetup, mode: str, gguf: Path, variant: str = "") -
         "--model", kvstack_model(setup, gguf),
         "--served-model-name", setup.model,
         "--port", str(port),
-        "--dtype", setup.dtype,
+        "--dtype", setup.kvstack_dtype,
         "--weights", "auto",
         "--secrets-dir", str(setup.work_dir / "kvstack-secrets"),
         *MODE_ARGS[mode](setup, gguf),

@@ -58,10 +58,11 @@ PREFILL_COPY_MEMORY_SHARE = 1 / 8
 
 def resolve_dtype(name: str, device: str = "cpu", quantized: bool = False) -> str:
     """ "auto" is bfloat16 where the hardware computes it natively, float32 elsewhere, and
-    float32 on a CPU whose linear weights stay quantized: their decode step is fused in
-    float32 (shared/model/fused_decode.py), 1.6x the bfloat16 one's tokens/s here
-    (docs/benchmarks.md, "`--dtype auto` with quantized weights"), while prefill's matmuls
-    still multiply in bfloat16 where the CPU has it (prefill_matmul_dtype)."""
+    float32 on a CPU whose linear weights stay quantized: their GEMV computes in float32
+    whatever the dtype, and a float32 decode step skips the bfloat16 one's conversions
+    around it (a few percent more tokens/s: docs/benchmarks.md, "`--dtype bfloat16` with
+    quantized weights"), while prefill's matmuls still multiply in bfloat16 where the CPU has
+    it (prefill_matmul_dtype). bfloat16 halves the KV cache's bytes: `--dtype bfloat16`."""
     if name != "auto":
         return name
     if device.startswith("cuda"):
@@ -166,7 +167,8 @@ class EngineConfig:
     local_kv: bool = True  # False: KV lives elsewhere (attention offload);
     # num_blocks then counts the remote pool's blocks
     fused_decode: bool = True  # a decode-only step's layers in one native call, where it
-    # applies (CPU, float32; shared/model/fused_decode.py); False: the module path
+    # applies (CPU; float32, or bfloat16 with quantized weights: shared/model/fused_decode.py);
+    # False: the module path
     huge_pages: bool = True  # on CPU, the weights moved into one arena in the order a step
     # reads them (shared/model/weight_arena.py) and the KV pool, both in huge pages where the
     # kernel grants them (shared/huge_pages.py); False: as torch allocates them

@@ -59,8 +59,9 @@ class SeqChunk:
 class ModelRunner:
     """Owns the model and the KV tensors; knows nothing of requests or scheduling.
 
-    With `fused` (and where it applies: CPU, float32, the torch paged backend), a step of
-    decode tokens alone runs every layer in one native call (shared/model/fused_decode.py).
+    With `fused` (and where it applies: CPU, float32 or quantized bfloat16, the torch paged
+    backend), a step of decode tokens alone runs every layer in one native call
+    (shared/model/fused_decode.py).
     """
 
     def __init__(

@@ -20,6 +20,9 @@ from shared.model.quant import ACTIVATION_BITS, QuantLinear
 
 # The most decode rows the native stack takes (decode_stack.cpp's kMaxRows).
 MAX_ROWS = 8
+# What the stack's activations and KV may be in (one dtype for both); a bfloat16 stack's
+# linears must all be quantized: their GEMV computes in float32 (decode_stack.cpp).
+STACK_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class FusedDecode:
@@ -60,14 +63,15 @@ def fused_decode(
 ) -> FusedDecode | None:
     """`model`'s fused decode over `backend`'s KV pool (with the `isa` build of the kernels,
     default the chosen one), or None where it does not apply: another backend than the CPU
-    torch one, no native kernels, a dtype other than float32, or a layer it cannot take."""
+    torch one, no native kernels, a KV dtype other than float32 or bfloat16, or a layer it
+    cannot take (in bfloat16: every linear quantized)."""
     native = cpu_ops(isa)
     if native is None or not isinstance(backend, TorchPagedAttention):
         return None
     kv = backend.storage.kv
-    if kv.device.type != "cpu" or kv.dtype != torch.float32 or not kv.numel():
+    if kv.device.type != "cpu" or kv.dtype not in STACK_DTYPES or not kv.numel():
         return None
-    if not all(_fusable(layer) for layer in model.layers):
+    if not all(_fusable(layer, kv.dtype) for layer in model.layers):
         return None
     layers = cast(list[DecoderLayer], list(model.layers))
     config = model.config
@@ -91,28 +95,30 @@ def _linears(layer: DecoderLayer) -> tuple[torch.nn.Module, ...]:
     return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
 
 
-def _fusable(layer: torch.nn.Module) -> bool:
-    """A Llama-family layer in float32 whose every linear a native GEMV computes."""
+def _fusable(layer: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """A Llama-family layer in `dtype` whose every linear a native GEMV computes."""
     if type(layer) is not DecoderLayer or type(layer.self_attn) is not Attention:
         return False
     if type(layer.mlp) is not GatedMLP:
         return False
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
-    if not all(type(n) is RMSNorm and _is_float32(n.weight) for n in norms):
+    if not all(type(n) is RMSNorm and _is_cpu(n.weight, dtype) for n in norms):
         return False
-    return all(_fusable_linear(linear) for linear in _linears(layer))
+    return all(_fusable_linear(linear, dtype) for linear in _linears(layer))
 
 
-def _fusable_linear(linear: torch.nn.Module) -> bool:
-    if type(linear) is QuantLinear:
-        return linear.bias is None or _is_float32(linear.bias)
-    if type(linear) is Linear:
-        return _is_float32(linear.weight) and (linear.bias is None or _is_float32(linear.bias))
+def _fusable_linear(linear: torch.nn.Module, dtype: torch.dtype) -> bool:
+    if type(linear) is QuantLinear:  # its bias is added in float32 (_native_linear)
+        return linear.bias is None or linear.bias.device.type == "cpu"
+    if type(linear) is Linear and dtype == torch.float32:
+        return _is_cpu(linear.weight, dtype) and (
+            linear.bias is None or _is_cpu(linear.bias, dtype)
+        )
     return False
 
 
-def _is_float32(t: torch.Tensor) -> bool:
-    return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+def _is_cpu(t: torch.Tensor, dtype: torch.dtype) -> bool:
+    return t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous()
 
 
 def _native_layer(native: Any, layer: DecoderLayer) -> Any:
@@ -125,6 +131,7 @@ def _native_layer(native: Any, layer: DecoderLayer) -> Any:
 def _native_linear(native: Any, linear: torch.nn.Module) -> Any:
     if isinstance(linear, QuantLinear):
         bits = ACTIVATION_BITS.get(linear.activations, 0)
-        return native.StackLinear(linear.blocks, linear.fmt.ggml_type, bits, linear.bias)
+        bias = None if linear.bias is None else linear.bias.float().contiguous()
+        return native.StackLinear(linear.blocks, linear.fmt.ggml_type, bits, bias)
     assert isinstance(linear, Linear)
     return native.StackLinear(linear.weight, None, 0, linear.bias)

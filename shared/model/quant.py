@@ -119,7 +119,15 @@ class QuantLinear(nn.Module):
         else x's own dtype."""
         if takes_bf16_prefill(self.activations) and self.many_rows(x) and self.bf16_rows(x):
             return torch.bfloat16
+        if self.gemv_rows(x):
+            return torch.float32
         return x.dtype
+
+    def gemv_rows(self, x: torch.Tensor) -> bool:
+        """Whether x's rows are few enough for the GEMV, which computes in float32 whatever
+        x's dtype: a bfloat16 decode row through the library's bfloat16 GEMM instead took 8x
+        its time (`python -m bench engine --dtype bfloat16`, docs/benchmarks.md)."""
+        return x.numel() <= self.gemv_max_rows * self.in_features
 
     def many_rows(self, x: torch.Tensor) -> bool:
         return x.numel() >= PREFILL_GEMM_MIN_ROWS * self.in_features

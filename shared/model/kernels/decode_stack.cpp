@@ -3,6 +3,11 @@
 // in its order and on buffers of the same shapes, so the hidden states are bit-identical; what
 // it saves is the Python and the torch dispatch around some 300 small kernel calls a step.
 // Built once per model and KV pool by shared/model/fused_decode.py.
+//
+// The activations and the KV cache share one dtype, float32 or bfloat16. The GEMVs compute in
+// float32 whatever it is, as QuantLinear does (x widened, y rounded back), and a bfloat16
+// stack runs its MLP in float32 between those roundings, as GatedMLP does (shared/model/
+// layers.py: its matmuls' dtype is the GEMV's).
 #include <torch/csrc/utils/pybind.h>
 
 #include "kernels.h"
@@ -12,6 +17,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <tuple>
 #include <utility>
@@ -26,6 +32,8 @@ constexpr int64_t kMaxRows = 8;  // decode rows a step takes: the GEMV kernels' 
 
 // y = x @ W^T (+ b): W float32 [N, K] (small_linear) or GGUF blocks [N, row_bytes] of `qtype`
 // (quant_gemv; quant_gemv_int when the activations are rounded to `bits`: 8 or 16, 0: not).
+// A quantized one's x and y are float32, the GEMV's own (DecodeStack::linear widens and
+// rounds a bfloat16 stack's around it).
 struct Linear {
   at::Tensor weight;
   int64_t qtype;
@@ -78,9 +86,20 @@ struct Buffers {
   at::Tensor attended;  // [B, heads, head_dim], viewed as rows [B, heads head_dim]:
   at::Tensor attended_rows;
   at::Tensor x;         // [B, hidden]: attention's output, then its norm
-  at::Tensor gate_up;   // [B, 2 intermediate]
-  at::Tensor act;       // [B, intermediate]
+  at::Tensor gate_up;   // [B, 2 intermediate], float32 whatever the stack's dtype
+  at::Tensor act;       // [B, intermediate], float32 too
+  at::Tensor x_f, y_f;  // a bfloat16 stack's GEMV input and output, widened: float32 rows
 };
+
+// A bfloat16 tensor's values as float32 into `out` (exact), and float32 ones rounded to
+// bfloat16 (to nearest even, as torch's .to(torch.bfloat16): QuantLinear's own rounding).
+void widen(float* out, const c10::BFloat16* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(x[i]);
+}
+
+void round_to(c10::BFloat16* out, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = c10::BFloat16(y[i]);
+}
 
 // What a step's rows attend with: rotary tables and where their KV lives in the paged cache.
 struct Step {
@@ -133,6 +152,7 @@ class DecodeStack {
   std::vector<Layer> layers_;
   Dims dims_;
   at::Tensor kv_;  // KVStorage.kv: [layers, 2, blocks, block_size, kv_heads, head_dim]
+  // the activations' and the KV's: float32 or bfloat16 (a bfloat16 one's linears quantized)
   std::vector<at::Tensor> k_caches_, v_caches_;
   mutable std::unique_ptr<kernels::SpinPool> pool_;  // sized to torch's threads when it runs
   pid_t built_on_;  // the thread the model was loaded on (its teams live as long as it does)
@@ -156,6 +176,7 @@ class DecodeStack {
   }
 
   int64_t hidden() const { return layers_[0].input_norm.numel(); }
+  at::ScalarType dtype() const { return kv_.scalar_type(); }
   int64_t intermediate() const { return layers_[0].gate_up.weight.size(0) / 2; }
 
   Buffers buffers(int64_t B, const at::TensorOptions& options) const {
@@ -169,8 +190,13 @@ class DecodeStack {
     b.attended = at::empty({B, dims_.heads, D}, options);
     b.attended_rows = b.attended.view({B, q_size});
     b.x = at::empty({B, hidden()}, options);
-    b.gate_up = at::empty({B, 2 * intermediate()}, options);
-    b.act = at::empty({B, intermediate()}, options);
+    b.gate_up = at::empty({B, 2 * intermediate()}, options.dtype(at::kFloat));
+    b.act = at::empty({B, intermediate()}, options.dtype(at::kFloat));
+    if (dtype() != at::kFloat) {
+      const int64_t widest = std::max({hidden(), q_size + 2 * kv_size, 2 * intermediate()});
+      b.x_f = at::empty({B * widest}, options.dtype(at::kFloat));
+      b.y_f = at::empty({B * widest}, options.dtype(at::kFloat));
+    }
     return b;
   }
 
@@ -178,13 +204,32 @@ class DecodeStack {
   // advances in place.
   void layer(size_t i, const Buffers& b, const at::Tensor& residual, const Step& step) const {
     const Layer& l = layers_[i];
-    l.qkv(b.qkv, b.h);
+    linear(l.qkv, b.qkv, b.h, b);
     attention(i, b, step);
-    l.o(b.x, b.attended_rows);
+    linear(l.o, b.x, b.attended_rows, b);
     kernels::add_rms_norm_(b.x, residual, l.post_norm, dims_.eps);
-    l.gate_up(b.gate_up, b.x);
+    linear(l.gate_up, b.gate_up, b.x, b);
     kernels::silu_and_mul(b.act, b.gate_up);
-    l.down(b.h, b.act);
+    linear(l.down, b.h, b.act, b);
+  }
+
+  // out = l(x), where either may be bfloat16: widened into b.x_f, rounded back from b.y_f.
+  void linear(const Linear& l, const at::Tensor& out, const at::Tensor& x,
+              const Buffers& b) const {
+    const bool wide_x = x.scalar_type() == at::kFloat, wide_out = out.scalar_type() == at::kFloat;
+    if (wide_x && wide_out) {
+      l(out, x);
+      return;
+    }
+    const int64_t B = x.size(0), K = x.size(1), N = out.size(1);
+    at::Tensor xf = x, yf = out;
+    if (!wide_x) {
+      xf = b.x_f.narrow(0, 0, B * K).view({B, K});
+      widen(xf.data_ptr<float>(), x.data_ptr<c10::BFloat16>(), B * K);
+    }
+    if (!wide_out) yf = b.y_f.narrow(0, 0, B * N).view({B, N});
+    l(yf, xf);
+    if (!wide_out) round_to(out.data_ptr<c10::BFloat16>(), yf.data_ptr<float>(), B * N);
   }
 
   // Rotates q and k inside qkv, writes k and v at the slots, attends into b.attended.
@@ -203,10 +248,12 @@ class DecodeStack {
                 " kv heads of dimension ", dims_.head_dim);
     for (const Layer& l : layers_) check_layer(l);
     const int64_t n = static_cast<int64_t>(layers_.size());
-    TORCH_CHECK(kv_.dim() == 6 && kv_.scalar_type() == at::kFloat && kv_.is_contiguous() &&
+    TORCH_CHECK(dtype() == at::kFloat || dtype() == at::kBFloat16,
+                "DecodeStack: kv must be float32 or bfloat16, got ", dtype());
+    TORCH_CHECK(kv_.dim() == 6 && kv_.is_contiguous() &&
                     kv_.size(0) == n && kv_.size(1) == 2 && kv_.size(4) == dims_.kv_heads &&
                     kv_.size(5) == dims_.head_dim,
-                "DecodeStack: kv must be contiguous float32 [", n, ", 2, blocks, block_size, ",
+                "DecodeStack: kv must be contiguous [", n, ", 2, blocks, block_size, ",
                 dims_.kv_heads, ", ", dims_.head_dim, "], got ", kv_.scalar_type(), " ",
                 kv_.sizes());
   }
@@ -215,9 +262,12 @@ class DecodeStack {
     const int64_t H = hidden(), q = dims_.heads * dims_.head_dim;
     const int64_t kv = dims_.kv_heads * dims_.head_dim;
     for (const at::Tensor* norm : {&l.input_norm, &l.post_norm})
-      TORCH_CHECK(norm->dim() == 1 && norm->scalar_type() == at::kFloat &&
+      TORCH_CHECK(norm->dim() == 1 && norm->scalar_type() == dtype() &&
                       norm->is_contiguous() && norm->numel() == H,
-                  "DecodeStack: norm weights must be float32 [", H, "]");
+                  "DecodeStack: norm weights must be ", dtype(), " [", H, "]");
+    for (const Linear* linear : {&l.qkv, &l.o, &l.gate_up, &l.down})
+      TORCH_CHECK(dtype() == at::kFloat || linear->qtype != kFloatWeight,
+                  "DecodeStack: a ", dtype(), " stack's linears must be quantized");
     TORCH_CHECK(layers_[0].gate_up.weight.dim() == 2, "DecodeStack: gate_up must be 2-D");
     l.qkv.check(H, q + 2 * kv, "qkv");
     l.o.check(q, H, "o");
@@ -230,7 +280,7 @@ class DecodeStack {
                 "DecodeStack.run: x must be [B, ", hidden(), "] with 1 <= B <= ", kMaxRows,
                 ", got ", x.sizes());
     const int64_t B = x.size(0), half = dims_.head_dim / 2;
-    check_tensor(x, at::kFloat, {B, hidden()}, "x");
+    check_tensor(x, dtype(), {B, hidden()}, "x");
     check_tensor(s.cos, at::kFloat, {B, half}, "cos");
     check_tensor(s.sin, at::kFloat, {B, half}, "sin");
     check_tensor(s.slots, at::kLong, {B}, "slots");

@@ -1,5 +1,6 @@
 """The fused decode step (one native call for every layer) against the module path: the same
-logits, bit for bit, on SmolLM2 with float32 and quantized weights, on every kernel build."""
+logits, bit for bit, on SmolLM2 with float32 and quantized weights, in float32 and (quantized)
+bfloat16, on every kernel build."""
 
 from __future__ import annotations
 
@@ -30,11 +31,13 @@ pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native kernels on 
 
 @pytest.fixture(scope="module")
 def models(smollm2_dir) -> dict[str, torch.nn.Module]:
-    """SmolLM2 as float32, with the file's own Q4_1 blocks, and re-quantized to Q8_0."""
-    load = lambda weights: load_model_as(
-        weights, smollm2_dir, gguf_source(MODEL), torch.float32, "cpu"
+    """SmolLM2 as float32, with the file's own Q4_1 blocks, and re-quantized to Q8_0; and
+    with its Q4_1 blocks in bfloat16 ("auto-bf16")."""
+    load = lambda weights, dtype=torch.float32: load_model_as(
+        weights, smollm2_dir, gguf_source(MODEL), dtype, "cpu"
     )
-    return {weights: load(weights) for weights in ("float", "auto", "q8_0")}
+    loaded = {weights: load(weights) for weights in ("float", "auto", "q8_0")}
+    return {**loaded, "auto-bf16": load("auto", torch.bfloat16)}
 
 
 @pytest.fixture(params=supported_isas())
@@ -49,8 +52,8 @@ def isa(request, monkeypatch) -> str:
 
 def runner(model, fused: bool, isa: str | None = None) -> ModelRunner:
     """A runner on a pool of its own, its fused decode on the `isa` build (default: chosen)."""
-    cfg = model.config
-    storage = KVStorage(cfg.num_layers, 16, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
+    cfg, dtype = model.config, model.norm.weight.dtype
+    storage = KVStorage(cfg.num_layers, 16, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim, dtype)
     backend = TorchPagedAttention(storage, cfg.head_dim)
     built = ModelRunner(model, storage, backend, fused=False)
     built.fused = fused_decode(model, backend, isa) if fused else None
@@ -85,8 +88,24 @@ def assert_same(fused: list[torch.Tensor], plain: list[torch.Tensor]) -> None:
 
 @pytest.mark.parametrize(
     ("weights", "activations"),
-    [("float", "float"), ("auto", "float"), ("auto", "q8"), ("auto", "q16"), ("q8_0", "q8")],
-    ids=["float32", "q4_1", "q4_1-q8act", "q4_1-q16act", "q8_0-q8act"],
+    [
+        ("float", "float"),
+        ("auto", "float"),
+        ("auto", "q8"),
+        ("auto", "q16"),
+        ("q8_0", "q8"),
+        ("auto-bf16", "q16"),
+        ("auto-bf16", "float"),
+    ],
+    ids=[
+        "float32",
+        "q4_1",
+        "q4_1-q8act",
+        "q4_1-q16act",
+        "q8_0-q8act",
+        "q4_1-bf16-q16act",
+        "q4_1-bf16-floatact",
+    ],
 )
 def test_fused_decode_steps_give_the_module_paths_logits_bit_for_bit(
     models, isa, weights, activations, monkeypatch
@@ -163,6 +182,10 @@ def test_the_native_stack_refuses_bad_input_with_a_clear_error(tiny_llama_dir) -
     with pytest.raises(RuntimeError, match="a model without layers"):
         cpu_ops().DecodeStack([], 1, 1, 2, 1e-5, 1.0, storage.kv)
     assert fused_decode(model, TorchPagedAttention(KVStorage(2, 0, 4, 2, 16), 16)) is None
+    # bfloat16 stacks are for quantized linears only (their GEMV computes in float32)
+    bf16 = load_model(tiny_llama_dir, torch.bfloat16)
+    kv = KVStorage(cfg.num_layers, 4, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    assert fused_decode(bf16, TorchPagedAttention(kv, cfg.head_dim)) is None
 
 
 def test_steps_of_more_rows_than_every_layers_gemv_takes_are_not_fused(tiny_llama_dir) -> None:
