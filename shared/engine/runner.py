@@ -208,7 +208,17 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
     log.info("attention backend %s on %s", backend_name(backend), device)
     graphs = decode_graphs(config, model, storage, backend, num_blocks)
     runner = ModelRunner(model, storage, backend, config.fused_decode, graphs)
+    if device == "cpu":  # NOTE: a step layer by layer decodes far slower: say so at start
+        log.info("decode steps: %s", decode_path(runner, config))
     return runner, mc, num_blocks
+
+
+def decode_path(runner: ModelRunner, config: EngineConfig) -> str:
+    if runner.fused is not None:
+        return "fused (every layer in one native call)"
+    if not config.fused_decode:
+        return "layer by layer (fused decode turned off)"
+    return "layer by layer (no fused step for this model, dtype or attention backend)"
 
 
 def keep_prefill_copy(config: EngineConfig, model: LlamaModel) -> None:

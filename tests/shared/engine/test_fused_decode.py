@@ -262,3 +262,13 @@ def test_steps_on_another_thread_run_their_loops_on_the_pool_and_match(models, m
         finally:
             native.use_step_pool(previous)
     step_thread.shutdown()
+
+
+def test_the_start_up_log_says_which_path_decode_steps_take(tiny_llama_dir) -> None:
+    from shared.engine.runner import decode_path
+
+    model = load_model(tiny_llama_dir)
+    assert decode_path(runner(model, True), EngineConfig()).startswith("fused")
+    plain = runner(model, False)
+    assert "turned off" in decode_path(plain, EngineConfig(fused_decode=False))
+    assert "no fused step" in decode_path(plain, EngineConfig())
