@@ -32,6 +32,14 @@ GEMM_TILE_ROWS = 256
 # activations (prefill must round them as decode does). From this many rows on, a kept prefill
 # copy (keep_prefill_copy) multiplies them.
 PREFILL_GEMM_MIN_ROWS = 64
+# NOTE: a batch of decode rows this large multiplies by a kept bfloat16 copy (where rows may
+# multiply in bfloat16 at all: not q8, not `--dtype float32`) rather than the GEMV, whose
+# time grows with each row: SmolLM2's 120 quantized linears took 30.0 ms for 16 rows by the
+# q16 GEMV and 18.4 by the packed copy, 59.4 and 31.3 for 32, 15.7 and 14.3 for 8 (Zen 4,
+# 2 threads: docs/benchmarks.md, "Batched decode by the prefill copy"). Such a batch then
+# rounds as a prefill chunk does (bfloat16), which under `--dtype auto` the decode rows
+# sharing a step with a prompt's chunk already did.
+BF16_COPY_MIN_ROWS = 16
 # NOTE: bfloat16 rows multiply by the whole weight in one library GEMM, not tile by tile: that
 # GEMM (oneDNN; AMX where the CPU has it) packs its operands on every call, which 256-row
 # tiles paid a dozen times a layer (`python -m bench gemv`, tiles_bf16: docs/benchmarks.md).
@@ -74,7 +82,8 @@ class QuantLinear(nn.Module):
         return self.linear(x)
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= self.gemv_max_rows:
+        few = x.dim() == 2 and x.shape[0] <= self.gemv_max_rows and not self.copy_takes(x)
+        if x.dtype == torch.float32 and few:
             return self.gemv(x.contiguous())  # NOTE: a decode step's path: no copies, no views
         if self.matmul_dtype(x) == torch.bfloat16:
             return self.linear_bf16(x)
@@ -114,10 +123,12 @@ class QuantLinear(nn.Module):
         return copy if copy is not None and copy.dtype == dtype else None
 
     def matmul_dtype(self, x: torch.Tensor) -> torch.dtype:
-        """What rows like x multiply in here: bfloat16 for a prefill chunk that linear_bf16
-        takes (the caller may hand them over in it and keep its result so: no conversions),
-        else x's own dtype."""
-        if takes_bf16_prefill(self.activations) and self.many_rows(x) and self.bf16_rows(x):
+        """What rows like x multiply in here: bfloat16 for a prefill chunk (or a batch a kept
+        bfloat16 copy takes) that linear_bf16 multiplies (the caller may hand them over in it
+        and keep its result so: no conversions), float32 for rows the GEMV takes, else x's
+        own dtype."""
+        many = self.many_rows(x) or self.copy_takes(x)
+        if many and takes_bf16_prefill(self.activations) and self.bf16_rows(x):
             return torch.bfloat16
         if self.gemv_rows(x):
             return torch.float32
@@ -131,6 +142,16 @@ class QuantLinear(nn.Module):
 
     def many_rows(self, x: torch.Tensor) -> bool:
         return x.numel() >= PREFILL_GEMM_MIN_ROWS * self.in_features
+
+    def copy_takes(self, x: torch.Tensor) -> bool:
+        """Whether a kept bfloat16 copy is there for x's rows, BF16_COPY_MIN_ROWS or more
+        (where bfloat16 rows may multiply by it: matmul_dtype says)."""
+        copy = self.prefill_copy
+        return (
+            copy is not None
+            and copy.dtype == torch.bfloat16
+            and x.numel() >= BF16_COPY_MIN_ROWS * self.in_features
+        )
 
     def bf16_rows(self, x: torch.Tensor) -> bool:
         return x.dtype == torch.bfloat16 or (

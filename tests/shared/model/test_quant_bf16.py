@@ -159,7 +159,7 @@ def test_bf16_decode_rows_take_the_gemv_in_float32_and_round_its_result(
     quant.set_activations(torch.nn.Sequential(linear), activations)
     linear.keep_prefill_copy(torch.bfloat16)
     monkeypatch.setattr(QuantLinear, "linear_bf16", None)  # would raise if called
-    for rows in (1, linear.gemv_max_rows):
+    for rows in (1, min(linear.gemv_max_rows, quant.BF16_COPY_MIN_ROWS - 1)):
         x = torch.randn(rows, 512).bfloat16()
         assert linear.matmul_dtype(x) == torch.float32
         out = linear(x)
@@ -169,3 +169,29 @@ def test_bf16_decode_rows_take_the_gemv_in_float32_and_round_its_result(
     assert linear.matmul_dtype(many) == (
         torch.bfloat16 if quant.takes_bf16_prefill(activations) else many.dtype
     )
+
+
+@pytest.mark.parametrize("prefill_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("activations", quant.ACTIVATIONS)
+def test_a_batch_of_decode_rows_takes_a_kept_bf16_copy_where_its_rows_may_round_to_bf16(
+    activations, prefill_dtype
+) -> None:
+    """From BF16_COPY_MIN_ROWS float32 rows on, a kept bfloat16 copy multiplies them (faster
+    than the GEMV there), but only where such rows multiply in bfloat16 at all."""
+    linear = layer("q4_1", 300, 512)
+    quant.set_activations(torch.nn.Sequential(linear), activations)
+    quant.set_prefill_dtype(torch.nn.Sequential(linear), prefill_dtype)
+    x = torch.randn(quant.BF16_COPY_MIN_ROWS, 512)
+    by_blocks = linear(x)
+    linear.keep_prefill_copy(torch.bfloat16)
+    out = linear(x)
+    assert out.dtype == torch.float32
+    expected = reference(linear, x)
+    linear.blocks.zero_()  # from here on only the copy knows the weight
+    if prefill_dtype == torch.bfloat16 and quant.takes_bf16_prefill(activations):
+        assert torch.equal(linear(x), out)  # the copy
+        assert (out.double() - expected).abs().max() <= 2e-2 * expected.abs().max()
+    else:
+        assert torch.equal(out, by_blocks)  # the blocks, as without a copy
+    fewer = x[: quant.BF16_COPY_MIN_ROWS - 1]
+    assert torch.count_nonzero(linear(fewer) - linear.bias) == 0  # fewer rows: the blocks
