@@ -34,9 +34,9 @@ GEMM_TILE_ROWS = 256
 PREFILL_GEMM_MIN_ROWS = 64
 # NOTE: a batch of decode rows this large multiplies by a kept bfloat16 copy (where rows may
 # multiply in bfloat16 at all: not q8, not `--dtype float32`) rather than the GEMV, whose
-# time grows with each row: SmolLM2's 120 quantized linears took 30.0 ms for 16 rows by the
-# q16 GEMV and 18.4 by the packed copy, 59.4 and 31.3 for 32, 15.7 and 14.3 for 8 (Zen 4,
-# 2 threads: docs/benchmarks.md, "Batched decode by the prefill copy"). Such a batch then
+# time grows with each row (`python -m bench gemv --rows 8,16,32`; decode batch 16 1.15-1.26x
+# and 32 1.29-1.38x this way on a Zen 4: docs/benchmarks.md, "Batched decode by the prefill
+# copy"). Such a batch then
 # rounds as a prefill chunk does (bfloat16), which under `--dtype auto` the decode rows
 # sharing a step with a prompt's chunk already did.
 BF16_COPY_MIN_ROWS = 16
@@ -82,8 +82,12 @@ class QuantLinear(nn.Module):
         return self.linear(x)
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        few = x.dim() == 2 and x.shape[0] <= self.gemv_max_rows and not self.copy_takes(x)
-        if x.dtype == torch.float32 and few:
+        if (
+            x.dtype == torch.float32
+            and x.dim() == 2
+            and x.shape[0] <= self.gemv_max_rows
+            and not self.copy_takes(x)
+        ):
             return self.gemv(x.contiguous())  # NOTE: a decode step's path: no copies, no views
         if self.matmul_dtype(x) == torch.bfloat16:
             return self.linear_bf16(x)
@@ -146,12 +150,8 @@ class QuantLinear(nn.Module):
     def copy_takes(self, x: torch.Tensor) -> bool:
         """Whether a kept bfloat16 copy is there for x's rows, BF16_COPY_MIN_ROWS or more
         (where bfloat16 rows may multiply by it: matmul_dtype says)."""
-        copy = self.prefill_copy
-        return (
-            copy is not None
-            and copy.dtype == torch.bfloat16
-            and x.numel() >= BF16_COPY_MIN_ROWS * self.in_features
-        )
+        enough = x.numel() >= BF16_COPY_MIN_ROWS * self.in_features
+        return enough and self.copy_in(torch.bfloat16) is not None
 
     def bf16_rows(self, x: torch.Tensor) -> bool:
         return x.dtype == torch.bfloat16 or (
