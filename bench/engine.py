@@ -64,6 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "eager",
             "cublas",
             "kv-dtype-attention",
+            "torch-prompt-attention",
             "quantized-prefill",
             "small-pages",
         ),
@@ -74,7 +75,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "decode steps' loops on OpenMP instead of their own thread pool, or (on a GPU) a "
         "second engine whose decode steps run eagerly instead of as CUDA graphs, or one "
         "whose every matmul goes to cuBLAS (no Triton GEMV), or a second engine whose "
-        "prompts attend in the KV's dtype (float32) rather than their matmuls' (bfloat16), or "
+        "prompts attend in the KV's dtype (float32) rather than their matmuls' (bfloat16) "
+        "under torch's kernel, or one whose prompts attend through torch's kernel rather than "
+        "the native one, or "
         "one whose prompts' matmuls dequantize the weights on every pass (--prefill-weights "
         "quantized) rather than reading --prefill-weights' copy, or one whose weights stay where "
         "they loaded and whose KV pool torch allocates, rather than both in huge pages",
@@ -274,6 +277,8 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return KvstackSide(LLMEngine(dataclasses.replace(config, cuda_graphs=False)))
     if args.before == "kv-dtype-attention":
         return KvstackSide(kv_dtype_attention(LLMEngine(config)))
+    if args.before == "torch-prompt-attention":
+        return KvstackSide(torch_prompt_attention(LLMEngine(config)))
     if args.before == "quantized-prefill":
         return KvstackSide(LLMEngine(dataclasses.replace(config, prefill_weights="quantized")))
     if args.before == "small-pages":
@@ -291,6 +296,7 @@ BEFORE_NOTES = {
     "openmp": "the same engine, its fused decode steps' loops on OpenMP",
     "routing": "the same engine, matmuls routed as before (one bf16 row to the GEMV)",
     "kv-dtype-attention": "a second engine, its prompts attending in the KV's dtype",
+    "torch-prompt-attention": "a second engine, its prompts attending through torch's kernel",
     "quantized-prefill": "a second engine, its prompts' matmuls dequantizing on every pass",
     "small-pages": "a second engine, its weights and KV where torch puts them (no huge pages)",
 }
@@ -304,6 +310,17 @@ def kv_dtype_attention(engine: LLMEngine) -> LLMEngine:
         return runner
 
     engine.use_runner(unset)
+    return engine
+
+
+def torch_prompt_attention(engine: LLMEngine) -> LLMEngine:
+    """The engine with its prompts attending through torch's kernel, not the native one."""
+
+    def use_torch(runner):
+        runner.backend.native_prefill = False
+        return runner
+
+    engine.use_runner(use_torch)
     return engine
 
 

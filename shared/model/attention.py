@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
 from shared.kvcache.storage import KVStorage
 from shared.model import ops
@@ -77,10 +76,14 @@ class TorchPagedAttention:
     def __init__(self, storage: KVStorage, head_dim: int) -> None:
         self.storage = storage
         self.scale = head_dim**-0.5
-        # What prompts attend in where it differs from the KV's dtype: bfloat16 where the
-        # prompt's matmuls multiply in it (float32 KV with quantized weights on a CPU with
-        # native bfloat16: EngineConfig.prefill_matmul_dtype); None: the KV's own.
+        # What prompts attend in under torch's kernel where it differs from the KV's dtype:
+        # bfloat16 where the prompt's matmuls multiply in it (float32 KV with quantized weights
+        # on a CPU with native bfloat16: EngineConfig.prefill_matmul_dtype); None: the KV's
+        # own. The native CPU kernel attends in float32 whatever this says (and faster).
         self.prefill_dtype: torch.dtype | None = None
+        # False: prompts attend through torch's kernel even where the native one is built
+        # (a benchmark's "before": python -m bench engine --before torch-prompt-attention).
+        self.native_prefill = True
 
     def forward(
         self,
@@ -116,20 +119,8 @@ class TorchPagedAttention:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
         """Causal attention: over the chunk itself (mask None) or over prefix + chunk."""
-        # NOTE: 4-D inputs reach torch's fused CPU kernel; 3-D ones fall back to the slow path.
-        # In bfloat16 that kernel takes a third of float32's time from 512 tokens on (AMX).
-        dtype = self.prefill_dtype or q.dtype
-        as_4d = lambda x: x.transpose(0, 1).unsqueeze(0).to(dtype)
-        out = F.scaled_dot_product_attention(
-            as_4d(q),
-            as_4d(k),
-            as_4d(v),
-            attn_mask=mask,
-            is_causal=mask is None,
-            scale=self.scale,
-            enable_gqa=True,
-        )
-        return out[0].transpose(0, 1).to(q.dtype)
+        attend = ops.prefill_attention if self.native_prefill else ops.prefill_attention_torch
+        return attend(q, k, v, self.scale, mask, self.prefill_dtype)
 
 
 def causal_mask(num_tokens: int, context_len: int) -> torch.Tensor:

@@ -211,6 +211,46 @@ def decode_attention(
     return decode_attention_torch(q, k_cache, v_cache, block_table, context_lens, scale)
 
 
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Causal attention of a prompt chunk, q [T, H, D], over its context k, v [L, H_kv, D]
+    whose last T rows are the chunk's own: query i sees keys up to L - T + i. The native
+    kernel attends in float32; torch's in `dtype` (default q's) under `mask` (causal_mask(T,
+    L), which the caller builds once per step; None: L == T, plain causal)."""
+    native = _native(q)
+    if native is not None and q.dtype == k.dtype == v.dtype and _heads_contiguous(q, k, v):
+        out = q.new_empty(q.shape)
+        native.prefill_attention(out, q, k, v, scale)
+        return out
+    return prefill_attention_torch(q, k, v, scale, mask, dtype)
+
+
+def prefill_attention_torch(q, k, v, scale, mask=None, dtype=None):
+    # NOTE: 4-D inputs reach torch's fused CPU kernel; 3-D ones fall back to the slow path.
+    # In bfloat16 that kernel takes a third of float32's time from 512 tokens on (AMX).
+    as_4d = lambda x: x.transpose(0, 1).unsqueeze(0).to(dtype or q.dtype)
+    out = F.scaled_dot_product_attention(
+        as_4d(q),
+        as_4d(k),
+        as_4d(v),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1).to(q.dtype)
+
+
+def _heads_contiguous(*tensors: torch.Tensor) -> bool:
+    return all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in tensors)
+
+
 def decode_attention_torch(q, k_cache, v_cache, block_table, context_lens, scale):
     num_seqs, num_heads, head_dim = q.shape
     # index_select on a flat table is much faster on CPU than 2-D advanced indexing.

@@ -1,6 +1,7 @@
 """`bench engine --before ...`: with quantized-prefill the 'before' column is an engine whose
 prompts' matmuls dequantize on every pass, beside one that keeps the bfloat16 copy; with
-small-pages one whose KV is not in huge pages."""
+small-pages one whose KV is not in huge pages; with torch-prompt-attention one whose prompts
+attend through torch's kernel."""
 
 from __future__ import annotations
 
@@ -41,3 +42,11 @@ def test_the_small_pages_engine_keeps_its_kv_where_torch_puts_it() -> None:
     ours = LLMEngine(config)
     assert huge_page_bytes(before.engine.kv_storage.kv.data_ptr()) == 0
     assert huge_page_bytes(ours.kv_storage.kv.data_ptr()) > 0
+
+
+def test_the_torch_prompt_attention_engine_leaves_the_native_kernel_out() -> None:
+    config = EngineConfig(num_blocks=16)
+    args = argparse.Namespace(no_routing_baseline=False, before="torch-prompt-attention")
+    before = before_side(args, config, None)
+    assert before.engine._runner.backend.native_prefill is False
+    assert LLMEngine(config)._runner.backend.native_prefill is True

@@ -23,6 +23,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = (
     HERE / "cpu_ops.cpp",
+    HERE / "prefill_attention.cpp",
     HERE / "quant_ops.cpp",
     HERE / "quant_dot.cpp",
     HERE / "decode_stack.cpp",
@@ -33,6 +34,7 @@ HEADERS = (
     HERE / "quant_blocks.h",
     HERE / "kernels.h",
     HERE / "parallel.h",
+    HERE / "dispatch.h",
 )  # included by the sources: part of the build's key
 DISABLE_ENV = "KVSTACK_CPU_KERNELS"
 ISA_ENV = "KVSTACK_CPU_ISA"

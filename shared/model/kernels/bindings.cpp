@@ -9,7 +9,8 @@ void register_decode_stack(pybind11::module_& m);  // decode_stack.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // NOTE: these release the GIL themselves, and only for work long enough to repay the
-  // hand-over (cpu_ops.cpp's GilRelease); the quantized ones always run long enough.
+  // hand-over (cpu_ops.cpp's GilRelease); prompt attention and the quantized ones always
+  // run long enough.
   m.def("rms_norm", &kernels::rms_norm);
   m.def("add_rms_norm_", &kernels::add_rms_norm_);
   m.def("silu_and_mul", &kernels::silu_and_mul);
@@ -18,6 +19,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &kernels::decode_attention);
   m.def("small_linear", &kernels::small_linear);
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("prefill_attention", &kernels::prefill_attention, release());
   m.def("quant_gemv", &kernels::quant_gemv, release());
   m.def("quant_gemm", &kernels::quant_gemm, release());
   m.def("quant_dequantize", &kernels::quant_dequantize, release());

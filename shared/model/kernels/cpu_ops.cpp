@@ -3,8 +3,8 @@
 #include <Python.h>  // PyEval_SaveThread: the GIL, without pybind11
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/Dispatch.h>
 
+#include "dispatch.h"
 #include "kernels.h"
 #include "parallel.h"
 #include "simd.h"
@@ -17,12 +17,6 @@
 
 namespace {
 
-// float32, bfloat16 and float16: the element types simd.h loads and stores.
-#define KV_DISPATCH(TYPE, NAME, ...)                            \
-  AT_DISPATCH_SWITCH(TYPE, NAME,                                \
-                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)  \
-                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) \
-                     AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
 using simd::kWidth;
 using simd::V;
 

@@ -22,6 +22,10 @@ void decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
 void small_linear(at::Tensor out, at::Tensor x, at::Tensor w,
                   c10::optional<at::Tensor> bias);
 
+// prefill_attention.cpp: q, out [T, H, D] over k, v [L, H_kv, D], query i seeing keys up to
+// L - T + i
+void prefill_attention(at::Tensor out, at::Tensor q, at::Tensor k, at::Tensor v, double scale);
+
 // quant_ops.cpp: GGUF blocks on float32 activations
 void quant_gemv(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
                 c10::optional<at::Tensor> bias);

@@ -1,14 +1,18 @@
-"""Prompts attend in bfloat16 over a float32 KV where their matmuls multiply in it
-(TorchPagedAttention.prefill_dtype): within bfloat16's tolerance of float32, decode rows and
-the KV written untouched."""
+"""Under torch's kernel, prompts attend in bfloat16 over a float32 KV where their matmuls
+multiply in it (TorchPagedAttention.prefill_dtype): within bfloat16's tolerance of float32,
+decode rows and the KV written untouched. The native kernel attends in float32 whatever it
+says."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from shared.engine.metadata import attention_metadata
 from shared.kvcache.storage import KVStorage
+from shared.model import ops
 from shared.model.attention import TorchPagedAttention
+from shared.model.kernels import cpu_ops
 from tests.shared.model.chunks import Chunk
 
 BLOCK_SIZE, HEADS, KV_HEADS, HEAD_DIM = 8, 4, 2, 16
@@ -34,7 +38,10 @@ def attend(prefill_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tenso
     return backend.forward(0, q, k, v, meta), storage.kv
 
 
-def test_prompts_attend_in_bfloat16_within_its_tolerance_and_the_rest_stays_float32() -> None:
+def test_prompts_attend_in_bfloat16_within_its_tolerance_and_the_rest_stays_float32(
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(ops, "_native", lambda x: None)  # torch's kernels
     exact, exact_kv = attend(None)
     rounded, rounded_kv = attend(torch.bfloat16)
     assert rounded.dtype == torch.float32
@@ -43,3 +50,15 @@ def test_prompts_attend_in_bfloat16_within_its_tolerance_and_the_rest_stays_floa
     prompts = slice(1, None)
     assert not torch.equal(rounded[prompts], exact[prompts])  # they did go through bfloat16
     assert torch.allclose(rounded[prompts], exact[prompts], atol=3e-2, rtol=0)
+
+
+def test_the_native_kernel_attends_in_float32_whatever_prefill_dtype_says(monkeypatch) -> None:
+    module = cpu_ops()
+    if module is None:
+        pytest.skip("no native kernels on this CPU")
+    monkeypatch.setattr(ops, "_native", lambda x: None)
+    exact, _ = attend(None)
+    monkeypatch.setattr(ops, "_native", lambda x: module)
+    native, native_kv = attend(torch.bfloat16)
+    assert torch.equal(native_kv, attend(None)[1])
+    assert torch.allclose(native, exact, atol=1e-5, rtol=0)

@@ -1,0 +1,122 @@
+"""The native prompt-attention kernel (prefill_attention.cpp) against torch's causal softmax,
+on every build this CPU runs (the AVX2 one too on AVX-512 machines)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared.model import ops
+from shared.model.attention import causal_mask
+from shared.model.kernels import cpu_ops, supported_isas
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+# (new tokens T, context L, heads, kv heads, head_dim): one token; vector tails (head_dim 20,
+# 72); several query blocks of 32 with a partial last one; a cached prefix (L > T) reaching
+# over several key blocks; heads without grouping.
+SHAPES = [
+    (1, 1, 2, 1, 64),
+    (13, 13, 4, 2, 20),
+    (70, 70, 9, 3, 64),
+    (37, 200, 9, 3, 64),
+    (96, 160, 6, 6, 72),
+]
+
+
+@pytest.fixture(params=supported_isas() or pytest.skip("no native kernels on this CPU"))
+def native(request):
+    module = cpu_ops(request.param)
+    assert module is not None, f"the {request.param} build failed"
+    return module
+
+
+@pytest.fixture(params=list(TOLERANCE), ids=lambda d: str(d).split(".")[-1])
+def dtype(request) -> torch.dtype:
+    return request.param
+
+
+def inputs(T: int, L: int, H: int, Hkv: int, D: int, dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(T * 1000 + L)
+    q = torch.randn(T, H, D, generator=gen) * 3  # peaked scores: softmax's range matters
+    k, v = (torch.randn(L, Hkv, D, generator=gen) for _ in "kv")
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def attend(native, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    out = q.new_empty(q.shape)
+    native.prefill_attention(out, q, k, v, q.shape[2] ** -0.5)
+    return out
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """torch's softmax attention in float32 over the same (rounded) inputs."""
+    T, L = q.shape[0], k.shape[0]
+    mask = causal_mask(T, L) if L > T else None
+    return ops.prefill_attention_torch(q.float(), k.float(), v.float(), q.shape[2] ** -0.5, mask)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_prompt_attention_is_torchs_causal_softmax(native, dtype, shape) -> None:
+    q, k, v = inputs(*shape, dtype)
+    out, expected = attend(native, q, k, v), reference(q, k, v)
+    assert out.dtype == dtype
+    err = (out.float() - expected).abs().max().item()
+    assert err <= TOLERANCE[dtype] * max(1.0, expected.abs().max().item()), err
+
+
+def test_rows_of_a_fused_qkv_projection_and_any_thread_count_give_the_same_bits(native) -> None:
+    """q, k, v as the model hands them (views into one [T, (H + 2 H_kv) D] row) equal their
+    contiguous copies, and each row's sums do not depend on how the rows were split."""
+    T, H, Hkv, D = 75, 9, 3, 64
+    qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=torch.Generator().manual_seed(5))
+    q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+    q, k, v = q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
+    assert not q.is_contiguous()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = attend(native, q.contiguous(), k.contiguous(), v.contiguous())
+        torch.set_num_threads(3)
+        assert torch.equal(attend(native, q, k, v), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_chunk_over_its_cached_prefix_equals_the_same_rows_of_the_whole_prompt(native) -> None:
+    """What a prefix-cache hit computes for the new tokens is what attending over the whole
+    prompt computes for them, bit for bit: keys are blocked from the context's start."""
+    q, k, v = inputs(150, 150, 9, 3, 64, torch.float32)
+    whole = attend(native, q, k, v)
+    for cached in (1, 40, 64, 149):
+        assert torch.equal(attend(native, q[cached:], k, v), whole[cached:]), cached
+
+
+def test_inputs_the_kernel_cannot_take_are_refused(native) -> None:
+    q, k, v = inputs(8, 8, 4, 2, 16, torch.float32)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        attend(native, q, k.bfloat16(), v)
+    with pytest.raises(RuntimeError, match="queries"):
+        attend(native, q, k[:4], v[:4])  # fewer keys than queries
+    with pytest.raises(RuntimeError, match="contiguous"):
+        attend(native, q.transpose(1, 2).contiguous().transpose(1, 2), k, v)
+
+
+def test_the_op_takes_the_kernel_where_it_can_and_torch_elsewhere(monkeypatch) -> None:
+    """ops.prefill_attention: the native kernel (float32 sums whatever `dtype` asks of torch's
+    kernel) where built and the inputs fit it; torch's kernel in `dtype` otherwise."""
+    module = cpu_ops()
+    if module is None:
+        pytest.skip("no native kernels on this CPU")
+    q, k, v = inputs(40, 60, 4, 2, 32, torch.float32)
+    mask, scale = causal_mask(40, 60), 32**-0.5
+    exact = ops.prefill_attention_torch(q, k, v, scale, mask)
+    rounded = ops.prefill_attention_torch(q, k, v, scale, mask, torch.bfloat16)
+    monkeypatch.setattr(ops, "_native", lambda x: module)
+    native_out = ops.prefill_attention(q, k, v, scale, mask, torch.bfloat16)
+    assert torch.allclose(native_out, exact, atol=1e-5, rtol=0)
+    assert not torch.allclose(native_out, rounded, atol=1e-5, rtol=0)
+    # k of another dtype than q: the kernel refuses it, so the op asks torch
+    mixed = ops.prefill_attention(q, k.bfloat16(), v.bfloat16(), scale, mask)
+    assert torch.allclose(
+        mixed, ops.prefill_attention_torch(q, k.bfloat16(), v.bfloat16(), scale, mask)
+    )
