@@ -27,6 +27,7 @@ from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.model import ops
 from shared.model.kernels import chosen_isa, cpu_ops
+from shared.model.quant import set_copy_min_rows
 from shared.model.registry import DEFAULT_MODEL
 
 # The routing of matmuls before the native GEMV took float32 and small batches: only a
@@ -65,6 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "cublas",
             "kv-dtype-attention",
             "torch-prompt-attention",
+            "copy-from-16-rows",
             "quantized-prefill",
             "small-pages",
         ),
@@ -77,7 +79,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "whose every matmul goes to cuBLAS (no Triton GEMV), or a second engine whose "
         "prompts attend in the KV's dtype (float32) rather than their matmuls' (bfloat16) "
         "under torch's kernel, or one whose prompts attend through torch's kernel rather than "
-        "the native one, or "
+        "the native one, or one whose decode batches of 10-15 rows take the GEMV rather than "
+        "the kept bfloat16 copy, or "
         "one whose prompts' matmuls dequantize the weights on every pass (--prefill-weights "
         "quantized) rather than reading --prefill-weights' copy, or one whose weights stay where "
         "they loaded and whose KV pool torch allocates, rather than both in huge pages",
@@ -279,6 +282,8 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return KvstackSide(kv_dtype_attention(LLMEngine(config)))
     if args.before == "torch-prompt-attention":
         return KvstackSide(torch_prompt_attention(LLMEngine(config)))
+    if args.before == "copy-from-16-rows":
+        return KvstackSide(copy_from_16_rows(LLMEngine(config)))
     if args.before == "quantized-prefill":
         return KvstackSide(LLMEngine(dataclasses.replace(config, prefill_weights="quantized")))
     if args.before == "small-pages":
@@ -297,6 +302,7 @@ BEFORE_NOTES = {
     "routing": "the same engine, matmuls routed as before (one bf16 row to the GEMV)",
     "kv-dtype-attention": "a second engine, its prompts attending in the KV's dtype",
     "torch-prompt-attention": "a second engine, its prompts attending through torch's kernel",
+    "copy-from-16-rows": "a second engine, its decode batches of 10-15 rows on the GEMV",
     "quantized-prefill": "a second engine, its prompts' matmuls dequantizing on every pass",
     "small-pages": "a second engine, its weights and KV where torch puts them (no huge pages)",
 }
@@ -321,6 +327,18 @@ def torch_prompt_attention(engine: LLMEngine) -> LLMEngine:
         return runner
 
     engine.use_runner(use_torch)
+    return engine
+
+
+def copy_from_16_rows(engine: LLMEngine) -> LLMEngine:
+    """The engine with decode batches of 10-15 rows on the GEMV, as before they took the kept
+    bfloat16 copy."""
+
+    def from_16(runner):
+        set_copy_min_rows(runner.model, 16)
+        return runner
+
+    engine.use_runner(from_16)
     return engine
 
 

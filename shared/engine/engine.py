@@ -8,6 +8,7 @@ from a worker thread so their event loops stay free.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ from shared.model.detokenizer import IncrementalDetokenizer
 from shared.model.registry import resolve_model
 from shared.model.tokenizer import Tokenizer, has_tokenizer
 from shared.structured.matcher import GrammarMatcher, GrammarViolation
+
+log = logging.getLogger("kvstack.engine")
 
 # How a request ends: ("stop", its stop token or string) or ("length", None).
 _Stop = tuple[str, int | str | None]
@@ -341,6 +344,11 @@ class LLMEngine:
         if not out.scheduled:
             return []
         chunks = [self._chunk(s) for s in out.scheduled]
+        if log.isEnabledFor(logging.DEBUG):  # with the loop's step time: where a load goes
+            prompt = [c.num_tokens for c in chunks if c.num_tokens > 1]
+            log.debug(
+                "step: %d decode rows, %d prompt tokens", len(chunks) - len(prompt), sum(prompt)
+            )
         self._threads.apply(prefills=any(c.num_tokens > 1 for c in chunks))
         if on_scheduled is not None:
             on_scheduled(chunks)

@@ -36,10 +36,11 @@ PREFILL_GEMM_MIN_ROWS = 64
 # multiply in bfloat16 at all: not q8, not `--dtype float32`) rather than the GEMV, whose
 # time grows with each row (`python -m bench gemv --rows 8,16,32`; decode batch 16 1.15-1.26x
 # and 32 1.29-1.38x this way on a Zen 4: docs/benchmarks.md, "Batched decode by the prefill
-# copy"). Such a batch then
-# rounds as a prefill chunk does (bfloat16), which under `--dtype auto` the decode rows
-# sharing a step with a prompt's chunk already did.
-BF16_COPY_MIN_ROWS = 16
+# copy"); from 10 rows, as 10-14 rows ran 1.06-1.16x faster by the copy than by the GEMV
+# and 9 rows 0.93x (`python -m bench engine --before copy-from-16-rows`, "Batched decode by the
+# prefill copy"). Such a batch then rounds as a prefill chunk does (bfloat16), which under
+# `--dtype auto` the decode rows sharing a step with a prompt's chunk already did.
+BF16_COPY_MIN_ROWS = 10
 # NOTE: bfloat16 rows multiply by the whole weight in one library GEMM, not tile by tile: that
 # GEMM (oneDNN; AMX where the CPU has it) packs its operands on every call, which 256-row
 # tiles paid a dozen times a layer (`python -m bench gemv`, tiles_bf16: docs/benchmarks.md).
@@ -67,6 +68,7 @@ class QuantLinear(nn.Module):
     gemv_max_rows = GEMV_MAX_ROWS
     prefill_dtype = torch.float32  # what many float32 rows multiply in (set_prefill_dtype)
     prefill_copy: PrefillWeight | None = None  # what many rows multiply by, if kept
+    copy_min_rows = BF16_COPY_MIN_ROWS  # decode rows from which the copy takes them
 
     def __init__(
         self, blocks: torch.Tensor, fmt: QuantFormat, in_features: int, bias: nn.Parameter | None
@@ -148,9 +150,9 @@ class QuantLinear(nn.Module):
         return x.numel() >= PREFILL_GEMM_MIN_ROWS * self.in_features
 
     def copy_takes(self, x: torch.Tensor) -> bool:
-        """Whether a kept bfloat16 copy is there for x's rows, BF16_COPY_MIN_ROWS or more
+        """Whether a kept bfloat16 copy is there for x's rows, copy_min_rows or more
         (where bfloat16 rows may multiply by it: matmul_dtype says)."""
-        enough = x.numel() >= BF16_COPY_MIN_ROWS * self.in_features
+        enough = x.numel() >= self.copy_min_rows * self.in_features
         return enough and self.copy_in(torch.bfloat16) is not None
 
     def bf16_rows(self, x: torch.Tensor) -> bool:
@@ -300,6 +302,14 @@ def set_prefill_dtype(model: nn.Module, dtype: torch.dtype) -> None:
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.prefill_dtype = dtype
+
+
+def set_copy_min_rows(model: nn.Module, rows: int) -> None:
+    """The decode rows from which every quantized layer of `model` multiplies them by its kept
+    bfloat16 copy (BF16_COPY_MIN_ROWS unless a benchmark's "before" says otherwise)."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.copy_min_rows = rows
 
 
 def keep_prefill_copies(model: nn.Module, dtype: torch.dtype) -> int:

@@ -50,3 +50,14 @@ def test_the_torch_prompt_attention_engine_leaves_the_native_kernel_out() -> Non
     before = before_side(args, config, None)
     assert before.engine._runner.backend.native_prefill is False
     assert LLMEngine(config)._runner.backend.native_prefill is True
+
+
+def test_the_copy_from_16_rows_engine_sends_10_to_15_rows_to_the_gemv() -> None:
+    config = EngineConfig(num_blocks=16)
+    args = argparse.Namespace(no_routing_baseline=False, before="copy-from-16-rows")
+    before = before_side(args, config, None)
+    rows = lambda engine: {
+        m.copy_min_rows for m in engine._runner.model.modules() if type(m) is QuantLinear
+    }
+    assert rows(before.engine) == {16}
+    assert rows(LLMEngine(config)) == {10}
