@@ -247,10 +247,12 @@ inline float exp_sum_(float* x, int64_t n, float* sum) {
 
 // ---- Decode attention over the paged cache: one query token per sequence -----------------
 // q [B, H, D] (row stride q_row), caches [blocks, block_size, H_kv, D], out [B, H, D].
-// A task is a (sequence, kv head): its G query heads read each cached row in place. Where the
-// tasks are fewer than twice the threads, each task's context is cut into pieces that run
-// apart and merge by their maxima (flash-decoding): one sequence over SmolLM2's 3 KV heads on
-// 2 threads left one thread two tasks and the other one.
+// A task is a sequence: its H query heads read each cached slot (every kv head's row) in
+// place, front to back. Where the sequences are fewer than twice the threads, each context is
+// cut into pieces that run apart and merge by their maxima (flash-decoding).
+// NOTE: a task per (sequence, kv head) read each head's rows at a stride of the slot: 16
+// sequences of 300 tokens read their float32 KV at ~20 GB/s, each slot's lines fetched by three
+// tasks apart.
 constexpr int64_t kMinPiece = 32;  // tokens: shorter pieces cost more to merge than they save
 
 int64_t pieces_per_task(int64_t tasks, int64_t threads, int64_t max_ctx) {
@@ -259,41 +261,42 @@ int64_t pieces_per_task(int64_t tasks, int64_t threads, int64_t max_ctx) {
   return std::max<int64_t>(1, std::min(wanted, max_ctx / kMinPiece));
 }
 
-// One piece's partial result per query head g: the max score m[g], the sum l[g] of
-// exp(score - m[g]) and acc[g] = the sum of those weights times the values (l = 0: empty).
+// One piece's partial result per query head h: the max score m[h], the sum l[h] of
+// exp(score - m[h]) and acc[h] = the sum of those weights times the values (l = 0: empty).
 struct Partial {
   float* m;
   float* l;
   float* acc;
 };
 
-// Tokens [t0, t1) of task (b, hk) into `part`.
+// Tokens [t0, t1) of one sequence (q: its [H, D] row; table: its blocks) into `part`.
 template <typename T>
-void attend_piece(const T* q, int64_t q_row, const T* kc, const T* vc, const int64_t* table,
-                  int64_t t0, int64_t t1, int64_t b, int64_t hk, int64_t H, int64_t Hkv,
-                  int64_t D, int64_t bs, float scale, Partial part) {
+void attend_piece(const T* q, const T* kc, const T* vc, const int64_t* table, int64_t t0,
+                  int64_t t1, int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale,
+                  Partial part) {
   const int64_t G = H / Hkv, n = t1 - t0;
-  std::fill(part.acc, part.acc + G * D, 0.f);
-  std::fill(part.l, part.l + G, 0.f);
-  std::fill(part.m, part.m + G, -INFINITY);
+  std::fill(part.acc, part.acc + H * D, 0.f);
+  std::fill(part.l, part.l + H, 0.f);
+  std::fill(part.m, part.m + H, -INFINITY);
   if (n <= 0) return;
-  std::vector<float> qf(G * D), scores(G * n);
-  convert(qf.data(), q + b * q_row + hk * G * D, G * D);
-  auto row = [&](const T* cache, int64_t t) {
-    return cache + ((table[t / bs] * bs + t % bs) * Hkv + hk) * D;
+  std::vector<float> qf(H * D), scores(H * n);
+  convert(qf.data(), q, H * D);
+  auto slot = [&](const T* cache, int64_t t) {  // token t's row of every kv head
+    return cache + (table[t / bs] * bs + t % bs) * Hkv * D;
   };
   for (int64_t t = t0; t < t1; ++t) {
-    const T* k = row(kc, t);
-    for (int64_t g = 0; g < G; ++g) scores[g * n + t - t0] = dot(qf.data() + g * D, k, D) * scale;
+    const T* k = slot(kc, t);
+    for (int64_t h = 0; h < H; ++h)
+      scores[h * n + t - t0] = dot(qf.data() + h * D, k + h / G * D, D) * scale;
   }
-  for (int64_t g = 0; g < G; ++g) part.m[g] = exp_sum_(scores.data() + g * n, n, part.l + g);
+  for (int64_t h = 0; h < H; ++h) part.m[h] = exp_sum_(scores.data() + h * n, n, part.l + h);
   for (int64_t t = t0; t < t1; ++t) {
-    const T* v = row(vc, t);
-    for (int64_t g = 0; g < G; ++g) axpy(part.acc + g * D, scores[g * n + t - t0], v, D);
+    const T* v = slot(vc, t);
+    for (int64_t h = 0; h < H; ++h) axpy(part.acc + h * D, scores[h * n + t - t0], v + h / G * D, D);
   }
 }
 
-// out [G, D] of one task = its pieces' partials merged: each rescaled to the largest max.
+// out [G, D] of G heads = their pieces' partials merged: each rescaled to the largest max.
 template <typename T>
 void merge_pieces(T* out, const float* m, const float* l, const float* acc, int64_t pieces,
                   int64_t G, int64_t D) {
@@ -329,10 +332,9 @@ void kernels::decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
   int64_t total_ctx = 0, max_ctx = 0;
   for (int64_t b = 0; b < B; ++b) total_ctx += cl[b], max_ctx = std::max(max_ctx, cl[b]);
   GilRelease gil(total_ctx * Hkv * D * 2);
-  const int64_t G = H / Hkv, tasks = B * Hkv;
-  const int64_t pieces = pieces_per_task(tasks, kernels::num_threads(), max_ctx);
-  // partials, piece-major within a task: m and l [tasks, pieces, G], acc [tasks, pieces, G, D]
-  std::vector<float> m(tasks * pieces * G), l(tasks * pieces * G), acc(tasks * pieces * G * D);
+  const int64_t pieces = pieces_per_task(B, kernels::num_threads(), max_ctx);
+  // partials, piece-major within a sequence: m and l [B, pieces, H], acc [B, pieces, H, D]
+  std::vector<float> m(B * pieces * H), l(B * pieces * H), acc(B * pieces * H * D);
   KV_DISPATCH(q.scalar_type(), "decode_attention", [&] {
     auto* o = out.data_ptr<scalar_t>();
     auto* qi = q.data_ptr<scalar_t>();
@@ -340,21 +342,20 @@ void kernels::decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
     auto* vc = v_cache.data_ptr<scalar_t>();
     const int64_t* bt = block_table.data_ptr<int64_t>();
     const int64_t q_row = q.stride(0);
-    kernels::parallel_for(0, tasks * pieces, 1, [&](int64_t begin, int64_t end) {
+    kernels::parallel_for(0, B * pieces, 1, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
-        const int64_t task = item / pieces, p = item % pieces;
-        const int64_t b = task / Hkv, hk = task % Hkv, ctx = cl[b];
-        const Partial part{m.data() + item * G, l.data() + item * G, acc.data() + item * G * D};
-        attend_piece(qi, q_row, kc, vc, bt + b * max_blocks, ctx * p / pieces,
-                     ctx * (p + 1) / pieces, b, hk, H, Hkv, D, bs, float(scale), part);
-        if (pieces == 1) merge_pieces(o + task * G * D, part.m, part.l, part.acc, 1, G, D);
+        const int64_t b = item / pieces, p = item % pieces, ctx = cl[b];
+        const Partial part{m.data() + item * H, l.data() + item * H, acc.data() + item * H * D};
+        attend_piece(qi + b * q_row, kc, vc, bt + b * max_blocks, ctx * p / pieces,
+                     ctx * (p + 1) / pieces, H, Hkv, D, bs, float(scale), part);
+        if (pieces == 1) merge_pieces(o + b * H * D, part.m, part.l, part.acc, 1, H, D);
       }
     });
-    // NOTE: a few tasks' merges: shorter than another loop's fork and join
-    for (int64_t task = 0; pieces > 1 && task < tasks; ++task) {
-      const int64_t at = task * pieces * G;
-      merge_pieces(o + task * G * D, m.data() + at, l.data() + at, acc.data() + at * D, pieces,
-                   G, D);
+    // NOTE: a few sequences' merges: shorter than another loop's fork and join
+    for (int64_t b = 0; pieces > 1 && b < B; ++b) {
+      const int64_t at = b * pieces * H;
+      merge_pieces(o + b * H * D, m.data() + at, l.data() + at, acc.data() + at * D, pieces,
+                   H, D);
     }
   });
 }
