@@ -135,11 +135,20 @@ def keeps_quantized_weights(model: str, weights: str, device: str = "cpu") -> bo
 
 
 def cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = _cpuinfo()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_has_amx() -> bool:
+    """Whether the CPU multiplies bfloat16 on AMX's tiles (Sapphire Rapids and later)."""
+    return "amx_bf16" in _cpuinfo()
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
 
 
 @dataclass(frozen=True)

@@ -62,3 +62,20 @@ def test_the_native_kernel_attends_in_float32_whatever_prefill_dtype_says(monkey
     native, native_kv = attend(torch.bfloat16)
     assert torch.equal(native_kv, attend(None)[1])
     assert torch.allclose(native, exact, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_cpus_with_amx_keep_torchs_bfloat16_prompt_attention(monkeypatch, amx) -> None:
+    """Where prompts attend in bfloat16, AMX CPUs keep torch's kernel (it multiplies on the
+    tiles there); the others take the native one."""
+    from shared.engine import runner
+    from shared.engine.config import EngineConfig
+    from shared.engine.engine import LLMEngine
+
+    config = EngineConfig(num_blocks=16)
+    if not runner.prefill_bf16(config):
+        pytest.skip("prompts multiply in float32 on this CPU")
+    monkeypatch.setattr(runner, "cpu_has_amx", lambda: amx)
+    backend = LLMEngine(config)._runner.backend
+    assert backend.prefill_dtype == torch.bfloat16
+    assert backend.native_prefill is not amx
