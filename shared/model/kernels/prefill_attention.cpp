@@ -23,6 +23,7 @@ using simd::kWidth;
 using simd::V;
 
 constexpr int64_t kQueryRows = 32;  // query rows of one head per task
+constexpr int64_t kPackBytes = int64_t(64) << 20;  // packed keys and values held at a time
 constexpr int kCols = 4;            // vectors per tile row
 constexpr int64_t kKeys = kCols * kWidth;  // keys per block: one tile row of scores
 // Rows per register tile: rows x kCols accumulators, kCols loads and a broadcast must fit the
@@ -80,35 +81,36 @@ struct Block {
       : q(rows * D), s(rows * kKeys), o(rows * Dp), m(rows), l(rows) {}
 };
 
-// One kv head's keys and values in blocks of kKeys, zero-padded, packed once for every query
-// block: block i's keys transposed at kt + i * D * kKeys ([D][kKeys]), its values at
-// v + i * kKeys * Dp ([kKeys][Dp]).
+// A group of kv heads' keys and values in blocks of kKeys, zero-padded, packed once for every
+// query block: head h's block i has its keys transposed at keys(h, i) ([D][kKeys]) and its
+// values at values(h, i) ([kKeys][Dp]).
 struct Packed {
   std::vector<float> kt, v;
-  int64_t D, Dp;
-  Packed(int64_t blocks, int64_t D, int64_t Dp) : kt(blocks * D * kKeys), v(blocks * kKeys * Dp), D(D), Dp(Dp) {}
-  const float* keys(int64_t block) const { return kt.data() + block * D * kKeys; }
-  const float* values(int64_t block) const { return v.data() + block * kKeys * Dp; }
+  int64_t blocks, D, Dp;
+  Packed(int64_t heads, int64_t blocks, int64_t D, int64_t Dp)
+      : kt(heads * blocks * D * kKeys), v(heads * blocks * kKeys * Dp), blocks(blocks), D(D), Dp(Dp) {}
+  float* keys(int64_t h, int64_t block) { return kt.data() + (h * blocks + block) * D * kKeys; }
+  float* values(int64_t h, int64_t block) { return v.data() + (h * blocks + block) * kKeys * Dp; }
+  const float* keys(int64_t h, int64_t block) const { return const_cast<Packed*>(this)->keys(h, block); }
+  const float* values(int64_t h, int64_t block) const { return const_cast<Packed*>(this)->values(h, block); }
 };
 
-// Key blocks [begin, end) of kv head hk out of L keys.
+// Block `block` of kv head hk (the group's head h) out of L keys.
 template <typename T>
-void pack(Packed& p, const T* k, int64_t k_row, const T* v, int64_t v_row, int64_t hk,
-          int64_t L, int64_t begin, int64_t end) {
+void pack(Packed& p, const T* k, int64_t k_row, const T* v, int64_t v_row, int64_t hk, int64_t h,
+          int64_t L, int64_t block) {
   const int64_t D = p.D, Dp = p.Dp;
-  for (int64_t block = begin; block < end; ++block) {
-    float* kt = p.kt.data() + block * D * kKeys;
-    float* vb = p.v.data() + block * kKeys * Dp;
-    std::fill(kt, kt + D * kKeys, 0.f);
-    std::fill(vb, vb + kKeys * Dp, 0.f);
-    for (int64_t j = 0; j < kKeys && block * kKeys + j < L; ++j) {
-      const T* kj = k + (block * kKeys + j) * k_row + hk * D;
-      const T* vj = v + (block * kKeys + j) * v_row + hk * D;
-      for (int64_t d = 0; d < D; ++d) kt[d * kKeys + j] = static_cast<float>(kj[d]);
-      int64_t d = 0;
-      for (; d + kWidth <= D; d += kWidth) simd::store(vb + j * Dp + d, simd::load(vj + d));
-      for (; d < D; ++d) vb[j * Dp + d] = static_cast<float>(vj[d]);
-    }
+  float* kt = p.keys(h, block);
+  float* vb = p.values(h, block);
+  std::fill(kt, kt + D * kKeys, 0.f);
+  std::fill(vb, vb + kKeys * Dp, 0.f);
+  for (int64_t j = 0; j < kKeys && block * kKeys + j < L; ++j) {
+    const T* kj = k + (block * kKeys + j) * k_row + hk * D;
+    const T* vj = v + (block * kKeys + j) * v_row + hk * D;
+    for (int64_t d = 0; d < D; ++d) kt[d * kKeys + j] = static_cast<float>(kj[d]);
+    int64_t d = 0;
+    for (; d + kWidth <= D; d += kWidth) simd::store(vb + j * Dp + d, simd::load(vj + d));
+    for (; d < D; ++d) vb[j * Dp + d] = static_cast<float>(vj[d]);
   }
 }
 
@@ -150,7 +152,8 @@ inline void softmax_row(float* s, int64_t visible, float* m, float* l, float* o,
 // Query rows [q0, q0 + nq) of kv head hk's G heads, over keys [0, offset + q0 + nq).
 template <typename T>
 void attend_block(T* out, int64_t o_row, const T* q, int64_t q_row, const Packed& kv, int64_t hk,
-                  int64_t G, int64_t q0, int64_t nq, int64_t offset, float scale, Block& b) {
+                  int64_t h, int64_t G, int64_t q0, int64_t nq, int64_t offset, float scale,
+                  Block& b) {
   const int64_t D = kv.D, Dp = kv.Dp;
   const int64_t R = G * nq, keys = offset + q0 + nq;
   for (int64_t g = 0; g < G; ++g)  // row g * nq + i: head hk * G + g, token q0 + i
@@ -163,7 +166,7 @@ void attend_block(T* out, int64_t o_row, const T* q, int64_t q_row, const Packed
   std::fill(b.l.begin(), b.l.begin() + R, 0.f);
   for (int64_t k0 = 0; k0 < keys; k0 += kKeys) {
     const int64_t n = std::min(kKeys, keys - k0);
-    const float *kt = kv.keys(k0 / kKeys), *vb = kv.values(k0 / kKeys);
+    const float *kt = kv.keys(h, k0 / kKeys), *vb = kv.values(h, k0 / kKeys);
     int64_t r = 0;
     for (; r + kTileRows <= R; r += kTileRows)
       score_tile<kTileRows>(b.s.data() + r * kKeys, b.q.data() + r * D, D, kt);
@@ -210,20 +213,28 @@ void kernels::prefill_attention(at::Tensor out, at::Tensor q, at::Tensor k, at::
   if (T == 0) return;
   const int64_t G = H / Hkv, Dp = (D + kWidth - 1) / kWidth * kWidth;
   const int64_t blocks = (T + kQueryRows - 1) / kQueryRows, offset = L - T;
-  Packed kv((L + kKeys - 1) / kKeys, D, Dp);
+  const int64_t key_blocks = (L + kKeys - 1) / kKeys;
+  // kv heads packed at a time: all of them, unless that would take more than kPackBytes
+  const int64_t head_bytes = key_blocks * kKeys * (D + Dp) * int64_t(sizeof(float));
+  const int64_t group = std::clamp<int64_t>(kPackBytes / head_bytes, 1, Hkv);
+  Packed kv(group, key_blocks, D, Dp);
   KV_DISPATCH(q.scalar_type(), "prefill_attention", [&] {
     auto* o = out.data_ptr<scalar_t>();
     const auto* qp = q.data_ptr<scalar_t>();
-    for (int64_t hk = 0; hk < Hkv; ++hk) {  // one kv head's keys packed at a time
-      kernels::parallel_for(0, (L + kKeys - 1) / kKeys, 1, [&](int64_t begin, int64_t end) {
-        pack(kv, k.data_ptr<scalar_t>(), k.stride(0), v.data_ptr<scalar_t>(), v.stride(0), hk, L,
-             begin, end);
+    for (int64_t first = 0; first < Hkv; first += group) {
+      const int64_t heads = std::min(group, Hkv - first);
+      kernels::parallel_for(0, heads * key_blocks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t item = begin; item < end; ++item)
+          pack(kv, k.data_ptr<scalar_t>(), k.stride(0), v.data_ptr<scalar_t>(), v.stride(0),
+               first + item / key_blocks, item / key_blocks, L, item % key_blocks);
       });
-      kernels::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+      // tasks (head, query block): a thread keeps to one head's packed keys for a run of
+      // query blocks, which zigzag so that any run mixes early and late blocks alike
+      kernels::parallel_for(0, heads * blocks, 1, [&](int64_t begin, int64_t end) {
         Block b(G * kQueryRows, D, Dp);
         for (int64_t task = begin; task < end; ++task) {
-          const int64_t q0 = zigzag(task, blocks) * kQueryRows;
-          attend_block(o, out.stride(0), qp, q.stride(0), kv, hk, G, q0,
+          const int64_t h = task / blocks, q0 = zigzag(task % blocks, blocks) * kQueryRows;
+          attend_block(o, out.stride(0), qp, q.stride(0), kv, first + h, h, G, q0,
                        std::min(kQueryRows, T - q0), offset, float(scale), b);
         }
       });

@@ -13,13 +13,15 @@ from shared.model.kernels import cpu_ops, supported_isas
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 # (new tokens T, context L, heads, kv heads, head_dim): one token; vector tails (head_dim 20,
 # 72); several query blocks of 32 with a partial last one; a cached prefix (L > T) reaching
-# over several key blocks; heads without grouping.
+# over several key blocks; heads without grouping; a context whose packed keys and values
+# outgrow the kernel's 64 MB for both kv heads at once (packed one head at a time).
 SHAPES = [
     (1, 1, 2, 1, 64),
     (13, 13, 4, 2, 20),
     (70, 70, 9, 3, 64),
     (37, 200, 9, 3, 64),
     (96, 160, 6, 6, 72),
+    (4, 20000, 4, 2, 256),
 ]
 
 
