@@ -8,6 +8,7 @@ import dataclasses
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -279,11 +280,11 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
     if args.before == "eager":
         return KvstackSide(LLMEngine(dataclasses.replace(config, cuda_graphs=False)))
     if args.before == "kv-dtype-attention":
-        return KvstackSide(kv_dtype_attention(LLMEngine(config)))
+        return KvstackSide(changed(LLMEngine(config), kv_dtype_attention))
     if args.before == "torch-prompt-attention":
-        return KvstackSide(torch_prompt_attention(LLMEngine(config)))
+        return KvstackSide(changed(LLMEngine(config), torch_prompt_attention))
     if args.before == "copy-from-16-rows":
-        return KvstackSide(copy_from_16_rows(LLMEngine(config)))
+        return KvstackSide(changed(LLMEngine(config), copy_from_16_rows))
     if args.before == "quantized-prefill":
         return KvstackSide(LLMEngine(dataclasses.replace(config, prefill_weights="quantized")))
     if args.before == "small-pages":
@@ -308,38 +309,30 @@ BEFORE_NOTES = {
 }
 
 
-def kv_dtype_attention(engine: LLMEngine) -> LLMEngine:
-    """The engine with its prompts attending in the KV's dtype (TorchPagedAttention)."""
+def changed(engine: LLMEngine, change: Callable[[Any], None]) -> LLMEngine:
+    """The engine with `change` made to its model runner: a "before" column's engine."""
 
-    def unset(runner):
-        runner.backend.prefill_dtype = None
+    def apply(runner):
+        change(runner)
         return runner
 
-    engine.use_runner(unset)
+    engine.use_runner(apply)
     return engine
 
 
-def torch_prompt_attention(engine: LLMEngine) -> LLMEngine:
-    """The engine with its prompts attending through torch's kernel, not the native one."""
-
-    def use_torch(runner):
-        runner.backend.native_prefill = False
-        return runner
-
-    engine.use_runner(use_torch)
-    return engine
+def kv_dtype_attention(runner) -> None:
+    """Prompts attend in the KV's dtype (TorchPagedAttention)."""
+    runner.backend.prefill_dtype = None
 
 
-def copy_from_16_rows(engine: LLMEngine) -> LLMEngine:
-    """The engine with decode batches of 10-15 rows on the GEMV, as before they took the kept
-    bfloat16 copy."""
+def torch_prompt_attention(runner) -> None:
+    """Prompts attend through torch's kernel, not the native one."""
+    runner.backend.native_prefill = False
 
-    def from_16(runner):
-        set_copy_min_rows(runner.model, 16)
-        return runner
 
-    engine.use_runner(from_16)
-    return engine
+def copy_from_16_rows(runner) -> None:
+    """Decode batches of 10-15 rows on the GEMV, as before they took the kept bfloat16 copy."""
+    set_copy_min_rows(runner.model, 16)
 
 
 class StepThread:
