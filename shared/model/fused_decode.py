@@ -19,7 +19,7 @@ from shared.model.llama import Attention, DecoderLayer, LlamaModel
 from shared.model.quant import ACTIVATION_BITS, QuantLinear
 
 # The most decode rows the native stack takes (decode_stack.cpp's kMaxRows).
-MAX_ROWS = 8
+MAX_ROWS = 16
 # What the stack's activations and KV may be in (one dtype for both); a bfloat16 stack's
 # linears must all be quantized: their GEMV computes in float32 (decode_stack.cpp).
 STACK_DTYPES = (torch.float32, torch.bfloat16)
@@ -32,18 +32,29 @@ class FusedDecode:
     when the stack is built: set them first (shared/model/quant.py: set_activations).
     """
 
-    def __init__(self, model: LlamaModel, stack: Any, has_float: bool, quant_rows: int) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        stack: Any,
+        has_float: bool,
+        quant_rows: int,
+        copied: list[QuantLinear] | None = None,
+    ) -> None:
         self.model = model
         self.stack = stack
         self.has_float = has_float  # some linear is float32: ops.linear's routing applies
         self.quant_rows = quant_rows  # the quantized linears' GEMV limit (and MAX_ROWS)
+        self.copied = copied or []  # quantized linears with a bfloat16 copy kept
 
     def fits(self, num_rows: int) -> bool:
         """Whether every linear of the module path takes its GEMV for `num_rows` rows (a
-        library GEMM would round differently: the module path runs those steps)."""
+        library GEMM, or a kept bfloat16 copy from its copy_min_rows on, would round
+        differently: the module path runs those steps)."""
         limit = self.quant_rows
         if self.has_float:
             limit = min(limit, ops.gemv_max_rows(torch.float32))
+        if self.copied:  # NOTE: read on every step: a benchmark's "before" may change it
+            limit = min(limit, min(m.copy_min_rows for m in self.copied) - 1)
         return 1 <= num_rows <= limit
 
     def forward(
@@ -85,9 +96,11 @@ def fused_decode(
         kv=kv,
     )
     linears = [linear for layer in layers for linear in _linears(layer)]
-    quant_rows = [m.gemv_max_rows for m in linears if isinstance(m, QuantLinear)]
-    has_float = len(quant_rows) < len(linears)
-    return FusedDecode(model, stack, has_float, min([MAX_ROWS, *quant_rows]))
+    quant = [m for m in linears if isinstance(m, QuantLinear)]
+    copied = [m for m in quant if m.copy_in(torch.bfloat16) is not None]
+    has_float = len(quant) < len(linears)
+    quant_rows = min([MAX_ROWS, *(m.gemv_max_rows for m in quant)])
+    return FusedDecode(model, stack, has_float, quant_rows, copied)
 
 
 def _linears(layer: DecoderLayer) -> tuple[torch.nn.Module, ...]:

@@ -28,7 +28,7 @@ namespace {
 namespace py = pybind11;
 
 constexpr int64_t kFloatWeight = -1;  // Linear::qtype of a float32 weight
-constexpr int64_t kMaxRows = 8;  // decode rows a step takes: the GEMV kernels' range
+constexpr int64_t kMaxRows = 16;  // decode rows a step takes (fused_decode.py's MAX_ROWS)
 
 // y = x @ W^T (+ b): W float32 [N, K] (small_linear) or GGUF blocks [N, row_bytes] of `qtype`
 // (quant_gemv; quant_gemv_int when the activations are rounded to `bits`: 8 or 16, 0: not).

@@ -4,6 +4,8 @@ bfloat16, on every kernel build."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -50,10 +52,10 @@ def isa(request, monkeypatch) -> str:
     return request.param
 
 
-def runner(model, fused: bool, isa: str | None = None) -> ModelRunner:
+def runner(model, fused: bool, isa: str | None = None, blocks: int = 16) -> ModelRunner:
     """A runner on a pool of its own, its fused decode on the `isa` build (default: chosen)."""
     cfg, dtype = model.config, model.norm.weight.dtype
-    storage = KVStorage(cfg.num_layers, 16, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim, dtype)
+    storage = KVStorage(cfg.num_layers, blocks, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim, dtype)
     backend = TorchPagedAttention(storage, cfg.head_dim)
     built = ModelRunner(model, storage, backend, fused=False)
     built.fused = fused_decode(model, backend, isa) if fused else None
@@ -169,7 +171,7 @@ def test_the_native_stack_refuses_bad_input_with_a_clear_error(tiny_llama_dir) -
     fused.stack.run(*good.values())
     bad = {
         "x must be a contiguous CPU Float": dict(x=torch.zeros(2, cfg.hidden_size).double()),
-        "with 1 <= B <= 8": dict(x=torch.zeros(9, cfg.hidden_size)),
+        "with 1 <= B <= 16": dict(x=torch.zeros(17, cfg.hidden_size)),
         "cos must be": dict(cos=torch.ones(2, half + 1)),
         "slots must be a contiguous CPU Long": dict(slots=torch.tensor([0, 5]).int()),
         "slot 16 is outside": dict(slots=torch.tensor([0, 16])),
@@ -197,6 +199,38 @@ def test_steps_of_more_rows_than_every_layers_gemv_takes_are_not_fused(tiny_llam
     assert fused.fits(1) and not fused.fits(0) and not fused.fits(9)
     with ops.gemv_rows({torch.float32: 2}):  # float32 rows past 2 go to the library GEMM
         assert fused.fits(2) and not fused.fits(3)
+
+
+def test_a_step_of_sixteen_rows_is_fused_and_gives_the_module_paths_logits(
+    models, isa, monkeypatch
+) -> None:
+    """Past the 8 rows the stack once took: 16 sequences decode in one native call."""
+    model = models["auto"]
+    set_activations(model, "q16")
+    fused, plain = runner(model, True, isa, blocks=48), runner(model, False, blocks=48)
+    calls = FusedCalls(monkeypatch)
+    names = [f"s{i}" for i in range(16)]
+    blocks = {n: [47 - 3 * i, 3 * i + 1, 46 - 3 * i] for i, n in enumerate(names)}
+    tokens = {n: [100 + 7 * i, 30 + i, 2] for i, n in enumerate(names)}
+    chunks = [SeqChunk(n, tokens[n], 0, blocks[n]) for n in names]
+    for _ in range(4):  # the prompts, then three steps of 16 rows
+        out_fused, out_plain = fused.execute(chunks), plain.execute(chunks)
+        assert_same(out_fused, out_plain)
+        for chunk, logits in zip(chunks, out_fused, strict=True):
+            tokens[chunk.request_id].append(int(logits[-1].argmax()))
+        chunks = [SeqChunk(n, tokens[n][-1:], len(tokens[n]) - 1, blocks[n]) for n in names]
+    assert calls.count == 3
+
+
+def test_rows_a_kept_bf16_copy_takes_are_not_fused() -> None:
+    """From the copy's copy_min_rows on, the module path multiplies by the copy (rounding
+    as bfloat16 does): those steps are not the fused step's."""
+    copied = [types.SimpleNamespace(copy_min_rows=10)]
+    fused = FusedDecode(None, None, False, 16, copied)  # type: ignore[arg-type]
+    assert fused.fits(9) and not fused.fits(10)
+    copied[0].copy_min_rows = 16  # a benchmark's "before" changes it after the build
+    assert fused.fits(15) and not fused.fits(16)
+    assert FusedDecode(None, None, False, 16).fits(16)  # type: ignore[arg-type]
 
 
 def test_the_engine_config_switch_is_validated() -> None:
