@@ -250,9 +250,9 @@ inline float exp_sum_(float* x, int64_t n, float* sum) {
 // A task is a sequence: its H query heads read each cached slot (every kv head's row) in
 // place, front to back. Where the sequences are fewer than twice the threads, each context is
 // cut into pieces that run apart and merge by their maxima (flash-decoding).
-// NOTE: a task per (sequence, kv head) read each head's rows at a stride of the slot: 16
-// sequences of 300 tokens read their float32 KV at ~20 GB/s, each slot's lines fetched by three
-// tasks apart.
+// NOTE: a task per (sequence, kv head) read each head's rows at a stride of the slot, each
+// slot's lines fetched by three tasks apart: batches of 8-32 decoded 1.08-1.56x faster this way
+// (docs/benchmarks.md, "Decode attention a sequence at a time").
 constexpr int64_t kMinPiece = 32;  // tokens: shorter pieces cost more to merge than they save
 
 int64_t pieces_per_task(int64_t tasks, int64_t threads, int64_t max_ctx) {

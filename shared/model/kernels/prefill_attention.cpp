@@ -1,8 +1,9 @@
 // Prompt attention on the CPU: each new token attends causally over the context (a cached
 // prefix, then the prompt's own tokens), flash-style in float32 whatever the element type.
 //
-// NOTE: why not torch's fused CPU kernel: it ran at about 55 GFLOP/s on a 2-core Zen 4 for
-// SmolLM2's 9 heads of 64 over 256-512 tokens (a third of a 512-token prefill). Here a task
+// NOTE: why not torch's fused CPU kernel: prefill 256-2,048 ran 1.08-1.27x faster through this
+// one on a 2-core Zen 4 (`python -m bench engine --before torch-prompt-attention`,
+// docs/benchmarks.md, "Prompts attend through a native kernel"). Here a task
 // is one kv head's G query heads over a block of query rows, so each block of keys is packed
 // once (K transposed, V widened) for all G x kQueryRows rows, and both products run as
 // register tiles of rows x vectors.
