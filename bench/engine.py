@@ -68,6 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "kv-dtype-attention",
             "torch-prompt-attention",
             "copy-from-16-rows",
+            "copy-rows-unfused",
             "quantized-prefill",
             "small-pages",
         ),
@@ -81,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "prompts attend in the KV's dtype (float32) rather than their matmuls' (bfloat16) "
         "under torch's kernel, or one whose prompts attend through torch's kernel rather than "
         "the native one, or one whose decode batches of 10-15 rows take the GEMV rather than "
-        "the kept bfloat16 copy, or "
+        "the kept bfloat16 copy, or one whose decode batches the copy takes run layer by layer, or "
         "one whose prompts' matmuls dequantize the weights on every pass (--prefill-weights "
         "quantized) rather than reading --prefill-weights' copy, or one whose weights stay where "
         "they loaded and whose KV pool torch allocates, rather than both in huge pages",
@@ -285,6 +286,8 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return KvstackSide(changed(LLMEngine(config), torch_prompt_attention))
     if args.before == "copy-from-16-rows":
         return KvstackSide(changed(LLMEngine(config), copy_from_16_rows))
+    if args.before == "copy-rows-unfused":
+        return KvstackSide(changed(LLMEngine(config), copy_rows_unfused))
     if args.before == "quantized-prefill":
         return KvstackSide(LLMEngine(dataclasses.replace(config, prefill_weights="quantized")))
     if args.before == "small-pages":
@@ -304,6 +307,7 @@ BEFORE_NOTES = {
     "kv-dtype-attention": "a second engine, its prompts attending in the KV's dtype",
     "torch-prompt-attention": "a second engine, its prompts attending through torch's kernel",
     "copy-from-16-rows": "a second engine, its decode batches of 10-15 rows on the GEMV",
+    "copy-rows-unfused": "a second engine, its decode batches the bf16 copy takes layer by layer",
     "quantized-prefill": "a second engine, its prompts' matmuls dequantizing on every pass",
     "small-pages": "a second engine, its weights and KV where torch puts them (no huge pages)",
 }
@@ -323,6 +327,12 @@ def changed(engine: LLMEngine, change: Callable[[Any], None]) -> LLMEngine:
 def kv_dtype_attention(runner) -> None:
     """Prompts attend in the KV's dtype (TorchPagedAttention)."""
     runner.backend.prefill_dtype = None
+
+
+def copy_rows_unfused(runner) -> None:
+    """Decode steps that multiply by the kept bfloat16 copies run layer by layer."""
+    if runner.fused is not None:
+        runner.fused.all_copied = False
 
 
 def torch_prompt_attention(runner) -> None:

@@ -1,8 +1,8 @@
 """A pure decode step through every layer in one native call (kernels/decode_stack.cpp).
 
-The native stack runs the kernels the module path runs (ops, QuantLinear's GEMV, the torch
-paged attention backend), in its order, so its hidden states are bit-identical to
-`LlamaModel.forward`'s; it saves the Python and torch dispatch between them.
+The native stack runs the kernels the module path runs (ops, QuantLinear's GEMV or its kept
+bfloat16 copy, the torch paged attention backend), in its order, so its hidden states are
+bit-identical to `LlamaModel.forward`'s; it saves the Python and torch dispatch between them.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from shared.model.attention import AttentionBackend, AttentionMetadata, TorchPag
 from shared.model.kernels import cpu_ops
 from shared.model.layers import GatedMLP, Linear, RMSNorm
 from shared.model.llama import Attention, DecoderLayer, LlamaModel
-from shared.model.quant import ACTIVATION_BITS, QuantLinear
+from shared.model.quant import ACTIVATION_BITS, QuantLinear, takes_bf16_prefill
 
-# The most decode rows the native stack takes (decode_stack.cpp's kMaxRows).
+# The most decode rows the native stack takes on the GEMV (decode_stack.cpp's kMaxRows), and
+# by the kept bfloat16 copies (kMaxCopyRows).
 MAX_ROWS = 16
+MAX_COPY_ROWS = 1024
 # What the stack's activations and KV may be in (one dtype for both); a bfloat16 stack's
 # linears must all be quantized: their GEMV computes in float32 (decode_stack.cpp).
 STACK_DTYPES = (torch.float32, torch.bfloat16)
@@ -45,11 +47,32 @@ class FusedDecode:
         self.has_float = has_float  # some linear is float32: ops.linear's routing applies
         self.quant_rows = quant_rows  # the quantized linears' GEMV limit (and MAX_ROWS)
         self.copied = copied or []  # quantized linears with a bfloat16 copy kept
+        # the copies the stack multiplies by (a step by copy needs every linear's, unchanged)
+        self.kept = [m.prefill_copy for m in self.copied]
+        self.all_copied = stack is not None and stack.takes_copies()
 
     def fits(self, num_rows: int) -> bool:
+        """Whether the stack computes a step of `num_rows` rows as the module path would."""
+        return self.on_gemv(num_rows) or self.by_copy(num_rows)
+
+    def by_copy(self, num_rows: int) -> bool:
+        """Whether the module path multiplies `num_rows` float32 rows by every linear's kept
+        bfloat16 copy (QuantLinear.linear_bf16: from its copy_min_rows on, where its
+        activations and prefill dtype let rows multiply in bfloat16)."""
+        if not self.all_copied or num_rows > MAX_COPY_ROWS:
+            return False
+        return all(
+            m.prefill_copy is kept  # NOTE: read on every step, as copy_min_rows
+            and num_rows >= m.copy_min_rows
+            and m.prefill_dtype == torch.bfloat16
+            and takes_bf16_prefill(m.activations)
+            for m, kept in zip(self.copied, self.kept, strict=True)
+        )
+
+    def on_gemv(self, num_rows: int) -> bool:
         """Whether every linear of the module path takes its GEMV for `num_rows` rows (a
         library GEMM, or a kept bfloat16 copy from its copy_min_rows on, would round
-        differently: the module path runs those steps)."""
+        differently)."""
         limit = self.quant_rows
         if self.has_float:
             limit = min(limit, ops.gemv_max_rows(torch.float32))
@@ -65,7 +88,8 @@ class FusedDecode:
         cos, sin = self.model.rotary.cos_sin(positions)
         table, lens = meta.decode_tables()
         x = self.model.embed_tokens(input_ids)
-        x, residual = self.stack.run(x, cos, sin, meta.slot_mapping, table, lens)
+        by_copy = self.by_copy(input_ids.shape[0])
+        x, residual = self.stack.run(x, cos, sin, meta.slot_mapping, table, lens, by_copy)
         return self.model.final_norm(x, residual)
 
 
@@ -75,7 +99,10 @@ def fused_decode(
     """`model`'s fused decode over `backend`'s KV pool (with the `isa` build of the kernels,
     default the chosen one), or None where it does not apply: another backend than the CPU
     torch one, no native kernels, a KV dtype other than float32 or bfloat16, or a layer it
-    cannot take (in bfloat16: every linear quantized)."""
+    cannot take (in bfloat16: every linear quantized).
+
+    NOTE: the quantized linears' bfloat16 copies are the stack's as they are now: keep them
+    first (shared/model/quant.py: keep_prefill_copies)."""
     native = cpu_ops(isa)
     if native is None or not isinstance(backend, TorchPagedAttention):
         return None
@@ -145,6 +172,12 @@ def _native_linear(native: Any, linear: torch.nn.Module) -> Any:
     if isinstance(linear, QuantLinear):
         bits = ACTIVATION_BITS.get(linear.activations, 0)
         bias = None if linear.bias is None else linear.bias.float().contiguous()
-        return native.StackLinear(linear.blocks, linear.fmt.ggml_type, bits, bias)
+        copy = linear.copy_in(torch.bfloat16)
+        if copy is None:
+            return native.StackLinear(linear.blocks, linear.fmt.ggml_type, bits, bias)
+        copy_bias = None if linear.bias is None else linear.bias.to(torch.bfloat16)
+        return native.StackLinear(
+            linear.blocks, linear.fmt.ggml_type, bits, bias, copy.weight, copy_bias, copy.packed
+        )
     assert isinstance(linear, Linear)
     return native.StackLinear(linear.weight, None, 0, linear.bias)

@@ -312,10 +312,11 @@ def set_copy_min_rows(model: nn.Module, rows: int) -> None:
             module.copy_min_rows = rows
 
 
-def keep_prefill_copies(model: nn.Module, dtype: torch.dtype) -> int:
+def keep_prefill_copies(model: nn.Module, dtype: torch.dtype, packed: bool = True) -> int:
     """A `dtype` copy of every quantized linear layer's weight but the output head (its rows
-    are the last tokens': few, the GEMV's); returns the bytes they take."""
-    return sum(module.keep_prefill_copy(dtype) for module in _prefill_layers(model))
+    are the last tokens': few, the GEMV's), `packed` for the library where it can; returns the
+    bytes they take."""
+    return sum(module.keep_prefill_copy(dtype, packed) for module in _prefill_layers(model))
 
 
 def prefill_copy_bytes(model: nn.Module, dtype: torch.dtype) -> int:

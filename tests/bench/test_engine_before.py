@@ -1,7 +1,8 @@
 """`bench engine --before ...`: with quantized-prefill the 'before' column is an engine whose
 prompts' matmuls dequantize on every pass, beside one that keeps the bfloat16 copy; with
 small-pages one whose KV is not in huge pages; with torch-prompt-attention one whose prompts
-attend through torch's kernel."""
+attend through torch's kernel; with copy-rows-unfused one whose decode steps the bfloat16
+copies take run layer by layer."""
 
 from __future__ import annotations
 
@@ -61,3 +62,13 @@ def test_the_copy_from_16_rows_engine_sends_10_to_15_rows_to_the_gemv() -> None:
     }
     assert rows(before.engine) == {16}
     assert rows(LLMEngine(config)) == {10}
+
+
+def test_the_copy_rows_unfused_engine_runs_those_steps_layer_by_layer() -> None:
+    config = EngineConfig(num_blocks=16)
+    ours = LLMEngine(config)._runner.fused
+    if ours is None or not ours.all_copied:
+        pytest.skip("no bfloat16 copy under --dtype auto on this CPU (no native bfloat16)")
+    args = argparse.Namespace(no_routing_baseline=False, before="copy-rows-unfused")
+    before = before_side(args, config, None).engine._runner.fused
+    assert ours.by_copy(12) and not before.by_copy(12) and not before.fits(12)

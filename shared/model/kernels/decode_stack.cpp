@@ -8,6 +8,11 @@
 // float32 whatever it is, as QuantLinear does (x widened, y rounded back), and a bfloat16
 // stack runs its MLP in float32 between those roundings, as GatedMLP does (shared/model/
 // layers.py: its matmuls' dtype is the GEMV's).
+//
+// A float32 stack's step "by copy" multiplies every linear by its kept bfloat16 copy instead,
+// as the module path does for rows from a copy's copy_min_rows on (QuantLinear.linear_bf16:
+// rows rounded to bfloat16, the library's GEMM, the MLP in bfloat16 between its two).
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "kernels.h"
@@ -29,6 +34,36 @@ namespace py = pybind11;
 
 constexpr int64_t kFloatWeight = -1;  // Linear::qtype of a float32 weight
 constexpr int64_t kMaxRows = 16;  // decode rows a step takes (fused_decode.py's MAX_ROWS)
+// decode rows a step by copy takes: no register tiles bound it, only the buffers' size
+constexpr int64_t kMaxCopyRows = 1024;
+
+// y = x @ W^T (+ b) by oneDNN's GEMM over a weight it packed (PrefillWeight in shared/model/
+// quant.py): the op torch.ops.mkldnn._linear_pointwise calls.
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w,
+                         const c10::optional<at::Tensor>& bias) {
+  using Signature = at::Tensor(const at::Tensor&, const at::Tensor&,
+                               const c10::optional<at::Tensor>&, c10::string_view,
+                               c10::List<c10::optional<at::Scalar>>,
+                               c10::optional<c10::string_view>);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                             .typed<Signature>();
+  return op.call(x, w, bias, "none", c10::List<c10::optional<at::Scalar>>(),
+                 c10::string_view(""));
+}
+
+// A kept bfloat16 copy of a linear's weight [N, K] and its bias in bfloat16, which many rows
+// multiply by: packed by oneDNN (packed_linear) or plain (at::linear), as PrefillWeight says.
+struct Copy {
+  at::Tensor weight;
+  c10::optional<at::Tensor> bias;
+  bool packed;
+
+  // x bfloat16 [B, K] -> bfloat16 [B, N]
+  at::Tensor operator()(const at::Tensor& x) const {
+    return packed ? packed_linear(x, weight, bias) : at::linear(x, weight, bias);
+  }
+};
 
 // y = x @ W^T (+ b): W float32 [N, K] (small_linear) or GGUF blocks [N, row_bytes] of `qtype`
 // (quant_gemv; quant_gemv_int when the activations are rounded to `bits`: 8 or 16, 0: not).
@@ -39,6 +74,7 @@ struct Linear {
   int64_t qtype;
   int64_t bits;
   c10::optional<at::Tensor> bias;
+  c10::optional<Copy> copy;  // what a step by copy multiplies by
 
   void operator()(const at::Tensor& out, const at::Tensor& x) const {
     if (qtype == kFloatWeight)
@@ -130,22 +166,35 @@ class DecodeStack {
   }
 
   // x [B, hidden] float32: the rows' embeddings -> (x, residual) after the last layer, whose
-  // sum the model's final norm takes. Writes each layer's k, v at `slots`.
-  std::tuple<at::Tensor, at::Tensor> run(at::Tensor x, at::Tensor cos,
-                                               at::Tensor sin, at::Tensor slots,
-                                               at::Tensor block_table,
-                                               at::Tensor context_lens) const {
+  // sum the model's final norm takes. Writes each layer's k, v at `slots`. `by_copy`: every
+  // linear multiplies by its bfloat16 copy (a float32 stack whose linears all keep one).
+  std::tuple<at::Tensor, at::Tensor> run(at::Tensor x, at::Tensor cos, at::Tensor sin,
+                                         at::Tensor slots, at::Tensor block_table,
+                                         at::Tensor context_lens, bool by_copy) const {
     const Step step{cos, sin, slots, block_table, context_lens};
-    check_step(x, step);
-    const kernels::UsePool use(pool());
+    check_step(x, step, by_copy);
+    // NOTE: the library's GEMM runs on OpenMP's threads: the pool's would spin beside them
+    const kernels::UsePool use(by_copy ? nullptr : pool());
     const Buffers b = buffers(x.size(0), x.options());
     const at::Tensor residual = x.clone();
     kernels::rms_norm(b.h, x, layers_[0].input_norm, dims_.eps);
     for (size_t i = 0; i < layers_.size(); ++i) {
       if (i > 0) kernels::add_rms_norm_(b.h, residual, layers_[i].input_norm, dims_.eps);
-      layer(i, b, residual, step);
+      if (by_copy)
+        layer_by_copy(i, b, residual, step);
+      else
+        layer(i, b, residual, step);
     }
     return {b.h, residual};
+  }
+
+  // Whether a step may go by copy: a float32 stack whose every linear keeps a bfloat16 copy.
+  bool takes_copies() const {
+    if (dtype() != at::kFloat) return false;
+    for (const Layer& l : layers_)
+      for (const Linear* linear : {&l.qkv, &l.o, &l.gate_up, &l.down})
+        if (!linear->copy) return false;
+    return true;
   }
 
  private:
@@ -213,6 +262,22 @@ class DecodeStack {
     linear(l.down, b.h, b.act, b);
   }
 
+  // layer() by the linears' bfloat16 copies, as the module path runs such rows: each linear's
+  // input rounded to bfloat16 and its output widened back, but the MLP's, which stays in
+  // bfloat16 from gate_up's input to down's output (GatedMLP).
+  void layer_by_copy(size_t i, const Buffers& b, const at::Tensor& residual,
+                     const Step& step) const {
+    const Layer& l = layers_[i];
+    b.qkv.copy_((*l.qkv.copy)(b.h.to(at::kBFloat16)));
+    attention(i, b, step);
+    b.x.copy_((*l.o.copy)(b.attended_rows.to(at::kBFloat16)));
+    kernels::add_rms_norm_(b.x, residual, l.post_norm, dims_.eps);
+    const at::Tensor gate_up = (*l.gate_up.copy)(b.x.to(at::kBFloat16));
+    const at::Tensor act = at::empty({gate_up.size(0), intermediate()}, gate_up.options());
+    kernels::silu_and_mul(act, gate_up);
+    b.h.copy_((*l.down.copy)(act));
+  }
+
   // out = l(x), where either may be bfloat16: widened into b.x_f, rounded back from b.y_f.
   void linear(const Linear& l, const at::Tensor& out, const at::Tensor& x,
               const Buffers& b) const {
@@ -275,10 +340,14 @@ class DecodeStack {
     l.down.check(intermediate(), H, "down");
   }
 
-  void check_step(const at::Tensor& x, const Step& s) const {
-    TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kMaxRows,
-                "DecodeStack.run: x must be [B, ", hidden(), "] with 1 <= B <= ", kMaxRows,
+  void check_step(const at::Tensor& x, const Step& s, bool by_copy) const {
+    const int64_t most = by_copy ? kMaxCopyRows : kMaxRows;
+    TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= most,
+                "DecodeStack.run: x must be [B, ", hidden(), "] with 1 <= B <= ", most,
                 ", got ", x.sizes());
+    TORCH_CHECK(!by_copy || takes_copies(),
+                "DecodeStack.run: a step by copy needs a float32 stack whose every linear "
+                "keeps a bfloat16 copy");
     const int64_t B = x.size(0), half = dims_.head_dim / 2;
     check_tensor(x, dtype(), {B, hidden()}, "x");
     check_tensor(s.cos, at::kFloat, {B, half}, "cos");
@@ -315,11 +384,19 @@ class DecodeStack {
 void register_decode_stack(py::module_& m) {
   py::class_<Linear>(m, "StackLinear")
       .def(py::init([](at::Tensor weight, c10::optional<int64_t> qtype, int64_t bits,
-                       c10::optional<at::Tensor> bias) {
+                       c10::optional<at::Tensor> bias, c10::optional<at::Tensor> copy,
+                       c10::optional<at::Tensor> copy_bias, bool copy_packed) {
              TORCH_CHECK(bits == 0 || bits == 8 || bits == 16, "bits: 0, 8 or 16, got ", bits);
-             return Linear{weight, qtype.value_or(kFloatWeight), bits, bias};
+             TORCH_CHECK(!copy || (copy->scalar_type() == at::kBFloat16 &&
+                                   (!copy_bias || copy_bias->scalar_type() == at::kBFloat16)),
+                         "StackLinear: a copy and its bias must be bfloat16");
+             c10::optional<Copy> kept;
+             if (copy) kept = Copy{*copy, copy_bias, copy_packed};
+             return Linear{weight, qtype.value_or(kFloatWeight), bits, bias, kept};
            }),
-           py::arg("weight"), py::arg("qtype"), py::arg("bits"), py::arg("bias"));
+           py::arg("weight"), py::arg("qtype"), py::arg("bits"), py::arg("bias"),
+           py::arg("copy") = py::none(), py::arg("copy_bias") = py::none(),
+           py::arg("copy_packed") = false);
   py::class_<Layer>(m, "StackLayer")
       .def(py::init([](at::Tensor input_norm, at::Tensor post_norm, Linear qkv, Linear o,
                        Linear gate_up, Linear down) {
@@ -332,7 +409,10 @@ void register_decode_stack(py::module_& m) {
                     at::Tensor>(),
            py::arg("layers"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("eps"), py::arg("scale"), py::arg("kv"))
-      .def("run", &DecodeStack::run, py::call_guard<py::gil_scoped_release>());
+      .def("run", &DecodeStack::run, py::arg("x"), py::arg("cos"), py::arg("sin"),
+           py::arg("slots"), py::arg("block_table"), py::arg("context_lens"),
+           py::arg("by_copy") = false, py::call_guard<py::gil_scoped_release>())
+      .def("takes_copies", &DecodeStack::takes_copies);
   m.def(
       "use_step_pool", [](bool enabled) { return kernels::step_pool_enabled.exchange(enabled); },
       "whether fused decode steps run their loops on their own pool (else OpenMP); the old value");

@@ -1,6 +1,6 @@
 """The fused decode step (one native call for every layer) against the module path: the same
 logits, bit for bit, on SmolLM2 with float32 and quantized weights, in float32 and (quantized)
-bfloat16, on every kernel build."""
+bfloat16, on the GEMV or by the kept bfloat16 copies, on every kernel build."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from shared.errors import KvstackError
 from shared.kvcache import KVStorage
 from shared.model import ops, quant
 from shared.model.attention import TorchPagedAttention
-from shared.model.fused_decode import FusedDecode, fused_decode
+from shared.model.fused_decode import MAX_COPY_ROWS, FusedDecode, fused_decode
 from shared.model.kernels import cpu_ops, supported_isas
 from shared.model.loader import load_model
 from shared.model.quant import set_activations
@@ -181,6 +181,9 @@ def test_the_native_stack_refuses_bad_input_with_a_clear_error(tiny_llama_dir) -
     for message, change in bad.items():
         with pytest.raises(RuntimeError, match=message):
             fused.stack.run(*{**good, **change}.values())
+    assert not fused.stack.takes_copies()
+    with pytest.raises(RuntimeError, match="a step by copy needs a float32 stack"):
+        fused.stack.run(*good.values(), by_copy=True)
     with pytest.raises(RuntimeError, match="a model without layers"):
         cpu_ops().DecodeStack([], 1, 1, 2, 1e-5, 1.0, storage.kv)
     assert fused_decode(model, TorchPagedAttention(KVStorage(2, 0, 4, 2, 16), 16)) is None
@@ -222,15 +225,80 @@ def test_a_step_of_sixteen_rows_is_fused_and_gives_the_module_paths_logits(
     assert calls.count == 3
 
 
-def test_rows_a_kept_bf16_copy_takes_are_not_fused() -> None:
+def test_rows_a_kept_bf16_copy_takes_are_not_on_the_gemv() -> None:
     """From the copy's copy_min_rows on, the module path multiplies by the copy (rounding
-    as bfloat16 does): those steps are not the fused step's."""
-    copied = [types.SimpleNamespace(copy_min_rows=10)]
+    as bfloat16 does): those steps are not the GEMV's."""
+    copied = [types.SimpleNamespace(copy_min_rows=10, prefill_copy=object())]
     fused = FusedDecode(None, None, False, 16, copied)  # type: ignore[arg-type]
-    assert fused.fits(9) and not fused.fits(10)
+    assert fused.on_gemv(9) and not fused.on_gemv(10)
+    assert not fused.fits(10)  # no stack that takes the copies: the module path's
     copied[0].copy_min_rows = 16  # a benchmark's "before" changes it after the build
-    assert fused.fits(15) and not fused.fits(16)
+    assert fused.on_gemv(15) and not fused.on_gemv(16)
     assert FusedDecode(None, None, False, 16).fits(16)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["packed", "plain"])
+def copied_model(models, request):
+    """The Q4_1 model with bfloat16 copies kept (packed by oneDNN where it can, as the engine
+    keeps them, or plain: the other CPUs'), many rows multiplying in bfloat16 (as `--dtype auto`
+    on a CPU with native bfloat16): removed again after the test."""
+    packed = request.param == "packed"
+    if packed and not quant.can_pack(torch.bfloat16):
+        pytest.skip("oneDNN packs no bfloat16 weights on this CPU")
+    model = models["auto"]
+    quant.set_prefill_dtype(model, torch.bfloat16)
+    quant.keep_prefill_copies(model, torch.bfloat16, packed)
+    yield model
+    for module in model.modules():
+        if isinstance(module, quant.QuantLinear):
+            module.prefill_copy = None
+    quant.set_prefill_dtype(model, torch.float32)
+
+
+@pytest.mark.parametrize("activations", ["q16", "float"])
+def test_steps_the_copies_take_are_fused_by_them_and_give_the_module_paths_logits(
+    copied_model, isa, activations, monkeypatch
+) -> None:
+    """24, 12 and 10 rows multiply by the bfloat16 copies in one native call, bit for bit as
+    layer by layer."""
+    model = copied_model
+    set_activations(model, activations)
+    fused, plain = runner(model, True, isa, blocks=80), runner(model, False, blocks=80)
+    assert fused.fused is not None and fused.fused.all_copied
+    assert fused.fused.by_copy(10) and not fused.fused.by_copy(9)
+    calls = FusedCalls(monkeypatch)
+    names = [f"s{i}" for i in range(24)]
+    blocks = {n: [79 - 3 * i, 3 * i + 1, 78 - 3 * i] for i, n in enumerate(names)}
+    tokens = {n: [100 + 7 * i, 30 + i, 2] for i, n in enumerate(names)}
+    chunks = [SeqChunk(n, tokens[n], 0, blocks[n]) for n in names]
+    for rows in (24, 12, 10):  # the prompts, then a step of 24 rows, 12, 10
+        out_fused, out_plain = fused.execute(chunks), plain.execute(chunks)
+        assert_same(out_fused, out_plain)
+        for chunk, logits in zip(chunks, out_fused, strict=True):
+            tokens[chunk.request_id].append(int(logits[-1].argmax()))
+        chunks = [SeqChunk(n, tokens[n][-1:], len(tokens[n]) - 1, blocks[n]) for n in names[:rows]]
+    assert_same(fused.execute(chunks), plain.execute(chunks))
+    assert calls.count == 3
+
+
+def test_a_step_goes_by_copy_only_while_the_module_path_would(copied_model) -> None:
+    model = copied_model
+    set_activations(model, "q16")
+    fused = runner(model, True).fused
+    assert fused is not None and fused.by_copy(12)
+    assert fused.by_copy(MAX_COPY_ROWS) and not fused.by_copy(MAX_COPY_ROWS + 1)
+    quant.set_copy_min_rows(model, 16)  # a benchmark's "before"
+    assert not fused.by_copy(12) and fused.on_gemv(12) and fused.by_copy(16)
+    quant.set_copy_min_rows(model, quant.BF16_COPY_MIN_ROWS)
+    set_activations(model, "q8")  # q8 rows never multiply in bfloat16
+    assert not fused.by_copy(12)
+    set_activations(model, "q16")
+    quant.set_prefill_dtype(model, torch.float32)
+    assert not fused.by_copy(12)
+    quant.set_prefill_dtype(model, torch.bfloat16)
+    linear = model.layers[3].mlp.down_proj
+    linear.keep_prefill_copy(torch.bfloat16)  # a new copy: not the one the stack holds
+    assert not fused.by_copy(12)
 
 
 def test_the_engine_config_switch_is_validated() -> None:
