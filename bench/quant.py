@@ -29,7 +29,8 @@ from bench.engine import read_bandwidth
 from shared.engine.config import QUANT_FORMATS, EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
-from shared.model.kernels import ISA_ENV, chosen_isa, supported_isas
+from shared.model import ops
+from shared.model.kernels import ISA_ENV, chosen_isa, cpu_ops, supported_isas
 from shared.model.quant import set_activations
 from shared.model.quant_loader import load_model_as
 from shared.model.registry import DEFAULT_MODEL, gguf_source, resolve_model
@@ -83,6 +84,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--weights", default=",".join(WEIGHTS), help="formats to score and time")
     p.add_argument(
+        "--bf16-attention",
+        action="store_true",
+        help="also score each format with its prompt attending through the native kernel's "
+        "bfloat16 products, as prompts attend under --dtype auto on CPUs with AVX512-BF16 "
+        "(where this build has them; the other rows attend through torch's float32 kernel)",
+    )
+    p.add_argument(
         "--activations", default="float,q8,q16", help="of the quantized formats (float, q8, q16)"
     )
     p.add_argument("--speed-only", action="store_true", help=argparse.SUPPRESS)
@@ -118,6 +126,10 @@ def accuracy(args: argparse.Namespace) -> list[dict]:
             name = label(weights, activations)
             scores[name] = causal_logits(model, ids)
             progress(f"scored {name}: perplexity {perplexity(scores[name], ids):.3f}")
+            if args.bf16_attention and bf16_products():
+                name = f"{name} + bf16 attention"
+                scores[name] = causal_logits(model, ids, attend_in_bf16_products)
+                progress(f"scored {name}: perplexity {perplexity(scores[name], ids):.3f}")
     llama = llama_cpp_scores(args, gguf, ids)
     if llama is not None:
         scores["llama.cpp (file)"] = llama
@@ -201,6 +213,19 @@ def speed(args: argparse.Namespace) -> list[dict]:
             }
         )
     return rows
+
+
+def bf16_products() -> bool:
+    native = cpu_ops()
+    if native is None or not native.prefill_attention_has_bf16_products():
+        progress("--bf16-attention: this build has no bfloat16 dot products: not scored")
+        return False
+    return True
+
+
+def attend_in_bf16_products(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A whole prompt attending as the engine's prompts do in bfloat16 (ops.prefill_attention)."""
+    return ops.prefill_attention(q, k, v, q.shape[-1] ** -0.5, None, torch.bfloat16)
 
 
 def variants(args: argparse.Namespace, weights: str) -> list[str]:

@@ -221,12 +221,14 @@ def prefill_attention(
 ) -> torch.Tensor:
     """Causal attention of a prompt chunk, q [T, H, D], over its context k, v [L, H_kv, D]
     whose last T rows are the chunk's own: query i sees keys up to L - T + i. The native
-    kernel attends in float32; torch's in `dtype` (default q's) under `mask` (causal_mask(T,
-    L), which the caller builds once per step; None: L == T, plain causal)."""
+    kernel sums in float32, its products rounded to bfloat16 where `dtype` (default q's) is
+    bfloat16 and the CPU multiplies bfloat16 pairs natively (AVX512-BF16), else float32;
+    torch's attends in `dtype` under `mask` (causal_mask(T, L), which the caller builds once
+    per step; None: L == T, plain causal)."""
     native = _native(q)
     if native is not None and q.dtype == k.dtype == v.dtype and _heads_contiguous(q, k, v):
         out = q.new_empty(q.shape)
-        native.prefill_attention(out, q, k, v, scale)
+        native.prefill_attention(out, q, k, v, scale, (dtype or q.dtype) == torch.bfloat16)
         return out
     return prefill_attention_torch(q, k, v, scale, mask, dtype)
 

@@ -19,7 +19,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &kernels::decode_attention);
   m.def("small_linear", &kernels::small_linear);
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
-  m.def("prefill_attention", &kernels::prefill_attention, release());
+  m.def("prefill_attention", &kernels::prefill_attention, pybind11::arg("out"),
+        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("scale"),
+        pybind11::arg("bf16_products") = false, release());
+  m.def("prefill_attention_has_bf16_products", &kernels::prefill_attention_has_bf16_products);
   m.def("quant_gemv", &kernels::quant_gemv, release());
   m.def("quant_gemm", &kernels::quant_gemm, release());
   m.def("quant_dequantize", &kernels::quant_dequantize, release());

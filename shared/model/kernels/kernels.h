@@ -23,8 +23,10 @@ void small_linear(at::Tensor out, at::Tensor x, at::Tensor w,
                   c10::optional<at::Tensor> bias);
 
 // prefill_attention.cpp: q, out [T, H, D] over k, v [L, H_kv, D], query i seeing keys up to
-// L - T + i
-void prefill_attention(at::Tensor out, at::Tensor q, at::Tensor k, at::Tensor v, double scale);
+// L - T + i; in bfloat16 products where asked and this build has them (the second one says)
+void prefill_attention(at::Tensor out, at::Tensor q, at::Tensor k, at::Tensor v, double scale,
+                       bool bf16_products);
+bool prefill_attention_has_bf16_products();
 
 // quant_ops.cpp: GGUF blocks on float32 activations
 void quant_gemv(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,

@@ -1,7 +1,7 @@
 """Under torch's kernel, prompts attend in bfloat16 over a float32 KV where their matmuls
 multiply in it (TorchPagedAttention.prefill_dtype): within bfloat16's tolerance of float32,
-decode rows and the KV written untouched. The native kernel attends in float32 whatever it
-says."""
+decode rows and the KV written untouched. The native kernel sums in float32, its products in
+bfloat16 where that says so and the CPU has bfloat16 dot products, else in float32."""
 
 from __future__ import annotations
 
@@ -52,16 +52,22 @@ def test_prompts_attend_in_bfloat16_within_its_tolerance_and_the_rest_stays_floa
     assert torch.allclose(rounded[prompts], exact[prompts], atol=3e-2, rtol=0)
 
 
-def test_the_native_kernel_attends_in_float32_whatever_prefill_dtype_says(monkeypatch) -> None:
+def test_the_native_kernel_takes_bfloat16_products_where_the_cpu_has_them(monkeypatch) -> None:
     module = cpu_ops()
     if module is None:
         pytest.skip("no native kernels on this CPU")
     monkeypatch.setattr(ops, "_native", lambda x: None)
-    exact, _ = attend(None)
+    exact, exact_kv = attend(None)
     monkeypatch.setattr(ops, "_native", lambda x: module)
     native, native_kv = attend(torch.bfloat16)
-    assert torch.equal(native_kv, attend(None)[1])
-    assert torch.allclose(native, exact, atol=1e-5, rtol=0)
+    assert torch.equal(native_kv, exact_kv)  # the KV is written as computed
+    assert torch.allclose(native[:1], exact[:1], atol=1e-5, rtol=0)  # decode rows: float32
+    if module.prefill_attention_has_bf16_products():
+        prompts = slice(1, None)
+        assert not torch.equal(native[prompts], attend(None)[0][prompts])
+        assert torch.allclose(native, exact, atol=3e-2, rtol=0)
+    else:
+        assert torch.allclose(native, exact, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("amx", [True, False])
