@@ -118,6 +118,7 @@ def accuracy(args: argparse.Namespace) -> list[dict]:
     model_dir, gguf = resolve_model(args.model), gguf_source(args.model)
     ids = Tokenizer.from_dir(model_dir).encode(TEXT.read_text())[: args.text_tokens]
     scores = {}
+    bf16_attention = args.bf16_attention and bf16_products()
     for weights in ("float", *(w for w in args.weights.split(",") if w != "float")):
         model = load_model_as(weights, model_dir, gguf, torch.float32, "cpu")
         for activations in variants(args, weights):
@@ -126,7 +127,7 @@ def accuracy(args: argparse.Namespace) -> list[dict]:
             name = label(weights, activations)
             scores[name] = causal_logits(model, ids)
             progress(f"scored {name}: perplexity {perplexity(scores[name], ids):.3f}")
-            if args.bf16_attention and bf16_products():
+            if bf16_attention:
                 name = f"{name} + bf16 attention"
                 scores[name] = causal_logits(model, ids, attend_in_bf16_products)
                 progress(f"scored {name}: perplexity {perplexity(scores[name], ids):.3f}")

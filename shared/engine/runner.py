@@ -20,7 +20,7 @@ from shared.kvcache.storage import KVStorage
 from shared.model.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from shared.model.attention_choice import attention_backend, backend_name
 from shared.model.config import ModelConfig
-from shared.model.fused_decode import FusedDecode, fused_decode
+from shared.model.fused_decode import fused_decode
 from shared.model.kernels import cpu_ops
 from shared.model.llama import ForwardBatch, LlamaModel
 from shared.model.quant import (
@@ -105,9 +105,9 @@ class ModelRunner:
             return self.graphs.run(chunks)
         order, ordered = decode_first(chunks)
         input_ids, positions, meta = self.prepare(ordered)
-        fused = self._fused_for(meta, backend) if not hooked else None
-        if fused is not None:
-            hidden = fused.forward(input_ids, positions, meta)
+        by_copy = self._fused_route(meta, backend) if not hooked else None
+        if self.fused is not None and by_copy is not None:
+            hidden = self.fused.forward(input_ids, positions, meta, by_copy)
         else:
             attend = backend or self.backend
             batch = ForwardBatch(
@@ -119,16 +119,16 @@ class ModelRunner:
             hidden = self.model(input_ids, batch)
         return in_order(order, self._logits(hidden, ordered))
 
-    def _fused_for(
+    def _fused_route(
         self, meta: AttentionMetadata, backend: AttentionBackend | None
-    ) -> FusedDecode | None:
-        """The fused decode, for a step of decode tokens alone on this runner's own backend
-        that every layer's GEMV takes."""
+    ) -> bool | None:
+        """The fused decode's route (FusedDecode.route) for a step of decode tokens alone on
+        this runner's own backend; None where the module path runs the step."""
         if self.fused is None or meta.prefills:
             return None
         if backend is not None and backend is not self.backend:  # offloaded attention
             return None
-        return self.fused if self.fused.fits(meta.num_decode_tokens) else None
+        return self.fused.route(meta.num_decode_tokens)
 
     def sample(
         self,

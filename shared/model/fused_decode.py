@@ -53,7 +53,17 @@ class FusedDecode:
 
     def fits(self, num_rows: int) -> bool:
         """Whether the stack computes a step of `num_rows` rows as the module path would."""
-        return self.on_gemv(num_rows) or self.by_copy(num_rows)
+        return self.route(num_rows) is not None
+
+    def route(self, num_rows: int) -> bool | None:
+        """How the stack computes a step of `num_rows` rows as the module path would: on the
+        GEMV (False) or by the kept bfloat16 copies (True); None where it cannot (the module
+        path runs that step). Decided once a step: forward takes it."""
+        if self.on_gemv(num_rows):
+            return False
+        if self.by_copy(num_rows):
+            return True
+        return None
 
     def by_copy(self, num_rows: int) -> bool:
         """Whether the module path multiplies `num_rows` float32 rows by every linear's kept
@@ -81,14 +91,17 @@ class FusedDecode:
         return 1 <= num_rows <= limit
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        by_copy: bool,
     ) -> torch.Tensor:
         """input_ids [B] of B decode tokens -> final hidden states [B, hidden], as
-        `LlamaModel.forward` returns them."""
+        `LlamaModel.forward` returns them, by the route `route(B)` gave."""
         cos, sin = self.model.rotary.cos_sin(positions)
         table, lens = meta.decode_tables()
         x = self.model.embed_tokens(input_ids)
-        by_copy = self.by_copy(input_ids.shape[0])
         x, residual = self.stack.run(x, cos, sin, meta.slot_mapping, table, lens, by_copy)
         return self.model.final_norm(x, residual)
 

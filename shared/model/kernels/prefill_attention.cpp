@@ -145,12 +145,12 @@ inline void probability_pairs(uint32_t* out, const float* s) {
 #endif
 
 // One task's buffers, float32: rows R = G x (query rows), Dp = D rounded up to a vector; with
-// bfloat16 products also q and the probabilities as pairs of bfloat16 (qp, sp).
+// bfloat16 products q and the probabilities as pairs of bfloat16 (qp, sp) instead of q.
 struct Block {
   std::vector<float> q, s, o, m, l;
   std::vector<uint32_t> qp, sp;
   Block(int64_t rows, int64_t D, int64_t Dp, bool pairs)
-      : q(rows * D), s(rows * kKeys), o(rows * Dp), m(rows), l(rows),
+      : q(pairs ? 0 : rows * D), s(rows * kKeys), o(rows * Dp), m(rows), l(rows),
         qp(pairs ? rows * D / 2 : 0), sp(pairs ? rows * kKeys / 2 : 0) {}
 };
 
