@@ -27,8 +27,9 @@ from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.model import ops
+from shared.model.fused_decode import fused_decode
 from shared.model.kernels import chosen_isa, cpu_ops
-from shared.model.quant import set_copy_min_rows
+from shared.model.quant import interleave_rows, set_copy_min_rows
 from shared.model.registry import DEFAULT_MODEL
 
 # The routing of matmuls before the native GEMV took float32 and small batches: only a
@@ -67,8 +68,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "cublas",
             "kv-dtype-attention",
             "torch-prompt-attention",
+            "copy-from-10-rows",
             "copy-from-16-rows",
             "copy-rows-unfused",
+            "plain-rows",
             "quantized-prefill",
             "small-pages",
         ),
@@ -119,11 +122,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="skip kvstack with the matmul routing as before (one bf16 row to the native GEMV)",
     )
+    p.add_argument(
+        "--copy-min-rows",
+        type=int,
+        default=None,
+        help="kvstack's engine: the decode rows from which quantized layers multiply by their "
+        "kept bfloat16 copies (default: shared/model/quant.py's BF16_COPY_MIN_ROWS)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.copy_min_rows is not None and args.copy_min_rows < 1:
+        raise KvstackError(f"--copy-min-rows {args.copy_min_rows}: give 1 or more rows")
     torch.set_num_threads(args.threads)
     config = EngineConfig(
         model=args.model,
@@ -138,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=256,
     )
     engine = LLMEngine(config)
+    if args.copy_min_rows is not None:
+        changed(engine, lambda runner: set_copy_min_rows(runner.model, args.copy_min_rows))
     ours = KvstackSide(engine)
     before = before_side(args, config, ours)
     measured: Any = ours  # what the table's kvstack column measures
@@ -197,6 +211,7 @@ def measure(args: argparse.Namespace, ours, theirs, before=None) -> dict:
         "weights": args.weights,
         "activations": args.activations,
         "before": args.before,
+        "copy_min_rows": args.copy_min_rows,
         "step_thread": args.step_thread,
         "kernels": chosen_isa() if cpu_ops() is not None else "off",
         "threads": args.threads,
@@ -284,10 +299,13 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return KvstackSide(changed(LLMEngine(config), kv_dtype_attention))
     if args.before == "torch-prompt-attention":
         return KvstackSide(changed(LLMEngine(config), torch_prompt_attention))
-    if args.before == "copy-from-16-rows":
-        return KvstackSide(changed(LLMEngine(config), copy_from_16_rows))
+    if args.before in ("copy-from-10-rows", "copy-from-16-rows"):
+        rows = int(args.before.split("-")[2])
+        return KvstackSide(changed(LLMEngine(config), lambda runner: copy_from(runner, rows)))
     if args.before == "copy-rows-unfused":
         return KvstackSide(changed(LLMEngine(config), copy_rows_unfused))
+    if args.before == "plain-rows":
+        return KvstackSide(changed(LLMEngine(config), plain_rows))
     if args.before == "quantized-prefill":
         return KvstackSide(LLMEngine(dataclasses.replace(config, prefill_weights="quantized")))
     if args.before == "small-pages":
@@ -306,8 +324,10 @@ BEFORE_NOTES = {
     "routing": "the same engine, matmuls routed as before (one bf16 row to the GEMV)",
     "kv-dtype-attention": "a second engine, its prompts attending in the KV's dtype",
     "torch-prompt-attention": "a second engine, its prompts attending through torch's kernel",
-    "copy-from-16-rows": "a second engine, its decode batches of 10-15 rows on the GEMV",
+    "copy-from-10-rows": "a second engine, its decode batches of 10 rows or more by the bf16 copy",
+    "copy-from-16-rows": "a second engine, its decode batches of 16 rows or more by the bf16 copy",
     "copy-rows-unfused": "a second engine, its decode batches the bf16 copy takes layer by layer",
+    "plain-rows": "a second engine, its quantized rows in GGUF's order (not interleaved)",
     "quantized-prefill": "a second engine, its prompts' matmuls dequantizing on every pass",
     "small-pages": "a second engine, its weights and KV where torch puts them (no huge pages)",
 }
@@ -335,14 +355,23 @@ def copy_rows_unfused(runner) -> None:
         runner.fused.all_copied = False
 
 
+def plain_rows(runner) -> None:
+    """Quantized rows in GGUF's own order, not interleaved 8 at a time; the fused decode stack
+    built again to read them so."""
+    interleave_rows(runner.model, False)
+    if runner.fused is not None:
+        runner.fused = fused_decode(runner.model, runner.backend)
+
+
 def torch_prompt_attention(runner) -> None:
     """Prompts attend through torch's kernel, not the native one."""
     runner.backend.native_prefill = False
 
 
-def copy_from_16_rows(runner) -> None:
-    """Decode batches of 10-15 rows on the GEMV, as before they took the kept bfloat16 copy."""
-    set_copy_min_rows(runner.model, 16)
+def copy_from(runner, rows: int) -> None:
+    """Decode batches of `rows` rows or more by the kept bfloat16 copy, fewer on the GEMV: from
+    10 as before the rows were interleaved, from 16 as since (quant.BF16_COPY_MIN_ROWS)."""
+    set_copy_min_rows(runner.model, rows)
 
 
 class StepThread:
@@ -540,4 +569,9 @@ def format_table(report: dict) -> str:
         lines.append(f"before: {BEFORE_NOTES[report['before']]}")
     if report.get("step_thread"):
         lines.append("every kvstack engine stepped on a thread of its own (--step-thread)")
+    if report.get("copy_min_rows") is not None:
+        lines.append(
+            f"kvstack's decode batches by the kept bf16 copies from {report['copy_min_rows']} "
+            "rows (--copy-min-rows)"
+        )
     return "\n".join(lines)

@@ -157,9 +157,14 @@ def measure_quant(
         name: (way, layers)
         for name, way in quant_ways(native, cpu_has_native_bf16(), prefetch).items()
     }
+    if layers[0].can_interleave():  # the 16-bit GEMV again, on the rows interleaved
+        twins = interleaved(layers)
+        q16 = {n: w for n, (w, _) in ways.items() if n.startswith("gemv_q16")}
+        ways |= {n.replace("gemv_q16", "gemv_q16_x8"): (w, twins) for n, w in q16.items()}
     if args.arena:  # the GEMVs again, on a copy of the layers in one arena
         packed = in_arena(layers)
-        ways |= {f"{n}[arena]": (w, packed) for n, (w, _) in ways.items() if n.startswith("gemv")}
+        plain = (n for n in ways if n.startswith("gemv") and "_x8" not in n)
+        ways |= {f"{n}[arena]": (ways[n][0], packed) for n in plain}
     by_rows = []
     for m in (int(r) for r in args.rows.split(",")):
         inputs = [torch.randn(m, layer.in_features) for layer in layers]
@@ -173,6 +178,17 @@ def measure_quant(
         "q8_gemv_wins_up_to": wins_up_to(by_rows, "gemv_q8", "tiles_float"),
         "q16_gemv_wins_up_to": wins_up_to(by_rows, "gemv_q16", "tiles_float"),
     }
+
+
+def interleaved(layers: list[QuantLinear]) -> list[QuantLinear]:
+    """Copies of `layers` with their rows interleaved 8 at a time, as an engine keeps them
+    under 16-bit activations (shared/model/quant.py: INTERLEAVED_FORMATS)."""
+    copies = [
+        QuantLinear(layer.blocks.clone(), layer.fmt, layer.in_features, None) for layer in layers
+    ]
+    for copy in copies:
+        copy.interleave(True)
+    return copies
 
 
 def in_arena(layers: list[QuantLinear]) -> list[QuantLinear]:
@@ -210,7 +226,7 @@ def quant_ways(native, bf16: bool, prefetch: tuple[int, ...] = ()) -> dict:
     def tiles_float(layers: list[QuantLinear], inputs: list[torch.Tensor]) -> None:
         for layer, x in zip(layers, inputs, strict=True):
             out = x.new_empty(x.shape[0], layer.out_features)
-            native.quant_gemm(out, x, layer.blocks, layer.fmt.ggml_type, None, GEMM_TILE_ROWS)
+            native.quant_gemm(out, x, layer.blocks, layer.kernel_type, None, GEMM_TILE_ROWS)
 
     def tiles_bf16(layers: list[QuantLinear], inputs: list[torch.Tensor]) -> None:
         for layer, x in zip(layers, inputs, strict=True):

@@ -187,10 +187,10 @@ def _native_linear(native: Any, linear: torch.nn.Module) -> Any:
         bias = None if linear.bias is None else linear.bias.float().contiguous()
         copy = linear.copy_in(torch.bfloat16)
         if copy is None:
-            return native.StackLinear(linear.blocks, linear.fmt.ggml_type, bits, bias)
+            return native.StackLinear(linear.blocks, linear.kernel_type, bits, bias)
         copy_bias = None if linear.bias is None else linear.bias.to(torch.bfloat16)
         return native.StackLinear(
-            linear.blocks, linear.fmt.ggml_type, bits, bias, copy.weight, copy_bias, copy.packed
+            linear.blocks, linear.kernel_type, bits, bias, copy.weight, copy_bias, copy.packed
         )
     assert isinstance(linear, Linear)
     return native.StackLinear(linear.weight, None, 0, linear.bias)

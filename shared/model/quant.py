@@ -39,8 +39,12 @@ PREFILL_GEMM_MIN_ROWS = 64
 # copy"); from 10 rows, as 10-14 rows ran 1.06-1.16x faster by the copy than by the GEMV
 # and 9 rows 0.93x (`python -m bench engine --before copy-from-16-rows`, "Batched decode by the
 # prefill copy"). Such a batch then rounds as a prefill chunk does (bfloat16), which under
-# `--dtype auto` the decode rows sharing a step with a prompt's chunk already did.
-BF16_COPY_MIN_ROWS = 10
+# `--dtype auto` the decode rows sharing a step with a prompt's chunk already did. From 16 since
+# Q4 rows interleave (INTERLEAVED_FORMATS): the 16-bit GEMV then ran 10-15 rows faster than
+# the copy, 16 level; past 16 (the fused step's most GEMV rows, fused_decode.MAX_ROWS) the copy
+# wins (`python -m bench engine --before copy-from-10-rows`, `--copy-min-rows 33 --before
+# copy-from-16-rows`: docs/benchmarks.md, "Weight rows interleaved 8 at a time").
+BF16_COPY_MIN_ROWS = 16
 # NOTE: bfloat16 rows multiply by the whole weight in one library GEMM, not tile by tile: that
 # GEMM (oneDNN; AMX where the CPU has it) packs its operands on every call, which 256-row
 # tiles paid a dozen times a layer (`python -m bench gemv`, tiles_bf16: docs/benchmarks.md).
@@ -54,6 +58,13 @@ BF16_WEIGHT_VALUES = 32 << 20  # 64 MiB of bfloat16
 # multiplies by x as it is.
 ACTIVATIONS = ("q8", "q16", "float")
 ACTIVATION_BITS = {"q8": 8, "q16": 16}  # the integer ones
+# NOTE: under 16-bit activations these formats' rows sit interleaved 8 at a time
+# (shared/model/kernels/quant_x8.h): the GEMV on GGUF's own rows was bound by a core converting
+# and summing each block's products, not by memory; side by side, a vector's lanes are 8 rows
+# and one multiply scales them all (`python -m bench gemv`, `python -m bench engine --before
+# plain-rows`: docs/benchmarks.md, "Weight rows interleaved 8 at a time").
+INTERLEAVED_FORMATS = ("q4_0", "q4_1")
+INTERLEAVED = 1 << 8  # or-ed into the kernels' type code (quant_blocks.h: kInterleaved)
 
 
 class QuantLinear(nn.Module):
@@ -69,6 +80,7 @@ class QuantLinear(nn.Module):
     prefill_dtype = torch.float32  # what many float32 rows multiply in (set_prefill_dtype)
     prefill_copy: PrefillWeight | None = None  # what many rows multiply by, if kept
     copy_min_rows = BF16_COPY_MIN_ROWS  # decode rows from which the copy takes them
+    interleaved = False  # rows 8 at a time side by side (INTERLEAVED_FORMATS, q16)
 
     def __init__(
         self, blocks: torch.Tensor, fmt: QuantFormat, in_features: int, bias: nn.Parameter | None
@@ -104,10 +116,34 @@ class QuantLinear(nn.Module):
         bits = ACTIVATION_BITS.get(self.activations)
         if bits is not None:
             native = _kernels()
-            native.quant_gemv_int(out, rows, self.blocks, self.fmt.ggml_type, bias, bits, False)
+            native.quant_gemv_int(out, rows, self.blocks, self.kernel_type, bias, bits, False)
         else:
-            _kernels().quant_gemv(out, rows, self.blocks, self.fmt.ggml_type, bias)
+            _kernels().quant_gemv(out, rows, self.blocks, self.kernel_type, bias)
         return out
+
+    @property
+    def kernel_type(self) -> int:
+        """The blocks' type code for the native kernels: the GGML type, and whether
+        interleaved."""
+        return self.fmt.ggml_type | (INTERLEAVED if self.interleaved else 0)
+
+    def can_interleave(self) -> bool:
+        """Whether the rows may sit interleaved: a format that can, and no row lookups
+        (an embedding's)."""
+        return type(self) is QuantLinear and self.fmt.name in INTERLEAVED_FORMATS
+
+    def interleave(self, on: bool) -> None:
+        """Puts the rows 8 at a time side by side (or back in GGUF's order), in place: the
+        same bytes where they were (a weight arena keeps its placement)."""
+        if on == self.interleaved:
+            return
+        if on and not self.can_interleave():
+            raise ValueError(f"{self.fmt.name} rows of {type(self).__name__} do not interleave")
+        out = torch.empty_like(self.blocks)
+        _kernels().quant_interleave(out, self.blocks, self.fmt.ggml_type, on)
+        with torch.inference_mode():  # NOTE: blocks may be an inference tensor
+            self.blocks.copy_(out)
+        self.interleaved = on
 
     def gemm(self, rows: torch.Tensor) -> torch.Tensor:
         """rows float32 [M, in_features], M large: dequantized tiles and the library GEMM."""
@@ -120,7 +156,7 @@ class QuantLinear(nn.Module):
         if copy is not None and self.many_rows(rows):
             return copy.linear(rows, bias)
         out = rows.new_empty(rows.shape[0], self.out_features)
-        _kernels().quant_gemm(out, rows, self.blocks, self.fmt.ggml_type, bias, GEMM_TILE_ROWS)
+        _kernels().quant_gemm(out, rows, self.blocks, self.kernel_type, bias, GEMM_TILE_ROWS)
         return out
 
     def copy_in(self, dtype: torch.dtype) -> PrefillWeight | None:
@@ -169,7 +205,7 @@ class QuantLinear(nn.Module):
         if copy is not None:
             out = copy.linear(rows, bias).to(x.dtype)
             return out.view(*x.shape[:-1], self.out_features)
-        part = max(GEMM_TILE_ROWS, BF16_WEIGHT_VALUES // self.in_features)
+        part = max(GEMM_TILE_ROWS, BF16_WEIGHT_VALUES // self.in_features // 8 * 8)
         if part >= self.out_features:  # one part: the GEMM's own output, no copy in bfloat16
             out = F.linear(rows, self.weight_rows(0, self.out_features), bias).to(x.dtype)
             return out.view(*x.shape[:-1], self.out_features)
@@ -184,9 +220,12 @@ class QuantLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
     def weight_rows(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """Weight rows n0:n1 dequantized to `dtype` (bfloat16 or float32), a fresh tensor."""
+        """Weight rows n0:n1 dequantized to `dtype` (bfloat16 or float32), a fresh tensor.
+        Interleaved, n0 and n1 are multiples of 8 (or n1 the last row): whole groups."""
+        if self.interleaved and (n0 % 8 or (n1 % 8 and n1 != self.out_features)):
+            raise ValueError(f"rows {n0}:{n1} split a group of 8 interleaved rows")
         weight = torch.empty(n1 - n0, self.in_features, dtype=dtype)
-        _kernels().quant_dequantize(weight, self.blocks[n0:n1], self.fmt.ggml_type)
+        _kernels().quant_dequantize(weight, self.blocks[n0:n1], self.kernel_type)
         return weight
 
     def keep_prefill_copy(self, dtype: torch.dtype, packed: bool = True) -> int:
@@ -197,12 +236,23 @@ class QuantLinear(nn.Module):
         self.prefill_copy = PrefillWeight(self.weight_rows(0, self.out_features, dtype), packed)
         return self.prefill_copy.nbytes
 
+    def gguf_blocks(self) -> torch.Tensor:
+        """The blocks in GGUF's own row order: `blocks` itself, or a copy of it with the
+        interleaved rows put back."""
+        if not self.interleaved:
+            return self.blocks
+        out = torch.empty_like(self.blocks)
+        _kernels().quant_interleave(out, self.blocks, self.fmt.ggml_type, False)
+        return out
+
     def dequantized(self) -> torch.Tensor:
         """The whole weight as float32 [out_features, in_features]."""
-        return self.rows(torch.arange(self.out_features))
+        return self.weight_rows(0, self.out_features, torch.float32)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
-        """Rows `index` of the weight, dequantized to float32."""
+        """Rows `index` of the weight, dequantized to float32 (rows in GGUF's order)."""
+        if self.interleaved:
+            raise ValueError("interleaved rows are read whole groups at a time, not by index")
         out = torch.empty(index.numel(), self.in_features)
         _kernels().quant_dequantize(out, self.blocks.index_select(0, index), self.fmt.ggml_type)
         return out
@@ -292,6 +342,17 @@ def set_activations(model: nn.Module, activations: str, max_rows: int | None = N
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.activations, module.gemv_max_rows = activations, max_rows
+    interleave_rows(model, activations == "q16")
+
+
+def interleave_rows(model: nn.Module, on: bool) -> None:
+    """Every quantized layer of `model` that can (QuantLinear.can_interleave) with its rows
+    interleaved 8 at a time, or back in GGUF's order. Only 16-bit activations multiply
+    interleaved rows (set_activations sees to it); a fused decode stack built before reads the
+    old layout: build it after."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear) and module.can_interleave():
+            module.interleave(on)
 
 
 def set_prefill_dtype(model: nn.Module, dtype: torch.dtype) -> None:

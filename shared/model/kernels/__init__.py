@@ -32,6 +32,7 @@ SOURCES = (
 HEADERS = (
     HERE / "simd.h",
     HERE / "quant_blocks.h",
+    HERE / "quant_x8.h",
     HERE / "kernels.h",
     HERE / "parallel.h",
     HERE / "dispatch.h",

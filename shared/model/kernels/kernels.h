@@ -28,12 +28,15 @@ void prefill_attention(at::Tensor out, at::Tensor q, at::Tensor k, at::Tensor v,
                        bool bf16_products);
 bool prefill_attention_has_bf16_products();
 
-// quant_ops.cpp: GGUF blocks on float32 activations
+// quant_ops.cpp: GGUF blocks on float32 activations; a qtype with quant_blocks::kInterleaved
+// is rows interleaved 8 at a time (quant_x8.h), which quant_gemv refuses
 void quant_gemv(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
                 c10::optional<at::Tensor> bias);
 void quant_gemm(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
                 c10::optional<at::Tensor> bias, int64_t tile_rows);
 void quant_dequantize(at::Tensor out, at::Tensor w, int64_t qtype);
+// out = w's Q4_0 or Q4_1 rows interleaved 8 at a time (quant_x8.h), or back
+void quant_interleave(at::Tensor out, at::Tensor w, int64_t qtype, bool interleave);
 // How far ahead of each weight row the GEMVs prefetch (bytes, 0: not at all); the old value.
 int64_t set_weight_prefetch(int64_t bytes);
 

@@ -14,6 +14,8 @@
 namespace quant_blocks {
 
 constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12;  // GGMLQuantizationType
+// Or-ed into a type code: its rows interleaved 8 at a time (quant_x8.h), Q4_0 and Q4_1 only.
+constexpr int64_t kInterleaved = 1 << 8;
 
 inline float half_to_float(const uint8_t* p) {
   uint16_t bits;
@@ -85,7 +87,7 @@ struct Format {
 };
 
 inline Format format_of(int64_t qtype) {
-  switch (qtype) {
+  switch (qtype & ~kInterleaved) {
     case kQ8_0: return {32, 34};
     case kQ4_0: return {32, 18};
     case kQ4_1: return {32, 20};
@@ -96,6 +98,9 @@ inline Format format_of(int64_t qtype) {
 
 inline void check_weight(const at::Tensor& w, int64_t qtype, int64_t K) {
   const Format f = format_of(qtype);
+  TORCH_CHECK(!(qtype & kInterleaved) || (qtype & ~kInterleaved) == kQ4_0 ||
+                  (qtype & ~kInterleaved) == kQ4_1,
+              "only Q4_0 and Q4_1 rows come interleaved, not type ", qtype & ~kInterleaved);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "weight: a contiguous uint8 [N, row_bytes] tensor");
   TORCH_CHECK(K % f.values == 0 && w.size(1) == K / f.values * f.bytes,

@@ -24,12 +24,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "kernels.h"
 #include "parallel.h"
 #include "quant_blocks.h"
+#include "quant_x8.h"
 
 namespace {
 
@@ -327,6 +329,91 @@ void rows_simd_all(const uint8_t* w, int64_t row_bytes, const QRows<T>& x, const
     }
   }
 }
+
+// ---- Interleaved rows (quant_x8.h): a vector's 32-bit lanes are 8 weight rows, 16-bit x ----
+// acc + each row's two products of its 16-bit lanes with x's pair (x[i], x[i + 1]).
+inline IV dot_pairs(IV acc, IV q, const int16_t* x_pair) {
+  int32_t both;
+  std::memcpy(&both, x_pair, 4);
+  const IV x = _mm256_set1_epi32(both);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, q, x);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(q, x));
+#endif
+}
+
+// out[m, n..n+7] for the group of 8 weight rows from n and M rows of x from row m0.
+template <bool kHasMin, int M>
+void group_x8(const uint8_t* group, const QRows<int16_t>& x, int64_t m0, const float* bias,
+              float* out, int64_t N, int64_t n) {
+  constexpr int64_t kScalars = kHasMin ? 4 : 2, kBlockBytes = quant_x8::kRows * (kScalars + 16);
+  const int64_t blocks = x.blocks();
+  const IV nibble = _mm256_set1_epi16(0x0F);
+  FV acc[M], offsets[M];  // lane r: row n + r's sum of scaled products, and of offset * sx
+  for (int m = 0; m < M; ++m) acc[m] = offsets[m] = fzero();
+  for (int64_t j = 0; j < blocks; ++j) {
+    const uint8_t* b = group + j * kBlockBytes;
+    prefetch_row(b, kBlockBytes);
+    const FV d = _mm256_cvtph_ps(load16(b));
+    const FV offset = kHasMin ? _mm256_cvtph_ps(load16(b + 16)) : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+    // NOTE: two sums a row, so that each dot product waits on the one before the last.
+    IV even[M], odd[M];
+    for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm256_setzero_si256();
+    const uint8_t* q = b + quant_x8::kRows * kScalars;
+    for (int c = 0; c < 4; ++c) {
+      const IV v = load_x(q + 32 * c);
+      const IV q0 = _mm256_and_si256(v, nibble), q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      const IV q2 = _mm256_and_si256(_mm256_srli_epi16(v, 8), nibble), q3 = _mm256_srli_epi16(v, 12);
+      for (int m = 0; m < M; ++m) {
+        const int16_t* xm = x.q.data() + (m0 + m) * x.K + 32 * j + 8 * c;
+        even[m] = dot_pairs(even[m], q0, xm);
+        odd[m] = dot_pairs(odd[m], q1, xm + 2);
+        even[m] = dot_pairs(even[m], q2, xm + 4);
+        odd[m] = dot_pairs(odd[m], q3, xm + 6);
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      const int64_t xb = (m0 + m) * blocks + j;
+      const FV products = _mm256_cvtepi32_ps(_mm256_add_epi32(even[m], odd[m]));
+      acc[m] = _mm256_fmadd_ps(products, _mm256_mul_ps(d, _mm256_set1_ps(x.d(xb))), acc[m]);
+      offsets[m] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x.s(xb)), offsets[m]);
+    }
+  }
+  const FV b = bias ? _mm256_loadu_ps(bias + n) : fzero();
+  for (int m = 0; m < M; ++m)
+    _mm256_storeu_ps(out + (m0 + m) * N + n, _mm256_add_ps(_mm256_add_ps(acc[m], offsets[m]), b));
+}
+
+// Groups g0..g1 of 8 rows against every row of x, up to 4 rows of x a pass over the weights.
+template <bool kHasMin>
+void groups_x8(const uint8_t* w, int64_t row_bytes, const QRows<int16_t>& x, const float* bias,
+               float* out, int64_t N, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* group = w + g * quant_x8::kRows * row_bytes;
+    const int64_t n = g * quant_x8::kRows;
+    for (int64_t m = 0; m < x.M; m += 4) {
+      switch (std::min<int64_t>(4, x.M - m)) {
+        case 1: group_x8<kHasMin, 1>(group, x, m, bias, out, N, n); break;
+        case 2: group_x8<kHasMin, 2>(group, x, m, bias, out, N, n); break;
+        case 3: group_x8<kHasMin, 3>(group, x, m, bias, out, N, n); break;
+        default: group_x8<kHasMin, 4>(group, x, m, bias, out, N, n); break;
+      }
+    }
+  }
+}
+
+template <bool kHasMin>
+void gemv_x8(const uint8_t* w, const QRows<int16_t>& x, const float* bias, float* out,
+             int64_t N) {
+  using F = Q4<kHasMin>;
+  const int64_t row_bytes = x.blocks() * F::kBytes, groups = N / quant_x8::kRows;
+  kernels::parallel_for(0, groups, 2, [&](int64_t g0, int64_t g1) {
+    groups_x8<kHasMin>(w, row_bytes, x, bias, out, N, g0, g1);
+  });
+  // the last N % 8 rows, as GGUF has them
+  rows_simd_all<F>(w, row_bytes, x, bias, out, N, groups * quant_x8::kRows, N);
+}
 #endif  // KV_DOT_SIMD
 
 template <class F, class T>
@@ -341,10 +428,31 @@ void gemv_q(const uint8_t* w, const QRows<T>& x, const float* bias, float* out, 
   });
 }
 
+// Interleaved rows (quant_x8.h) on 16-bit x: their own kernel, or (portable, or no SIMD in
+// this build) the rows put back in GGUF's layout for the scalar one.
+void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<int16_t>& x,
+                      const float* bias, float* out, int64_t N, bool portable) {
+  const int64_t ggml_type = quant_x8::base_type(qtype);
+#if defined(KV_DOT_SIMD)
+  if (!portable) {
+    if (ggml_type == kQ4_1) return gemv_x8<true>(w, x, bias, out, N);
+    return gemv_x8<false>(w, x, bias, out, N);
+  }
+#endif
+  const int64_t row_bytes = x.blocks() * format_of(ggml_type).bytes;
+  std::vector<uint8_t> plain(N * row_bytes);
+  quant_x8::convert(w, plain.data(), ggml_type, N, row_bytes, false);
+  if (ggml_type == kQ4_1) return gemv_q<Q4<true>>(plain.data(), x, bias, out, N, true);
+  gemv_q<Q4<false>>(plain.data(), x, bias, out, N, true);
+}
+
 template <class T>
 void gemv_rows_of(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
                   const float* bias, float* out, int64_t N, bool portable) {
   const QRows<T> xq = quantize_rows<T>(x, M, K);
+  if constexpr (std::is_same_v<T, int16_t>) {
+    if (quant_x8::interleaved(qtype)) return gemv_interleaved(qtype, w, xq, bias, out, N, portable);
+  }
   switch (qtype) {
     case kQ8_0: gemv_q<Q8_0>(w, xq, bias, out, N, portable); break;
     case kQ4_0: gemv_q<Q4<false>>(w, xq, bias, out, N, portable); break;
@@ -386,6 +494,8 @@ void kernels::quant_gemv_int(at::Tensor out, at::Tensor x, at::Tensor w, int64_t
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_weight(w, qtype, K);
   TORCH_CHECK(bits == 8 || bits == 16, "bits: 8 or 16, got ", bits);
+  TORCH_CHECK(bits == 16 || !quant_x8::interleaved(qtype),
+              "interleaved rows multiply 16-bit activations, not ", bits, "-bit ones");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x: contiguous float32 [M, K]");
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == M &&

@@ -22,6 +22,7 @@
 #include "kernels.h"
 #include "parallel.h"
 #include "quant_blocks.h"
+#include "quant_x8.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -344,6 +345,11 @@ int64_t kernels::set_weight_prefetch(int64_t bytes) {
 void kernels::quant_dequantize(at::Tensor out, at::Tensor w, int64_t qtype) {
   const int64_t K = out.size(1);
   check_weight(w, qtype, K);
+  if (quant_x8::interleaved(qtype)) {  // NOTE: copies and tiles, not a step's path
+    at::Tensor plain = at::empty_like(w);
+    quant_interleave(plain, w, qtype, false);
+    return quant_dequantize(out, plain, quant_x8::base_type(qtype));
+  }
   const bool bf16 = out.scalar_type() == at::kBFloat16;
   TORCH_CHECK((bf16 || out.scalar_type() == at::kFloat) && out.is_contiguous() &&
                   out.size(0) == w.size(0),
@@ -363,6 +369,8 @@ void kernels::quant_gemv(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qty
                          c10::optional<at::Tensor> bias) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_weight(w, qtype, K);
+  TORCH_CHECK(!quant_x8::interleaved(qtype),
+              "interleaved rows multiply 16-bit activations (quant_gemv_int), not float ones");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 [M, K]");
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == M &&
                   out.size(1) == N,
@@ -416,13 +424,38 @@ void kernels::quant_gemm(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qty
     // writing into a view of an inference tensor is refused.
     c10::InferenceMode guard(inference);
     at::Tensor buffer = at::empty({tile, K}, x.options());
+    // NOTE: a tile's rows start at a multiple of 16: interleaved, they are whole groups of 8
+    // (and the weight's last rows), an interleaved weight of their own.
+    std::vector<uint8_t> plain(quant_x8::interleaved(qtype) ? tile * row_bytes : 0);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * tile, rows = std::min(tile, N - n0);
-      dequantize_rows(w.data_ptr<uint8_t>() + n0 * row_bytes, qtype, K,
-                      buffer.data_ptr<float>(), 0, rows);
+      const uint8_t* tile_rows = w.data_ptr<uint8_t>() + n0 * row_bytes;
+      if (!plain.empty()) {
+        quant_x8::convert(tile_rows, plain.data(), quant_x8::base_type(qtype), rows, row_bytes,
+                          false);
+        tile_rows = plain.data();
+      }
+      dequantize_rows(tile_rows, quant_x8::base_type(qtype), K, buffer.data_ptr<float>(), 0,
+                      rows);
       at::Tensor columns = out.narrow(1, n0, rows);
       at::mm_out(columns, x, buffer.narrow(0, 0, rows).t());
     }
   });
   if (bias.has_value()) out.add_(*bias);
+}
+
+// out = w [N, row_bytes] of `qtype` (Q4_0 or Q4_1, without kInterleaved) with its rows
+// interleaved 8 at a time (quant_x8.h), or back to GGUF's layout from them.
+void kernels::quant_interleave(at::Tensor out, at::Tensor w, int64_t qtype, bool interleave) {
+  const int64_t ggml_type = quant_x8::base_type(qtype);
+  TORCH_CHECK(quant_x8::can_interleave(ggml_type), "only Q4_0 and Q4_1 rows interleave, not type ",
+              ggml_type);
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() &&
+                  w.size(1) % (quant_x8::scalar_bytes(ggml_type) + 16) == 0,
+              "w: contiguous uint8 rows of whole blocks");
+  TORCH_CHECK(out.scalar_type() == at::kByte && out.is_contiguous() && out.sizes() == w.sizes() &&
+                  out.data_ptr() != w.data_ptr(),
+              "out: another contiguous uint8 tensor of w's shape");
+  quant_x8::convert(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), ggml_type, w.size(0),
+                    w.size(1), interleave);
 }

@@ -259,19 +259,20 @@ def copied_model(models, request):
 def test_steps_the_copies_take_are_fused_by_them_and_give_the_module_paths_logits(
     copied_model, isa, activations, monkeypatch
 ) -> None:
-    """24, 12 and 10 rows multiply by the bfloat16 copies in one native call, bit for bit as
+    """24, 20 and 16 rows multiply by the bfloat16 copies in one native call, bit for bit as
     layer by layer."""
     model = copied_model
     set_activations(model, activations)
     fused, plain = runner(model, True, isa, blocks=80), runner(model, False, blocks=80)
     assert fused.fused is not None and fused.fused.all_copied
-    assert fused.fused.by_copy(10) and not fused.fused.by_copy(9)
+    assert quant.BF16_COPY_MIN_ROWS == 16
+    assert fused.fused.by_copy(16) and not fused.fused.by_copy(15)
     calls = FusedCalls(monkeypatch)
     names = [f"s{i}" for i in range(24)]
     blocks = {n: [79 - 3 * i, 3 * i + 1, 78 - 3 * i] for i, n in enumerate(names)}
     tokens = {n: [100 + 7 * i, 30 + i, 2] for i, n in enumerate(names)}
     chunks = [SeqChunk(n, tokens[n], 0, blocks[n]) for n in names]
-    for rows in (24, 12, 10):  # the prompts, then a step of 24 rows, 12, 10
+    for rows in (24, 20, 16):  # the prompts, then a step of 24 rows, 20, 16
         out_fused, out_plain = fused.execute(chunks), plain.execute(chunks)
         assert_same(out_fused, out_plain)
         for chunk, logits in zip(chunks, out_fused, strict=True):
@@ -285,20 +286,20 @@ def test_a_step_goes_by_copy_only_while_the_module_path_would(copied_model) -> N
     model = copied_model
     set_activations(model, "q16")
     fused = runner(model, True).fused
-    assert fused is not None and fused.by_copy(12)
+    assert fused is not None and fused.by_copy(20)
     assert fused.by_copy(MAX_COPY_ROWS) and not fused.by_copy(MAX_COPY_ROWS + 1)
-    quant.set_copy_min_rows(model, 16)  # a benchmark's "before"
-    assert not fused.by_copy(12) and fused.on_gemv(12) and fused.by_copy(16)
+    quant.set_copy_min_rows(model, 24)  # a benchmark's "before"
+    assert not fused.by_copy(16) and fused.on_gemv(16) and fused.by_copy(24)
     quant.set_copy_min_rows(model, quant.BF16_COPY_MIN_ROWS)
     set_activations(model, "q8")  # q8 rows never multiply in bfloat16
-    assert not fused.by_copy(12)
+    assert not fused.by_copy(20)
     set_activations(model, "q16")
     quant.set_prefill_dtype(model, torch.float32)
-    assert not fused.by_copy(12)
+    assert not fused.by_copy(20)
     quant.set_prefill_dtype(model, torch.bfloat16)
     linear = model.layers[3].mlp.down_proj
     linear.keep_prefill_copy(torch.bfloat16)  # a new copy: not the one the stack holds
-    assert not fused.by_copy(12)
+    assert not fused.by_copy(20)
 
 
 def test_the_engine_config_switch_is_validated() -> None:

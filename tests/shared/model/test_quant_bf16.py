@@ -26,7 +26,7 @@ def layer(name: str, out_features: int, in_features: int) -> QuantLinear:
 
 
 def reference(linear: QuantLinear, x: torch.Tensor) -> torch.Tensor:
-    weight = dequantize(linear.blocks, linear.fmt).double()
+    weight = dequantize(linear.gguf_blocks(), linear.fmt).double()
     return torch.nn.functional.linear(x.double(), weight, linear.bias.double())
 
 

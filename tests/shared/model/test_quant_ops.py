@@ -6,19 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from shared.model.kernels import cpu_ops, supported_isas
 from shared.model.quant_formats import FORMATS, QuantFormat, dequantize, quantize
 
 # NOTE: the kernels sum in a different order than the reference matmul; float32 rounding only.
 TOLERANCE = 1e-4
-
-
-@pytest.fixture(params=supported_isas() or pytest.skip("no native kernels on this CPU"))
-def kernels(request):
-    """Each build this CPU runs: the AVX2 one too on AVX-512 machines."""
-    module = cpu_ops(request.param)
-    assert module is not None, f"the {request.param} build failed"
-    return module
 
 
 def random_blocks(fmt: QuantFormat, rows: int, in_features: int, seed: int) -> torch.Tensor:

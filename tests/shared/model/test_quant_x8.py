@@ -1,0 +1,178 @@
+"""Q4_0 and Q4_1 rows interleaved 8 at a time (shared/model/kernels/quant_x8.h): the layout as
+documented, the 16-bit GEMV on it against the dequantized weight on every ISA build, and the
+layers that keep their rows so under 16-bit activations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shared.model import quant
+from shared.model.quant import INTERLEAVED, QuantEmbedding, QuantLinear
+from shared.model.quant_formats import FORMATS
+from tests.shared.model.test_quant_ops import assert_close, random_blocks, reference, rounded
+
+INTERLEAVABLE = pytest.mark.parametrize("name", quant.INTERLEAVED_FORMATS)
+# Row counts: one whole group, groups and a tail, a tail alone; rows of 1, 2 and 8 blocks.
+SHAPES = [(8, 32), (21, 64), (5, 64), (64, 256)]
+
+
+def interleaved_by_the_doc(blocks: np.ndarray, scalars: int) -> np.ndarray:
+    """quant_x8.h's layout, written from its comment: per group of 8 rows and block, the 8 d
+    (and 8 m), then 4 chunks of 16 words, word 2r + h of chunk L holding in nibble k value
+    2 * (4L + k) + h of row r; the last N % 8 rows as they were."""
+    rows, row_bytes = blocks.shape
+    size = scalars + 16
+    out = blocks.copy()
+    for g in range(rows // 8):
+        group = blocks[8 * g : 8 * g + 8].reshape(8, -1, size)
+        for j in range(group.shape[1]):
+            plain = group[:, j]
+            nibbles = np.concatenate([plain[:, scalars:] & 0x0F, plain[:, scalars:] >> 4], axis=1)
+            words = np.zeros((4, 16), dtype=np.uint16)
+            for r in range(8):
+                for i in range(32):
+                    pair, h = divmod(i, 2)
+                    chunk, k = divmod(pair, 4)
+                    words[chunk, 2 * r + h] |= np.uint16(nibbles[r, i]) << np.uint16(4 * k)
+            scalar_bytes = [plain[:, s : s + 2].reshape(-1) for s in range(0, scalars, 2)]
+            packed = np.concatenate([*scalar_bytes, words.astype("<u2").view(np.uint8).ravel()])
+            at = 8 * g * row_bytes + 8 * size * j
+            out.reshape(-1)[at : at + 8 * size] = packed
+    return out
+
+
+@INTERLEAVABLE
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+def test_rows_interleave_as_documented_and_back(kernels, name, out_features, in_features):
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, out_features, in_features, seed=out_features)
+    x8 = torch.empty_like(blocks)
+    kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
+    scalars = 4 if name == "q4_1" else 2
+    assert np.array_equal(x8.numpy(), interleaved_by_the_doc(blocks.numpy(), scalars))
+    back = torch.empty_like(blocks)
+    kernels.quant_interleave(back, x8, fmt.ggml_type, False)
+    assert torch.equal(back, blocks)
+
+
+@INTERLEAVABLE
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_gemv_on_interleaved_rows_is_the_dequantized_weight_times_x_rounded(
+    kernels, name, out_features, in_features, rows
+):
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, out_features, in_features, seed=rows)
+    x8 = torch.empty_like(blocks)
+    kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
+    x, bias = torch.randn(rows, in_features), torch.randn(out_features)
+    out = torch.empty(rows, out_features)
+    kernels.quant_gemv_int(out, x, x8, fmt.ggml_type | INTERLEAVED, bias, 16, False)
+    assert_close(out, reference(rounded(x, 16), blocks, fmt, bias.double()))
+    # the portable path puts the rows back and runs GGUF's: bit for bit the plain one
+    portable, plain = torch.empty_like(out), torch.empty_like(out)
+    kernels.quant_gemv_int(portable, x, x8, fmt.ggml_type | INTERLEAVED, bias, 16, True)
+    kernels.quant_gemv_int(plain, x, blocks, fmt.ggml_type, bias, 16, True)
+    assert torch.equal(portable, plain)
+
+
+@INTERLEAVABLE
+def test_a_row_of_x_sums_alike_alone_and_among_others(kernels, name):
+    """Batch invariance: up to 4 rows of x share a pass over the groups, more take more
+    passes; each row's sums are its own."""
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, 37, 512, seed=11)  # 4 groups and a tail of 5
+    x8 = torch.empty_like(blocks)
+    kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
+    x, bias = torch.randn(9, 512), torch.randn(37)
+    together = torch.empty(9, 37)
+    kernels.quant_gemv_int(together, x, x8, fmt.ggml_type | INTERLEAVED, bias, 16, False)
+    for m in range(9):
+        alone = torch.empty(1, 37)
+        row = x[m : m + 1].contiguous()
+        kernels.quant_gemv_int(alone, row, x8, fmt.ggml_type | INTERLEAVED, bias, 16, False)
+        assert torch.equal(alone[0], together[m]), m
+
+
+@INTERLEAVABLE
+def test_dequantize_and_tiles_read_interleaved_rows_as_plain_ones(kernels, name):
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, 70, 512, seed=5)  # tiles of 16 rows and a tail
+    x8 = torch.empty_like(blocks)
+    kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
+    plain, mixed = torch.empty(70, 512), torch.empty(70, 512)
+    kernels.quant_dequantize(plain, blocks, fmt.ggml_type)
+    kernels.quant_dequantize(mixed, x8, fmt.ggml_type | INTERLEAVED)
+    assert torch.equal(plain, mixed)
+    x, bias = torch.randn(19, 512), torch.randn(70)
+    by_plain, by_x8 = torch.empty(19, 70), torch.empty(19, 70)
+    kernels.quant_gemm(by_plain, x, blocks, fmt.ggml_type, bias, 16)
+    kernels.quant_gemm(by_x8, x, x8, fmt.ggml_type | INTERLEAVED, bias, 16)
+    assert torch.equal(by_plain, by_x8)
+
+
+def test_interleaved_rows_refuse_what_they_cannot_do(kernels):
+    fmt = FORMATS["q4_1"]
+    blocks = random_blocks(fmt, 16, 64, seed=2)
+    x8 = torch.empty_like(blocks)
+    kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
+    out, x = torch.empty(1, 16), torch.randn(1, 64)
+    with pytest.raises(RuntimeError, match="16-bit activations"):
+        kernels.quant_gemv_int(out, x, x8, fmt.ggml_type | INTERLEAVED, None, 8, False)
+    with pytest.raises(RuntimeError, match="not float ones"):
+        kernels.quant_gemv(out, x, x8, fmt.ggml_type | INTERLEAVED, None)
+    q8 = FORMATS["q8_0"]
+    q8_blocks = random_blocks(q8, 16, 64, seed=2)
+    with pytest.raises(RuntimeError, match="only Q4_0 and Q4_1"):
+        kernels.quant_interleave(torch.empty_like(q8_blocks), q8_blocks, q8.ggml_type, True)
+    with pytest.raises(RuntimeError, match="only Q4_0 and Q4_1"):
+        kernels.quant_gemv_int(out, x, q8_blocks, q8.ggml_type | INTERLEAVED, None, 16, False)
+    with pytest.raises(RuntimeError, match="another"):
+        kernels.quant_interleave(blocks, blocks, fmt.ggml_type, True)  # not in place
+
+
+def layer(name: str, out_features: int = 44, in_features: int = 128) -> QuantLinear:
+    fmt = FORMATS[name]
+    bias = torch.nn.Parameter(torch.randn(out_features), requires_grad=False)
+    blocks = random_blocks(fmt, out_features, in_features, seed=7)
+    return QuantLinear(blocks, fmt, in_features, bias)
+
+
+@INTERLEAVABLE
+def test_layers_interleave_under_16_bit_activations_only(name):
+    linear = layer(name)
+    original = linear.blocks.clone()
+    model = torch.nn.Sequential(linear)
+    x = torch.randn(3, 128)
+    quant.set_activations(model, "q16")
+    assert linear.interleaved and not torch.equal(linear.blocks, original)
+    assert torch.equal(linear.gguf_blocks(), original)
+    fmt = linear.fmt
+    assert_close(linear(x), reference(rounded(x, 16), original, fmt, linear.bias.double()))
+    assert torch.equal(linear.dequantized(), reference(torch.eye(128), original, fmt).float().t())
+    for activations in ("q8", "float"):
+        quant.set_activations(model, activations)
+        assert not linear.interleaved and torch.equal(linear.blocks, original)
+        linear(x)  # their GEMVs read GGUF's rows again
+
+
+def test_what_cannot_interleave_stays_as_it_is():
+    q8 = layer("q8_0")
+    fmt = FORMATS["q4_1"]
+    embedding = QuantEmbedding(random_blocks(fmt, 16, 64, seed=1), fmt, 64, torch.float32)
+    quant.set_activations(torch.nn.Sequential(q8, embedding), "q16")
+    assert not q8.interleaved and not embedding.interleaved  # an embedding looks rows up
+    with pytest.raises(ValueError, match="do not interleave"):
+        embedding.interleave(True)
+
+
+def test_interleaved_rows_are_read_in_whole_groups():
+    linear = layer("q4_1")
+    linear.interleave(True)
+    with pytest.raises(ValueError, match="split a group"):
+        linear.weight_rows(4, 12)
+    assert linear.weight_rows(8, 44, torch.float32).shape == (36, 128)  # to the last row
+    with pytest.raises(ValueError, match="by index"):
+        linear.rows(torch.tensor([3]))
