@@ -167,7 +167,8 @@ def peer_setup(args: argparse.Namespace) -> PeerSetup:
     return PeerSetup(
         model=args.model,
         hf_dir=resolve_model(args.model),
-        ggufs=tuple(args.gguf or default_ggufs(args.model, args.gguf_dir)),
+        # NOTE: absolute: the servers start in directories of their own
+        ggufs=tuple(g.resolve() for g in args.gguf or default_ggufs(args.model, args.gguf_dir)),
         threads=args.threads,
         dtype=resolve_dtype(args.dtype),
         kvstack_dtype=args.dtype,

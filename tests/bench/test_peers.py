@@ -231,3 +231,18 @@ def test_every_rate_of_every_round_draws_its_own_prompts() -> None:
 
     seeds = [serving_seed(r, i, 3) for r in range(1, 4) for i in range(3)]
     assert len(set(seeds)) == len(seeds)
+
+
+def test_a_relative_gguf_is_made_absolute_for_the_servers(tmp_path, monkeypatch) -> None:
+    """The servers start in directories of their own: a --gguf relative to where bench peers
+    ran must reach them whole."""
+    import argparse
+
+    from bench.peers.cli import add_parser, peer_setup
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.Q4_1.gguf").touch()
+    args = parser.parse_args(["peers", "--gguf", "m.Q4_1.gguf", "--dtype", "float32"])
+    assert peer_setup(args).ggufs == (tmp_path / "m.Q4_1.gguf",)

@@ -284,6 +284,105 @@ void dequantize_rows(const uint8_t* w, int64_t qtype, int64_t K, T* out, int64_t
     }
 }
 
+// ---- Dequantize interleaved rows (quant_x8.h) -------------------------------------------
+#if defined(KV_SIMD) && defined(__F16C__)
+// Block j of a group of 8 interleaved rows to floats: row r's 32 values at y + r * ldy.
+// NOTE: straight from the interleaved nibbles (what the GEMV reads: nibble k of each 16-bit
+// word, lanes (2r, 2r + 1) a pair of row r's values), not through GGUF's layout first: putting
+// each tile's rows back took prompts under --prefill-weights quantized 2-3x their time.
+template <bool kHasMin>
+void dequant_group_block(const uint8_t* b, float* y, int64_t ldy) {
+  constexpr int64_t kScalars = kHasMin ? 4 : 2;
+  const __m256 d = _mm256_cvtph_ps(load16(b));
+  const __m256 o = kHasMin ? _mm256_cvtph_ps(load16(b + 16)) : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+  // each row's scale and offset twice over, for its pair of lanes: rows 0-3, then 4-7
+  const __m256i first = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  const __m256i second = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+  const __m256 d03 = _mm256_permutevar8x32_ps(d, first), d47 = _mm256_permutevar8x32_ps(d, second);
+  const __m256 o03 = _mm256_permutevar8x32_ps(o, first), o47 = _mm256_permutevar8x32_ps(o, second);
+  const uint8_t* q = b + quant_x8::kRows * kScalars;
+  // Four rows' 8 values from four vectors of their pairs (p[k]: values 2k, 2k + 1 of each
+  // row): a 4 x 4 transpose of 64-bit pairs, then one store a row.
+  auto store_rows = [&](const __m256* p, int row, int64_t col) {
+    __m256d t[4];
+    for (int h = 0; h < 2; ++h) {
+      const __m256d a = _mm256_castps_pd(p[2 * h]), c = _mm256_castps_pd(p[2 * h + 1]);
+      t[2 * h] = _mm256_unpacklo_pd(a, c);
+      t[2 * h + 1] = _mm256_unpackhi_pd(a, c);
+    }
+    const __m256d r0 = _mm256_permute2f128_pd(t[0], t[2], 0x20);
+    const __m256d r1 = _mm256_permute2f128_pd(t[1], t[3], 0x20);
+    const __m256d r2 = _mm256_permute2f128_pd(t[0], t[2], 0x31);
+    const __m256d r3 = _mm256_permute2f128_pd(t[1], t[3], 0x31);
+    _mm256_storeu_ps(y + row * ldy + col, _mm256_castpd_ps(r0));
+    _mm256_storeu_ps(y + (row + 1) * ldy + col, _mm256_castpd_ps(r1));
+    _mm256_storeu_ps(y + (row + 2) * ldy + col, _mm256_castpd_ps(r2));
+    _mm256_storeu_ps(y + (row + 3) * ldy + col, _mm256_castpd_ps(r3));
+  };
+  for (int chunk = 0; chunk < 4; ++chunk) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * chunk));
+    __m256 first_rows[4], last_rows[4];  // rows 0-3 and 4-7: pairs of values 8 * chunk + 2k
+    for (int k = 0; k < 4; ++k) {
+      const __m256i nibbles = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * k)),
+                                               _mm256_set1_epi16(0x0F));
+      const __m256 rows03 = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(nibbles)));
+      const __m256 rows47 = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(nibbles, 1)));
+      first_rows[k] = _mm256_fmadd_ps(d03, rows03, o03);
+      last_rows[k] = _mm256_fmadd_ps(d47, rows47, o47);
+    }
+    store_rows(first_rows, 0, 8 * chunk);
+    store_rows(last_rows, 4, 8 * chunk);
+  }
+}
+#else
+template <bool kHasMin>
+void dequant_group_block(const uint8_t* b, float* y, int64_t ldy) {
+  constexpr int64_t kBytes = kHasMin ? 20 : 18;
+  uint8_t plain[quant_x8::kRows * kBytes];
+  quant_x8::convert(b, plain, kHasMin ? kQ4_1 : kQ4_0, quant_x8::kRows, kBytes, false);
+  for (int r = 0; r < quant_x8::kRows; ++r)
+    dequant_block(kHasMin ? kQ4_1 : kQ4_0, plain + r * kBytes, y + r * ldy);
+}
+#endif
+
+// Groups g0..g1 of 8 interleaved rows of w (Q4_0 or Q4_1) into out [.., K], float32 or
+// bfloat16 (rounded to nearest even on the way out, as dequantize_rows does).
+template <class T>
+void dequantize_groups(const uint8_t* w, int64_t ggml_type, int64_t K, T* out, int64_t g0,
+                       int64_t g1) {
+  const Format f = format_of(ggml_type);
+  const int64_t blocks = K / 32, row_bytes = blocks * f.bytes, rows = quant_x8::kRows;
+  alignas(64) float y[quant_x8::kRows * 32];  // bfloat16's staging
+  for (int64_t g = g0; g < g1; ++g)
+    for (int64_t j = 0; j < blocks; ++j) {
+      const uint8_t* b = w + g * rows * row_bytes + j * rows * f.bytes;
+      T* o = out + g * rows * K + 32 * j;
+      const bool direct = std::is_same_v<T, float>;
+      float* to = direct ? reinterpret_cast<float*>(o) : y;
+      if (ggml_type == kQ4_1) dequant_group_block<true>(b, to, direct ? K : 32);
+      else dequant_group_block<false>(b, to, direct ? K : 32);
+      if constexpr (!std::is_same_v<T, float>)
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = 0; i < 32; i += simd::kWidth)
+            simd::store(o + r * K + i, simd::load(y + r * 32 + i));
+    }
+}
+
+// Rows of an interleaved weight (N of them, from a group's first row) to out [N, K]: its
+// groups, then the last N % 8 rows, which are GGUF's.
+template <class T>
+void dequantize_interleaved(const uint8_t* w, int64_t ggml_type, int64_t K, T* out, int64_t N,
+                            bool parallel) {
+  const int64_t groups = N / quant_x8::kRows;
+  if (parallel)
+    kernels::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+      dequantize_groups(w, ggml_type, K, out, g0, g1);
+    });
+  else
+    dequantize_groups(w, ggml_type, K, out, 0, groups);
+  dequantize_rows(w, ggml_type, K, out, groups * quant_x8::kRows, N);
+}
+
 // Per-32 sums of each row of x [M, K]: the offset terms of every format.
 std::vector<float> sums32(const float* x, int64_t M, int64_t K) {
   std::vector<float> xs(M * (K / 32));
@@ -345,16 +444,19 @@ int64_t kernels::set_weight_prefetch(int64_t bytes) {
 void kernels::quant_dequantize(at::Tensor out, at::Tensor w, int64_t qtype) {
   const int64_t K = out.size(1);
   check_weight(w, qtype, K);
-  if (quant_x8::interleaved(qtype)) {  // NOTE: copies and tiles, not a step's path
-    at::Tensor plain = at::empty_like(w);
-    quant_interleave(plain, w, qtype, false);
-    return quant_dequantize(out, plain, quant_x8::base_type(qtype));
-  }
   const bool bf16 = out.scalar_type() == at::kBFloat16;
   TORCH_CHECK((bf16 || out.scalar_type() == at::kFloat) && out.is_contiguous() &&
                   out.size(0) == w.size(0),
               "out: a contiguous float32 or bfloat16 [N, K] tensor");
   const uint8_t* wi = w.data_ptr<uint8_t>();
+  if (quant_x8::interleaved(qtype)) {
+    const int64_t ggml_type = quant_x8::base_type(qtype);
+    if (bf16)
+      dequantize_interleaved(wi, ggml_type, K, out.data_ptr<c10::BFloat16>(), w.size(0), true);
+    else
+      dequantize_interleaved(wi, ggml_type, K, out.data_ptr<float>(), w.size(0), true);
+    return;
+  }
   kernels::parallel_for(0, w.size(0), 16, [&](int64_t r0, int64_t r1) {
     if (bf16)
       dequantize_rows(wi, qtype, K, out.data_ptr<c10::BFloat16>(), r0, r1);
@@ -424,19 +526,16 @@ void kernels::quant_gemm(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qty
     // writing into a view of an inference tensor is refused.
     c10::InferenceMode guard(inference);
     at::Tensor buffer = at::empty({tile, K}, x.options());
-    // NOTE: a tile's rows start at a multiple of 16: interleaved, they are whole groups of 8
-    // (and the weight's last rows), an interleaved weight of their own.
-    std::vector<uint8_t> plain(quant_x8::interleaved(qtype) ? tile * row_bytes : 0);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * tile, rows = std::min(tile, N - n0);
       const uint8_t* tile_rows = w.data_ptr<uint8_t>() + n0 * row_bytes;
-      if (!plain.empty()) {
-        quant_x8::convert(tile_rows, plain.data(), quant_x8::base_type(qtype), rows, row_bytes,
-                          false);
-        tile_rows = plain.data();
-      }
-      dequantize_rows(tile_rows, quant_x8::base_type(qtype), K, buffer.data_ptr<float>(), 0,
-                      rows);
+      // NOTE: a tile starts at a multiple of 16 rows: interleaved, its rows are whole groups
+      // of 8 (and the weight's last rows), an interleaved weight of their own.
+      if (quant_x8::interleaved(qtype))
+        dequantize_interleaved(tile_rows, quant_x8::base_type(qtype), K, buffer.data_ptr<float>(),
+                               rows, false);
+      else
+        dequantize_rows(tile_rows, qtype, K, buffer.data_ptr<float>(), 0, rows);
       at::Tensor columns = out.narrow(1, n0, rows);
       at::mm_out(columns, x, buffer.narrow(0, 0, rows).t());
     }
@@ -456,6 +555,14 @@ void kernels::quant_interleave(at::Tensor out, at::Tensor w, int64_t qtype, bool
   TORCH_CHECK(out.scalar_type() == at::kByte && out.is_contiguous() && out.sizes() == w.sizes() &&
                   out.data_ptr() != w.data_ptr(),
               "out: another contiguous uint8 tensor of w's shape");
-  quant_x8::convert(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), ggml_type, w.size(0),
-                    w.size(1), interleave);
+  const uint8_t* src = w.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  const int64_t N = w.size(0), group_bytes = quant_x8::kRows * w.size(1);
+  const int64_t groups = N / quant_x8::kRows;
+  kernels::parallel_for(0, groups, 16, [&](int64_t g0, int64_t g1) {
+    const int64_t at = g0 * group_bytes, rows = (g1 - g0) * quant_x8::kRows;
+    quant_x8::convert(src + at, dst + at, ggml_type, rows, w.size(1), interleave);
+  });
+  const int64_t tail = groups * group_bytes;  // the last N % 8 rows, copied as they are
+  quant_x8::convert(src + tail, dst + tail, ggml_type, N % quant_x8::kRows, w.size(1), interleave);
 }

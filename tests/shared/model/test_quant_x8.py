@@ -97,15 +97,26 @@ def test_a_row_of_x_sums_alike_alone_and_among_others(kernels, name):
 
 
 @INTERLEAVABLE
-def test_dequantize_and_tiles_read_interleaved_rows_as_plain_ones(kernels, name):
+@pytest.mark.parametrize(("out_features", "in_features"), [*SHAPES, (70, 512)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interleaved_rows_dequantize_as_plain_ones(kernels, name, out_features, in_features, dtype):
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, out_features, in_features, seed=5)
+    x8 = torch.empty_like(blocks)
+    kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
+    plain = torch.empty(out_features, in_features, dtype=dtype)
+    mixed = torch.empty(out_features, in_features, dtype=dtype)
+    kernels.quant_dequantize(plain, blocks, fmt.ggml_type)
+    kernels.quant_dequantize(mixed, x8, fmt.ggml_type | INTERLEAVED)
+    assert torch.equal(plain, mixed)
+
+
+@INTERLEAVABLE
+def test_tiles_read_interleaved_rows_as_plain_ones(kernels, name):
     fmt = FORMATS[name]
     blocks = random_blocks(fmt, 70, 512, seed=5)  # tiles of 16 rows and a tail
     x8 = torch.empty_like(blocks)
     kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
-    plain, mixed = torch.empty(70, 512), torch.empty(70, 512)
-    kernels.quant_dequantize(plain, blocks, fmt.ggml_type)
-    kernels.quant_dequantize(mixed, x8, fmt.ggml_type | INTERLEAVED)
-    assert torch.equal(plain, mixed)
     x, bias = torch.randn(19, 512), torch.randn(70)
     by_plain, by_x8 = torch.empty(19, 70), torch.empty(19, 70)
     kernels.quant_gemm(by_plain, x, blocks, fmt.ggml_type, bias, 16)
