@@ -40,7 +40,7 @@ PREFILL_GEMM_MIN_ROWS = 64
 # and 9 rows 0.93x (`python -m bench engine --before copy-from-16-rows`, "Batched decode by the
 # prefill copy"). Such a batch then rounds as a prefill chunk does (bfloat16), which under
 # `--dtype auto` the decode rows sharing a step with a prompt's chunk already did. From 16 since
-# Q4 rows interleave (INTERLEAVED_FORMATS): the 16-bit GEMV then ran 10-15 rows faster than
+# rows interleave (INTERLEAVED_FORMATS): the 16-bit GEMV then ran 10-15 rows faster than
 # the copy, 16 level; past 16 (the fused step's most GEMV rows, fused_decode.MAX_ROWS) the copy
 # wins (`python -m bench engine --before copy-from-10-rows`, `--copy-min-rows 33 --before
 # copy-from-16-rows`: docs/benchmarks.md, "Weight rows interleaved 8 at a time").
@@ -63,7 +63,7 @@ ACTIVATION_BITS = {"q8": 8, "q16": 16}  # the integer ones
 # and summing each block's products, not by memory; side by side, a vector's lanes are 8 rows
 # and one multiply scales them all (`python -m bench gemv`, `python -m bench engine --before
 # plain-rows`: docs/benchmarks.md, "Weight rows interleaved 8 at a time").
-INTERLEAVED_FORMATS = ("q4_0", "q4_1")
+INTERLEAVED_FORMATS = ("q4_0", "q4_1", "q8_0")
 INTERLEAVED = 1 << 8  # or-ed into the kernels' type code (quant_blocks.h: kInterleaved)
 
 
@@ -128,9 +128,8 @@ class QuantLinear(nn.Module):
         return self.fmt.ggml_type | (INTERLEAVED if self.interleaved else 0)
 
     def can_interleave(self) -> bool:
-        """Whether the rows may sit interleaved: a format that can, and no row lookups
-        (an embedding's)."""
-        return type(self) is QuantLinear and self.fmt.name in INTERLEAVED_FORMATS
+        """Whether the rows may sit interleaved: a format that can."""
+        return self.fmt.name in INTERLEAVED_FORMATS
 
     def interleave(self, on: bool) -> None:
         """Puts the rows 8 at a time side by side (or back in GGUF's order), in place: the
@@ -250,10 +249,11 @@ class QuantLinear(nn.Module):
         return self.weight_rows(0, self.out_features, torch.float32)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
-        """Rows `index` of the weight, dequantized to float32 (rows in GGUF's order)."""
-        if self.interleaved:
-            raise ValueError("interleaved rows are read whole groups at a time, not by index")
+        """Rows `index` of the weight, dequantized to float32."""
         out = torch.empty(index.numel(), self.in_features)
+        if self.interleaved:  # each read out of its group of 8
+            _kernels().quant_lookup(out, self.blocks, index.long().contiguous(), self.kernel_type)
+            return out
         _kernels().quant_dequantize(out, self.blocks.index_select(0, index), self.fmt.ggml_type)
         return out
 

@@ -2,8 +2,8 @@
 prompts' matmuls dequantize on every pass, beside one that keeps the bfloat16 copy; with
 small-pages one whose KV is not in huge pages; with torch-prompt-attention one whose prompts
 attend through torch's kernel; with copy-rows-unfused one whose decode steps the bfloat16
-copies take run layer by layer; with plain-rows one whose Q4 rows are in GGUF's order; with
-copy-from-N-rows one whose decode batches take the copies from N rows."""
+copies take run layer by layer; with plain-rows one whose quantized rows are in GGUF's order;
+with copy-from-N-rows one whose decode batches take the copies from N rows."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_gemm", &kernels::quant_gemm, release());
   m.def("quant_dequantize", &kernels::quant_dequantize, release());
   m.def("quant_interleave", &kernels::quant_interleave, release());
+  m.def("quant_lookup", &kernels::quant_lookup, release());
   m.def("quant_gemv_int", &kernels::quant_gemv_int, release());
   m.def("quant_round_rows", &kernels::quant_round_rows, release());
   m.def("set_weight_prefetch", &kernels::set_weight_prefetch);

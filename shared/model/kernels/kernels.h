@@ -35,8 +35,10 @@ void quant_gemv(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
 void quant_gemm(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
                 c10::optional<at::Tensor> bias, int64_t tile_rows);
 void quant_dequantize(at::Tensor out, at::Tensor w, int64_t qtype);
-// out = w's Q4_0 or Q4_1 rows interleaved 8 at a time (quant_x8.h), or back
+// out = w's Q4_0, Q4_1 or Q8_0 rows interleaved 8 at a time (quant_x8.h), or back
 void quant_interleave(at::Tensor out, at::Tensor w, int64_t qtype, bool interleave);
+// out [I, K] float32 = rows `index` of w dequantized (an embedding's lookup)
+void quant_lookup(at::Tensor out, at::Tensor w, at::Tensor index, int64_t qtype);
 // How far ahead of each weight row the GEMVs prefetch (bytes, 0: not at all); the old value.
 int64_t set_weight_prefetch(int64_t bytes);
 

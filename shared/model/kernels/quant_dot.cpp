@@ -343,28 +343,55 @@ inline IV dot_pairs(IV acc, IV q, const int16_t* x_pair) {
 #endif
 }
 
+// Interleaved formats (quant_x8.h): a block's offset and its pairs of values as 16-bit lanes.
+template <bool kHasMin>
+struct Q4x8 {
+  using Plain = Q4<kHasMin>;  // the last N % 8 rows
+  static constexpr int64_t kScalars = kHasMin ? 4 : 2, kBlockBytes = 8 * Plain::kBytes;
+  static constexpr bool kHasOffset = true;
+  static FV offset(const uint8_t* b, FV d) {
+    return kHasMin ? _mm256_cvtph_ps(load16(b + 16)) : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+  }
+  static IV chunk(const uint8_t* values, int c) { return load_x(values + 32 * c); }
+  template <int k>
+  static IV pairs(IV chunk) {  // pair 4c + k: nibble k of each word
+    if constexpr (k == 3) return _mm256_srli_epi16(chunk, 12);
+    return _mm256_and_si256(_mm256_srli_epi16(chunk, 4 * k), _mm256_set1_epi16(0x0F));
+  }
+};
+
+struct Q8x8 {
+  using Plain = Q8_0;
+  static constexpr int64_t kScalars = 2, kBlockBytes = 8 * Plain::kBytes;
+  static constexpr bool kHasOffset = false;
+  static FV offset(const uint8_t*, FV) { return fzero(); }
+  static const uint8_t* chunk(const uint8_t* values, int c) { return values + 64 * c; }
+  template <int k>
+  static IV pairs(const uint8_t* chunk) {  // pair 4c + k: 16 bytes widened
+    return _mm256_cvtepi8_epi16(load16(chunk + 16 * k));
+  }
+};
+
 // out[m, n..n+7] for the group of 8 weight rows from n and M rows of x from row m0.
-template <bool kHasMin, int M>
+template <class X, int M>
 void group_x8(const uint8_t* group, const QRows<int16_t>& x, int64_t m0, const float* bias,
               float* out, int64_t N, int64_t n) {
-  constexpr int64_t kScalars = kHasMin ? 4 : 2, kBlockBytes = quant_x8::kRows * (kScalars + 16);
   const int64_t blocks = x.blocks();
-  const IV nibble = _mm256_set1_epi16(0x0F);
   FV acc[M], offsets[M];  // lane r: row n + r's sum of scaled products, and of offset * sx
   for (int m = 0; m < M; ++m) acc[m] = offsets[m] = fzero();
   for (int64_t j = 0; j < blocks; ++j) {
-    const uint8_t* b = group + j * kBlockBytes;
-    prefetch_row(b, kBlockBytes);
+    const uint8_t* b = group + j * X::kBlockBytes;
+    prefetch_row(b, X::kBlockBytes);
     const FV d = _mm256_cvtph_ps(load16(b));
-    const FV offset = kHasMin ? _mm256_cvtph_ps(load16(b + 16)) : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+    const FV offset = X::offset(b, d);
     // NOTE: two sums a row, so that each dot product waits on the one before the last.
     IV even[M], odd[M];
     for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm256_setzero_si256();
-    const uint8_t* q = b + quant_x8::kRows * kScalars;
+    const uint8_t* values = b + quant_x8::kRows * X::kScalars;
     for (int c = 0; c < 4; ++c) {
-      const IV v = load_x(q + 32 * c);
-      const IV q0 = _mm256_and_si256(v, nibble), q1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-      const IV q2 = _mm256_and_si256(_mm256_srli_epi16(v, 8), nibble), q3 = _mm256_srli_epi16(v, 12);
+      const auto chunk = X::chunk(values, c);
+      const IV q0 = X::template pairs<0>(chunk), q1 = X::template pairs<1>(chunk);
+      const IV q2 = X::template pairs<2>(chunk), q3 = X::template pairs<3>(chunk);
       for (int m = 0; m < M; ++m) {
         const int16_t* xm = x.q.data() + (m0 + m) * x.K + 32 * j + 8 * c;
         even[m] = dot_pairs(even[m], q0, xm);
@@ -377,7 +404,8 @@ void group_x8(const uint8_t* group, const QRows<int16_t>& x, int64_t m0, const f
       const int64_t xb = (m0 + m) * blocks + j;
       const FV products = _mm256_cvtepi32_ps(_mm256_add_epi32(even[m], odd[m]));
       acc[m] = _mm256_fmadd_ps(products, _mm256_mul_ps(d, _mm256_set1_ps(x.d(xb))), acc[m]);
-      offsets[m] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x.s(xb)), offsets[m]);
+      if constexpr (X::kHasOffset)
+        offsets[m] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x.s(xb)), offsets[m]);
     }
   }
   const FV b = bias ? _mm256_loadu_ps(bias + n) : fzero();
@@ -386,7 +414,7 @@ void group_x8(const uint8_t* group, const QRows<int16_t>& x, int64_t m0, const f
 }
 
 // Groups g0..g1 of 8 rows against every row of x, up to 4 rows of x a pass over the weights.
-template <bool kHasMin>
+template <class X>
 void groups_x8(const uint8_t* w, int64_t row_bytes, const QRows<int16_t>& x, const float* bias,
                float* out, int64_t N, int64_t g0, int64_t g1) {
   for (int64_t g = g0; g < g1; ++g) {
@@ -394,25 +422,24 @@ void groups_x8(const uint8_t* w, int64_t row_bytes, const QRows<int16_t>& x, con
     const int64_t n = g * quant_x8::kRows;
     for (int64_t m = 0; m < x.M; m += 4) {
       switch (std::min<int64_t>(4, x.M - m)) {
-        case 1: group_x8<kHasMin, 1>(group, x, m, bias, out, N, n); break;
-        case 2: group_x8<kHasMin, 2>(group, x, m, bias, out, N, n); break;
-        case 3: group_x8<kHasMin, 3>(group, x, m, bias, out, N, n); break;
-        default: group_x8<kHasMin, 4>(group, x, m, bias, out, N, n); break;
+        case 1: group_x8<X, 1>(group, x, m, bias, out, N, n); break;
+        case 2: group_x8<X, 2>(group, x, m, bias, out, N, n); break;
+        case 3: group_x8<X, 3>(group, x, m, bias, out, N, n); break;
+        default: group_x8<X, 4>(group, x, m, bias, out, N, n); break;
       }
     }
   }
 }
 
-template <bool kHasMin>
+template <class X>
 void gemv_x8(const uint8_t* w, const QRows<int16_t>& x, const float* bias, float* out,
              int64_t N) {
-  using F = Q4<kHasMin>;
-  const int64_t row_bytes = x.blocks() * F::kBytes, groups = N / quant_x8::kRows;
+  const int64_t row_bytes = x.blocks() * X::Plain::kBytes, groups = N / quant_x8::kRows;
   kernels::parallel_for(0, groups, 2, [&](int64_t g0, int64_t g1) {
-    groups_x8<kHasMin>(w, row_bytes, x, bias, out, N, g0, g1);
+    groups_x8<X>(w, row_bytes, x, bias, out, N, g0, g1);
   });
   // the last N % 8 rows, as GGUF has them
-  rows_simd_all<F>(w, row_bytes, x, bias, out, N, groups * quant_x8::kRows, N);
+  rows_simd_all<typename X::Plain>(w, row_bytes, x, bias, out, N, groups * quant_x8::kRows, N);
 }
 #endif  // KV_DOT_SIMD
 
@@ -435,15 +462,17 @@ void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<int16_t>& x,
   const int64_t ggml_type = quant_x8::base_type(qtype);
 #if defined(KV_DOT_SIMD)
   if (!portable) {
-    if (ggml_type == kQ4_1) return gemv_x8<true>(w, x, bias, out, N);
-    return gemv_x8<false>(w, x, bias, out, N);
+    if (ggml_type == kQ4_1) return gemv_x8<Q4x8<true>>(w, x, bias, out, N);
+    if (ggml_type == kQ4_0) return gemv_x8<Q4x8<false>>(w, x, bias, out, N);
+    return gemv_x8<Q8x8>(w, x, bias, out, N);
   }
 #endif
   const int64_t row_bytes = x.blocks() * format_of(ggml_type).bytes;
   std::vector<uint8_t> plain(N * row_bytes);
   quant_x8::convert(w, plain.data(), ggml_type, N, row_bytes, false);
   if (ggml_type == kQ4_1) return gemv_q<Q4<true>>(plain.data(), x, bias, out, N, true);
-  gemv_q<Q4<false>>(plain.data(), x, bias, out, N, true);
+  if (ggml_type == kQ4_0) return gemv_q<Q4<false>>(plain.data(), x, bias, out, N, true);
+  gemv_q<Q8_0>(plain.data(), x, bias, out, N, true);
 }
 
 template <class T>

@@ -287,20 +287,28 @@ void dequantize_rows(const uint8_t* w, int64_t qtype, int64_t K, T* out, int64_t
 // ---- Dequantize interleaved rows (quant_x8.h) -------------------------------------------
 #if defined(KV_SIMD) && defined(__F16C__)
 // Block j of a group of 8 interleaved rows to floats: row r's 32 values at y + r * ldy.
-// NOTE: straight from the interleaved nibbles (what the GEMV reads: nibble k of each 16-bit
-// word, lanes (2r, 2r + 1) a pair of row r's values), not through GGUF's layout first: putting
-// each tile's rows back took prompts under --prefill-weights quantized 2-3x their time.
-template <bool kHasMin>
+// NOTE: straight from the interleaved values (what the GEMV reads: 16-bit lanes (2r, 2r + 1) a
+// pair of row r's values), not through GGUF's layout first: putting each tile's rows back took
+// prompts under --prefill-weights quantized 2-3x their time.
+template <int64_t kType>
+inline __m256i pairs_of(const uint8_t* values, int chunk, int k) {  // pair p = 4 * chunk + k
+  if constexpr (kType == kQ8_0) return _mm256_cvtepi8_epi16(load16(values + 64 * chunk + 16 * k));
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 32 * chunk));
+  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * k)), _mm256_set1_epi16(0x0F));
+}
+
+template <int64_t kType>
 void dequant_group_block(const uint8_t* b, float* y, int64_t ldy) {
-  constexpr int64_t kScalars = kHasMin ? 4 : 2;
   const __m256 d = _mm256_cvtph_ps(load16(b));
-  const __m256 o = kHasMin ? _mm256_cvtph_ps(load16(b + 16)) : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+  const __m256 o = kType == kQ4_1   ? _mm256_cvtph_ps(load16(b + 16))
+                   : kType == kQ4_0 ? _mm256_mul_ps(d, _mm256_set1_ps(-8.f))
+                                    : _mm256_setzero_ps();
   // each row's scale and offset twice over, for its pair of lanes: rows 0-3, then 4-7
   const __m256i first = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
   const __m256i second = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
   const __m256 d03 = _mm256_permutevar8x32_ps(d, first), d47 = _mm256_permutevar8x32_ps(d, second);
   const __m256 o03 = _mm256_permutevar8x32_ps(o, first), o47 = _mm256_permutevar8x32_ps(o, second);
-  const uint8_t* q = b + quant_x8::kRows * kScalars;
+  const uint8_t* values = b + quant_x8::kRows * quant_x8::scalar_bytes(kType);
   // Four rows' 8 values from four vectors of their pairs (p[k]: values 2k, 2k + 1 of each
   // row): a 4 x 4 transpose of 64-bit pairs, then one store a row.
   auto store_rows = [&](const __m256* p, int row, int64_t col) {
@@ -320,13 +328,11 @@ void dequant_group_block(const uint8_t* b, float* y, int64_t ldy) {
     _mm256_storeu_ps(y + (row + 3) * ldy + col, _mm256_castpd_ps(r3));
   };
   for (int chunk = 0; chunk < 4; ++chunk) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * chunk));
     __m256 first_rows[4], last_rows[4];  // rows 0-3 and 4-7: pairs of values 8 * chunk + 2k
     for (int k = 0; k < 4; ++k) {
-      const __m256i nibbles = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * k)),
-                                               _mm256_set1_epi16(0x0F));
-      const __m256 rows03 = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(nibbles)));
-      const __m256 rows47 = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(nibbles, 1)));
+      const __m256i pairs = pairs_of<kType>(values, chunk, k);
+      const __m256 rows03 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(pairs)));
+      const __m256 rows47 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(pairs, 1)));
       first_rows[k] = _mm256_fmadd_ps(d03, rows03, o03);
       last_rows[k] = _mm256_fmadd_ps(d47, rows47, o47);
     }
@@ -335,15 +341,23 @@ void dequant_group_block(const uint8_t* b, float* y, int64_t ldy) {
   }
 }
 #else
-template <bool kHasMin>
+template <int64_t kType>
 void dequant_group_block(const uint8_t* b, float* y, int64_t ldy) {
-  constexpr int64_t kBytes = kHasMin ? 20 : 18;
+  constexpr int64_t kBytes = kType == kQ8_0 ? 34 : kType == kQ4_1 ? 20 : 18;
   uint8_t plain[quant_x8::kRows * kBytes];
-  quant_x8::convert(b, plain, kHasMin ? kQ4_1 : kQ4_0, quant_x8::kRows, kBytes, false);
-  for (int r = 0; r < quant_x8::kRows; ++r)
-    dequant_block(kHasMin ? kQ4_1 : kQ4_0, plain + r * kBytes, y + r * ldy);
+  quant_x8::convert(b, plain, kType, quant_x8::kRows, kBytes, false);
+  for (int r = 0; r < quant_x8::kRows; ++r) dequant_block(kType, plain + r * kBytes, y + r * ldy);
 }
 #endif
+
+// Block j of group g's rows to floats, whichever interleaved format.
+inline void dequant_group_block(int64_t ggml_type, const uint8_t* b, float* y, int64_t ldy) {
+  switch (ggml_type) {
+    case kQ4_1: return dequant_group_block<kQ4_1>(b, y, ldy);
+    case kQ4_0: return dequant_group_block<kQ4_0>(b, y, ldy);
+    default: return dequant_group_block<kQ8_0>(b, y, ldy);
+  }
+}
 
 // Groups g0..g1 of 8 interleaved rows of w (Q4_0 or Q4_1) into out [.., K], float32 or
 // bfloat16 (rounded to nearest even on the way out, as dequantize_rows does).
@@ -359,8 +373,7 @@ void dequantize_groups(const uint8_t* w, int64_t ggml_type, int64_t K, T* out, i
       T* o = out + g * rows * K + 32 * j;
       const bool direct = std::is_same_v<T, float>;
       float* to = direct ? reinterpret_cast<float*>(o) : y;
-      if (ggml_type == kQ4_1) dequant_group_block<true>(b, to, direct ? K : 32);
-      else dequant_group_block<false>(b, to, direct ? K : 32);
+      dequant_group_block(ggml_type, b, to, direct ? K : 32);
       if constexpr (!std::is_same_v<T, float>)
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t i = 0; i < 32; i += simd::kWidth)
@@ -543,14 +556,15 @@ void kernels::quant_gemm(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qty
   if (bias.has_value()) out.add_(*bias);
 }
 
-// out = w [N, row_bytes] of `qtype` (Q4_0 or Q4_1, without kInterleaved) with its rows
+// out = w [N, row_bytes] of `qtype` (Q4_0, Q4_1 or Q8_0, without kInterleaved) with its rows
 // interleaved 8 at a time (quant_x8.h), or back to GGUF's layout from them.
 void kernels::quant_interleave(at::Tensor out, at::Tensor w, int64_t qtype, bool interleave) {
   const int64_t ggml_type = quant_x8::base_type(qtype);
-  TORCH_CHECK(quant_x8::can_interleave(ggml_type), "only Q4_0 and Q4_1 rows interleave, not type ",
-              ggml_type);
+  TORCH_CHECK(quant_x8::can_interleave(ggml_type),
+              "only Q4_0, Q4_1 and Q8_0 rows interleave, not type ", ggml_type);
+  const int64_t block_bytes = quant_x8::scalar_bytes(ggml_type) + quant_x8::value_bytes(ggml_type);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() &&
-                  w.size(1) % (quant_x8::scalar_bytes(ggml_type) + 16) == 0,
+                  w.size(1) % block_bytes == 0,
               "w: contiguous uint8 rows of whole blocks");
   TORCH_CHECK(out.scalar_type() == at::kByte && out.is_contiguous() && out.sizes() == w.sizes() &&
                   out.data_ptr() != w.data_ptr(),
@@ -565,4 +579,39 @@ void kernels::quant_interleave(at::Tensor out, at::Tensor w, int64_t qtype, bool
   });
   const int64_t tail = groups * group_bytes;  // the last N % 8 rows, copied as they are
   quant_x8::convert(src + tail, dst + tail, ggml_type, N % quant_x8::kRows, w.size(1), interleave);
+}
+
+// out [I, K] float32 = rows `index` (int64 [I]) of w dequantized: an embedding's lookup.
+// Interleaved rows are read out of their group (the group's block dequantized, one row kept).
+void kernels::quant_lookup(at::Tensor out, at::Tensor w, at::Tensor index, int64_t qtype) {
+  const int64_t K = out.size(1), N = w.size(0), I = index.numel();
+  check_weight(w, qtype, K);
+  TORCH_CHECK(index.scalar_type() == at::kLong && index.dim() == 1 && index.is_contiguous(),
+              "index: contiguous int64 [I]");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.dim() == 2 && out.is_contiguous() &&
+                  out.size(0) == I,
+              "out: contiguous float32 [I, K]");
+  const int64_t* rows = index.data_ptr<int64_t>();
+  for (int64_t i = 0; i < I; ++i)
+    TORCH_CHECK(rows[i] >= 0 && rows[i] < N, "row ", rows[i], " is outside the weight's ", N);
+  const int64_t ggml_type = quant_x8::base_type(qtype), row_bytes = w.size(1);
+  const int64_t grouped = quant_x8::interleaved(qtype) ? N / quant_x8::kRows * quant_x8::kRows : 0;
+  const int64_t block_bytes = format_of(ggml_type).bytes;
+  const uint8_t* wi = w.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  kernels::parallel_for(0, I, 16, [&](int64_t i0, int64_t i1) {
+    alignas(64) float y[quant_x8::kRows * 32];
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t row = rows[i];
+      if (row >= grouped) {  // GGUF's layout
+        dequantize_rows(wi + row * row_bytes, ggml_type, K, o + i * K, 0, 1);
+        continue;
+      }
+      const uint8_t* group = wi + row / quant_x8::kRows * quant_x8::kRows * row_bytes;
+      for (int64_t j = 0; j < K / 32; ++j) {
+        dequant_group_block(ggml_type, group + j * quant_x8::kRows * block_bytes, y, 32);
+        std::memcpy(o + i * K + 32 * j, y + row % quant_x8::kRows * 32, 32 * sizeof(float));
+      }
+    }
+  });
 }

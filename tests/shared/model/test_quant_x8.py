@@ -1,6 +1,6 @@
-"""Q4_0 and Q4_1 rows interleaved 8 at a time (shared/model/kernels/quant_x8.h): the layout as
-documented, the 16-bit GEMV on it against the dequantized weight on every ISA build, and the
-layers that keep their rows so under 16-bit activations."""
+"""Q4_0, Q4_1 and Q8_0 rows interleaved 8 at a time (shared/model/kernels/quant_x8.h): the
+layout as documented, the 16-bit GEMV on it against the dequantized weight on every ISA build,
+and the layers (and embeddings) that keep their rows so under 16-bit activations."""
 
 from __future__ import annotations
 
@@ -18,28 +18,35 @@ INTERLEAVABLE = pytest.mark.parametrize("name", quant.INTERLEAVED_FORMATS)
 SHAPES = [(8, 32), (21, 64), (5, 64), (64, 256)]
 
 
-def interleaved_by_the_doc(blocks: np.ndarray, scalars: int) -> np.ndarray:
+def interleaved_by_the_doc(blocks: np.ndarray, name: str) -> np.ndarray:
     """quant_x8.h's layout, written from its comment: per group of 8 rows and block, the 8 d
-    (and 8 m), then 4 chunks of 16 words, word 2r + h of chunk L holding in nibble k value
-    2 * (4L + k) + h of row r; the last N % 8 rows as they were."""
+    (and 8 m), then the values, pair p = 2 values of each row: Q4 in 4 chunks of 16 words,
+    nibble k of word 2r + h of chunk c holding value 2 * (4c + k) + h of row r; Q8_0 in 16
+    chunks of 16 bytes, byte 2r + h of chunk p holding value 2p + h. The last N % 8 rows as
+    they were."""
+    scalars = 4 if name == "q4_1" else 2
     rows, row_bytes = blocks.shape
-    size = scalars + 16
+    size = FORMATS[name].block_bytes
     out = blocks.copy()
     for g in range(rows // 8):
         group = blocks[8 * g : 8 * g + 8].reshape(8, -1, size)
         for j in range(group.shape[1]):
             plain = group[:, j]
-            nibbles = np.concatenate([plain[:, scalars:] & 0x0F, plain[:, scalars:] >> 4], axis=1)
-            words = np.zeros((4, 16), dtype=np.uint16)
-            for r in range(8):
-                for i in range(32):
-                    pair, h = divmod(i, 2)
-                    chunk, k = divmod(pair, 4)
-                    words[chunk, 2 * r + h] |= np.uint16(nibbles[r, i]) << np.uint16(4 * k)
             scalar_bytes = [plain[:, s : s + 2].reshape(-1) for s in range(0, scalars, 2)]
-            packed = np.concatenate([*scalar_bytes, words.astype("<u2").view(np.uint8).ravel()])
+            if name == "q8_0":
+                pairs = plain[:, scalars:].reshape(8, 16, 2)  # [row, pair, h]
+                values = pairs.transpose(1, 0, 2).reshape(-1)  # chunk p: rows' pairs
+            else:
+                nibbles = np.concatenate([plain[:, scalars:] & 0x0F, plain[:, scalars:] >> 4], 1)
+                words = np.zeros((4, 16), dtype=np.uint16)
+                for r in range(8):
+                    for i in range(32):
+                        pair, h = divmod(i, 2)
+                        chunk, k = divmod(pair, 4)
+                        words[chunk, 2 * r + h] |= np.uint16(nibbles[r, i]) << np.uint16(4 * k)
+                values = words.astype("<u2").view(np.uint8).ravel()
             at = 8 * g * row_bytes + 8 * size * j
-            out.reshape(-1)[at : at + 8 * size] = packed
+            out.reshape(-1)[at : at + 8 * size] = np.concatenate([*scalar_bytes, values])
     return out
 
 
@@ -50,8 +57,7 @@ def test_rows_interleave_as_documented_and_back(kernels, name, out_features, in_
     blocks = random_blocks(fmt, out_features, in_features, seed=out_features)
     x8 = torch.empty_like(blocks)
     kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
-    scalars = 4 if name == "q4_1" else 2
-    assert np.array_equal(x8.numpy(), interleaved_by_the_doc(blocks.numpy(), scalars))
+    assert np.array_equal(x8.numpy(), interleaved_by_the_doc(blocks.numpy(), name))
     back = torch.empty_like(blocks)
     kernels.quant_interleave(back, x8, fmt.ggml_type, False)
     assert torch.equal(back, blocks)
@@ -134,12 +140,16 @@ def test_interleaved_rows_refuse_what_they_cannot_do(kernels):
         kernels.quant_gemv_int(out, x, x8, fmt.ggml_type | INTERLEAVED, None, 8, False)
     with pytest.raises(RuntimeError, match="not float ones"):
         kernels.quant_gemv(out, x, x8, fmt.ggml_type | INTERLEAVED, None)
-    q8 = FORMATS["q8_0"]
-    q8_blocks = random_blocks(q8, 16, 64, seed=2)
-    with pytest.raises(RuntimeError, match="only Q4_0 and Q4_1"):
-        kernels.quant_interleave(torch.empty_like(q8_blocks), q8_blocks, q8.ggml_type, True)
-    with pytest.raises(RuntimeError, match="only Q4_0 and Q4_1"):
-        kernels.quant_gemv_int(out, x, q8_blocks, q8.ggml_type | INTERLEAVED, None, 16, False)
+    q4k = FORMATS["q4_k"]
+    q4k_blocks = random_blocks(q4k, 16, 256, seed=2)
+    with pytest.raises(RuntimeError, match="only Q4_0, Q4_1 and Q8_0"):
+        kernels.quant_interleave(torch.empty_like(q4k_blocks), q4k_blocks, q4k.ggml_type, True)
+    x256, q4k_x8 = torch.randn(1, 256), q4k.ggml_type | INTERLEAVED
+    with pytest.raises(RuntimeError, match="only Q4_0, Q4_1 and Q8_0"):
+        kernels.quant_gemv_int(out, x256, q4k_blocks, q4k_x8, None, 16, False)
+    qtype = fmt.ggml_type | INTERLEAVED
+    with pytest.raises(RuntimeError, match="outside the weight's 16"):
+        kernels.quant_lookup(torch.empty(1, 64), x8, torch.tensor([16]), qtype)
     with pytest.raises(RuntimeError, match="another"):
         kernels.quant_interleave(blocks, blocks, fmt.ggml_type, True)  # not in place
 
@@ -169,14 +179,26 @@ def test_layers_interleave_under_16_bit_activations_only(name):
         linear(x)  # their GEMVs read GGUF's rows again
 
 
+@INTERLEAVABLE
+def test_an_embedding_interleaves_and_looks_its_rows_up_as_before(name):
+    fmt = FORMATS[name]
+    blocks = random_blocks(fmt, 21, 64, seed=1)  # 2 groups and a tail of 5
+    embedding = QuantEmbedding(blocks.clone(), fmt, 64, torch.float32)
+    ids = torch.tensor([[0, 7, 8, 15, 16, 20], [20, 3, 3, 9, 17, 12]])
+    before = embedding(ids)
+    quant.set_activations(torch.nn.Sequential(embedding), "q16")
+    assert embedding.interleaved
+    assert torch.equal(embedding(ids), before)
+    x = torch.randn(2, 64)  # the tied head: its GEMV on the interleaved rows
+    assert_close(embedding.linear(x), reference(rounded(x, 16), blocks, fmt))
+
+
 def test_what_cannot_interleave_stays_as_it_is():
-    q8 = layer("q8_0")
-    fmt = FORMATS["q4_1"]
-    embedding = QuantEmbedding(random_blocks(fmt, 16, 64, seed=1), fmt, 64, torch.float32)
-    quant.set_activations(torch.nn.Sequential(q8, embedding), "q16")
-    assert not q8.interleaved and not embedding.interleaved  # an embedding looks rows up
+    q4k = layer("q4_k", in_features=256)
+    quant.set_activations(torch.nn.Sequential(q4k), "q16")
+    assert not q4k.interleaved
     with pytest.raises(ValueError, match="do not interleave"):
-        embedding.interleave(True)
+        q4k.interleave(True)
 
 
 def test_interleaved_rows_are_read_in_whole_groups():
@@ -185,5 +207,4 @@ def test_interleaved_rows_are_read_in_whole_groups():
     with pytest.raises(ValueError, match="split a group"):
         linear.weight_rows(4, 12)
     assert linear.weight_rows(8, 44, torch.float32).shape == (36, 128)  # to the last row
-    with pytest.raises(ValueError, match="by index"):
-        linear.rows(torch.tensor([3]))
+    assert torch.equal(linear.rows(torch.tensor([3, 43])), linear.dequantized()[[3, 43]])
