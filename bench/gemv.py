@@ -183,22 +183,25 @@ def measure_quant(
 def interleaved(layers: list[QuantLinear]) -> list[QuantLinear]:
     """Copies of `layers` with their rows interleaved 8 at a time, as an engine keeps them
     under 16-bit activations (shared/model/quant.py: INTERLEAVED_FORMATS)."""
-    copies = [
-        QuantLinear(layer.blocks.clone(), layer.fmt, layer.in_features, None) for layer in layers
-    ]
-    for copy in copies:
-        copy.interleave(True)
-    return copies
+    twins = copies(layers)
+    for twin in twins:
+        twin.interleave(True)
+    return twins
 
 
 def in_arena(layers: list[QuantLinear]) -> list[QuantLinear]:
     """Copies of `layers` whose blocks sit in one arena of huge pages, in order, as an engine
     keeps its weights (shared/model/weight_arena.py)."""
-    copies = [
+    packed = copies(layers)
+    pack_weights(nn.ModuleList(packed))
+    return packed
+
+
+def copies(layers: list[QuantLinear]) -> list[QuantLinear]:
+    """Layers of the same blocks in memory of their own."""
+    return [
         QuantLinear(layer.blocks.clone(), layer.fmt, layer.in_features, None) for layer in layers
     ]
-    pack_weights(nn.ModuleList(copies))
-    return copies
 
 
 def prefetch_distances(text: str) -> tuple[int, ...]:

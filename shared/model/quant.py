@@ -65,6 +65,7 @@ ACTIVATION_BITS = {"q8": 8, "q16": 16}  # the integer ones
 # plain-rows`: docs/benchmarks.md, "Weight rows interleaved 8 at a time").
 INTERLEAVED_FORMATS = ("q4_0", "q4_1", "q8_0")
 INTERLEAVED = 1 << 8  # or-ed into the kernels' type code (quant_blocks.h: kInterleaved)
+GROUP_ROWS = 8  # rows interleaved together (quant_x8.h: kRows)
 
 
 class QuantLinear(nn.Module):
@@ -138,11 +139,16 @@ class QuantLinear(nn.Module):
             return
         if on and not self.can_interleave():
             raise ValueError(f"{self.fmt.name} rows of {type(self).__name__} do not interleave")
-        out = torch.empty_like(self.blocks)
-        _kernels().quant_interleave(out, self.blocks, self.fmt.ggml_type, on)
+        out = self._converted(on)
         with torch.inference_mode():  # NOTE: blocks may be an inference tensor
             self.blocks.copy_(out)
         self.interleaved = on
+
+    def _converted(self, interleaved: bool) -> torch.Tensor:
+        """A copy of the blocks with the rows interleaved, or put back in GGUF's order."""
+        out = torch.empty_like(self.blocks)
+        _kernels().quant_interleave(out, self.blocks, self.fmt.ggml_type, interleaved)
+        return out
 
     def gemm(self, rows: torch.Tensor) -> torch.Tensor:
         """rows float32 [M, in_features], M large: dequantized tiles and the library GEMM."""
@@ -204,7 +210,10 @@ class QuantLinear(nn.Module):
         if copy is not None:
             out = copy.linear(rows, bias).to(x.dtype)
             return out.view(*x.shape[:-1], self.out_features)
-        part = max(GEMM_TILE_ROWS, BF16_WEIGHT_VALUES // self.in_features // 8 * 8)
+        # NOTE: whole groups of interleaved rows a part
+        part = max(
+            GEMM_TILE_ROWS, BF16_WEIGHT_VALUES // self.in_features // GROUP_ROWS * GROUP_ROWS
+        )
         if part >= self.out_features:  # one part: the GEMM's own output, no copy in bfloat16
             out = F.linear(rows, self.weight_rows(0, self.out_features), bias).to(x.dtype)
             return out.view(*x.shape[:-1], self.out_features)
@@ -221,7 +230,7 @@ class QuantLinear(nn.Module):
     def weight_rows(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """Weight rows n0:n1 dequantized to `dtype` (bfloat16 or float32), a fresh tensor.
         Interleaved, n0 and n1 are multiples of 8 (or n1 the last row): whole groups."""
-        if self.interleaved and (n0 % 8 or (n1 % 8 and n1 != self.out_features)):
+        if self.interleaved and (n0 % GROUP_ROWS or (n1 % GROUP_ROWS and n1 != self.out_features)):
             raise ValueError(f"rows {n0}:{n1} split a group of 8 interleaved rows")
         weight = torch.empty(n1 - n0, self.in_features, dtype=dtype)
         _kernels().quant_dequantize(weight, self.blocks[n0:n1], self.kernel_type)
@@ -238,11 +247,7 @@ class QuantLinear(nn.Module):
     def gguf_blocks(self) -> torch.Tensor:
         """The blocks in GGUF's own row order: `blocks` itself, or a copy of it with the
         interleaved rows put back."""
-        if not self.interleaved:
-            return self.blocks
-        out = torch.empty_like(self.blocks)
-        _kernels().quant_interleave(out, self.blocks, self.fmt.ggml_type, False)
-        return out
+        return self._converted(False) if self.interleaved else self.blocks
 
     def dequantized(self) -> torch.Tensor:
         """The whole weight as float32 [out_features, in_features]."""

@@ -455,6 +455,18 @@ void gemv_q(const uint8_t* w, const QRows<T>& x, const float* bias, float* out, 
   });
 }
 
+// Rows in GGUF's layout, whichever format.
+template <class T>
+void gemv_plain(int64_t qtype, const uint8_t* w, const QRows<T>& xq, const float* bias,
+                float* out, int64_t N, bool portable) {
+  switch (qtype) {
+    case kQ8_0: gemv_q<Q8_0>(w, xq, bias, out, N, portable); break;
+    case kQ4_0: gemv_q<Q4<false>>(w, xq, bias, out, N, portable); break;
+    case kQ4_1: gemv_q<Q4<true>>(w, xq, bias, out, N, portable); break;
+    case kQ4_K: gemv_q<Q4_K>(w, xq, bias, out, N, portable); break;
+  }
+}
+
 // Interleaved rows (quant_x8.h) on 16-bit x: their own kernel, or (portable, or no SIMD in
 // this build) the rows put back in GGUF's layout for the scalar one.
 void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<int16_t>& x,
@@ -470,9 +482,7 @@ void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<int16_t>& x,
   const int64_t row_bytes = x.blocks() * format_of(ggml_type).bytes;
   std::vector<uint8_t> plain(N * row_bytes);
   quant_x8::convert(w, plain.data(), ggml_type, N, row_bytes, false);
-  if (ggml_type == kQ4_1) return gemv_q<Q4<true>>(plain.data(), x, bias, out, N, true);
-  if (ggml_type == kQ4_0) return gemv_q<Q4<false>>(plain.data(), x, bias, out, N, true);
-  gemv_q<Q8_0>(plain.data(), x, bias, out, N, true);
+  gemv_plain(ggml_type, plain.data(), x, bias, out, N, true);
 }
 
 template <class T>
@@ -482,12 +492,7 @@ void gemv_rows_of(int64_t qtype, const uint8_t* w, const float* x, int64_t M, in
   if constexpr (std::is_same_v<T, int16_t>) {
     if (quant_x8::interleaved(qtype)) return gemv_interleaved(qtype, w, xq, bias, out, N, portable);
   }
-  switch (qtype) {
-    case kQ8_0: gemv_q<Q8_0>(w, xq, bias, out, N, portable); break;
-    case kQ4_0: gemv_q<Q4<false>>(w, xq, bias, out, N, portable); break;
-    case kQ4_1: gemv_q<Q4<true>>(w, xq, bias, out, N, portable); break;
-    case kQ4_K: gemv_q<Q4_K>(w, xq, bias, out, N, portable); break;
-  }
+  gemv_plain(qtype, w, xq, bias, out, N, portable);
 }
 
 }  // namespace

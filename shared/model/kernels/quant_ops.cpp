@@ -343,10 +343,10 @@ void dequant_group_block(const uint8_t* b, float* y, int64_t ldy) {
 #else
 template <int64_t kType>
 void dequant_group_block(const uint8_t* b, float* y, int64_t ldy) {
-  constexpr int64_t kBytes = kType == kQ8_0 ? 34 : kType == kQ4_1 ? 20 : 18;
-  uint8_t plain[quant_x8::kRows * kBytes];
-  quant_x8::convert(b, plain, kType, quant_x8::kRows, kBytes, false);
-  for (int r = 0; r < quant_x8::kRows; ++r) dequant_block(kType, plain + r * kBytes, y + r * ldy);
+  const int64_t bytes = format_of(kType).bytes;
+  uint8_t plain[quant_x8::kRows * 34];  // the largest of them (Q8_0)
+  quant_x8::convert(b, plain, kType, quant_x8::kRows, bytes, false);
+  for (int r = 0; r < quant_x8::kRows; ++r) dequant_block(kType, plain + r * bytes, y + r * ldy);
 }
 #endif
 
@@ -359,7 +359,7 @@ inline void dequant_group_block(int64_t ggml_type, const uint8_t* b, float* y, i
   }
 }
 
-// Groups g0..g1 of 8 interleaved rows of w (Q4_0 or Q4_1) into out [.., K], float32 or
+// Groups g0..g1 of 8 interleaved rows of w into out [.., K], float32 or
 // bfloat16 (rounded to nearest even on the way out, as dequantize_rows does).
 template <class T>
 void dequantize_groups(const uint8_t* w, int64_t ggml_type, int64_t K, T* out, int64_t g0,
@@ -562,9 +562,8 @@ void kernels::quant_interleave(at::Tensor out, at::Tensor w, int64_t qtype, bool
   const int64_t ggml_type = quant_x8::base_type(qtype);
   TORCH_CHECK(quant_x8::can_interleave(ggml_type),
               "only Q4_0, Q4_1 and Q8_0 rows interleave, not type ", ggml_type);
-  const int64_t block_bytes = quant_x8::scalar_bytes(ggml_type) + quant_x8::value_bytes(ggml_type);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() &&
-                  w.size(1) % block_bytes == 0,
+                  w.size(1) % format_of(ggml_type).bytes == 0,
               "w: contiguous uint8 rows of whole blocks");
   TORCH_CHECK(out.scalar_type() == at::kByte && out.is_contiguous() && out.sizes() == w.sizes() &&
                   out.data_ptr() != w.data_ptr(),

@@ -28,8 +28,8 @@
 
 namespace quant_x8 {
 
+using quant_blocks::can_interleave;
 using quant_blocks::kInterleaved;
-using quant_blocks::kQ4_0;
 using quant_blocks::kQ4_1;
 using quant_blocks::kQ8_0;
 
@@ -37,13 +37,8 @@ constexpr int64_t kRows = 8;
 
 inline bool interleaved(int64_t qtype) { return (qtype & kInterleaved) != 0; }
 inline int64_t base_type(int64_t qtype) { return qtype & ~kInterleaved; }
-inline bool can_interleave(int64_t ggml_type) {
-  return ggml_type == kQ4_0 || ggml_type == kQ4_1 || ggml_type == kQ8_0;
-}
 // Bytes of a block's scalars (d, then m for Q4_1) before its values.
 inline int64_t scalar_bytes(int64_t ggml_type) { return ggml_type == kQ4_1 ? 4 : 2; }
-// Bytes of a block's 32 values: nibbles, or (Q8_0) bytes.
-inline int64_t value_bytes(int64_t ggml_type) { return ggml_type == kQ8_0 ? 32 : 16; }
 
 // Where value i of row r sits among a group's block's values: the byte, and the shift of
 // its nibble there (Q4; 0 for Q8_0's bytes).
@@ -71,7 +66,7 @@ inline void plain_place_of(int64_t ggml_type, int i, int64_t* byte, int* shift) 
 // are the same bytes in another order.
 inline void convert(const uint8_t* src, uint8_t* dst, int64_t ggml_type, int64_t N,
                     int64_t row_bytes, bool to_interleaved) {
-  const int64_t scalars = scalar_bytes(ggml_type), bytes = scalars + value_bytes(ggml_type);
+  const int64_t scalars = scalar_bytes(ggml_type), bytes = quant_blocks::format_of(ggml_type).bytes;
   const int mask = ggml_type == kQ8_0 ? 0xFF : 0x0F;
   const int64_t blocks = row_bytes / bytes, groups = N / kRows;
   for (int64_t g = 0; g < groups; ++g) {
