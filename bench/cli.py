@@ -26,6 +26,7 @@ from bench import (
     quant,
     random_model,
     sampling,
+    step_phases,
     transfer,
 )
 from bench.chaos import cli as chaos
@@ -37,6 +38,7 @@ BENCHMARKS = (
     engine,
     engine_thread,
     decode_profile,
+    step_phases,
     gpu_step,
     gemv,
     quant,

@@ -405,7 +405,7 @@ class LLMEngine:
         )
 
     def _sample(self, ready: list[tuple[Sequence, torch.Tensor]]) -> list[RequestOutput]:
-        rows = torch.cat([row for _, row in ready])
+        rows = ready[0][1] if len(ready) == 1 else torch.cat([row for _, row in ready])
         seqs = [seq for seq, _ in ready]
         token_ids, token_logprobs = self._runner.sample(
             rows,

@@ -161,8 +161,10 @@ class ModelRunner:
             counts.append(chunk.num_logits)
         if not rows:
             return [hidden.new_empty((0, 0))] * len(chunks)
-        index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
-        return list(self.model.compute_logits(hidden[index]).split(counts))
+        if len(rows) < hidden.shape[0]:  # else every row (a decode step's): no gather
+            hidden = hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]
+        logits = self.model.compute_logits(hidden)
+        return [logits] if len(chunks) == 1 else list(logits.split(counts))
 
 
 def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, ModelConfig, int]:

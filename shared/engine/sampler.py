@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+import numpy
 import torch
 import xxhash
 
@@ -41,9 +42,21 @@ def _greedy_and_usable(logits: torch.Tensor) -> tuple[list[int], list[bool]]:
     (penalties, biases, a grammar), NaN and +inf are broken. A row's max is NaN when any
     logit is, +inf when one is, -inf when all are masked: usable exactly when finite.
     One read of the logits and one device-to-host copy (on a GPU, one synchronisation)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return _greedy_and_usable_numpy(logits)
     values, indices = row_max(logits, _slices(logits.shape[1]) if logits.is_cuda else 1)
     rows = torch.stack((indices, torch.isfinite(values).long())).tolist()
     return rows[0], [bool(u) for u in rows[1]]
+
+
+def _greedy_and_usable_numpy(logits: torch.Tensor) -> tuple[list[int], list[bool]]:
+    """_greedy_and_usable on the CPU: numpy's argmax (the first maximum, or the first NaN)
+    reads a 49k vocabulary in ~5 us where torch's max over a dimension took ~45 us, a
+    percent of a small model's decode step (docs/benchmarks.md, "A leaner decode step")."""
+    rows = logits.detach().numpy()
+    indices = rows.argmax(axis=1)
+    values = rows[numpy.arange(rows.shape[0]), indices]
+    return indices.tolist(), numpy.isfinite(values).tolist()
 
 
 def row_max(logits: torch.Tensor, slices: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,7 @@ BENCHMARKS = (
     "quant",
     "gemv",
     "decode-profile",
+    "step-phases",
     "fairness",
     "transfer",
     "kvstore",

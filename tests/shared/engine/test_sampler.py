@@ -134,3 +134,26 @@ def test_row_max_over_slices_is_the_first_max_of_the_row():
     assert indices[:2].tolist() == [5, 40]
     assert indices[3] == logits[3].argmax() and values[3] == logits[3].max()
     assert values[2].isnan()
+
+
+def test_greedy_on_the_cpu_agrees_with_torchs_row_max():
+    """The CPU's greedy choice (numpy's argmax) is torch's: the first maximum of each row,
+    and a row usable exactly when its maximum is finite (a NaN or +inf anywhere, or every
+    token masked, is not); a row split off a batch's logits (a view) reads the same."""
+    from shared.engine.sampler import _greedy_and_usable, row_max
+
+    logits = torch.randn(7, 300, generator=torch.Generator().manual_seed(3))
+    logits[0, [5, 260]] = 9.0  # a tie: the first wins
+    logits[1, 17] = float("nan")
+    logits[2, [3, 200]] = float("inf")
+    logits[3] = float("-inf")
+    logits[4, :150] = float("-inf")
+    logits[5, 299] = 50.0  # the last token
+    values, indices = row_max(logits)
+    expected = (indices.tolist(), torch.isfinite(values).tolist())
+    assert _greedy_and_usable(logits) == expected
+    assert expected[0][0] == 5 and expected[0][5] == 299
+    assert expected[1] == [True, False, False, False, True, True, True]
+    rows = logits.split(1)
+    for i, row in enumerate(rows):
+        assert _greedy_and_usable(row) == ([expected[0][i]], [expected[1][i]])

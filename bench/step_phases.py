@@ -1,0 +1,174 @@
+"""`python -m bench step-phases`: where a decode step's wall time goes, phase by phase.
+
+The engine decodes a batch in this process with a timer around each phase of its step
+(the scheduler, the step's metadata, the fused layers' one native call, the logits head,
+sampling, appending the token...); what no timer covers is the step's own Python. Unlike
+`bench decode-profile` it needs no sampler and does not slow the step down: the timers cost
+a microsecond or so each. Printed: microseconds per step and share of each phase, the
+native calls' share, and tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import torch
+
+from bench.engine import KvstackSide
+from shared.engine.config import ACTIVATIONS_CHOICES, DTYPE_CHOICES, WEIGHTS_CHOICES, EngineConfig
+from shared.engine.engine import LLMEngine
+from shared.errors import KvstackError
+from shared.model.registry import DEFAULT_MODEL
+
+NATIVE = ("layers (native)", "logits head")  # phases that are one native call, or nearly
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("step-phases", help="microseconds per decode step, phase by phase")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
+    p.add_argument("--weights", choices=WEIGHTS_CHOICES, default="auto")
+    p.add_argument("--activations", choices=ACTIVATIONS_CHOICES, default="q16")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=256, help="per round")
+    p.add_argument("--rounds", type=int, default=5, help="the median round is reported")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+
+
+class Timers:
+    """Seconds spent in each phase since the last reset."""
+
+    def __init__(self) -> None:
+        self.spent: collections.defaultdict[str, float] = collections.defaultdict(float)
+
+    def wrap(self, owner: Any, name: str, phase: str) -> None:
+        """Time every call of `owner.name` (a bound method or a callable attribute)."""
+        call: Callable = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.spent[phase] += time.perf_counter() - start
+
+        object.__setattr__(owner, name, timed)
+
+
+class TimedStack:
+    """The fused decode's native stack (a pybind object: its methods cannot be replaced)
+    behind a timer."""
+
+    def __init__(self, stack: Any, timers: Timers) -> None:
+        self.stack, self.timers = stack, timers
+
+    def run(self, *args):
+        start = time.perf_counter()
+        try:
+            return self.stack.run(*args)
+        finally:
+            self.timers.spent["layers (native)"] += time.perf_counter() - start
+
+    def __getattr__(self, name: str):
+        return getattr(self.stack, name)
+
+
+def instrument(engine: LLMEngine) -> Timers:
+    timers = Timers()
+    runner = engine._runner
+    fused = getattr(runner, "fused", None)  # a mock engine's runner has none
+    if fused is None:
+        raise KvstackError("step-phases times the fused decode step: this engine has none")
+    timers.wrap(engine._scheduler, "schedule", "scheduler")
+    timers.wrap(runner, "prepare", "metadata")
+    timers.wrap(runner, "_fused_route", "route")
+    timers.wrap(fused.model.rotary, "cos_sin", "rotary tables")
+    timers.wrap(fused.model.embed_tokens, "forward", "embedding")
+    fused.stack = TimedStack(fused.stack, timers)
+    timers.wrap(fused.model, "final_norm", "final norm")
+    timers.wrap(runner, "_logits", "logits head")
+    timers.wrap(runner, "sample", "sampling")
+    timers.wrap(engine, "_append", "append token")
+    return timers
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    engine = LLMEngine(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            weights=args.weights,
+            activations=args.activations,
+            num_threads=args.threads,
+            enable_prefix_cache=False,
+            max_num_seqs=max(args.batch, 1),
+        )
+    )
+    side = KvstackSide(engine)
+    side.decode_time(args.batch, args.prompt_len, 8)  # warm-up
+    timers = instrument(engine)
+    rounds = []
+    for _ in range(args.rounds):
+        timers.spent.clear()
+        seconds = side.decode_time(args.batch, args.prompt_len, args.decode_tokens)
+        rounds.append((seconds, dict(timers.spent)))
+    report = summary(args, rounds)
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json else table(report))
+    return 0
+
+
+def summary(args: argparse.Namespace, rounds: list[tuple[float, dict[str, float]]]) -> dict:
+    """The median round (by its time) in microseconds per step."""
+    seconds, spent = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]
+    steps = args.decode_tokens - 1  # the first token is the prompt's
+    per_step = {phase: round(s / steps * 1e6, 1) for phase, s in spent.items()}
+    step_us = seconds / steps * 1e6
+    per_step["the step's own Python"] = round(step_us - sum(per_step.values()), 1)
+    return {
+        "batch": args.batch,
+        "threads": args.threads,
+        "prompt_len": args.prompt_len,
+        "decode_tok_s": round(args.batch / (step_us / 1e6), 1),
+        "step_us": round(step_us, 1),
+        "spread_tok_s": [round(args.batch * steps / s) for s, _ in rounds],
+        "median_tok_s": round(statistics.median(args.batch * steps / s for s, _ in rounds), 1),
+        "phases_us": dict(sorted(per_step.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def table(report: dict) -> str:
+    step = report["step_us"]
+    native = sum(report["phases_us"].get(phase, 0.0) for phase in NATIVE)
+    head = (
+        f"decode batch {report['batch']}  threads {report['threads']}  prompt "
+        f"{report['prompt_len']}: {report['decode_tok_s']} tok/s, {step:.0f} us a step "
+        f"(rounds: {report['spread_tok_s']} tok/s)"
+    )
+    outside = (
+        f"outside the layers' and the head's native calls: {step - native:.0f} us "
+        f"({100 * (step - native) / step:.1f}%; the head's phase includes its Python)"
+    )
+    lines = [
+        head,
+        *(
+            f"  {us:8.1f} us  {100 * us / step:5.1f}%  {phase}"
+            for phase, us in report["phases_us"].items()
+        ),
+        outside,
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit("run as: python -m bench step-phases")
