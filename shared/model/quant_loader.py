@@ -1,15 +1,20 @@
 """Load a model whose linear layers keep quantized weights (QuantLinear).
 
-Two sources: the GGUF file's own blocks (`auto`: what the file holds; tensors of a type the
-kernels lack are dequantized, and named once), or float weights re-quantized at load into
-one format (`q8_0`, `q4_0`, `q4_1`). Norms stay float; the embedding keeps its rows quantized
-and dequantizes the looked-up ones.
+Two sources: the GGUF file's own blocks (`auto`: what the file holds), or float weights
+re-quantized at load into one format (`q8_0`, `q4_0`, `q4_1`). Norms stay float; the
+embedding keeps its rows quantized and dequantizes the looked-up ones.
+
+NOTE: under `auto` a quantized weight the kernels cannot read as the file has it (a format
+without a kernel, such as the Q5_0 and Q6_K of most Q4_K_M files, or a fused weight whose
+parts differ in format, as q, k and v often do) is re-quantized to Q8_0: finer than the
+file's 4-6 bits, so the file's accuracy within Q8_0's rounding, at 8.5 bits a weight where
+dequantizing to float32 took 32 (and decode read 3.8x the bytes). Float tensors stay float.
 """
 
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +32,8 @@ from shared.model.quant import QuantEmbedding, QuantLinear, has_kernels
 from shared.model.quant_formats import FORMATS, QuantFormat, dequantize, format_of, quantize
 
 ROTARY_PARTS = ("attn_q", "attn_k")  # rows llama.cpp permutes for its rope kernel
+FLOAT_TYPES = (0, 1, 30)  # GGML's F32, F16 and BF16: what the file holds unquantized
+FALLBACK = FORMATS["q8_0"]  # what a quantized weight the kernels cannot read becomes
 Pieces = list[tuple[int, QuantFormat, np.ndarray, str]]  # (first row, format, blocks, name)
 
 
@@ -51,11 +58,14 @@ def load_gguf_quantized(model_dir: Path, gguf_path: Path, dtype: torch.dtype) ->
     linears = dict(_linears(model))
     pieces: dict[str, Pieces] = defaultdict(list)
     floats: list[tuple[str, torch.Tensor]] = []
+    unread: set[str] = set()  # linears with a quantized part no kernel reads
     for tensor in read_tensors(gguf_path):
         name, fmt = hf_tensor_name(tensor.name), format_of(tensor.ggml_type)
         param, row = param_slot(config, name)
         if fmt is None or param not in linears:
             floats.append((name, _dequantized(tensor, config)))
+            if param in linears and tensor.ggml_type not in FLOAT_TYPES:
+                unread.add(param)
         else:
             blocks = _rows(tensor, tensor.data, config)
             pieces[param].append((row, fmt, blocks, name))
@@ -64,11 +74,29 @@ def load_gguf_quantized(model_dir: Path, gguf_path: Path, dtype: torch.dtype) ->
         formats = {fmt for _, fmt, _, _ in parts}
         if len(formats) == 1 and param not in float_params:
             _swap(model, param, formats.pop(), _concatenated(parts), dtype)
-        else:  # a fused weight whose parts differ in format: all float
-            floats.extend((name, dequantize(torch.from_numpy(b), f)) for _, f, b, name in parts)
-    _log_dequantized(floats)
+            continue
+        unread.add(param)  # parts that differ in format, or beside one no kernel reads
+        floats.extend((name, dequantize(torch.from_numpy(b), f)) for _, f, b, name in parts)
     fill_weights(model, floats)
+    requantized = _requantize(model, sorted(unread), dtype)
+    kept = [
+        name
+        for name, t in floats
+        if t.dim() == 2 and param_slot(config, name)[0] not in requantized
+    ]
+    _log_loaded(requantized, kept)
     return model.eval().requires_grad_(False)
+
+
+def _requantize(model: LlamaModel, params: list[str], dtype: torch.dtype) -> set[str]:
+    """Each of `params` (filled as float) re-quantized to FALLBACK where its rows fit; those."""
+    done = set()
+    for param in params:
+        weight = model.get_parameter(param).float()
+        if weight.shape[1] % FALLBACK.block_values == 0:
+            _swap(model, param, FALLBACK, quantize(weight, FALLBACK), dtype)
+            done.add(param)
+    return done
 
 
 def load_requantized(model_dir: Path, fmt: QuantFormat, dtype: torch.dtype) -> LlamaModel:
@@ -143,10 +171,20 @@ def _concatenated(parts: Pieces) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([blocks for _, _, blocks, _ in ordered]))
 
 
-def _log_dequantized(floats: list[tuple[str, torch.Tensor]]) -> None:
-    kinds = {name.removeprefix("model.").split(".")[-2] for name, t in floats if t.dim() == 2}
-    if kinds:
-        _log(f"no kernel for the format of {', '.join(sorted(kinds))}: dequantized to float")
+def _log_loaded(requantized: set[str], kept_float: list[str]) -> None:
+    """Which layers the file's blocks did not go to as they are, counted by kind."""
+
+    def kinds(names) -> str:
+        counts = Counter(name.removeprefix("model.").split(".")[-2] for name in names)
+        return ", ".join(f"{kind} x{n}" for kind, n in sorted(counts.items()))
+
+    if requantized:
+        _log(
+            f"no kernel reads the file's blocks of {kinds(requantized)} (their format, or "
+            f"fused parts in differing formats): re-quantized to {FALLBACK.name}"
+        )
+    if kept_float:
+        _log(f"kept float, as the file or its rows have them: {kinds(kept_float)}")
 
 
 def _log(message: str) -> None:
