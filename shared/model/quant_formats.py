@@ -37,6 +37,7 @@ FORMATS = {
         QuantFormat("q8_0", 8, 32, 34),
         QuantFormat("q4_0", 2, 32, 18),
         QuantFormat("q4_1", 3, 32, 20),
+        QuantFormat("q5_0", 6, 32, 22),
         QuantFormat("q4_k", 12, 256, 144),
     )
 }
@@ -67,3 +68,18 @@ def dequantize(blocks: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
 
     array = gguf_dequantize(blocks.numpy(), GGMLQuantizationType(fmt.ggml_type))
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+
+
+def q5_0_as_q8_0(blocks: torch.Tensor) -> torch.Tensor:
+    """Q5_0 blocks [N, row_bytes] -> Q8_0 blocks holding exactly the same values: each
+    block's d kept, its quants q in 0..31 stored as the int8 q - 16 (x = d * (q - 16))."""
+    q5, q8 = FORMATS["q5_0"], FORMATS["q8_0"]
+    rows = blocks.numpy().reshape(blocks.shape[0], -1, q5.block_bytes)
+    bits = rows[..., 2:6].copy().view("<u4")  # [N, blocks, 1]: bit i is value i's fifth bit
+    nibbles = np.concatenate([rows[..., 6:] & 0x0F, rows[..., 6:] >> 4], axis=-1)
+    fifth = (bits >> np.arange(32, dtype=np.uint32)) & 1
+    values = (nibbles | (fifth << 4).astype(np.uint8)).astype(np.int16) - 16
+    out = np.empty((*rows.shape[:2], q8.block_bytes), dtype=np.uint8)
+    out[..., :2] = rows[..., :2]
+    out[..., 2:] = values.astype(np.int8).view(np.uint8)
+    return torch.from_numpy(out.reshape(blocks.shape[0], -1))

@@ -5,10 +5,11 @@ re-quantized at load into one format (`q8_0`, `q4_0`, `q4_1`). Norms stay float;
 embedding keeps its rows quantized and dequantizes the looked-up ones.
 
 NOTE: under `auto` a quantized weight the kernels cannot read as the file has it (a format
-without a kernel, such as the Q5_0 and Q6_K of most Q4_K_M files, or a fused weight whose
+without a kernel, such as the Q6_K of most Q4_K_M files, or a fused weight whose
 parts differ in format, as q, k and v often do) is re-quantized to Q8_0: finer than the
 file's 4-6 bits, so the file's accuracy within Q8_0's rounding, at 8.5 bits a weight where
-dequantizing to float32 took 32 (and decode read 3.8x the bytes). Float tensors stay float.
+dequantizing to float32 took 32 (and decode read 3.8x the bytes). Float tensors stay float
+but where fused with quantized parts.
 """
 
 from __future__ import annotations
@@ -76,7 +77,10 @@ def load_gguf_quantized(model_dir: Path, gguf_path: Path, dtype: torch.dtype) ->
             _swap(model, param, formats.pop(), _concatenated(parts), dtype)
             continue
         unread.add(param)  # parts that differ in format, or beside one no kernel reads
-        floats.extend((name, dequantize(torch.from_numpy(b), f)) for _, f, b, name in parts)
+        # NOTE: a copy: the blocks are the file's, memory-mapped read-only
+        floats.extend(
+            (name, dequantize(torch.from_numpy(np.array(b)), f)) for _, f, b, name in parts
+        )
     fill_weights(model, floats)
     requantized = _requantize(model, sorted(unread), dtype)
     kept = [

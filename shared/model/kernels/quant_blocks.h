@@ -7,13 +7,13 @@
 
 #include <cstdint>
 #include <cstring>
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 namespace quant_blocks {
 
-constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12;  // GGMLQuantizationType
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12;  // GGMLQuantizationType
 // Or-ed into a type code: its rows interleaved 8 at a time (quant_x8.h), for these formats.
 constexpr int64_t kInterleaved = 1 << 8;
 inline bool can_interleave(int64_t ggml_type) {
@@ -85,6 +85,38 @@ inline void prefetch_row(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
 }
 
+// Q5_0: fp16 d, 4 bytes whose bit i is the fifth bit of value i, then Q4_0's 16 bytes of
+// nibbles (value i low in byte i, value i + 16 high): x = d * (q - 16), q in 0..31.
+inline uint32_t q5_0_fifth_bits(const uint8_t* b) {
+  uint32_t bits;
+  std::memcpy(&bits, b + 2, 4);
+  return bits;
+}
+
+inline int q5_0_value(const uint8_t* b, int i) {
+  const int nibble = i < 16 ? b[6 + i] & 0x0F : b[6 + i - 16] >> 4;
+  return nibble | static_cast<int>((q5_0_fifth_bits(b) >> i & 1u) << 4);
+}
+
+#if defined(__AVX2__)
+// Byte i = 16 where bit i of `bits` is set, else 0 (i < 16).
+inline __m128i fifth_bits16(uint32_t bits) {
+  const __m128i spread = _mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(bits)),
+                                          _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+  const __m128i select = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+  return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(spread, select), select), _mm_set1_epi8(16));
+}
+
+// A Q5_0 block's 32 quants as bytes: values 0-15 in *lo, 16-31 in *hi.
+inline void q5_0_quants(const uint8_t* b, __m128i* lo, __m128i* hi) {
+  const uint32_t bits = q5_0_fifth_bits(b);
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
+  const __m128i nibble = _mm_set1_epi8(0x0F);
+  *lo = _mm_or_si128(_mm_and_si128(raw, nibble), fifth_bits16(bits));
+  *hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(raw, 4), nibble), fifth_bits16(bits >> 16));
+}
+#endif
+
 struct Format {
   int64_t values, bytes;
 };
@@ -94,6 +126,7 @@ inline Format format_of(int64_t qtype) {
     case kQ8_0: return {32, 34};
     case kQ4_0: return {32, 18};
     case kQ4_1: return {32, 20};
+    case kQ5_0: return {32, 22};
     case kQ4_K: return {256, 144};
   }
   TORCH_CHECK(false, "unsupported GGML quantization type ", qtype);

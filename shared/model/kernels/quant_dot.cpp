@@ -3,6 +3,7 @@
 // float scale dx (and sx = dx * sum(qx)); every weight block of 32 values d * q + offset is
 // then one integer dot product:  sum(w * x) ~= d * dx * sum(q * qx) + offset * sx
 //   Q8_0: q signed, offset 0    Q4_0: q in 0..15, offset -8 d    Q4_1: offset m
+//   Q5_0: q in 0..31, offset -16 d
 //   Q4_K: each of its 8 sub-blocks of 32 is such a block, scale d * sc, offset -dmin * mn
 // Paths: one block a 256-bit vector; 8 bits through AVX512-VNNI's _mm256_dpbusd_epi32 where
 // the build has it, else AVX2's _mm256_maddubs_epi16 + _mm256_madd_epi16; 16 bits through
@@ -145,6 +146,29 @@ struct Q4 {  // Q4_0 and Q4_1: value i in the low nibble of byte i, value i + 16
   static Quants16 quants16(const uint8_t* b, int) {
     const __m128i raw = load16(b + kQuants);
     return {widen_nibbles16(raw), widen_nibbles16(_mm_srli_epi16(raw, 4))};
+  }
+#endif
+};
+
+struct Q5_0 {  // Q4_0's nibbles with a fifth bit each (quant_blocks.h)
+  static constexpr int64_t kSubs = 1, kBytes = 22;
+  static constexpr bool kSigned = false, kHasOffset = true;
+  static void scale_offset(const uint8_t* b, int, float* d, float* o) {
+    *d = half_to_float(b);
+    *o = -16.f * *d;
+  }
+  static int value(const uint8_t* b, int, int i) { return q5_0_value(b, i); }
+#if defined(__AVX2__)
+  static __m128 scale_offset_pair(const uint8_t* b, int sub) { return pair_of<Q5_0>(b, sub); }
+  static __m256i quants(const uint8_t* b, int) {
+    __m128i lo, hi;
+    q5_0_quants(b, &lo, &hi);
+    return _mm256_set_m128i(hi, lo);
+  }
+  static Quants16 quants16(const uint8_t* b, int) {
+    __m128i lo, hi;
+    q5_0_quants(b, &lo, &hi);
+    return {_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi)};
   }
 #endif
 };
@@ -463,6 +487,7 @@ void gemv_plain(int64_t qtype, const uint8_t* w, const QRows<T>& xq, const float
     case kQ8_0: gemv_q<Q8_0>(w, xq, bias, out, N, portable); break;
     case kQ4_0: gemv_q<Q4<false>>(w, xq, bias, out, N, portable); break;
     case kQ4_1: gemv_q<Q4<true>>(w, xq, bias, out, N, portable); break;
+    case kQ5_0: gemv_q<Q5_0>(w, xq, bias, out, N, portable); break;
     case kQ4_K: gemv_q<Q4_K>(w, xq, bias, out, N, portable); break;
   }
 }

@@ -8,6 +8,8 @@
 //   Q4_0  32 values, 18 bytes: fp16 d, 16 bytes of nibbles              x = d * (q - 8)
 //   Q4_1  32 values, 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles      x = d * q + m
 //         (value j in the low nibble of byte j, value j + 16 in its high nibble)
+//   Q5_0  32 values, 22 bytes: fp16 d, 4 bytes of fifth bits (bit j: value j's), then Q4_0's
+//         16 bytes of nibbles                                        x = d * (q - 16)
 //   Q4_K 256 values, 144 bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins for 8
 //         sub-blocks of 32, then 4 x 32 bytes: the low nibbles of chunk c are sub-block 2c,
 //         the high nibbles sub-block 2c + 1                             x = d*sc*q - dmin*mn
@@ -147,6 +149,22 @@ struct Q4 {  // Q4_0 (offset -8 d) and Q4_1 (offset m)
   }
 };
 
+struct Q5_0 {
+  static constexpr int64_t kValues = 32, kBytes = 22;
+  template <int M>
+  static void dot(const uint8_t* b, const float* x, int64_t ldx, const float* xs, int64_t ldxs,
+                  V* acc, float* sacc) {
+    const float d = half_to_float(b);
+    __m128i q0, q1;
+    q5_0_quants(b, &q0, &q1);
+    V lo[G], hi[G];
+    widen_u8(q0, lo);
+    widen_u8(q1, hi);
+    dot32<M>(lo, hi, x, ldx, d, acc);
+    for (int m = 0; m < M; ++m) sacc[m] -= 16.f * d * xs[m * ldxs];
+  }
+};
+
 struct Q4_K {
   static constexpr int64_t kValues = 256, kBytes = 144;
   template <int M>
@@ -224,6 +242,12 @@ void dequant_block(int64_t qtype, const uint8_t* b, float* y) {
   } else if (qtype == kQ4_0 || qtype == kQ4_1) {
     widen_nibbles(b + (qtype == kQ4_1 ? 4 : 2), lo, hi);
     store32(lo, hi, d, qtype == kQ4_1 ? half_to_float(b + 2) : -8.f * d, y);
+  } else if (qtype == kQ5_0) {
+    __m128i q0, q1;
+    q5_0_quants(b, &q0, &q1);
+    widen_u8(q0, lo);
+    widen_u8(q1, hi);
+    store32(lo, hi, d, -16.f * d, y);
   } else {  // Q4_K
     const float dmin = half_to_float(b + 2);
     for (int j = 0; j < 8; ++j) {
@@ -250,6 +274,9 @@ void dequant_block(int64_t qtype, const uint8_t* b, float* y) {
       y[i] = d * (q[i] & 0x0F) + offset;
       y[i + 16] = d * (q[i] >> 4) + offset;
     }
+  } else if (qtype == kQ5_0) {
+    const float d = half_to_float(b);
+    for (int i = 0; i < 32; ++i) y[i] = d * q5_0_value(b, i) - 16.f * d;
   } else {  // Q4_K
     const float d = half_to_float(b), dmin = half_to_float(b + 2);
     for (int j = 0; j < 8; ++j) {
@@ -499,6 +526,7 @@ void kernels::quant_gemv(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qty
     case kQ8_0: gemv_format<Q8_0>(wi, K, xi, M, b, o, N); break;
     case kQ4_0: gemv_format<Q4<false>>(wi, K, xi, M, b, o, N); break;
     case kQ4_1: gemv_format<Q4<true>>(wi, K, xi, M, b, o, N); break;
+    case kQ5_0: gemv_format<Q5_0>(wi, K, xi, M, b, o, N); break;
     case kQ4_K: gemv_format<Q4_K>(wi, K, xi, M, b, o, N); break;
   }
 #else

@@ -1,6 +1,7 @@
-"""A GGUF whose weights the kernels cannot all read as they are (as most Q4_K_M files: Q5_0
-and Q6_K tensors, q, k and v in differing formats) loads those weights re-quantized to Q8_0,
-not dequantized to float32, and predicts as the file's weights do."""
+"""A GGUF whose weights the kernels cannot all read as they are (as most Q4_K_M files: Q6_K
+tensors, q, k and v in differing formats) loads those weights re-quantized to Q8_0, not
+dequantized to float32, keeps the rest as the file has them (Q5_0 among them), and predicts
+as the file's weights do."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from shared.model.gguf_index import read_tensors
 from shared.model.kernels import cpu_ops
 from shared.model.loader import param_slot
 from shared.model.quant import QuantLinear, set_activations
-from shared.model.quant_formats import FORMATS, dequantize, quantize
+from shared.model.quant_formats import FORMATS, dequantize, q5_0_as_q8_0, quantize
 from shared.model.quant_loader import load_model_as
 from shared.model.registry import gguf_source
 from shared.model.scoring import causal_logits, greedy_agreement
@@ -24,13 +25,15 @@ from shared.model.tokenizer import Tokenizer
 from tests.shared.model.test_quant_model import MODEL, TEXT
 
 pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native kernels on this CPU")
-Q5_0 = gguf.GGMLQuantizationType.Q5_0  # a format without a kernel here
-MIXED = ("attn_v", "ffn_down")  # re-encoded as Q5_0: qkv's parts differ, down has no kernel
+Q5_0, Q5_1 = gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q5_1
+# Re-encoded: v as Q5_0 (q and k stay Q4_1: qkv's parts differ), down as Q5_1 (a format
+# without a kernel here), o as Q5_0 (one format with a kernel: kept)
+MIXED = {"attn_v": Q5_0, "ffn_down": Q5_1, "attn_output": Q5_0}
 
 
 @pytest.fixture(scope="module")
 def mixed_gguf(tmp_path_factory) -> Path:
-    """SmolLM2's GGUF with every layer's v and down projections re-encoded as Q5_0."""
+    """SmolLM2's GGUF with every layer's v, o and down projections re-encoded (MIXED)."""
     path = tmp_path_factory.mktemp("mixed") / "mixed.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     for tensor in read_tensors(gguf_source(MODEL)):
@@ -38,7 +41,8 @@ def mixed_gguf(tmp_path_factory) -> Path:
         data = np.asarray(tensor.data)
         if tensor.name.split(".")[-2] in MIXED:
             floats = gguf.quants.dequantize(data, kind).reshape(tensor.shape)
-            data, kind = gguf.quants.quantize(floats.astype(np.float32), Q5_0), Q5_0
+            kind = MIXED[tensor.name.split(".")[-2]]
+            data = gguf.quants.quantize(floats.astype(np.float32), kind)
         elif kind == gguf.GGMLQuantizationType.F32:
             data = data.view(np.float32).reshape(tensor.shape)
         writer.add_tensor(tensor.name, data, raw_dtype=kind)
@@ -53,16 +57,16 @@ def file_values(path: Path) -> dict[str, torch.Tensor]:
     """The re-encoded tensors of `path` dequantized, by Hugging Face name."""
     return {
         hf_tensor_name(t.name): torch.from_numpy(
-            gguf.quants.dequantize(np.asarray(t.data), Q5_0).reshape(t.shape).copy()
+            gguf.quants.dequantize(np.asarray(t.data), t.ggml_type).reshape(t.shape).copy()
         )
         for t in read_tensors(path)
-        if t.ggml_type == Q5_0
+        if t.ggml_type in (Q5_0, Q5_1)
     }
 
 
 @pytest.fixture(scope="module")
 def file_model(smollm2_dir, mixed_gguf):
-    """The float32 model of the mixed file's own values (v and down as Q5_0 holds them)."""
+    """The float32 model of the mixed file's own values (v, o and down as re-encoded)."""
     model = load_model_as("float", smollm2_dir, gguf_source(MODEL), torch.float32, "cpu")
     for name, values in file_values(mixed_gguf).items():
         param, row = param_slot(model.config, name)
@@ -82,13 +86,13 @@ def test_weights_no_kernel_reads_are_requantized_to_q8_0(
         "down": layer.mlp.down_proj,
     }
     formats = {name: m.fmt.name for name, m in modules.items() if isinstance(m, QuantLinear)}
-    assert formats == {"qkv": "q8_0", "o": "q4_1", "gate_up": "q4_1", "down": "q8_0"}
+    assert formats == {"qkv": "q8_0", "o": "q5_0", "gate_up": "q4_1", "down": "q8_0"}
     assert "down_proj x30, qkv_proj x30" in capfd.readouterr().err
     set_activations(model, "float")
     ids = Tokenizer.from_dir(smollm2_dir).encode(TEXT)
     ours, expected = causal_logits(model, ids), causal_logits(file_model, ids)
-    # NOTE: measured 49 of 51 greedy tokens, logits within 0.41 (0.064 on average): Q8_0's
-    # rounding of 60 of the 150 linears (a step of 1/127 of each block's largest value)
+    # NOTE: Q8_0's rounding of 60 of the 150 linears (a step of 1/127 of each block's largest
+    # value): measured all 51 greedy tokens, logits within 0.57 (0.075 on average)
     assert greedy_agreement(ours, expected) >= 0.94
     assert (ours - expected).abs().max() < 1.0
 
@@ -105,3 +109,30 @@ def test_requantized_weights_are_q8_0_blocks_of_the_files_values(smollm2_dir, mi
     blocks = expected.reshape(-1, 32)
     step = blocks.abs().amax(1, keepdim=True) / 127
     assert ((down.dequantized().reshape(-1, 32) - blocks).abs() <= 0.55 * step).all()
+
+
+def test_q5_0_rows_become_interleaved_q8_0_of_the_same_values_under_16_bit_activations(
+    smollm2_dir, mixed_gguf, kernels
+) -> None:
+    """Q5_0's values are Q8_0's exactly (d * (q - 16)): under q16 its rows take Q8_0's
+    interleaved GEMV, the same products; q8 and float activations keep them Q5_0."""
+    model = load_model_as("auto", smollm2_dir, mixed_gguf, torch.float32, "cpu")
+    o = model.layers[5].self_attn.o_proj
+    before, x = o.dequantized(), torch.randn(3, o.in_features)
+    set_activations(model, "float")
+    assert o.fmt.name == "q5_0" and not o.interleaved
+    plain = o.linear(x)
+    set_activations(model, "q16")
+    assert o.fmt.name == "q8_0" and o.interleaved
+    assert torch.equal(o.dequantized(), before)
+    set_activations(model, "float")  # back in GGUF's order, and still Q8_0's values
+    assert o.fmt.name == "q8_0" and not o.interleaved
+    torch.testing.assert_close(o.linear(x), plain, rtol=1e-5, atol=1e-5)
+
+
+def test_q5_0_as_q8_0_keeps_every_value() -> None:
+    weight = torch.randn(19, 96, generator=torch.Generator().manual_seed(4))
+    blocks = quantize(weight, FORMATS["q5_0"])
+    wide = q5_0_as_q8_0(blocks)
+    assert wide.shape == (19, FORMATS["q8_0"].row_bytes(96))
+    assert torch.equal(dequantize(wide, FORMATS["q8_0"]), dequantize(blocks, FORMATS["q5_0"]))
