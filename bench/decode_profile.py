@@ -71,21 +71,8 @@ def run(args: argparse.Namespace) -> int:
     py_spy = shutil.which("py-spy")
     if py_spy is None:
         raise KvstackError("decode-profile needs py-spy on PATH: pip install py-spy")
-    torch.set_num_threads(args.threads)
-    engine = LLMEngine(
-        EngineConfig(
-            model=args.model,
-            dtype=args.dtype,
-            weights=args.weights,
-            activations=args.activations,
-            num_threads=args.threads,
-            enable_prefix_cache=False,
-            max_num_seqs=max(args.batch, 1),
-            fused_decode=not args.no_fused_decode,
-        )
-    )
-    side = KvstackSide(engine)
-    side.decode_time(args.batch, args.prompt_len, 8)  # warm-up
+    side = warm_side(args, fused_decode=not args.no_fused_decode)
+    engine = side.engine
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "profile.txt"
         tokens, seconds = sample_decode(py_spy, args, side, raw)
@@ -98,6 +85,27 @@ def run(args: argparse.Namespace) -> int:
     )
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json else table(report))
     return 0
+
+
+def warm_side(args: argparse.Namespace, fused_decode: bool = True) -> KvstackSide:
+    """An engine as `args` say (model, dtype, weights, activations, threads, batch), no prefix
+    cache, on args.threads torch threads, its decode warmed up once."""
+    torch.set_num_threads(args.threads)
+    engine = LLMEngine(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            weights=args.weights,
+            activations=args.activations,
+            num_threads=args.threads,
+            enable_prefix_cache=False,
+            max_num_seqs=max(args.batch, 1),
+            fused_decode=fused_decode,
+        )
+    )
+    side = KvstackSide(engine)
+    side.decode_time(args.batch, args.prompt_len, 8)
+    return side
 
 
 def sample_decode(py_spy: str, args, side: KvstackSide, raw: Path) -> tuple[int, float]:

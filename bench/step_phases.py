@@ -19,10 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-import torch
 
-from bench.engine import KvstackSide
-from shared.engine.config import ACTIVATIONS_CHOICES, DTYPE_CHOICES, WEIGHTS_CHOICES, EngineConfig
+from bench.decode_profile import warm_side
+from shared.engine.config import ACTIVATIONS_CHOICES, DTYPE_CHOICES, WEIGHTS_CHOICES
 from shared.engine.engine import LLMEngine
 from shared.errors import KvstackError
 from shared.model.registry import DEFAULT_MODEL
@@ -103,21 +102,8 @@ def instrument(engine: LLMEngine) -> Timers:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
-    engine = LLMEngine(
-        EngineConfig(
-            model=args.model,
-            dtype=args.dtype,
-            weights=args.weights,
-            activations=args.activations,
-            num_threads=args.threads,
-            enable_prefix_cache=False,
-            max_num_seqs=max(args.batch, 1),
-        )
-    )
-    side = KvstackSide(engine)
-    side.decode_time(args.batch, args.prompt_len, 8)  # warm-up
-    timers = instrument(engine)
+    side = warm_side(args)
+    timers = instrument(side.engine)
     rounds = []
     for _ in range(args.rounds):
         timers.spent.clear()
