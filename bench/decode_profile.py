@@ -47,18 +47,9 @@ GROUPS = (
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("decode-profile", help="py-spy profile of the engine's decode loop")
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
-    p.add_argument("--weights", choices=WEIGHTS_CHOICES, default="auto")
-    p.add_argument("--activations", choices=ACTIVATIONS_CHOICES, default="q16")
-    p.add_argument("--threads", type=int, default=2)
+    add_engine_arguments(p)
     p.add_argument(
         "--no-fused-decode", action="store_true", help="decode layer by layer (the module path)"
-    )
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument(
-        "--decode-tokens", type=int, default=256, help="per round (each round prefills anew)"
     )
     p.add_argument("--seconds", type=float, default=15.0, help="how long to sample")
     p.add_argument("--rate", type=int, default=250, help="samples per second")
@@ -85,6 +76,20 @@ def run(args: argparse.Namespace) -> int:
     )
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json else table(report))
     return 0
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """What warm_side builds and each decode round runs (shared with `bench step-phases`)."""
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
+    p.add_argument("--weights", choices=WEIGHTS_CHOICES, default="auto")
+    p.add_argument("--activations", choices=ACTIVATIONS_CHOICES, default="q16")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument(
+        "--decode-tokens", type=int, default=256, help="per round (each round prefills anew)"
+    )
 
 
 def warm_side(args: argparse.Namespace, fused_decode: bool = True) -> KvstackSide:

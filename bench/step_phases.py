@@ -20,25 +20,16 @@ from typing import Any
 
 import orjson
 
-from bench.decode_profile import warm_side
-from shared.engine.config import ACTIVATIONS_CHOICES, DTYPE_CHOICES, WEIGHTS_CHOICES
+from bench.decode_profile import add_engine_arguments, warm_side
 from shared.engine.engine import LLMEngine
 from shared.errors import KvstackError
-from shared.model.registry import DEFAULT_MODEL
 
 NATIVE = ("layers (native)", "logits head")  # phases that are one native call, or nearly
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("step-phases", help="microseconds per decode step, phase by phase")
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
-    p.add_argument("--weights", choices=WEIGHTS_CHOICES, default="auto")
-    p.add_argument("--activations", choices=ACTIVATIONS_CHOICES, default="q16")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--decode-tokens", type=int, default=256, help="per round")
+    add_engine_arguments(p)
     p.add_argument("--rounds", type=int, default=5, help="the median round is reported")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
