@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shared.model.kernels import cpu_ops
-from shared.model.quant_formats import FORMATS, QuantFormat, q5_0_as_q8_0
+from shared.model.quant_formats import FORMATS, QuantFormat, as_q8_0
 
 # NOTE: measured (`python -m bench gemv --formats q4_1,q8_0`, docs/benchmarks.md): the
 # in-register GEMV beats float32 tiles up to 8-16 rows, by CPU and build; past 16 tiles and
@@ -68,7 +68,7 @@ INTERLEAVED_FORMATS = ("q4_0", "q4_1", "q8_0")
 # rows become Q8_0 and interleave: the GEMV on plain Q5_0 rows is core-bound like Q4's was
 # (a Q4_K_M SmolLM2, most of it Q5_0: 145 tok/s plain, 190 as interleaved Q8_0, for 8.5 bits a
 # weight instead of 5.5; docs/benchmarks.md, "A Q4_K_M file").
-WIDENED = {"q5_0": ("q8_0", q5_0_as_q8_0)}
+WIDENED = ("q5_0",)  # into Q8_0 (quant_formats.as_q8_0)
 INTERLEAVED = 1 << 8  # or-ed into the kernels' type code (quant_blocks.h: kInterleaved)
 GROUP_ROWS = 8  # rows interleaved together (quant_x8.h: kRows)
 
@@ -150,13 +150,12 @@ class QuantLinear(nn.Module):
         self.interleaved = on
 
     def widen(self) -> None:
-        """The blocks of a format WIDENED names rewritten in the wider one, which holds the
-        same values: a new buffer, so before the weights move into an arena."""
+        """The blocks of a format WIDENED names rewritten as Q8_0, which holds the same
+        values: a new buffer, so before the weights move into an arena."""
         if self.interleaved:
             raise ValueError("widen rows in GGUF's order, not interleaved ones")
-        wider, convert = WIDENED[self.fmt.name]
-        self.blocks = convert(self.blocks)
-        self.fmt = FORMATS[wider]
+        self.blocks = as_q8_0(self.blocks, self.fmt)
+        self.fmt = FORMATS["q8_0"]
 
     def _converted(self, interleaved: bool) -> torch.Tensor:
         """A copy of the blocks with the rows interleaved, or put back in GGUF's order."""

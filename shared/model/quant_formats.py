@@ -70,15 +70,21 @@ def dequantize(blocks: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
 
 
-def q5_0_as_q8_0(blocks: torch.Tensor) -> torch.Tensor:
-    """Q5_0 blocks [N, row_bytes] -> Q8_0 blocks holding exactly the same values: each
-    block's d kept, its quants q in 0..31 stored as the int8 q - 16 (x = d * (q - 16))."""
-    q5, q8 = FORMATS["q5_0"], FORMATS["q8_0"]
-    rows = blocks.numpy().reshape(blocks.shape[0], -1, q5.block_bytes)
-    bits = rows[..., 2:6].copy().view("<u4")  # [N, blocks, 1]: bit i is value i's fifth bit
-    nibbles = np.concatenate([rows[..., 6:] & 0x0F, rows[..., 6:] >> 4], axis=-1)
-    fifth = (bits >> np.arange(32, dtype=np.uint32)) & 1
-    values = (nibbles | (fifth << 4).astype(np.uint8)).astype(np.int16) - 16
+# Formats whose values Q8_0 holds exactly: d * (q - 8), q < 16, and d * (q - 16), q < 32.
+EXACT_IN_Q8_0 = {"q4_0": 8, "q5_0": 16}  # the offset each subtracts
+
+
+def as_q8_0(blocks: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
+    """Q4_0 or Q5_0 blocks [N, row_bytes] -> Q8_0 blocks holding exactly the same values:
+    each block's d kept, its quants q stored as the int8 q - offset."""
+    q8 = FORMATS["q8_0"]
+    rows = blocks.numpy().reshape(blocks.shape[0], -1, fmt.block_bytes)
+    packed = rows[..., -16:]  # the 16 bytes of nibbles end both formats' blocks
+    quants = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
+    if fmt.name == "q5_0":  # 4 bytes after d: bit i is value i's fifth bit
+        bits = rows[..., 2:6].copy().view("<u4")
+        quants |= (((bits >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
+    values = quants.astype(np.int16) - EXACT_IN_Q8_0[fmt.name]
     out = np.empty((*rows.shape[:2], q8.block_bytes), dtype=np.uint8)
     out[..., :2] = rows[..., :2]
     out[..., 2:] = values.astype(np.int8).view(np.uint8)

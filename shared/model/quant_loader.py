@@ -4,9 +4,10 @@ Two sources: the GGUF file's own blocks (`auto`: what the file holds), or float 
 re-quantized at load into one format (`q8_0`, `q4_0`, `q4_1`). Norms stay float; the
 embedding keeps its rows quantized and dequantizes the looked-up ones.
 
-NOTE: under `auto` a quantized weight the kernels cannot read as the file has it (a format
-without a kernel, such as the Q6_K of most Q4_K_M files, or a fused weight whose
-parts differ in format, as q, k and v often do) is re-quantized to Q8_0: finer than the
+NOTE: under `auto` a fused weight whose parts differ in format, as q, k and v often do, is
+held as Q8_0: exactly where its parts are Q8_0, Q5_0 or Q4_0 (whose values Q8_0 holds).
+Otherwise, and for a format without a kernel (such as the Q6_K of most Q4_K_M files), the
+quantized weight the kernels cannot read as the file has it is re-quantized to Q8_0: finer than the
 file's 4-6 bits, so the file's accuracy within Q8_0's rounding, at 8.5 bits a weight where
 dequantizing to float32 took 32 (and decode read 3.8x the bytes). Float tensors stay float
 but where fused with quantized parts.
@@ -30,7 +31,15 @@ from shared.model.gguf_index import TensorEntry, read_tensors
 from shared.model.llama import LlamaModel
 from shared.model.loader import fill_weights, load_model, param_slot
 from shared.model.quant import QuantEmbedding, QuantLinear, has_kernels
-from shared.model.quant_formats import FORMATS, QuantFormat, dequantize, format_of, quantize
+from shared.model.quant_formats import (
+    EXACT_IN_Q8_0,
+    FORMATS,
+    QuantFormat,
+    as_q8_0,
+    dequantize,
+    format_of,
+    quantize,
+)
 
 ROTARY_PARTS = ("attn_q", "attn_k")  # rows llama.cpp permutes for its rope kernel
 FLOAT_TYPES = (0, 1, 30)  # GGML's F32, F16 and BF16: what the file holds unquantized
@@ -71,10 +80,15 @@ def load_gguf_quantized(model_dir: Path, gguf_path: Path, dtype: torch.dtype) ->
             blocks = _rows(tensor, tensor.data, config)
             pieces[param].append((row, fmt, blocks, name))
     float_params = {param_slot(config, name)[0] for name, _ in floats}
+    widened: set[str] = set()  # fused parts in differing formats, all exactly Q8_0
     for param, parts in pieces.items():
         formats = {fmt for _, fmt, _, _ in parts}
         if len(formats) == 1 and param not in float_params:
             _swap(model, param, formats.pop(), _concatenated(parts), dtype)
+            continue
+        if param not in float_params and all(_in_fallback(f) for f in formats):
+            _swap(model, param, FALLBACK, _concatenated(list(map(_as_fallback, parts))), dtype)
+            widened.add(param)
             continue
         unread.add(param)  # parts that differ in format, or beside one no kernel reads
         # NOTE: a copy: the blocks are the file's, memory-mapped read-only
@@ -88,8 +102,20 @@ def load_gguf_quantized(model_dir: Path, gguf_path: Path, dtype: torch.dtype) ->
         for name, t in floats
         if t.dim() == 2 and param_slot(config, name)[0] not in requantized
     ]
-    _log_loaded(requantized, kept)
+    _log_loaded(requantized, widened, kept)
     return model.eval().requires_grad_(False)
+
+
+def _in_fallback(fmt: QuantFormat) -> bool:
+    """Whether FALLBACK holds `fmt`'s values exactly."""
+    return fmt is FALLBACK or fmt.name in EXACT_IN_Q8_0
+
+
+def _as_fallback(part: tuple[int, QuantFormat, np.ndarray, str]):
+    row, fmt, blocks, name = part
+    if fmt is FALLBACK:
+        return part
+    return row, FALLBACK, as_q8_0(torch.from_numpy(np.array(blocks)), fmt).numpy(), name
 
 
 def _requantize(model: LlamaModel, params: list[str], dtype: torch.dtype) -> set[str]:
@@ -175,7 +201,7 @@ def _concatenated(parts: Pieces) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([blocks for _, _, blocks, _ in ordered]))
 
 
-def _log_loaded(requantized: set[str], kept_float: list[str]) -> None:
+def _log_loaded(requantized: set[str], widened: set[str], kept_float: list[str]) -> None:
     """Which layers the file's blocks did not go to as they are, counted by kind."""
 
     def kinds(names) -> str:
@@ -187,6 +213,8 @@ def _log_loaded(requantized: set[str], kept_float: list[str]) -> None:
             f"no kernel reads the file's blocks of {kinds(requantized)} (their format, or "
             f"fused parts in differing formats): re-quantized to {FALLBACK.name}"
         )
+    if widened:
+        _log(f"fused parts in differing formats, held exactly as {FALLBACK.name}: {kinds(widened)}")
     if kept_float:
         _log(f"kept float, as the file or its rows have them: {kinds(kept_float)}")
 
