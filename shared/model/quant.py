@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shared.model.kernels import cpu_ops
-from shared.model.quant_formats import FORMATS, QuantFormat, as_q8_0
+from shared.model.quant_formats import EXACT_IN_Q8_0, FORMATS, QuantFormat, as_q8_0
 
 # NOTE: measured (`python -m bench gemv --formats q4_1,q8_0`, docs/benchmarks.md): the
 # in-register GEMV beats float32 tiles up to 8-16 rows, by CPU and build; past 16 tiles and
@@ -64,11 +64,10 @@ ACTIVATION_BITS = {"q8": 8, "q16": 16}  # the integer ones
 # and one multiply scales them all (`python -m bench gemv`, `python -m bench engine --before
 # plain-rows`: docs/benchmarks.md, "Weight rows interleaved 8 at a time").
 INTERLEAVED_FORMATS = ("q4_0", "q4_1", "q8_0")
-# NOTE: Q5_0's values (d * (q - 16), q < 32) are Q8_0's exactly; under 16-bit activations its
-# rows become Q8_0 and interleave: the GEMV on plain Q5_0 rows is core-bound like Q4's was
-# (a Q4_K_M SmolLM2, most of it Q5_0: 145 tok/s plain, 190 as interleaved Q8_0, for 8.5 bits a
-# weight instead of 5.5; docs/benchmarks.md, "A Q4_K_M file").
-WIDENED = ("q5_0",)  # into Q8_0 (quant_formats.as_q8_0)
+# NOTE: a format whose values Q8_0 holds exactly but that does not interleave (Q5_0: d * (q -
+# 16), q < 32) becomes Q8_0 under 16-bit activations, and interleaves: the GEMV on plain Q5_0
+# rows is core-bound like Q4's was (a Q4_K_M SmolLM2, most of it Q5_0: 145 tok/s plain, 190 as
+# interleaved Q8_0, for 8.5 bits a weight instead of 5.5; docs/benchmarks.md, "A Q4_K_M file").
 INTERLEAVED = 1 << 8  # or-ed into the kernels' type code (quant_blocks.h: kInterleaved)
 GROUP_ROWS = 8  # rows interleaved together (quant_x8.h: kRows)
 
@@ -149,9 +148,14 @@ class QuantLinear(nn.Module):
             self.blocks.copy_(out)
         self.interleaved = on
 
+    def widens(self) -> bool:
+        """Whether the rows become Q8_0 to interleave: a format Q8_0 holds exactly that does
+        not interleave itself."""
+        return self.fmt.name in EXACT_IN_Q8_0 and not self.can_interleave()
+
     def widen(self) -> None:
-        """The blocks of a format WIDENED names rewritten as Q8_0, which holds the same
-        values: a new buffer, so before the weights move into an arena."""
+        """The blocks rewritten as Q8_0, which holds the same values (a format EXACT_IN_Q8_0
+        names): a new buffer, so before the weights move into an arena."""
         if self.interleaved:
             raise ValueError("widen rows in GGUF's order, not interleaved ones")
         self.blocks = as_q8_0(self.blocks, self.fmt)
@@ -365,14 +369,14 @@ def set_activations(model: nn.Module, activations: str, max_rows: int | None = N
 
 def interleave_rows(model: nn.Module, on: bool) -> None:
     """Every quantized layer of `model` that can (QuantLinear.can_interleave) with its rows
-    interleaved 8 at a time, or back in GGUF's order; interleaving first widens the formats
-    WIDENED names (those stay wide). Only 16-bit activations multiply interleaved rows
-    (set_activations sees to it); a fused decode stack built before reads the old layout:
-    build it after."""
+    interleaved 8 at a time, or back in GGUF's order; interleaving first turns the layers
+    QuantLinear.widens names into Q8_0 (they stay Q8_0). Only 16-bit activations multiply
+    interleaved rows (set_activations sees to it); a fused decode stack built before reads the
+    old layout: build it after."""
     for module in model.modules():
         if not isinstance(module, QuantLinear):
             continue
-        if on and module.fmt.name in WIDENED:
+        if on and module.widens():
             module.widen()
         if module.can_interleave():
             module.interleave(on)
