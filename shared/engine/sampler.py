@@ -50,9 +50,10 @@ def _greedy_and_usable(logits: torch.Tensor) -> tuple[list[int], list[bool]]:
 
 
 def _greedy_and_usable_numpy(logits: torch.Tensor) -> tuple[list[int], list[bool]]:
-    """_greedy_and_usable on the CPU: numpy's argmax (the first maximum, or the first NaN)
-    reads a 49k vocabulary in ~5 us where torch's max over a dimension took ~45 us, a
-    percent of a small model's decode step (docs/benchmarks.md, "A leaner decode step")."""
+    """_greedy_and_usable on the CPU: numpy's argmax (the first maximum, or the first NaN).
+    Torch's max over a dimension took the sampling phase of a batch-1 step of the default
+    model to 161-180 us, numpy's to 79-94 (`python -m bench step-phases`: docs/benchmarks.md,
+    "A leaner decode step")."""
     rows = logits.detach().numpy()
     indices = rows.argmax(axis=1)
     values = rows[numpy.arange(rows.shape[0]), indices]

@@ -26,7 +26,9 @@ MAX_COPY_ROWS = 1024
 # What the stack's activations and KV may be in (one dtype for both); a bfloat16 stack's
 # linears must all be quantized: their GEMV computes in float32 (decode_stack.cpp).
 STACK_DTYPES = (torch.float32, torch.bfloat16)
-# NOTE: a C loop over the ~120 linears: a generator took ~50 us of every decode step
+# NOTE: a C loop over the ~120 linears, not a generator: the route phase of a batch-1 step went
+# from 57-61 us to 48-54 (`python -m bench step-phases`: docs/benchmarks.md, "A leaner decode
+# step")
 COPY_MIN_ROWS = attrgetter("copy_min_rows")
 
 

@@ -66,8 +66,9 @@ ACTIVATION_BITS = {"q8": 8, "q16": 16}  # the integer ones
 INTERLEAVED_FORMATS = ("q4_0", "q4_1", "q8_0")
 # NOTE: a format whose values Q8_0 holds exactly but that does not interleave (Q5_0: d * (q -
 # 16), q < 32) becomes Q8_0 under 16-bit activations, and interleaves: the GEMV on plain Q5_0
-# rows is core-bound like Q4's was (a Q4_K_M SmolLM2, most of it Q5_0: 145 tok/s plain, 190 as
-# interleaved Q8_0, for 8.5 bits a weight instead of 5.5; docs/benchmarks.md, "A Q4_K_M file").
+# rows is core-bound like Q4's was (interleaved Q8_0 1.28x, 1.75x, 1.91x at 1, 4 and 8 rows, for
+# 8.5 bits a weight instead of 5.5: `python -m bench gemv --formats q5_0,q8_0`,
+# docs/benchmarks.md, "A Q4_K_M file").
 INTERLEAVED = 1 << 8  # or-ed into the kernels' type code (quant_blocks.h: kInterleaved)
 GROUP_ROWS = 8  # rows interleaved together (quant_x8.h: kRows)
 
