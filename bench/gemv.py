@@ -27,13 +27,19 @@ from shared.engine.config import cpu_has_native_bf16
 from shared.errors import KvstackError
 from shared.model.kernels import chosen_isa, cpu_ops
 from shared.model.quant import GEMM_TILE_ROWS, QuantLinear
-from shared.model.quant_formats import FORMATS, QuantFormat, quantize
+from shared.model.quant_formats import FORMATS, QuantFormat, quantize, random_blocks
 from shared.model.weight_arena import pack_weights
 
 # (N, K) of SmolLM2-135M: qkv, o, gate_up, down of a layer (the model has 30: with distinct
 # weights, 430 MB in float32, they do not stay in the caches); the tied logits head.
 LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 HEAD = ((49152, 576),)
+# Each model's layer and head shapes (`--shapes`): SmolLM2's rows are not a multiple of 256
+# values, Llama-3.2-1B's are (Q4_K's super-blocks; 34 MB a layer in Q4_K: fewer --layers).
+SHAPES = {
+    "smollm2-135m": (LAYER, HEAD),
+    "llama-1b": (((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)), ((128256, 2048),)),
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,6 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="quantized GEMVs: also on a copy of the layers in one arena of huge pages, as "
         "engines keep their weights (columns ...[arena]; the others: one tensor each)",
     )
+    p.add_argument("--shapes", choices=SHAPES, default="smollm2-135m", help="whose matmuls")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--layers", type=int, default=30, help="distinct layers' weights (1: cached)")
     p.add_argument("--repeats", type=int, default=15)
@@ -68,16 +75,18 @@ def run(args: argparse.Namespace) -> int:
     native = cpu_ops()
     if native is None:
         raise KvstackError("no native kernels here (KVSTACK_CPU_KERNELS=0, or no build)")
-    formats = [check_format(name) for name in args.formats.split(",") if name]
+    layer, head = SHAPES[args.shapes]
+    formats = [check_format(name, args.shapes) for name in args.formats.split(",") if name]
     prefetch = prefetch_distances(args.prefetch)  # both checked before minutes of timing
     torch.set_num_threads(args.threads)
     report: dict = {"isa": chosen_isa(), "threads": args.threads, "layers": args.layers}
+    report["shapes"] = args.shapes
     report["dtypes"] = {}
     for name in (name for name in args.dtypes.split(",") if name):
         dtype = getattr(torch, name)
         weights = {
             part: [torch.empty(n, k, dtype=dtype).normal_() for n, k in shapes]
-            for part, shapes in (("layers", LAYER * args.layers), ("head", HEAD))
+            for part, shapes in (("layers", layer * args.layers), ("head", head))
         }
         rows = [measure(native, weights, int(m), args.repeats) for m in args.rows.split(",")]
         del weights
@@ -123,28 +132,39 @@ def fastest(fns, repeats: int) -> list[float]:
     return best
 
 
-def check_format(name: str) -> QuantFormat:
+def check_format(name: str, shapes: str) -> QuantFormat:
     if name not in FORMATS:
         raise KvstackError(f"--formats: no format {name!r}; choose from {', '.join(FORMATS)}")
     fmt = FORMATS[name]
-    widths = sorted({k for _, k in LAYER + HEAD})
+    layer, head = SHAPES[shapes]
+    widths = sorted({k for _, k in layer + head})
     if any(k % fmt.block_values for k in widths):
         raise KvstackError(
             f"--formats: {name} needs rows of a multiple of {fmt.block_values} values; "
-            f"SmolLM2's are {', '.join(map(str, widths))} wide"
+            f"{shapes}'s are {', '.join(map(str, widths))} wide (--shapes llama-1b's are not)"
         )
     return fmt
 
 
-def quant_layers(fmt: QuantFormat, num_layers: int) -> list[QuantLinear]:
+def quant_layers(
+    fmt: QuantFormat, num_layers: int, shapes: tuple[tuple[int, int], ...]
+) -> list[QuantLinear]:
     """`num_layers` copies of one layer's four weights quantized to `fmt`: distinct memory,
     as decode reads them (quantizing every layer anew would take most of the run)."""
-    first = [quantize(torch.randn(n, k) * 0.05, fmt) for n, k in LAYER]
+    first = [layer_blocks(fmt, n, k) for n, k in shapes]
     return [
         QuantLinear(blocks.clone(), fmt, k, None)
         for _ in range(num_layers)
-        for blocks, (_, k) in zip(first, LAYER, strict=True)
+        for blocks, (_, k) in zip(first, shapes, strict=True)
     ]
+
+
+def layer_blocks(fmt: QuantFormat, n: int, k: int) -> torch.Tensor:
+    """A weight [n, k] in `fmt`: a random one quantized, or (Q4_K, which the gguf package
+    cannot quantize into) random blocks; the kernels' time does not depend on the values."""
+    if fmt.name == "q4_k":
+        return random_blocks(fmt, n, k, seed=n + k)
+    return quantize(torch.randn(n, k) * 0.05, fmt)
 
 
 def measure_quant(
@@ -152,7 +172,7 @@ def measure_quant(
 ) -> dict:
     """Microseconds for one pass over the layers per way of multiplying, by rows; the fastest
     way for each M; the most rows up to which each GEMV beats the float32 tiles."""
-    layers = quant_layers(fmt, args.layers)
+    layers = quant_layers(fmt, args.layers, SHAPES[args.shapes][0])
     ways = {
         name: (way, layers)
         for name, way in quant_ways(native, cpu_has_native_bf16(), prefetch).items()

@@ -62,8 +62,10 @@ ACTIVATION_BITS = {"q8": 8, "q16": 16}  # the integer ones
 # (shared/model/kernels/quant_x8.h): the GEMV on GGUF's own rows was bound by a core converting
 # and summing each block's products, not by memory; side by side, a vector's lanes are 8 rows
 # and one multiply scales them all (`python -m bench gemv`, `python -m bench engine --before
-# plain-rows`: docs/benchmarks.md, "Weight rows interleaved 8 at a time").
-INTERLEAVED_FORMATS = ("q4_0", "q4_1", "q8_0")
+# plain-rows`: docs/benchmarks.md, "Weight rows interleaved 8 at a time"); Q4_K's plain rows
+# ran at a third of memory's speed (`python -m bench gemv --formats q4_k --shapes llama-1b`:
+# "Q4_K rows interleaved").
+INTERLEAVED_FORMATS = ("q4_0", "q4_1", "q8_0", "q4_k")
 # NOTE: a format whose values Q8_0 holds exactly but that does not interleave (Q5_0: d * (q -
 # 16), q < 32) becomes Q8_0 under 16-bit activations, and interleaves: the GEMV on plain Q5_0
 # rows is core-bound like Q4's was (interleaved Q8_0 1.28x, 1.75x, 1.91x at 1, 4 and 8 rows, for

@@ -61,6 +61,21 @@ def quantize(weight: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(blocks).view(np.uint8))
 
 
+def random_blocks(fmt: QuantFormat, rows: int, in_features: int, seed: int) -> torch.Tensor:
+    """Blocks [rows, row_bytes] of random bytes with small finite fp16 scales where the format
+    keeps them (d, and m or dmin, lead each block): for kernels' tests and timings, and for
+    formats the gguf package cannot quantize into (Q4_K)."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(
+        0, 256, (rows, fmt.row_bytes(in_features) // fmt.block_bytes, fmt.block_bytes)
+    )
+    blocks = blocks.astype(np.uint8)
+    scales = 2 if fmt.name in ("q4_1", "q4_k") else 1
+    halves = rng.uniform(-0.05, 0.05, (rows, blocks.shape[1], scales)).astype(np.float16)
+    blocks[..., : 2 * scales] = halves.view(np.uint8)
+    return torch.from_numpy(blocks.reshape(rows, -1).copy())
+
+
 def dequantize(blocks: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
     """The reference: blocks [N, row_bytes] -> float32 [N, K] by the gguf package."""
     from gguf import GGMLQuantizationType

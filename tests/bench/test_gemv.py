@@ -36,6 +36,16 @@ def test_quantized_ways_by_rows_with_two_prefetch_distances(capsys) -> None:
     assert cpu_ops().set_weight_prefetch(2048) == 2048  # the bench put the default back
 
 
+def test_q4_k_on_llama_1b_shapes_interleaves(capsys) -> None:
+    """Q4_K (random blocks: the gguf package cannot quantize into it) on shapes whose rows
+    hold whole super-blocks, its 16-bit GEMV timed on GGUF's rows and on interleaved ones."""
+    report = run(capsys, "--dtypes", "", "--rows", "1", "--formats", "q4_k", "--shapes",
+                 "llama-1b", "--json")  # fmt: skip
+    assert report["shapes"] == "llama-1b"
+    (row,) = report["formats"]["q4_k"]["by_rows"]
+    assert row["gemv_q16_us"] > 0 and row["gemv_q16_x8_us"] > 0
+
+
 def test_the_table_names_each_format(capsys) -> None:
     args = build_parser().parse_args(
         ["gemv", "--layers", "1", "--repeats", "1", "--dtypes", "float32", "--rows", "1",
@@ -50,7 +60,7 @@ def test_the_table_names_each_format(capsys) -> None:
     ("option", "value", "message"),
     [("--formats", "q5_k", "no format 'q5_k'"), ("--prefetch", "1k", "give byte counts"),
      ("--prefetch", "-64", "0 or more bytes"),
-     ("--formats", "q4_k", "multiple of 256 values; SmolLM2's are 576, 1536")],
+     ("--formats", "q4_k", "multiple of 256 values; smollm2-135m's are 576, 1536")],
 )  # fmt: skip
 def test_bad_options_fail_clearly(option, value, message) -> None:
     args = build_parser().parse_args(["gemv", "--dtypes", "float32", "--rows", "1", option, value])

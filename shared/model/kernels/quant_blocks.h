@@ -17,7 +17,7 @@ constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12;  // GG
 // Or-ed into a type code: its rows interleaved 8 at a time (quant_x8.h), for these formats.
 constexpr int64_t kInterleaved = 1 << 8;
 inline bool can_interleave(int64_t ggml_type) {
-  return ggml_type == kQ4_0 || ggml_type == kQ4_1 || ggml_type == kQ8_0;
+  return ggml_type == kQ4_0 || ggml_type == kQ4_1 || ggml_type == kQ8_0 || ggml_type == kQ4_K;
 }
 
 inline float half_to_float(const uint8_t* p) {
@@ -135,7 +135,7 @@ inline Format format_of(int64_t qtype) {
 inline void check_weight(const at::Tensor& w, int64_t qtype, int64_t K) {
   const Format f = format_of(qtype);
   TORCH_CHECK(!(qtype & kInterleaved) || can_interleave(qtype & ~kInterleaved),
-              "only Q4_0, Q4_1 and Q8_0 rows come interleaved, not type ", qtype & ~kInterleaved);
+              "only Q4_0, Q4_1, Q8_0 and Q4_K rows come interleaved, not type ", qtype & ~kInterleaved);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "weight: a contiguous uint8 [N, row_bytes] tensor");
   TORCH_CHECK(K % f.values == 0 && w.size(1) == K / f.values * f.bytes,

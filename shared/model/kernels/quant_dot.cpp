@@ -367,15 +367,19 @@ inline IV dot_pairs(IV acc, IV q, const int16_t* x_pair) {
 #endif
 }
 
-// Interleaved formats (quant_x8.h): a block's offset and its pairs of values as 16-bit lanes.
+// Interleaved formats (quant_x8.h): a group's block of 8 rows (kBlockBytes, holding kSubs
+// blocks of 32 values a row), each sub-block's scales and offsets (a lane a row) and where its
+// values start, and those values' pairs as 16-bit lanes.
 template <bool kHasMin>
 struct Q4x8 {
   using Plain = Q4<kHasMin>;  // the last N % 8 rows
-  static constexpr int64_t kScalars = kHasMin ? 4 : 2, kBlockBytes = 8 * Plain::kBytes;
+  static constexpr int64_t kSubs = 1, kScalars = kHasMin ? 4 : 2, kBlockBytes = 8 * Plain::kBytes;
   static constexpr bool kHasOffset = true;
-  static FV offset(const uint8_t* b, FV d) {
-    return kHasMin ? _mm256_cvtph_ps(load16(b + 16)) : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+  static void scales(const uint8_t* b, int, FV* d, FV* offset) {
+    *d = _mm256_cvtph_ps(load16(b));
+    *offset = kHasMin ? _mm256_cvtph_ps(load16(b + 16)) : _mm256_mul_ps(*d, _mm256_set1_ps(-8.f));
   }
+  static const uint8_t* values(const uint8_t* b, int) { return b + quant_x8::kRows * kScalars; }
   static IV chunk(const uint8_t* values, int c) { return load_x(values + 32 * c); }
   template <int k>
   static IV pairs(IV chunk) {  // pair 4c + k: nibble k of each word
@@ -384,11 +388,27 @@ struct Q4x8 {
   }
 };
 
+// Q4_K: a super-block of 8 sub-blocks, each with a scale and offset a row, its values as Q4's.
+struct Q4Kx8 : Q4x8<true> {
+  using Plain = Q4_K;
+  static constexpr int64_t kSubs = 8, kBlockBytes = 8 * Plain::kBytes;
+  static void scales(const uint8_t* b, int j, FV* d, FV* offset) {
+    quant_x8::q4k_scales(b, j, d, offset);
+  }
+  static const uint8_t* values(const uint8_t* b, int j) {
+    return b + quant_x8::kQ4KValues + quant_x8::kQ4KSubBytes * j;
+  }
+};
+
 struct Q8x8 {
   using Plain = Q8_0;
-  static constexpr int64_t kScalars = 2, kBlockBytes = 8 * Plain::kBytes;
+  static constexpr int64_t kSubs = 1, kScalars = 2, kBlockBytes = 8 * Plain::kBytes;
   static constexpr bool kHasOffset = false;
-  static FV offset(const uint8_t*, FV) { return fzero(); }
+  static void scales(const uint8_t* b, int, FV* d, FV* offset) {
+    *d = _mm256_cvtph_ps(load16(b));
+    *offset = fzero();
+  }
+  static const uint8_t* values(const uint8_t* b, int) { return b + quant_x8::kRows * kScalars; }
   static const uint8_t* chunk(const uint8_t* values, int c) { return values + 64 * c; }
   template <int k>
   static IV pairs(const uint8_t* chunk) {  // pair 4c + k: 16 bytes widened
@@ -404,14 +424,15 @@ void group_x8(const uint8_t* group, const QRows<int16_t>& x, int64_t m0, const f
   FV acc[M], offsets[M];  // lane r: row n + r's sum of scaled products, and of offset * sx
   for (int m = 0; m < M; ++m) acc[m] = offsets[m] = fzero();
   for (int64_t j = 0; j < blocks; ++j) {
-    const uint8_t* b = group + j * X::kBlockBytes;
-    prefetch_row(b, X::kBlockBytes);
-    const FV d = _mm256_cvtph_ps(load16(b));
-    const FV offset = X::offset(b, d);
+    const uint8_t* b = group + j / X::kSubs * X::kBlockBytes;
+    const int sub = static_cast<int>(j % X::kSubs);
+    if (sub == 0) prefetch_row(b, X::kBlockBytes);
+    FV d, offset;
+    X::scales(b, sub, &d, &offset);
     // NOTE: two sums a row, so that each dot product waits on the one before the last.
     IV even[M], odd[M];
     for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm256_setzero_si256();
-    const uint8_t* values = b + quant_x8::kRows * X::kScalars;
+    const uint8_t* values = X::values(b, sub);
     for (int c = 0; c < 4; ++c) {
       const auto chunk = X::chunk(values, c);
       const IV q0 = X::template pairs<0>(chunk), q1 = X::template pairs<1>(chunk);
@@ -458,7 +479,8 @@ void groups_x8(const uint8_t* w, int64_t row_bytes, const QRows<int16_t>& x, con
 template <class X>
 void gemv_x8(const uint8_t* w, const QRows<int16_t>& x, const float* bias, float* out,
              int64_t N) {
-  const int64_t row_bytes = x.blocks() * X::Plain::kBytes, groups = N / quant_x8::kRows;
+  const int64_t row_bytes = x.blocks() / X::kSubs * X::Plain::kBytes;
+  const int64_t groups = N / quant_x8::kRows;
   kernels::parallel_for(0, groups, 2, [&](int64_t g0, int64_t g1) {
     groups_x8<X>(w, row_bytes, x, bias, out, N, g0, g1);
   });
@@ -501,10 +523,12 @@ void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<int16_t>& x,
   if (!portable) {
     if (ggml_type == kQ4_1) return gemv_x8<Q4x8<true>>(w, x, bias, out, N);
     if (ggml_type == kQ4_0) return gemv_x8<Q4x8<false>>(w, x, bias, out, N);
+    if (ggml_type == kQ4_K) return gemv_x8<Q4Kx8>(w, x, bias, out, N);
     return gemv_x8<Q8x8>(w, x, bias, out, N);
   }
 #endif
-  const int64_t row_bytes = x.blocks() * format_of(ggml_type).bytes;
+  const Format f = format_of(ggml_type);
+  const int64_t row_bytes = x.K / f.values * f.bytes;
   std::vector<uint8_t> plain(N * row_bytes);
   quant_x8::convert(w, plain.data(), ggml_type, N, row_bytes, false);
   gemv_plain(ggml_type, plain.data(), x, bias, out, N, true);

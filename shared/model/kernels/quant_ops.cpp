@@ -324,18 +324,15 @@ inline __m256i pairs_of(const uint8_t* values, int chunk, int k) {  // pair p = 
   return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * k)), _mm256_set1_epi16(0x0F));
 }
 
+// 32 values of each of 8 rows, Q8_0's bytes or (kType: any other) Q4's nibbles at `values`,
+// times the rows' scales d plus their offsets o (a lane a row).
 template <int64_t kType>
-void dequant_group_block(const uint8_t* b, float* y, int64_t ldy) {
-  const __m256 d = _mm256_cvtph_ps(load16(b));
-  const __m256 o = kType == kQ4_1   ? _mm256_cvtph_ps(load16(b + 16))
-                   : kType == kQ4_0 ? _mm256_mul_ps(d, _mm256_set1_ps(-8.f))
-                                    : _mm256_setzero_ps();
+void dequant_values_x8(const uint8_t* values, __m256 d, __m256 o, float* y, int64_t ldy) {
   // each row's scale and offset twice over, for its pair of lanes: rows 0-3, then 4-7
   const __m256i first = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
   const __m256i second = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
   const __m256 d03 = _mm256_permutevar8x32_ps(d, first), d47 = _mm256_permutevar8x32_ps(d, second);
   const __m256 o03 = _mm256_permutevar8x32_ps(o, first), o47 = _mm256_permutevar8x32_ps(o, second);
-  const uint8_t* values = b + quant_x8::kRows * quant_x8::scalar_bytes(kType);
   // Four rows' 8 values from four vectors of their pairs (p[k]: values 2k, 2k + 1 of each
   // row): a 4 x 4 transpose of 64-bit pairs, then one store a row.
   auto store_rows = [&](const __m256* p, int row, int64_t col) {
@@ -367,23 +364,49 @@ void dequant_group_block(const uint8_t* b, float* y, int64_t ldy) {
     store_rows(last_rows, 4, 8 * chunk);
   }
 }
-#else
+
 template <int64_t kType>
 void dequant_group_block(const uint8_t* b, float* y, int64_t ldy) {
-  const int64_t bytes = format_of(kType).bytes;
-  uint8_t plain[quant_x8::kRows * 34];  // the largest of them (Q8_0)
-  quant_x8::convert(b, plain, kType, quant_x8::kRows, bytes, false);
-  for (int r = 0; r < quant_x8::kRows; ++r) dequant_block(kType, plain + r * bytes, y + r * ldy);
+  const __m256 d = _mm256_cvtph_ps(load16(b));
+  const __m256 o = kType == kQ4_1   ? _mm256_cvtph_ps(load16(b + 16))
+                   : kType == kQ4_0 ? _mm256_mul_ps(d, _mm256_set1_ps(-8.f))
+                                    : _mm256_setzero_ps();
+  dequant_values_x8<kType>(b + quant_x8::kRows * quant_x8::scalar_bytes(kType), d, o, y, ldy);
+}
+
+// A Q4_K group's super-block: each sub-block's 32 values of the 8 rows, as Q4's.
+void dequant_group_block_q4k(const uint8_t* b, float* y, int64_t ldy) {
+  for (int j = 0; j < 8; ++j) {
+    __m256 d, o;
+    quant_x8::q4k_scales(b, j, &d, &o);
+    dequant_values_x8<kQ4_0>(b + quant_x8::kQ4KValues + quant_x8::kQ4KSubBytes * j, d, o,
+                             y + 32 * j, ldy);
+  }
 }
 #endif
 
-// Block j of group g's rows to floats, whichever interleaved format.
+// A group's block through GGUF's layout: its 8 rows' blocks put back, then each dequantized.
+inline void dequant_group_block_plain(int64_t ggml_type, const uint8_t* b, float* y,
+                                      int64_t ldy) {
+  const int64_t bytes = format_of(ggml_type).bytes;
+  uint8_t plain[quant_x8::kRows * 144];  // the largest of them (Q4_K)
+  quant_x8::convert(b, plain, ggml_type, quant_x8::kRows, bytes, false);
+  for (int r = 0; r < quant_x8::kRows; ++r)
+    dequant_block(ggml_type, plain + r * bytes, y + r * ldy);
+}
+
+// Block j of group g's rows to floats (each row's format_of(ggml_type).values at y + r * ldy),
+// whichever interleaved format.
 inline void dequant_group_block(int64_t ggml_type, const uint8_t* b, float* y, int64_t ldy) {
+#if defined(KV_SIMD) && defined(__F16C__)
   switch (ggml_type) {
     case kQ4_1: return dequant_group_block<kQ4_1>(b, y, ldy);
     case kQ4_0: return dequant_group_block<kQ4_0>(b, y, ldy);
-    default: return dequant_group_block<kQ8_0>(b, y, ldy);
+    case kQ8_0: return dequant_group_block<kQ8_0>(b, y, ldy);
+    case kQ4_K: return dequant_group_block_q4k(b, y, ldy);
   }
+#endif
+  dequant_group_block_plain(ggml_type, b, y, ldy);
 }
 
 // Groups g0..g1 of 8 interleaved rows of w into out [.., K], float32 or
@@ -392,19 +415,19 @@ template <class T>
 void dequantize_groups(const uint8_t* w, int64_t ggml_type, int64_t K, T* out, int64_t g0,
                        int64_t g1) {
   const Format f = format_of(ggml_type);
-  const int64_t blocks = K / 32, row_bytes = blocks * f.bytes, rows = quant_x8::kRows;
-  alignas(64) float y[quant_x8::kRows * 32];  // bfloat16's staging
+  const int64_t blocks = K / f.values, row_bytes = blocks * f.bytes, rows = quant_x8::kRows;
+  alignas(64) float y[quant_x8::kRows * 256];  // bfloat16's staging: the largest block (Q4_K)
   for (int64_t g = g0; g < g1; ++g)
     for (int64_t j = 0; j < blocks; ++j) {
       const uint8_t* b = w + g * rows * row_bytes + j * rows * f.bytes;
-      T* o = out + g * rows * K + 32 * j;
+      T* o = out + g * rows * K + f.values * j;
       const bool direct = std::is_same_v<T, float>;
       float* to = direct ? reinterpret_cast<float*>(o) : y;
-      dequant_group_block(ggml_type, b, to, direct ? K : 32);
+      dequant_group_block(ggml_type, b, to, direct ? K : f.values);
       if constexpr (!std::is_same_v<T, float>)
         for (int64_t r = 0; r < rows; ++r)
-          for (int64_t i = 0; i < 32; i += simd::kWidth)
-            simd::store(o + r * K + i, simd::load(y + r * 32 + i));
+          for (int64_t i = 0; i < f.values; i += simd::kWidth)
+            simd::store(o + r * K + i, simd::load(y + r * f.values + i));
     }
 }
 
@@ -589,7 +612,7 @@ void kernels::quant_gemm(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qty
 void kernels::quant_interleave(at::Tensor out, at::Tensor w, int64_t qtype, bool interleave) {
   const int64_t ggml_type = quant_x8::base_type(qtype);
   TORCH_CHECK(quant_x8::can_interleave(ggml_type),
-              "only Q4_0, Q4_1 and Q8_0 rows interleave, not type ", ggml_type);
+              "only Q4_0, Q4_1, Q8_0 and Q4_K rows interleave, not type ", ggml_type);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() &&
                   w.size(1) % format_of(ggml_type).bytes == 0,
               "w: contiguous uint8 rows of whole blocks");
@@ -623,11 +646,11 @@ void kernels::quant_lookup(at::Tensor out, at::Tensor w, at::Tensor index, int64
     TORCH_CHECK(rows[i] >= 0 && rows[i] < N, "row ", rows[i], " is outside the weight's ", N);
   const int64_t ggml_type = quant_x8::base_type(qtype), row_bytes = w.size(1);
   const int64_t grouped = quant_x8::interleaved(qtype) ? N / quant_x8::kRows * quant_x8::kRows : 0;
-  const int64_t block_bytes = format_of(ggml_type).bytes;
+  const Format f = format_of(ggml_type);
   const uint8_t* wi = w.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   kernels::parallel_for(0, I, 16, [&](int64_t i0, int64_t i1) {
-    alignas(64) float y[quant_x8::kRows * 32];
+    alignas(64) float y[quant_x8::kRows * 256];  // the largest block (Q4_K)
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t row = rows[i];
       if (row >= grouped) {  // GGUF's layout
@@ -635,9 +658,10 @@ void kernels::quant_lookup(at::Tensor out, at::Tensor w, at::Tensor index, int64
         continue;
       }
       const uint8_t* group = wi + row / quant_x8::kRows * quant_x8::kRows * row_bytes;
-      for (int64_t j = 0; j < K / 32; ++j) {
-        dequant_group_block(ggml_type, group + j * quant_x8::kRows * block_bytes, y, 32);
-        std::memcpy(o + i * K + 32 * j, y + row % quant_x8::kRows * 32, 32 * sizeof(float));
+      for (int64_t j = 0; j < K / f.values; ++j) {
+        dequant_group_block(ggml_type, group + j * quant_x8::kRows * f.bytes, y, f.values);
+        std::memcpy(o + i * K + f.values * j, y + row % quant_x8::kRows * f.values,
+                    f.values * sizeof(float));
       }
     }
   });

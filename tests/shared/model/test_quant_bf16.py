@@ -11,8 +11,7 @@ import torch
 from shared.model import quant
 from shared.model.kernels import cpu_ops
 from shared.model.quant import PREFILL_GEMM_MIN_ROWS, QuantLinear
-from shared.model.quant_formats import FORMATS, dequantize
-from tests.shared.model.test_quant_ops import random_blocks
+from shared.model.quant_formats import FORMATS, dequantize, random_blocks
 
 pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native kernels on this CPU")
 

@@ -22,6 +22,7 @@ from shared.model.quant_loader import load_model_as
 from shared.model.registry import gguf_source
 from shared.model.scoring import causal_logits, greedy_agreement
 from shared.model.tokenizer import Tokenizer
+from tests.shared.model.gguf_files import write_recoded
 from tests.shared.model.test_quant_model import MODEL, TEXT
 
 pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native kernels on this CPU")
@@ -43,23 +44,15 @@ MIXED = {
 @pytest.fixture(scope="module")
 def mixed_gguf(tmp_path_factory) -> Path:
     """SmolLM2's GGUF with every layer's v, o and down projections re-encoded (MIXED)."""
+
+    def encode(name: str, floats):
+        kind = MIXED.get(name.split(".")[-2])
+        if kind is None:
+            return None
+        return gguf.quants.quantize(floats().astype(np.float32), kind), kind
+
     path = tmp_path_factory.mktemp("mixed") / "mixed.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for tensor in read_tensors(gguf_source(MODEL)):
-        kind = gguf.GGMLQuantizationType(tensor.ggml_type)
-        data = np.asarray(tensor.data)
-        if tensor.name.split(".")[-2] in MIXED:
-            floats = gguf.quants.dequantize(data, kind).reshape(tensor.shape)
-            kind = MIXED[tensor.name.split(".")[-2]]
-            data = gguf.quants.quantize(floats.astype(np.float32), kind)
-        elif kind == gguf.GGMLQuantizationType.F32:
-            data = data.view(np.float32).reshape(tensor.shape)
-        writer.add_tensor(tensor.name, data, raw_dtype=kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_recoded(path, gguf_source(MODEL), encode)
 
 
 def file_values(path: Path, config) -> dict[str, torch.Tensor]:

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from shared.model.quant_formats import FORMATS, QuantFormat, dequantize, quantize
+from shared.model.quant_formats import (
+    FORMATS,
+    QuantFormat,
+    dequantize,
+    quantize,
+    random_blocks,
+)
 
 # NOTE: the kernels sum in a different order than the reference matmul; float32 rounding only.
 TOLERANCE = 1e-4
-
-
-def random_blocks(fmt: QuantFormat, rows: int, in_features: int, seed: int) -> torch.Tensor:
-    """Random bytes in every block, with small finite fp16 scales where the format keeps them."""
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, (rows, in_features // fmt.block_values, fmt.block_bytes))
-    blocks = blocks.astype(np.uint8)
-    scales = 2 if fmt.name in ("q4_1", "q4_k") else 1  # d (and m or dmin) lead each block
-    halves = rng.uniform(-0.05, 0.05, (rows, blocks.shape[1], scales)).astype(np.float16)
-    blocks[..., : 2 * scales] = halves.view(np.uint8)
-    return torch.from_numpy(blocks.reshape(rows, -1).copy())
 
 
 def reference(x: torch.Tensor, blocks: torch.Tensor, fmt: QuantFormat, bias=None):

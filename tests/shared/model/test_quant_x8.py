@@ -1,4 +1,4 @@
-"""Q4_0, Q4_1 and Q8_0 rows interleaved 8 at a time (shared/model/kernels/quant_x8.h): the
+"""Q4_0, Q4_1, Q8_0 and Q4_K rows interleaved 8 at a time (shared/model/kernels/quant_x8.h): the
 layout as documented, the 16-bit GEMV on it against the dequantized weight on every ISA build,
 and the layers (and embeddings) that keep their rows so under 16-bit activations."""
 
@@ -10,12 +10,18 @@ import torch
 
 from shared.model import quant
 from shared.model.quant import INTERLEAVED, QuantEmbedding, QuantLinear
-from shared.model.quant_formats import FORMATS
-from tests.shared.model.test_quant_ops import assert_close, random_blocks, reference, rounded
+from shared.model.quant_formats import FORMATS, random_blocks
+from tests.shared.model.test_quant_ops import assert_close, reference, rounded
 
 INTERLEAVABLE = pytest.mark.parametrize("name", quant.INTERLEAVED_FORMATS)
-# Row counts: one whole group, groups and a tail, a tail alone; rows of 1, 2 and 8 blocks.
+# Row counts: one whole group, groups and a tail, a tail alone; rows of 1, 2 and 8 blocks
+# (of 32 values; Q4_K's of 256: `wide`).
 SHAPES = [(8, 32), (21, 64), (5, 64), (64, 256)]
+
+
+def wide(name: str, in_features: int) -> int:
+    """`in_features` counted in blocks of 32, as many of the format's blocks."""
+    return in_features * FORMATS[name].block_values // 32
 
 
 def interleaved_by_the_doc(blocks: np.ndarray, name: str) -> np.ndarray:
@@ -24,6 +30,8 @@ def interleaved_by_the_doc(blocks: np.ndarray, name: str) -> np.ndarray:
     nibble k of word 2r + h of chunk c holding value 2 * (4c + k) + h of row r; Q8_0 in 16
     chunks of 16 bytes, byte 2r + h of chunk p holding value 2p + h. The last N % 8 rows as
     they were."""
+    if name == "q4_k":
+        return q4_k_interleaved_by_the_doc(blocks)
     scalars = 4 if name == "q4_1" else 2
     rows, row_bytes = blocks.shape
     size = FORMATS[name].block_bytes
@@ -38,22 +46,48 @@ def interleaved_by_the_doc(blocks: np.ndarray, name: str) -> np.ndarray:
                 values = pairs.transpose(1, 0, 2).reshape(-1)  # chunk p: rows' pairs
             else:
                 nibbles = np.concatenate([plain[:, scalars:] & 0x0F, plain[:, scalars:] >> 4], 1)
-                words = np.zeros((4, 16), dtype=np.uint16)
-                for r in range(8):
-                    for i in range(32):
-                        pair, h = divmod(i, 2)
-                        chunk, k = divmod(pair, 4)
-                        words[chunk, 2 * r + h] |= np.uint16(nibbles[r, i]) << np.uint16(4 * k)
-                values = words.astype("<u2").view(np.uint8).ravel()
+                values = q4_values_by_the_doc(nibbles)
             at = 8 * g * row_bytes + 8 * size * j
             out.reshape(-1)[at : at + 8 * size] = np.concatenate([*scalar_bytes, values])
+    return out
+
+
+def q4_values_by_the_doc(nibbles: np.ndarray) -> np.ndarray:
+    """8 rows' 32 values ([row, value]) as an interleaved Q4 block's 128 bytes of values."""
+    words = np.zeros((4, 16), dtype=np.uint16)
+    for r in range(8):
+        for i in range(32):
+            pair, h = divmod(i, 2)
+            chunk, k = divmod(pair, 4)
+            words[chunk, 2 * r + h] |= np.uint16(nibbles[r, i]) << np.uint16(4 * k)
+    return words.astype("<u2").view(np.uint8).ravel()
+
+
+def q4_k_interleaved_by_the_doc(blocks: np.ndarray) -> np.ndarray:
+    """Q4_K per quant_x8.h: per group of 8 rows and super-block, the 8 d, the 8 dmin, byte k
+    of the 12 scale bytes of row r at 32 + 8k + r, then each of the 8 sub-blocks' values as
+    a Q4 block's (sub-block s: the low nibbles of bytes 16 + 32 (s // 2) ... when s is even,
+    the high ones when odd)."""
+    rows, row_bytes = blocks.shape
+    out = blocks.copy()
+    for g in range(rows // 8):
+        group = blocks[8 * g : 8 * g + 8].reshape(8, -1, 144)
+        for j in range(group.shape[1]):
+            plain = group[:, j]
+            parts = [plain[:, 0:2].reshape(-1), plain[:, 2:4].reshape(-1)]
+            parts.append(plain[:, 4:16].T.reshape(-1))  # [byte k, row r]
+            for sub in range(8):
+                chunk = plain[:, 16 + 32 * (sub // 2) : 48 + 32 * (sub // 2)]
+                parts.append(q4_values_by_the_doc((chunk >> (4 * (sub % 2))) & 0x0F))
+            at = 8 * g * row_bytes + 8 * 144 * j
+            out.reshape(-1)[at : at + 8 * 144] = np.concatenate(parts)
     return out
 
 
 @INTERLEAVABLE
 @pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
 def test_rows_interleave_as_documented_and_back(kernels, name, out_features, in_features):
-    fmt = FORMATS[name]
+    fmt, in_features = FORMATS[name], wide(name, in_features)
     blocks = random_blocks(fmt, out_features, in_features, seed=out_features)
     x8 = torch.empty_like(blocks)
     kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
@@ -69,7 +103,7 @@ def test_rows_interleave_as_documented_and_back(kernels, name, out_features, in_
 def test_gemv_on_interleaved_rows_is_the_dequantized_weight_times_x_rounded(
     kernels, name, out_features, in_features, rows
 ):
-    fmt = FORMATS[name]
+    fmt, in_features = FORMATS[name], wide(name, in_features)
     blocks = random_blocks(fmt, out_features, in_features, seed=rows)
     x8 = torch.empty_like(blocks)
     kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
@@ -88,11 +122,11 @@ def test_gemv_on_interleaved_rows_is_the_dequantized_weight_times_x_rounded(
 def test_a_row_of_x_sums_alike_alone_and_among_others(kernels, name):
     """Batch invariance: up to 4 rows of x share a pass over the groups, more take more
     passes; each row's sums are its own."""
-    fmt = FORMATS[name]
-    blocks = random_blocks(fmt, 37, 512, seed=11)  # 4 groups and a tail of 5
+    fmt, in_features = FORMATS[name], wide(name, 512)
+    blocks = random_blocks(fmt, 37, in_features, seed=11)  # 4 groups and a tail of 5
     x8 = torch.empty_like(blocks)
     kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
-    x, bias = torch.randn(9, 512), torch.randn(37)
+    x, bias = torch.randn(9, in_features), torch.randn(37)
     together = torch.empty(9, 37)
     kernels.quant_gemv_int(together, x, x8, fmt.ggml_type | INTERLEAVED, bias, 16, False)
     for m in range(9):
@@ -106,7 +140,7 @@ def test_a_row_of_x_sums_alike_alone_and_among_others(kernels, name):
 @pytest.mark.parametrize(("out_features", "in_features"), [*SHAPES, (70, 512)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_interleaved_rows_dequantize_as_plain_ones(kernels, name, out_features, in_features, dtype):
-    fmt = FORMATS[name]
+    fmt, in_features = FORMATS[name], wide(name, in_features)
     blocks = random_blocks(fmt, out_features, in_features, seed=5)
     x8 = torch.empty_like(blocks)
     kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
@@ -140,13 +174,12 @@ def test_interleaved_rows_refuse_what_they_cannot_do(kernels):
         kernels.quant_gemv_int(out, x, x8, fmt.ggml_type | INTERLEAVED, None, 8, False)
     with pytest.raises(RuntimeError, match="not float ones"):
         kernels.quant_gemv(out, x, x8, fmt.ggml_type | INTERLEAVED, None)
-    q4k = FORMATS["q4_k"]
-    q4k_blocks = random_blocks(q4k, 16, 256, seed=2)
-    with pytest.raises(RuntimeError, match="only Q4_0, Q4_1 and Q8_0"):
-        kernels.quant_interleave(torch.empty_like(q4k_blocks), q4k_blocks, q4k.ggml_type, True)
-    x256, q4k_x8 = torch.randn(1, 256), q4k.ggml_type | INTERLEAVED
-    with pytest.raises(RuntimeError, match="only Q4_0, Q4_1 and Q8_0"):
-        kernels.quant_gemv_int(out, x256, q4k_blocks, q4k_x8, None, 16, False)
+    q5 = FORMATS["q5_0"]
+    q5_blocks = random_blocks(q5, 16, 64, seed=2)
+    with pytest.raises(RuntimeError, match="only Q4_0, Q4_1, Q8_0 and Q4_K"):
+        kernels.quant_interleave(torch.empty_like(q5_blocks), q5_blocks, q5.ggml_type, True)
+    with pytest.raises(RuntimeError, match="only Q4_0, Q4_1, Q8_0 and Q4_K"):
+        kernels.quant_gemv_int(out, x, q5_blocks, q5.ggml_type | INTERLEAVED, None, 16, False)
     qtype = fmt.ggml_type | INTERLEAVED
     with pytest.raises(RuntimeError, match="outside the weight's 16"):
         kernels.quant_lookup(torch.empty(1, 64), x8, torch.tensor([16]), qtype)
@@ -155,7 +188,7 @@ def test_interleaved_rows_refuse_what_they_cannot_do(kernels):
 
 
 def layer(name: str, out_features: int = 44, in_features: int = 128) -> QuantLinear:
-    fmt = FORMATS[name]
+    fmt, in_features = FORMATS[name], wide(name, in_features)
     bias = torch.nn.Parameter(torch.randn(out_features), requires_grad=False)
     blocks = random_blocks(fmt, out_features, in_features, seed=7)
     return QuantLinear(blocks, fmt, in_features, bias)
@@ -164,15 +197,15 @@ def layer(name: str, out_features: int = 44, in_features: int = 128) -> QuantLin
 @INTERLEAVABLE
 def test_layers_interleave_under_16_bit_activations_only(name):
     linear = layer(name)
-    original = linear.blocks.clone()
+    original, k = linear.blocks.clone(), linear.in_features
     model = torch.nn.Sequential(linear)
-    x = torch.randn(3, 128)
+    x = torch.randn(3, k)
     quant.set_activations(model, "q16")
     assert linear.interleaved and not torch.equal(linear.blocks, original)
     assert torch.equal(linear.gguf_blocks(), original)
     fmt = linear.fmt
     assert_close(linear(x), reference(rounded(x, 16), original, fmt, linear.bias.double()))
-    assert torch.equal(linear.dequantized(), reference(torch.eye(128), original, fmt).float().t())
+    assert torch.equal(linear.dequantized(), reference(torch.eye(k), original, fmt).float().t())
     for activations in ("q8", "float"):
         quant.set_activations(model, activations)
         assert not linear.interleaved and torch.equal(linear.blocks, original)
@@ -181,24 +214,22 @@ def test_layers_interleave_under_16_bit_activations_only(name):
 
 @INTERLEAVABLE
 def test_an_embedding_interleaves_and_looks_its_rows_up_as_before(name):
-    fmt = FORMATS[name]
-    blocks = random_blocks(fmt, 21, 64, seed=1)  # 2 groups and a tail of 5
-    embedding = QuantEmbedding(blocks.clone(), fmt, 64, torch.float32)
+    fmt, k = FORMATS[name], wide(name, 64)
+    blocks = random_blocks(fmt, 21, k, seed=1)  # 2 groups and a tail of 5
+    embedding = QuantEmbedding(blocks.clone(), fmt, k, torch.float32)
     ids = torch.tensor([[0, 7, 8, 15, 16, 20], [20, 3, 3, 9, 17, 12]])
     before = embedding(ids)
     quant.set_activations(torch.nn.Sequential(embedding), "q16")
     assert embedding.interleaved
     assert torch.equal(embedding(ids), before)
-    x = torch.randn(2, 64)  # the tied head: its GEMV on the interleaved rows
+    x = torch.randn(2, k)  # the tied head: its GEMV on the interleaved rows
     assert_close(embedding.linear(x), reference(rounded(x, 16), blocks, fmt))
 
 
-def test_what_cannot_interleave_stays_as_it_is():
-    q4k = layer("q4_k", in_features=256)
-    quant.set_activations(torch.nn.Sequential(q4k), "q16")
-    assert not q4k.interleaved
+def test_what_cannot_interleave_is_refused():
+    q5 = layer("q5_0")  # under q16 it becomes Q8_0 first (test_quant_mixed.py)
     with pytest.raises(ValueError, match="do not interleave"):
-        q4k.interleave(True)
+        q5.interleave(True)
 
 
 def test_interleaved_rows_are_read_in_whole_groups():
