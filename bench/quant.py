@@ -311,15 +311,21 @@ def tables(report: dict) -> str:
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     base = {r["isa"]: r["decode_tok_s"] for r in report["speed"] if r["weights"] == "float"}
-    base["llama.cpp"] = next(iter(base.values()), float("nan"))  # the best build's float32
+    if base:  # llama.cpp's against the best build's float32
+        base["llama.cpp"] = next(iter(base.values()))
+    # NOTE: without a float row (--weights auto alone) there is nothing to be "vs": a dash
     lines += [
         f"| {r['isa']} | {r['weights']} | {r['weight_mb']:.0f} | {r['decode_tok_s']:.1f} | "
-        f"{r['decode_tok_s'] / base[r['isa']]:.2f}x | {r['read_gb_s']:.1f} | "
+        f"{vs(r['decode_tok_s'], base.get(r['isa']))} | {r['read_gb_s']:.1f} | "
         f"{r['share_of_limit']:.0%} |"
         for r in report["speed"]
     ]
     lines += ["", f"CPU flags: {report['cpu_flags']}"]
     return "\n".join(lines)
+
+
+def vs(tok_s: float, base: float | None) -> str:
+    return "-" if base is None else f"{tok_s / base:.2f}x"
 
 
 def cpu_flags() -> str:
