@@ -36,7 +36,7 @@ def stack(tmp_path_factory, smollm2_dir):
         num_decode=2,
         num_kvstore=1,
         restart=RestartPolicy(first_backoff=0.5),
-        drain_timeout=2.0,
+        drain_timeout=1.0,
         gateway_args=GATEWAY_ARGS,
     ) as s:
         yield s
@@ -196,10 +196,11 @@ def test_a_decode_worker_stopped_under_load_loses_no_request(stack, client, refe
     """Scale-down: SIGTERM one decode worker while it decodes; what it cannot finish within
     its drain timeout is handed back and goes on elsewhere."""
     prompts = [prompt_ids(reference, t) for t in ("a cat", "winter", "bread")]
-    # NOTE: long enough that no CPU decodes it within the 2 s drain (quantized SmolLM2
-    # decodes 80 tokens in under 2 s here)
-    wants = wanted(reference, prompts, 256)
-    streams = [Stream(client, p, 256) for p in prompts]
+    # NOTE: long enough that no CPU decodes it within the 1 s drain: a decode worker's one
+    # thread decoded 256 tokens within a 2 s drain once its steps got leaner (CI at aba9dfa);
+    # 512 in 1 s would take over 500 tokens a second a stream
+    wants = wanted(reference, prompts, 512)
+    streams = [Stream(client, p, 512) for p in prompts]
     for stream in streams:
         stream.wait_for(4)
     victim = busiest(stack, "decode", ["decode-0", "decode-1"])
@@ -207,7 +208,7 @@ def test_a_decode_worker_stopped_under_load_loses_no_request(stack, client, refe
     signal_child(stack, victim, signal.SIGTERM)
     assert [s.result() for s in streams] == wants
     assert process.wait(30) == 0  # a clean exit after its drain
-    assert sum(s.migrations for s in streams) >= 1  # a 2 s drain cannot finish 256 tokens
+    assert sum(s.migrations for s in streams) >= 1  # a 1 s drain cannot finish 512 tokens
 
 
 def test_nats_conductor_and_kvstore_restarts_lose_nothing(stack, reference) -> None:
