@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.random_model import SHAPES as MODEL_SHAPES
 from shared.engine.config import cpu_has_native_bf16
 from shared.errors import KvstackError
 from shared.model.kernels import chosen_isa, cpu_ops
@@ -30,15 +31,24 @@ from shared.model.quant import GEMM_TILE_ROWS, QuantLinear
 from shared.model.quant_formats import FORMATS, QuantFormat, quantize, random_blocks
 from shared.model.weight_arena import pack_weights
 
-# (N, K) of SmolLM2-135M: qkv, o, gate_up, down of a layer (the model has 30: with distinct
-# weights, 430 MB in float32, they do not stay in the caches); the tied logits head.
-LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))
-HEAD = ((49152, 576),)
-# Each model's layer and head shapes (`--shapes`): SmolLM2's rows are not a multiple of 256
-# values, Llama-3.2-1B's are (Q4_K's super-blocks; 34 MB a layer in Q4_K: fewer --layers).
+Shapes = tuple[tuple[int, int], ...]
+
+
+def matmul_shapes(config: dict) -> tuple[Shapes, Shapes]:
+    """(N, K) of a model's qkv, o, gate_up and down, and of its tied logits head, from its
+    config (bench random-model's SHAPES)."""
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    kv = config["num_key_value_heads"] * (hidden // config["num_attention_heads"])
+    layer = ((hidden + 2 * kv, hidden), (hidden, hidden), (2 * inter, hidden), (hidden, inter))
+    return layer, ((config["vocab_size"], hidden),)
+
+
+# Each model's layer and head shapes (`--shapes`). SmolLM2-135M has 30 layers: with distinct
+# weights, 430 MB in float32, they do not stay in the caches. Its rows are not a multiple of
+# 256 values, Llama-3.2-1B's are (Q4_K's super-blocks; 34 MB a layer in Q4_K: fewer --layers).
 SHAPES = {
-    "smollm2-135m": (LAYER, HEAD),
-    "llama-1b": (((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)), ((128256, 2048),)),
+    "smollm2-135m": matmul_shapes(MODEL_SHAPES["smollm2-135m"]),
+    "llama-1b": matmul_shapes(MODEL_SHAPES["llama-3.2-1b"]),
 }
 
 
@@ -146,9 +156,7 @@ def check_format(name: str, shapes: str) -> QuantFormat:
     return fmt
 
 
-def quant_layers(
-    fmt: QuantFormat, num_layers: int, shapes: tuple[tuple[int, int], ...]
-) -> list[QuantLinear]:
+def quant_layers(fmt: QuantFormat, num_layers: int, shapes: Shapes) -> list[QuantLinear]:
     """`num_layers` copies of one layer's four weights quantized to `fmt`: distinct memory,
     as decode reads them (quantizing every layer anew would take most of the run)."""
     first = [layer_blocks(fmt, n, k) for n, k in shapes]

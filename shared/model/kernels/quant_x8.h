@@ -141,19 +141,12 @@ inline void q4k_scales(const uint8_t* b, int j, __m256* d, __m256* offset) {
 }
 #endif
 
-// Converts N rows of row_bytes between GGUF's layout (plain) and the interleaved one; the two
-// are the same bytes in another order.
-inline void convert(const uint8_t* src, uint8_t* dst, int64_t ggml_type, int64_t N,
-                    int64_t row_bytes, bool to_interleaved) {
-  if (ggml_type == kQ4_K) {
-    convert_q4_k(src, dst, N / kRows, row_bytes, to_interleaved);
-    const int64_t tail = N / kRows * kRows * row_bytes;
-    std::memcpy(dst + tail, src + tail, (N % kRows) * row_bytes);
-    return;
-  }
+// convert() for the 32-value formats' (Q4_0, Q4_1, Q8_0) whole groups of 8 rows.
+inline void convert_blocks(const uint8_t* src, uint8_t* dst, int64_t ggml_type, int64_t groups,
+                           int64_t row_bytes, bool to_interleaved) {
   const int64_t scalars = scalar_bytes(ggml_type), bytes = quant_blocks::format_of(ggml_type).bytes;
   const int mask = ggml_type == kQ8_0 ? 0xFF : 0x0F;
-  const int64_t blocks = row_bytes / bytes, groups = N / kRows;
+  const int64_t blocks = row_bytes / bytes;
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t j = 0; j < blocks; ++j) {
       const int64_t group_block = g * kRows * row_bytes + j * kRows * bytes;
@@ -176,8 +169,19 @@ inline void convert(const uint8_t* src, uint8_t* dst, int64_t ggml_type, int64_t
       }
     }
   }
+}
+
+// Converts N rows of row_bytes between GGUF's layout (plain) and the interleaved one; the two
+// are the same bytes in another order. The last N % 8 rows are GGUF's either way.
+inline void convert(const uint8_t* src, uint8_t* dst, int64_t ggml_type, int64_t N,
+                    int64_t row_bytes, bool to_interleaved) {
+  const int64_t groups = N / kRows;
+  if (ggml_type == kQ4_K)
+    convert_q4_k(src, dst, groups, row_bytes, to_interleaved);
+  else
+    convert_blocks(src, dst, ggml_type, groups, row_bytes, to_interleaved);
   const int64_t tail = groups * kRows * row_bytes;
-  std::memcpy(dst + tail, src + tail, (N - groups * kRows) * row_bytes);
+  std::memcpy(dst + tail, src + tail, (N % kRows) * row_bytes);
 }
 
 }  // namespace quant_x8

@@ -61,9 +61,9 @@ def q4_k_model(smollm2_dir, q4_k_gguf):
 def test_q4_k_rows_are_kept_and_interleave_under_16_bit_activations(
     smollm2_dir, q4_k_gguf, q4_k_model
 ) -> None:
-    model = q4_k_model
+    model, values_of = q4_k_model, down_values(q4_k_gguf)
     down = model.layers[4].mlp.down_proj
-    expected = down_values(q4_k_gguf)["model.layers.4.mlp.down_proj.weight"]
+    expected = values_of["model.layers.4.mlp.down_proj.weight"]
     set_activations(model, "float")
     assert isinstance(down, QuantLinear) and down.fmt.name == "q4_k" and not down.interleaved
     assert torch.equal(down.dequantized(), expected)
@@ -71,7 +71,7 @@ def test_q4_k_rows_are_kept_and_interleave_under_16_bit_activations(
     assert down.interleaved and torch.equal(down.dequantized(), expected)
     # predicts as the file's values do: the float32 model with those down projections
     file_model = load_model_as("float", smollm2_dir, gguf_source(MODEL), torch.float32, "cpu")
-    for name, values in down_values(q4_k_gguf).items():
+    for name, values in values_of.items():
         param, row = param_slot(file_model.config, name)
         file_model.get_parameter(param).data[row : row + values.shape[0]].copy_(values)
     ids = Tokenizer.from_dir(smollm2_dir).encode(TEXT)
