@@ -13,6 +13,7 @@ import argparse
 from bench import (
     colocated,
     conductor,
+    decode_attention,
     decode_profile,
     engine,
     engine_thread,
@@ -41,6 +42,7 @@ BENCHMARKS = (
     step_phases,
     gpu_step,
     gemv,
+    decode_attention,
     quant,
     sampling,
     grammar,

@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 import torch
 
-from bench.engine import KvstackSide
+from bench.engine import KvstackSide, blocks_for
 from shared.engine.config import (
     ACTIVATIONS_CHOICES,
     DTYPE_CHOICES,
@@ -105,6 +105,8 @@ def warm_side(args: argparse.Namespace, fused_decode: bool = True) -> KvstackSid
             num_threads=args.threads,
             enable_prefix_cache=False,
             max_num_seqs=max(args.batch, 1),
+            num_blocks=max(args.batch, 1)
+            * blocks_for(args.prompt_len + max(args.decode_tokens, 8)),
             fused_decode=fused_decode,
         )
     )

@@ -64,6 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "float-activations",
             "unfused",
             "openmp",
+            "no-kv-prefetch",
             "eager",
             "cublas",
             "kv-dtype-attention",
@@ -79,7 +80,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="the 'before' column: matmuls routed as before the native GEMV took float32, "
         "a second engine whose quantized weights take float activations, one whose decode "
         "steps run layer by layer (--no-fused-decode), or the same engine with its fused "
-        "decode steps' loops on OpenMP instead of their own thread pool, or (on a GPU) a "
+        "decode steps' loops on OpenMP instead of their own thread pool, or the same engine "
+        "with its decode attention asking for no cached slot ahead, or (on a GPU) a "
         "second engine whose decode steps run eagerly instead of as CUDA graphs, or one "
         "whose every matmul goes to cuBLAS (no Triton GEMV), or a second engine whose "
         "prompts attend in the KV's dtype (float32) rather than their matmuls' (bfloat16) "
@@ -148,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         enable_prefix_cache=False,
         max_num_batched_tokens=8192,
         max_num_seqs=256,
+        num_blocks=kv_blocks(args),
     )
     engine = LLMEngine(config)
     if args.copy_min_rows is not None:
@@ -235,6 +238,19 @@ def row(key: str, value: int, rate, ours, theirs: dict, before=None) -> dict:
     return result
 
 
+def kv_blocks(args: argparse.Namespace) -> int:
+    """KV blocks for the largest decode batch at its full length, or the longest prompt: a
+    pool smaller than the batch preempts and queues sequences (the default 1 GiB holds 23k
+    float32 tokens of SmolLM2), and the table would report a batch that never ran together."""
+    largest = max(int(b) for b in args.batch_sizes.split(","))
+    longest = max(int(n) for n in args.prefill_lens.split(","))
+    return max(largest * blocks_for(args.prompt_len + args.decode_tokens), blocks_for(longest + 1))
+
+
+def blocks_for(num_tokens: int, block_size: int = EngineConfig.block_size) -> int:
+    return -(-num_tokens // block_size)
+
+
 def progress(message: str) -> None:
     print(f"[bench engine] {message}", file=sys.stderr, flush=True)
 
@@ -271,6 +287,7 @@ class KvstackSide:
 
     def decode_time(self, batch: int, prompt_len: int, num_tokens: int) -> float:
         """Seconds from every request's first token to the last token of all."""
+        self.check_fits(batch, prompt_len + num_tokens)
         params = SamplingParams(max_tokens=num_tokens, temperature=0, ignore_eos=True)
         waiting = set()  # for their first token
         for i, prompt in enumerate(self.prompts(batch, prompt_len)):
@@ -283,6 +300,18 @@ class KvstackSide:
             self.engine.step()
         return time.perf_counter() - start
 
+    def check_fits(self, batch: int, num_tokens: int) -> None:
+        """Refuses a batch the KV pool cannot hold at its full length: the engine would
+        preempt some of it, and the rate would be of a smaller batch than the one named."""
+        stats, block_size = self.engine.stats(), self.engine.info.config.block_size
+        needed = batch * blocks_for(num_tokens, block_size)
+        if needed > stats.total_blocks:
+            raise KvstackError(
+                f"decode batch {batch} of {num_tokens} tokens each needs {needed} KV blocks; "
+                f"the pool has {stats.total_blocks} ({stats.total_blocks * block_size} "
+                "tokens): a smaller batch or shorter prompts, or a larger pool"
+            )
+
 
 def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSide):
     if args.no_routing_baseline:
@@ -292,7 +321,9 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
     if args.before == "unfused":
         return KvstackSide(LLMEngine(dataclasses.replace(config, fused_decode=False)))
     if args.before == "openmp":
-        return OpenMPSteps(ours)
+        return KernelSetting(ours, "use_step_pool", False, args.before)
+    if args.before == "no-kv-prefetch":
+        return KernelSetting(ours, "set_kv_prefetch", 0, args.before)
     if args.before == "eager":
         return KvstackSide(LLMEngine(dataclasses.replace(config, cuda_graphs=False)))
     if args.before == "kv-dtype-attention":
@@ -321,6 +352,7 @@ BEFORE_NOTES = {
     "cublas": "a second engine, every matmul through cuBLAS (no Triton GEMV)",
     "eager": "a second engine, its decode steps eager (no CUDA graphs)",
     "openmp": "the same engine, its fused decode steps' loops on OpenMP",
+    "no-kv-prefetch": "the same engine, its decode attention asking for no slot ahead",
     "routing": "the same engine, matmuls routed as before (one bf16 row to the GEMV)",
     "kv-dtype-attention": "a second engine, its prompts attending in the KV's dtype",
     "torch-prompt-attention": "a second engine, its prompts attending through torch's kernel",
@@ -389,24 +421,27 @@ class StepThread:
         return self.thread.submit(rate, batch, prompt_len, num_tokens, repeats).result()
 
 
-class OpenMPSteps:
-    """The same engine with its fused decode steps' loops on OpenMP (kernels' use_step_pool)."""
+class KernelSetting:
+    """The same engine decoding with one of the native kernels' settings changed (`setter`
+    returns the old value, put back after): its fused steps' loops on OpenMP, or its decode
+    attention asking for no slot ahead."""
 
-    def __init__(self, side: KvstackSide) -> None:
-        self.side = side
+    def __init__(self, side: KvstackSide, setter: str, value: Any, before: str) -> None:
+        self.side, self.setter, self.value, self.before = side, setter, value, before
 
     def prefill_rate(self, n: int, repeats: int) -> float:
-        return self.side.prefill_rate(n, repeats)  # prefill never takes the pool
+        return self.side.prefill_rate(n, repeats)  # decode settings: prefill runs as ours
 
     def decode_rate(self, batch: int, prompt_len: int, num_tokens: int, repeats: int) -> float:
         native = cpu_ops()
         if native is None:
-            raise KvstackError("--before openmp needs the native kernels")
-        enabled = native.use_step_pool(False)
+            raise KvstackError(f"--before {self.before} needs the native kernels")
+        setter = getattr(native, self.setter)
+        old = setter(self.value)
         try:
             return self.side.decode_rate(batch, prompt_len, num_tokens, repeats)
         finally:
-            native.use_step_pool(enabled)
+            setter(old)
 
 
 class RoutingBefore:

@@ -31,5 +31,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_gemv_int", &kernels::quant_gemv_int, release());
   m.def("quant_round_rows", &kernels::quant_round_rows, release());
   m.def("set_weight_prefetch", &kernels::set_weight_prefetch);
+  m.def("set_kv_prefetch", &kernels::set_kv_prefetch);
   register_decode_stack(m);
 }

@@ -41,6 +41,8 @@ void quant_interleave(at::Tensor out, at::Tensor w, int64_t qtype, bool interlea
 void quant_lookup(at::Tensor out, at::Tensor w, at::Tensor index, int64_t qtype);
 // How far ahead of each weight row the GEMVs prefetch (bytes, 0: not at all); the old value.
 int64_t set_weight_prefetch(int64_t bytes);
+// How many tokens ahead decode attention asks for each cached slot (0: none); the old value.
+int64_t set_kv_prefetch(int64_t tokens);
 
 // quant_dot.cpp: GGUF blocks on activations rounded to 8 or 16 bits
 void quant_gemv_int(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,

@@ -204,6 +204,30 @@ def test_decode_attention_with_tails(native, dtype, head_dim, context) -> None:
     close(out, expected, dtype)
 
 
+def test_decode_attention_is_the_same_at_any_prefetch_distance(native, dtype) -> None:
+    """How far ahead the slots are asked for changes timing, never a number; past the
+    context's end it asks for nothing."""
+    blocks, block_size, kv_heads, heads, head_dim = 48, 4, 3, 9, 64
+    k_cache, v_cache = (randn(blocks, block_size, kv_heads, head_dim, dtype=dtype) for _ in "kv")
+    table = torch.randperm(blocks, generator=torch.Generator().manual_seed(3))[:40].view(1, 40)
+    table = torch.cat([table, table.flip(1)])
+    lens, q = torch.tensor([150, 37]), randn(2, heads, head_dim, dtype=dtype)
+    default = native.set_kv_prefetch(0)
+    outs = []
+    try:
+        for distance in (0, 1, default, 1000):
+            native.set_kv_prefetch(distance)
+            outs.append(torch.empty_like(q))
+            native.decode_attention(outs[-1], q, k_cache, v_cache, table, lens, 0.125)
+    finally:
+        assert native.set_kv_prefetch(default) == 1000
+    assert default > 0  # the kernel prefetches unless told not to
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    close(outs[0], ops.decode_attention_torch(q, k_cache, v_cache, table, lens, 0.125), dtype)
+    with pytest.raises(RuntimeError, match="0 or more tokens"):
+        native.set_kv_prefetch(-1)
+
+
 @pytest.mark.parametrize(("lens", "threads"), [((300,), 2), ((300, 1), 4), ((300,), 8)])
 def test_decode_attention_over_few_heads_splits_contexts_and_merges(native, dtype, lens, threads):
     """Fewer (sequence, kv head) tasks than twice the threads: each context is cut into
