@@ -20,10 +20,13 @@ import orjson
 import torch
 
 from shared import huge_pages
+from shared.engine.config import EngineConfig
 from shared.errors import KvstackError
+from shared.kvcache.manager import cdiv
 from shared.model.kernels import chosen_isa, cpu_ops
 
-HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16  # SmolLM2-135M; the engine's block size
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
+BLOCK = EngineConfig.block_size
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -90,7 +93,7 @@ def measure(
     native, dtype: torch.dtype, batch: int, context: int, distances, repeats, cache_mib: int
 ) -> dict:
     """One point: the fastest pass over the layers for each prefetch distance, in turns."""
-    blocks = batch * -(-context // BLOCK)
+    blocks = batch * cdiv(context, BLOCK)
     layer_bytes = 2 * blocks * BLOCK * KV_HEADS * HEAD_DIM * dtype.itemsize
     layers = kv_layers(max(2, cache_mib * (1 << 20) // layer_bytes), blocks, dtype)
     gen = torch.Generator().manual_seed(batch * 7919 + context)

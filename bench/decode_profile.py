@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 import torch
 
-from bench.engine import KvstackSide, blocks_for
+from bench.engine import KvstackSide
 from shared.engine.config import (
     ACTIVATIONS_CHOICES,
     DTYPE_CHOICES,
@@ -32,6 +32,7 @@ from shared.engine.config import (
 )
 from shared.engine.engine import LLMEngine
 from shared.errors import KvstackError
+from shared.kvcache.manager import cdiv
 from shared.model.kernels import chosen_isa
 from shared.model.registry import DEFAULT_MODEL
 
@@ -106,7 +107,7 @@ def warm_side(args: argparse.Namespace, fused_decode: bool = True) -> KvstackSid
             enable_prefix_cache=False,
             max_num_seqs=max(args.batch, 1),
             num_blocks=max(args.batch, 1)
-            * blocks_for(args.prompt_len + max(args.decode_tokens, 8)),
+            * cdiv(args.prompt_len + max(args.decode_tokens, 8), EngineConfig.block_size),
             fused_decode=fused_decode,
         )
     )

@@ -26,6 +26,7 @@ from shared.engine.device import DEVICE_CHOICES_HELP, resolve_device
 from shared.engine.engine import LLMEngine
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
+from shared.kvcache.manager import cdiv
 from shared.model import ops
 from shared.model.fused_decode import fused_decode
 from shared.model.kernels import chosen_isa, cpu_ops
@@ -244,11 +245,10 @@ def kv_blocks(args: argparse.Namespace) -> int:
     float32 tokens of SmolLM2), and the table would report a batch that never ran together."""
     largest = max(int(b) for b in args.batch_sizes.split(","))
     longest = max(int(n) for n in args.prefill_lens.split(","))
-    return max(largest * blocks_for(args.prompt_len + args.decode_tokens), blocks_for(longest + 1))
-
-
-def blocks_for(num_tokens: int, block_size: int = EngineConfig.block_size) -> int:
-    return -(-num_tokens // block_size)
+    block = EngineConfig.block_size
+    return max(
+        largest * cdiv(args.prompt_len + args.decode_tokens, block), cdiv(longest + 1, block)
+    )
 
 
 def progress(message: str) -> None:
@@ -304,7 +304,7 @@ class KvstackSide:
         """Refuses a batch the KV pool cannot hold at its full length: the engine would
         preempt some of it, and the rate would be of a smaller batch than the one named."""
         stats, block_size = self.engine.stats(), self.engine.info.config.block_size
-        needed = batch * blocks_for(num_tokens, block_size)
+        needed = batch * cdiv(num_tokens, block_size)
         if needed > stats.total_blocks:
             raise KvstackError(
                 f"decode batch {batch} of {num_tokens} tokens each needs {needed} KV blocks; "

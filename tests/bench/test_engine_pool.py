@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from bench.engine import KvstackSide, blocks_for, kv_blocks
+from bench.engine import KvstackSide, kv_blocks
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.errors import KvstackError
@@ -23,7 +23,7 @@ def test_the_pool_holds_the_largest_batch_or_the_longest_prompt() -> None:
     # 32 sequences of 1024 + 32 tokens: 66 blocks of 16 each
     assert kv_blocks(args(prompt_len=1024, decode_tokens=32)) == 32 * 66
     # a 4096-token prompt (and its first token) outgrows 8 x (128 + 64)
-    assert kv_blocks(args(batch_sizes="1,8", prefill_lens="4096")) == blocks_for(4097) == 257
+    assert kv_blocks(args(batch_sizes="1,8", prefill_lens="4096")) == 257
 
 
 def test_a_batch_the_pool_holds_decodes_together_and_a_larger_one_is_refused() -> None:
