@@ -109,7 +109,10 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # NOTE: no init of its own: on the meta device (empty_model) Embedding's normal_
+        # imported torch._dynamo, 1.5 s of every worker's start; the file fills the weight
+        shape = (config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(*shape, _weight=torch.empty(shape))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = (
@@ -147,3 +150,17 @@ class LlamaModel(nn.Module):
             return head.linear(hidden).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return ops.linear(hidden, weight, None).float()
+
+
+def empty_model(config: ModelConfig, device: str, dtype: torch.dtype) -> LlamaModel:
+    """A model of `config` on `device` whose weights are whatever memory held: the loaders
+    fill them from the files. Built on the meta device, so nothing is initialized twice."""
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    # NOTE: torch.empty, not Module.to_empty: its empty_like of meta tensors goes through
+    # torch._refs, which imports sympy (0.4 s of every worker's start)
+    return model._apply(
+        lambda t: torch.empty(
+            t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device
+        )
+    )

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from shared.errors import ModelNotFound
 from shared.model.config import ModelConfig
 from shared.model.files import weight_files
-from shared.model.llama import LlamaModel
+from shared.model.llama import LlamaModel, empty_model
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -25,9 +25,7 @@ def load_model(
 ) -> LlamaModel:
     config = ModelConfig.from_dir(model_dir)
     files = weight_files(Path(model_dir))
-    with torch.device("meta"):
-        model = LlamaModel(config)
-    model = model.to_empty(device=device).to(dtype)
+    model = empty_model(config, device, dtype)
     load_weights(model, files)
     return model.eval().requires_grad_(False)
 

@@ -28,7 +28,7 @@ from shared.errors import ModelNotFound
 from shared.model.config import ModelConfig
 from shared.model.gguf_convert import hf_tensor_name, unpermute_rotary
 from shared.model.gguf_index import TensorEntry, read_tensors
-from shared.model.llama import LlamaModel
+from shared.model.llama import LlamaModel, empty_model
 from shared.model.loader import fill_weights, load_model, param_slot
 from shared.model.quant import QuantEmbedding, QuantLinear, has_kernels
 from shared.model.quant_formats import (
@@ -64,7 +64,8 @@ def load_model_as(
 def load_gguf_quantized(model_dir: Path, gguf_path: Path, dtype: torch.dtype) -> LlamaModel:
     """The model of `model_dir` (config) with the weights of `gguf_path`, blocks kept."""
     config = ModelConfig.from_dir(model_dir)
-    model = _empty_model(config, dtype)
+    # NOTE: untouched float storage of the layers swapped out is never paged in
+    model = empty_model(config, "cpu", dtype)
     linears = dict(_linears(model))
     pieces: dict[str, Pieces] = defaultdict(list)
     floats: list[tuple[str, torch.Tensor]] = []
@@ -143,13 +144,6 @@ def load_requantized(model_dir: Path, fmt: QuantFormat, dtype: torch.dtype) -> L
 
 def quantized_layers(model: nn.Module) -> Iterator[QuantLinear]:
     return (m for m in model.modules() if isinstance(m, QuantLinear))
-
-
-def _empty_model(config: ModelConfig, dtype: torch.dtype) -> LlamaModel:
-    # NOTE: untouched float storage of the layers swapped out is never paged in.
-    with torch.device("meta"):
-        model = LlamaModel(config)
-    return model.to_empty(device="cpu").to(dtype)
 
 
 def _linears(model: LlamaModel) -> Iterator[tuple[str, nn.Linear | nn.Embedding]]:
