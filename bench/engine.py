@@ -66,6 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "unfused",
             "openmp",
             "no-kv-prefetch",
+            "no-gemv-x16",
             "eager",
             "cublas",
             "kv-dtype-attention",
@@ -324,6 +325,8 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return KernelSetting(ours, "use_step_pool", False, args.before)
     if args.before == "no-kv-prefetch":
         return KernelSetting(ours, "set_kv_prefetch", 0, args.before)
+    if args.before == "no-gemv-x16":
+        return KernelSetting(ours, "set_gemv_x16", False, args.before)
     if args.before == "eager":
         return KvstackSide(LLMEngine(dataclasses.replace(config, cuda_graphs=False)))
     if args.before == "kv-dtype-attention":
@@ -353,6 +356,7 @@ BEFORE_NOTES = {
     "eager": "a second engine, its decode steps eager (no CUDA graphs)",
     "openmp": "the same engine, its fused decode steps' loops on OpenMP",
     "no-kv-prefetch": "the same engine, its decode attention asking for no slot ahead",
+    "no-gemv-x16": "the same engine, its interleaved GEMVs 8 rows a 256-bit vector (no x16)",
     "routing": "the same engine, matmuls routed as before (one bf16 row to the GEMV)",
     "kv-dtype-attention": "a second engine, its prompts attending in the KV's dtype",
     "torch-prompt-attention": "a second engine, its prompts attending through torch's kernel",
@@ -423,8 +427,8 @@ class StepThread:
 
 class KernelSetting:
     """The same engine decoding with one of the native kernels' settings changed (`setter`
-    returns the old value, put back after): its fused steps' loops on OpenMP, or its decode
-    attention asking for no slot ahead."""
+    returns the old value, put back after): its fused steps' loops on OpenMP, its decode
+    attention asking for no slot ahead, or its interleaved GEMVs without group_x16."""
 
     def __init__(self, side: KvstackSide, setter: str, value: Any, before: str) -> None:
         self.side, self.setter, self.value, self.before = side, setter, value, before

@@ -189,6 +189,11 @@ def measure_quant(
         twins = interleaved(layers)
         q16 = {n: w for n, (w, _) in ways.items() if n.startswith("gemv_q16")}
         ways |= {n.replace("gemv_q16", "gemv_q16_x8"): (w, twins) for n, w in q16.items()}
+        if native.set_gemv_x16(True):  # an AVX-512 build: also one group a vector, as AVX2
+            by_256 = {n: one_group_a_vector(native, w) for n, w in q16.items()}
+            ways |= {
+                n.replace("gemv_q16", "gemv_q16_x8/256"): (w, twins) for n, w in by_256.items()
+            }
     if args.arena:  # the GEMVs again, on a copy of the layers in one arena
         packed = in_arena(layers)
         plain = (n for n in ways if n.startswith("gemv") and "_x8" not in n)
@@ -206,6 +211,20 @@ def measure_quant(
         "q8_gemv_wins_up_to": wins_up_to(by_rows, "gemv_q8", "tiles_float"),
         "q16_gemv_wins_up_to": wins_up_to(by_rows, "gemv_q16", "tiles_float"),
     }
+
+
+def one_group_a_vector(native, way):
+    """`way` with the interleaved GEMVs' 8 rows a 256-bit vector (kernels.set_gemv_x16):
+    an AVX-512 build's x16 off, the same build's before."""
+
+    def run(layers: list[QuantLinear], inputs: list[torch.Tensor]) -> None:
+        before = native.set_gemv_x16(False)
+        try:
+            way(layers, inputs)
+        finally:
+            native.set_gemv_x16(before)
+
+    return run
 
 
 def interleaved(layers: list[QuantLinear]) -> list[QuantLinear]:

@@ -32,5 +32,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_round_rows", &kernels::quant_round_rows, release());
   m.def("set_weight_prefetch", &kernels::set_weight_prefetch);
   m.def("set_kv_prefetch", &kernels::set_kv_prefetch);
+  m.def("set_gemv_x16", &kernels::set_gemv_x16);
   register_decode_stack(m);
 }

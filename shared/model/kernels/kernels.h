@@ -43,6 +43,10 @@ void quant_lookup(at::Tensor out, at::Tensor w, at::Tensor index, int64_t qtype)
 int64_t set_weight_prefetch(int64_t bytes);
 // How many tokens ahead decode attention asks for each cached slot (0: none); the old value.
 int64_t set_kv_prefetch(int64_t tokens);
+// Whether the interleaved GEMVs of 4 rows of x or more take two groups of 8 weight rows a
+// 512-bit vector where the build has AVX-512 (else one group a 256-bit vector, as AVX2 builds
+// always do); the old value.
+bool set_gemv_x16(bool on);
 
 // quant_dot.cpp: GGUF blocks on activations rounded to 8 or 16 bits
 void quant_gemv_int(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,

@@ -23,6 +23,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -37,6 +38,9 @@
 namespace {
 
 using namespace quant_blocks;
+
+// kernels::set_gemv_x16: where the build has AVX-512, group_x16 (else group_x8 alone)
+std::atomic<bool> x16_enabled{true};
 
 // x [M, K] as integer blocks (T: int8_t or int16_t): q [M, K]; per block b of 32: d and
 // s = d * sum(q), side by side in ds [M, K / 32, 2] (the SIMD path loads both at once).
@@ -242,9 +246,10 @@ void rows_portable(const uint8_t* w, int64_t row_bytes, const QRows<T>& x, const
 }
 
 // ---- SIMD: int32 lanes, each the sum of 4 products of an unsigned and a signed byte -------
-// NOTE: 256 bits on AVX-512 machines too. The 512-bit form (two blocks a vector) spent more
-// on putting the pair's quants and scales into one register than the wider dot product saved:
-// one decode row ran 10-20% slower on a Sapphire Rapids (python -m bench gemv --layers 1).
+// NOTE: 256 bits on AVX-512 machines too (interleaved rows aside: group_x16). The 512-bit
+// form (two blocks a vector) spent more on putting the pair's quants and scales into one
+// register than the wider dot product saved: one decode row ran 10-20% slower on a Sapphire
+// Rapids (python -m bench gemv --layers 1).
 #if defined(__AVX2__) && defined(__FMA__)
 using IV = __m256i;
 using FV = __m256;
@@ -367,6 +372,33 @@ inline IV dot_pairs(IV acc, IV q, const int16_t* x_pair) {
 #endif
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// Two groups of 8 rows side by side in a 512-bit vector (group_x16): half the instructions
+// a value, x's pairs broadcast once for 16 rows. From kX16MinRows rows of x: decode batches of
+// 4 and 8 ran 1.04-1.21x as fast on a Zen 4, but one row 0.91-0.92x on SmolLM2's small
+// matrices, whose two streams a thread (one a group) start cold more often than one
+// (docs/benchmarks.md, "Two groups of rows a 512-bit vector").
+#define KV_X16 1
+constexpr int64_t kX16MinRows = 4;
+using ZV = __m512i;
+using FZ = __m512;
+inline ZV join(IV lo, IV hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+inline FZ join(FV lo, FV hi) {
+  const __m512d wide = _mm512_castps_pd(_mm512_castps256_ps512(lo));
+  return _mm512_castpd_ps(_mm512_insertf64x4(wide, _mm256_castps_pd(hi), 1));
+}
+inline ZV dot_pairs(ZV acc, ZV q, const int16_t* x_pair) {
+  int32_t both;
+  std::memcpy(&both, x_pair, 4);
+  const ZV x = _mm512_set1_epi32(both);
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, q, x);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(q, x));
+#endif
+}
+#endif
+
 // Interleaved formats (quant_x8.h): a group's block of 8 rows (kBlockBytes, holding kSubs
 // blocks of 32 values a row), each sub-block's scales and offsets (a lane a row) and where its
 // values start, and those values' pairs as 16-bit lanes.
@@ -386,6 +418,17 @@ struct Q4x8 {
     if constexpr (k == 3) return _mm256_srli_epi16(chunk, 12);
     return _mm256_and_si256(_mm256_srli_epi16(chunk, 4 * k), _mm256_set1_epi16(0x0F));
   }
+#if defined(KV_X16)
+  // chunk c of two groups' values, side by side (group_x16)
+  static ZV chunk16(const uint8_t* a, const uint8_t* b, int c) {
+    return join(chunk(a, c), chunk(b, c));
+  }
+  template <int k>
+  static ZV pairs16(ZV chunk) {
+    if constexpr (k == 3) return _mm512_srli_epi16(chunk, 12);
+    return _mm512_and_si512(_mm512_srli_epi16(chunk, 4 * k), _mm512_set1_epi16(0x0F));
+  }
+#endif
 };
 
 // Q4_K: a super-block of 8 sub-blocks, each with a scale and offset a row, its values as Q4's.
@@ -414,6 +457,20 @@ struct Q8x8 {
   static IV pairs(const uint8_t* chunk) {  // pair 4c + k: 16 bytes widened
     return _mm256_cvtepi8_epi16(load16(chunk + 16 * k));
   }
+#if defined(KV_X16)
+  struct Chunks {
+    const uint8_t *a, *b;
+  };
+  static Chunks chunk16(const uint8_t* a, const uint8_t* b, int c) {
+    return {chunk(a, c), chunk(b, c)};
+  }
+  template <int k>
+  static ZV pairs16(Chunks chunks) {
+    const __m256i both = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(load16(chunks.a + 16 * k)), load16(chunks.b + 16 * k), 1);
+    return _mm512_cvtepi8_epi16(both);
+  }
+#endif
 };
 
 // out[m, n..n+7] for the group of 8 weight rows from n and M rows of x from row m0.
@@ -458,10 +515,88 @@ void group_x8(const uint8_t* group, const QRows<int16_t>& x, int64_t m0, const f
     _mm256_storeu_ps(out + (m0 + m) * N + n, _mm256_add_ps(_mm256_add_ps(acc[m], offsets[m]), b));
 }
 
+#if defined(KV_X16)
+// Into L2, the lines of [p, p + bytes) (an instruction GCC keeps: simd.h's prefetch).
+inline void prefetch_l2(const uint8_t* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) asm volatile("prefetcht1 %0" : : "m"(p[o]));
+}
+
+// group_x8 for groups a and b (rows n..n+7 and n+8..n+15) at once, each lane the same sums
+// in the same order as group_x8's: the same floats.
+// NOTE: the two groups are two streams, a group apart, and the next pair starts two groups
+// on: each block asks for its twins in the next pair (prefetch_row's distance ahead of one
+// stream fell inside the other, and half the reads missed: 1.8x slower from memory).
+template <class X, int M>
+void group_x16(const uint8_t* a, const uint8_t* b_group, const QRows<int16_t>& x, int64_t m0,
+               const float* bias, float* out, int64_t N, int64_t n) {
+  const int64_t next_pair = 2 * (b_group - a);
+  const int64_t blocks = x.blocks();
+  FZ acc[M], offsets[M];
+  for (int m = 0; m < M; ++m) acc[m] = offsets[m] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < blocks; ++j) {
+    const int64_t at = j / X::kSubs * X::kBlockBytes;
+    const uint8_t *ba = a + at, *bb = b_group + at;
+    const int sub = static_cast<int>(j % X::kSubs);
+    if (sub == 0 && weight_prefetch_bytes != 0)
+      prefetch_l2(ba + next_pair, X::kBlockBytes), prefetch_l2(bb + next_pair, X::kBlockBytes);
+    FV da, db, offset_a, offset_b;
+    X::scales(ba, sub, &da, &offset_a);
+    X::scales(bb, sub, &db, &offset_b);
+    const FZ d = join(da, db), offset = join(offset_a, offset_b);
+    ZV even[M], odd[M];  // as group_x8's
+    for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm512_setzero_si512();
+    const uint8_t *va = X::values(ba, sub), *vb = X::values(bb, sub);
+    for (int c = 0; c < 4; ++c) {
+      const auto chunk = X::chunk16(va, vb, c);
+      const ZV q0 = X::template pairs16<0>(chunk), q1 = X::template pairs16<1>(chunk);
+      const ZV q2 = X::template pairs16<2>(chunk), q3 = X::template pairs16<3>(chunk);
+      for (int m = 0; m < M; ++m) {
+        const int16_t* xm = x.q.data() + (m0 + m) * x.K + 32 * j + 8 * c;
+        even[m] = dot_pairs(even[m], q0, xm);
+        odd[m] = dot_pairs(odd[m], q1, xm + 2);
+        even[m] = dot_pairs(even[m], q2, xm + 4);
+        odd[m] = dot_pairs(odd[m], q3, xm + 6);
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      const int64_t xb = (m0 + m) * blocks + j;
+      const FZ products = _mm512_cvtepi32_ps(_mm512_add_epi32(even[m], odd[m]));
+      acc[m] = _mm512_fmadd_ps(products, _mm512_mul_ps(d, _mm512_set1_ps(x.d(xb))), acc[m]);
+      if constexpr (X::kHasOffset)
+        offsets[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x.s(xb)), offsets[m]);
+    }
+  }
+  const FZ bv = bias ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
+  for (int m = 0; m < M; ++m)
+    _mm512_storeu_ps(out + (m0 + m) * N + n,
+                     _mm512_add_ps(_mm512_add_ps(acc[m], offsets[m]), bv));
+}
+
+// Groups g and g + 1 against every row of x, up to 4 rows of x a pass over the weights.
+template <class X>
+void group_pair_x16(const uint8_t* w, int64_t row_bytes, const QRows<int16_t>& x,
+                    const float* bias, float* out, int64_t N, int64_t g) {
+  const int64_t group_bytes = quant_x8::kRows * row_bytes, n = g * quant_x8::kRows;
+  const uint8_t *a = w + g * group_bytes, *b = a + group_bytes;
+  for (int64_t m = 0; m < x.M; m += 4) {
+    switch (std::min<int64_t>(4, x.M - m)) {
+      case 1: group_x16<X, 1>(a, b, x, m, bias, out, N, n); break;
+      case 2: group_x16<X, 2>(a, b, x, m, bias, out, N, n); break;
+      case 3: group_x16<X, 3>(a, b, x, m, bias, out, N, n); break;
+      default: group_x16<X, 4>(a, b, x, m, bias, out, N, n); break;
+    }
+  }
+}
+#endif
+
 // Groups g0..g1 of 8 rows against every row of x, up to 4 rows of x a pass over the weights.
 template <class X>
 void groups_x8(const uint8_t* w, int64_t row_bytes, const QRows<int16_t>& x, const float* bias,
                float* out, int64_t N, int64_t g0, int64_t g1) {
+#if defined(KV_X16)
+  if (x.M >= kX16MinRows && x16_enabled.load(std::memory_order_relaxed))
+    for (; g0 + 1 < g1; g0 += 2) group_pair_x16<X>(w, row_bytes, x, bias, out, N, g0);
+#endif
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* group = w + g * quant_x8::kRows * row_bytes;
     const int64_t n = g * quant_x8::kRows;
@@ -569,6 +704,8 @@ void kernels::quant_round_rows(at::Tensor out, at::Tensor x, int64_t bits) {
     else round(int16_t{}, m0, m1);
   });
 }
+
+bool kernels::set_gemv_x16(bool on) { return x16_enabled.exchange(on); }
 
 // out [M, N] float32 = x [M, K] float32, quantized to `bits` (8 or 16) per block of 32,
 // @ w^T (+ bias), in integer dot products. `portable` runs the scalar path whatever the build.

@@ -239,3 +239,31 @@ def test_interleaved_rows_are_read_in_whole_groups():
         linear.weight_rows(4, 12)
     assert linear.weight_rows(8, 44, torch.float32).shape == (36, 128)  # to the last row
     assert torch.equal(linear.rows(torch.tensor([3, 43])), linear.dequantized()[[3, 43]])
+
+
+@INTERLEAVABLE
+@pytest.mark.parametrize("out_features", [8, 16, 37, 88])
+def test_two_groups_a_vector_sum_as_one_group_a_vector(kernels, name, out_features):
+    """AVX-512 builds multiply two groups of 8 rows at once (quant_dot.cpp: group_x16, from 4
+    rows of x), each lane's sums in group_x8's order: bit for bit its output, whatever the
+    count of groups (odd ones end on group_x8) and rows of x. AVX2 builds have group_x8 alone:
+    the switch is idle there."""
+    fmt, in_features = FORMATS[name], wide(name, 128)
+    blocks = random_blocks(fmt, out_features, in_features, seed=out_features)
+    x8 = torch.empty_like(blocks)
+    kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
+    x, bias = torch.randn(6, in_features), torch.randn(out_features)
+    for rows in range(1, 7):
+        outs = []
+        for x16 in (True, False):
+            before = kernels.set_gemv_x16(x16)
+            try:
+                out = torch.empty(rows, out_features)
+                kernels.quant_gemv_int(
+                    out, x[:rows], x8, fmt.ggml_type | INTERLEAVED, bias, 16, False
+                )
+                outs.append(out)
+            finally:
+                kernels.set_gemv_x16(before)
+        assert torch.equal(*outs), rows
+    assert kernels.set_gemv_x16(True) is True  # on by default, and put back above
