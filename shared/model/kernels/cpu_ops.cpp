@@ -297,7 +297,30 @@ void attend_piece(const T* q, const T* kc, const T* vc, const int64_t* table, in
     if (distance > 0 && t + distance < t1) simd::prefetch(slot(cache, t + distance), slot_bytes);
   };
   for (int64_t t = t0; t < std::min(t0 + distance, t1); ++t) simd::prefetch(slot(kc, t), slot_bytes);
-  for (int64_t t = t0; t < t1; ++t) {
+  int64_t t = t0;
+  // NOTE: 16-bit caches take kWidth tokens at once, each head's kWidth sums reduced together
+  // (simd::sum_lanes), where a reduction a dot product kept the kernel compute-bound (bfloat16
+  // from memory 1.13-1.19x as fast on a Zen 4). Not float32, which memory bounds: reading
+  // kWidth rows a kv head at a time was 0.7-0.9x as fast as a row at a time (`python -m bench
+  // decode-attention`: docs/benchmarks.md, "Decode attention sums 16 tokens at once").
+  if (!std::is_same_v<T, float> && D % kWidth == 0) {
+    for (; t + kWidth <= t1; t += kWidth) {
+      const T* k[kWidth];
+      for (int64_t i = 0; i < kWidth; ++i) ahead(kc, t + i), k[i] = slot(kc, t + i);
+      for (int64_t h = 0; h < H; ++h) {
+        const float* qh = qf.data() + h * D;
+        const int64_t at = h / G * D;
+        V sums[kWidth];
+        for (int64_t i = 0; i < kWidth; ++i) sums[i] = simd::zero();
+        for (int64_t d = 0; d < D; d += kWidth) {
+          const V qv = simd::load(qh + d);
+          for (int64_t i = 0; i < kWidth; ++i) sums[i] = simd::fmadd(qv, simd::load(k[i] + at + d), sums[i]);
+        }
+        simd::store(scores.data() + h * n + t - t0, simd::mul(simd::sum_lanes(sums), simd::set1(scale)));
+      }
+    }
+  }
+  for (; t < t1; ++t) {
     ahead(kc, t);
     const T* k = slot(kc, t);
     for (int64_t h = 0; h < H; ++h)

@@ -48,6 +48,23 @@ inline V fnmadd(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
 inline V round(V v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
 inline float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
+// Lane i of the result: the sum of v[i]'s lanes, for kWidth vectors at once (a transpose by
+// halves: pairs of vectors within 128-bit lanes, then the 128-bit lanes).
+inline V sum_lanes(const V* v) {
+  V u[8], w[4];
+  for (int i = 0; i < 8; ++i)
+    u[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per 128-bit lane: vectors 4i..4i+3's partial sums
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const V x = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const V z = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x, z, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(x, z, _MM_SHUFFLE(3, 1, 3, 1)));
+}
 using I = __m512i;
 inline I bits(V v) { return _mm512_castps_si512(v); }
 inline V from_bits(I i) { return _mm512_castsi512_ps(i); }
@@ -102,6 +119,18 @@ inline float reduce_max(V v) {
   s = _mm_max_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+// Lane i of the result: the sum of v[i]'s lanes, for kWidth vectors at once.
+inline V sum_lanes(const V* v) {
+  V u[4], w[2];
+  for (int i = 0; i < 4; ++i)
+    u[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 2; ++i)  // per 128-bit lane: vectors 4i..4i+3's partial sums
+    w[i] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_add_ps(_mm256_permute2f128_ps(w[0], w[1], 0x20),
+                       _mm256_permute2f128_ps(w[0], w[1], 0x31));
+}
 using I = __m256i;
 inline I bits(V v) { return _mm256_castps_si256(v); }
 inline V from_bits(I i) { return _mm256_castsi256_ps(i); }
@@ -141,6 +170,7 @@ inline V fnmadd(V a, V b, V c) { return c - a * b; }
 inline V round(V v) { return std::nearbyint(v); }
 inline float reduce_add(V v) { return v; }
 inline float reduce_max(V v) { return v; }
+inline V sum_lanes(const V* v) { return v[0]; }
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
