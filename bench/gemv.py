@@ -189,8 +189,8 @@ def measure_quant(
         twins = interleaved(layers)
         q16 = {n: w for n, (w, _) in ways.items() if n.startswith("gemv_q16")}
         ways |= {n.replace("gemv_q16", "gemv_q16_x8"): (w, twins) for n, w in q16.items()}
-        if native.set_gemv_x16(True):  # an AVX-512 build: also one group a vector, as AVX2
-            by_256 = {n: one_group_a_vector(native, w) for n, w in q16.items()}
+        if chosen_isa() == "avx512":  # also one group of 8 rows a vector, as AVX2 builds do
+            by_256 = {n: with_setting(w, native.set_gemv_x16, False) for n, w in q16.items()}
             ways |= {
                 n.replace("gemv_q16", "gemv_q16_x8/256"): (w, twins) for n, w in by_256.items()
             }
@@ -213,16 +213,16 @@ def measure_quant(
     }
 
 
-def one_group_a_vector(native, way):
-    """`way` with the interleaved GEMVs' 8 rows a 256-bit vector (kernels.set_gemv_x16):
-    an AVX-512 build's x16 off, the same build's before."""
+def with_setting(way, setter, value):
+    """`way` run with one of the kernels' settings changed (`setter` returns the old value,
+    put back after)."""
 
     def run(layers: list[QuantLinear], inputs: list[torch.Tensor]) -> None:
-        before = native.set_gemv_x16(False)
+        old = setter(value)
         try:
             way(layers, inputs)
         finally:
-            native.set_gemv_x16(before)
+            setter(old)
 
     return run
 
@@ -282,19 +282,12 @@ def quant_ways(native, bf16: bool, prefetch: tuple[int, ...] = ()) -> dict:
         for layer, x in zip(layers, inputs, strict=True):
             layer.linear_bf16(x)
 
-    def at_distance(way, distance: int):
-        def run(layers: list[QuantLinear], inputs: list[torch.Tensor]) -> None:
-            default = native.set_weight_prefetch(distance)
-            try:
-                way(layers, inputs)
-            finally:
-                native.set_weight_prefetch(default)
-
-        return run
-
     gemvs = {"gemv_float": gemv("float"), "gemv_q8": gemv("q8"), "gemv_q16": gemv("q16")}
     if prefetch:
-        gemvs = {f"{n}@{d}": at_distance(w, d) for n, w in gemvs.items() for d in prefetch}
+        prefetch_at = native.set_weight_prefetch
+        gemvs = {
+            f"{n}@{d}": with_setting(w, prefetch_at, d) for n, w in gemvs.items() for d in prefetch
+        }
     ways = {**gemvs, "tiles_float": tiles_float}
     return {**ways, "tiles_bf16": tiles_bf16} if bf16 else ways
 
