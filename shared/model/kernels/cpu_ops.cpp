@@ -1,7 +1,7 @@
 // Fused CPU kernels for the model's small, memory-bound steps. Each has a pure-torch
 // twin in shared/model/ops.py, which is the reference the tests compare against.
 #include <Python.h>  // PyEval_SaveThread: the GIL, without pybind11
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include "dispatch.h"

@@ -13,6 +13,8 @@
 // as the module path does for rows from a copy's copy_min_rows on (QuantLinear.linear_bf16:
 // rows rounded to bfloat16, the library's GEMM, the MLP in bfloat16 between its two).
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "kernels.h"

@@ -4,7 +4,7 @@
 // stay clear of <torch/extension.h> and pybind11, the slow headers (docs/development.md).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace kernels {
 

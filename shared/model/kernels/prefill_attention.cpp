@@ -11,7 +11,7 @@
 // is one kv head's G query heads over a block of query rows, so each block of keys is packed
 // once (K transposed, V widened) for all G x kQueryRows rows, and both products run as
 // register tiles of rows x vectors.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "dispatch.h"
 #include "kernels.h"

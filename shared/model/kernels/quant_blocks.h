@@ -3,7 +3,7 @@
 // layouts: quant_ops.cpp.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <cstring>

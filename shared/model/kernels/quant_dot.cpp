@@ -17,7 +17,7 @@
 // to 8 bits (llama.cpp's own choice; greedy tokens drift) or to 16, finer than bfloat16's 8 bits
 // of mantissa, where the widening and multiplying of 32 floats a block (the float GEMV) costs
 // a core more than memory gives it (docs/benchmarks.md, "An AVX2-only CPU").
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>

@@ -16,7 +16,9 @@
 // Every format is a scale times small integers plus an offset per 32 values, so a dot
 // product is d * sum(q * x) + offset * sum(x): the per-32 sums of x are computed once per
 // call and shared by all output rows.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
