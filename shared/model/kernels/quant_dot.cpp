@@ -34,6 +34,7 @@
 #include "parallel.h"
 #include "quant_blocks.h"
 #include "quant_x8.h"
+#include "simd.h"
 
 namespace {
 
@@ -516,11 +517,6 @@ void group_x8(const uint8_t* group, const QRows<int16_t>& x, int64_t m0, const f
 }
 
 #if defined(KV_X16)
-// Into L2, the lines of [p, p + bytes) (an instruction GCC keeps: simd.h's prefetch).
-inline void prefetch_l2(const uint8_t* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) asm volatile("prefetcht1 %0" : : "m"(p[o]));
-}
-
 // group_x8 for groups a and b (rows n..n+7 and n+8..n+15) at once, each lane the same sums
 // in the same order as group_x8's: the same floats.
 // NOTE: the two groups are two streams, a group apart, and the next pair starts two groups
@@ -537,8 +533,10 @@ void group_x16(const uint8_t* a, const uint8_t* b_group, const QRows<int16_t>& x
     const int64_t at = j / X::kSubs * X::kBlockBytes;
     const uint8_t *ba = a + at, *bb = b_group + at;
     const int sub = static_cast<int>(j % X::kSubs);
-    if (sub == 0 && weight_prefetch_bytes != 0)
-      prefetch_l2(ba + next_pair, X::kBlockBytes), prefetch_l2(bb + next_pair, X::kBlockBytes);
+    if (sub == 0 && weight_prefetch_bytes != 0) {
+      simd::prefetch(ba + next_pair, X::kBlockBytes);
+      simd::prefetch(bb + next_pair, X::kBlockBytes);
+    }
     FV da, db, offset_a, offset_b;
     X::scales(ba, sub, &da, &offset_a);
     X::scales(bb, sub, &db, &offset_b);
