@@ -1,11 +1,11 @@
 """`python -m bench step-phases`: where a decode step's wall time goes, phase by phase.
 
 The engine decodes a batch in this process with a timer around each phase of its step
-(the scheduler, the step's metadata, the fused layers' one native call, the logits head,
-sampling, appending the token...); what no timer covers is the step's own Python. Unlike
-`bench decode-profile` it needs no sampler and does not slow the step down: the timers cost
-a microsecond or so each. Printed: microseconds per step and share of each phase, the
-native calls' share, and tokens/s.
+(the scheduler, the step's metadata, the fused step's one native call (embeddings, layers,
+final norm and, for a quantized head, the logits), sampling, appending the token...); what
+no timer covers is the step's own Python. Unlike `bench decode-profile` it needs no sampler
+and does not slow the step down: the timers cost a microsecond or so each. Printed:
+microseconds per step and share of each phase, the native calls' share, and tokens/s.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from bench.decode_profile import add_engine_arguments, warm_side
 from shared.engine.engine import LLMEngine
 from shared.errors import KvstackError
 
-NATIVE = ("layers (native)", "logits head")  # phases that are one native call, or nearly
+NATIVE = ("native step", "logits head")  # phases that are one native call, or nearly
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,12 +62,12 @@ class TimedStack:
     def __init__(self, stack: Any, timers: Timers) -> None:
         self.stack, self.timers = stack, timers
 
-    def run(self, *args):
+    def step(self, *args):
         start = time.perf_counter()
         try:
-            return self.stack.run(*args)
+            return self.stack.step(*args)
         finally:
-            self.timers.spent["layers (native)"] += time.perf_counter() - start
+            self.timers.spent["native step"] += time.perf_counter() - start
 
     def __getattr__(self, name: str):
         return getattr(self.stack, name)
@@ -82,11 +82,9 @@ def instrument(engine: LLMEngine) -> Timers:
     timers.wrap(engine._scheduler, "schedule", "scheduler")
     timers.wrap(runner, "prepare", "metadata")
     timers.wrap(runner, "_fused_route", "route")
-    timers.wrap(fused.model.rotary, "cos_sin", "rotary tables")
-    timers.wrap(fused.model.embed_tokens, "forward", "embedding")
+    timers.wrap(fused.model.rotary, "tables", "rotary tables")
     fused.stack = TimedStack(fused.stack, timers)
-    timers.wrap(fused.model, "final_norm", "final norm")
-    timers.wrap(runner, "_logits", "logits head")
+    timers.wrap(runner, "_logits", "logits head")  # where the native step leaves it
     timers.wrap(runner, "sample", "sampling")
     timers.wrap(engine, "_append", "append token")
     return timers
@@ -133,8 +131,9 @@ def table(report: dict) -> str:
         f"(rounds: {report['spread_tok_s']} tok/s)"
     )
     outside = (
-        f"outside the layers' and the head's native calls: {step - native:.0f} us "
-        f"({100 * (step - native) / step:.1f}%; the head's phase includes its Python)"
+        f"outside the native step (and a head it leaves to compute_logits): "
+        f"{step - native:.0f} us ({100 * (step - native) / step:.1f}%; a head's phase includes "
+        "its Python)"
     )
     lines = [
         head,

@@ -58,9 +58,9 @@ def _add_decode(meta: AttentionMetadata, decodes: list[ChunkLayout], device) -> 
     table = [list(c.block_ids) + [0] * (max_blocks - len(c.block_ids)) for c in decodes]
     meta.num_decode_tokens = len(decodes)
     meta.decode_block_table = torch.tensor(table, dtype=torch.long, device=device)
-    meta.decode_context_lens = torch.tensor(
-        [c.context_len for c in decodes], dtype=torch.long, device=device
-    )
+    context_lens = [c.context_len for c in decodes]
+    meta.decode_context_lens = torch.tensor(context_lens, dtype=torch.long, device=device)
+    meta.decode_max_context = max(context_lens)
 
 
 def _add_prefills(

@@ -107,7 +107,11 @@ class ModelRunner:
         input_ids, positions, meta = self.prepare(ordered)
         by_copy = self._fused_route(meta, backend) if not hooked else None
         if self.fused is not None and by_copy is not None:
-            hidden = self.fused.forward(input_ids, positions, meta, by_copy)
+            with_head = self.fused.head_takes(len(ordered), by_copy) and all_logits(ordered)
+            out = self.fused.forward(input_ids, meta, by_copy, with_head)
+            if with_head:  # the step's logits, a row a chunk
+                return in_order(order, [out] if len(ordered) == 1 else list(out.split(1)))
+            hidden = out
         else:
             attend = backend or self.backend
             batch = ForwardBatch(
@@ -273,6 +277,11 @@ def decode_graphs(
     return DecodeGraphs(
         model, backend, storage.kv.device, config.block_size, config.max_num_seqs, max_blocks
     )
+
+
+def all_logits(chunks: Sequence[SeqChunk]) -> bool:
+    """Whether each chunk wants its one token's logits (a decode step's usually do)."""
+    return all(chunk.num_logits == 1 for chunk in chunks)
 
 
 def decode_first(chunks: Sequence[SeqChunk]) -> tuple[list[int], list[SeqChunk]]:

@@ -16,6 +16,7 @@ import xxhash
 
 from shared.engine.logprob import TokenLogprob
 from shared.engine.sampling_params import SamplingParams
+from shared.model.kernels import loaded_cpu_ops
 
 SAMPLING_FAILED = -1  # in place of a token id: this row's distribution is unusable
 
@@ -43,6 +44,9 @@ def _greedy_and_usable(logits: torch.Tensor) -> tuple[list[int], list[bool]]:
     logit is, +inf when one is, -inf when all are masked: usable exactly when finite.
     One read of the logits and one device-to-host copy (on a GPU, one synchronisation)."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        native = loaded_cpu_ops()
+        if native is not None and logits.is_contiguous():
+            return native.greedy_rows(logits)  # kernels/greedy.cpp: one call, no numpy
         return _greedy_and_usable_numpy(logits)
     values, indices = row_max(logits, _slices(logits.shape[1]) if logits.is_cuda else 1)
     rows = torch.stack((indices, torch.isfinite(values).long())).tolist()

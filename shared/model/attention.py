@@ -46,6 +46,7 @@ class AttentionMetadata:
     num_decode_tokens: int = 0
     decode_block_table: torch.Tensor | None = None  # [B, max_blocks]
     decode_context_lens: torch.Tensor | None = None  # [B] tokens each sequence attends over
+    decode_max_context: int = 0  # the largest of them
 
     def decode_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode block table and context lengths, set whenever there are decode tokens."""

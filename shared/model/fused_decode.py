@@ -1,8 +1,10 @@
-"""A pure decode step through every layer in one native call (kernels/decode_stack.cpp).
+"""A pure decode step in one native call (kernels/decode_stack.cpp): the tokens' embeddings,
+every layer, the final norm and, where the head is a quantized GEMV, the logits.
 
 The native stack runs the kernels the module path runs (ops, QuantLinear's GEMV or its kept
-bfloat16 copy, the torch paged attention backend), in its order, so its hidden states are
-bit-identical to `LlamaModel.forward`'s; it saves the Python and torch dispatch between them.
+bfloat16 copy, the torch paged attention backend), in its order, so its hidden states and
+logits are bit-identical to `LlamaModel.forward`'s and `compute_logits`'; it saves the Python
+and torch dispatch between them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from shared.model.attention import AttentionBackend, AttentionMetadata, TorchPag
 from shared.model.kernels import cpu_ops
 from shared.model.layers import GatedMLP, Linear, RMSNorm
 from shared.model.llama import Attention, DecoderLayer, LlamaModel
-from shared.model.quant import ACTIVATION_BITS, QuantLinear, takes_bf16_prefill
+from shared.model.quant import ACTIVATION_BITS, QuantEmbedding, QuantLinear, takes_bf16_prefill
 
 # The most decode rows the native stack takes on the GEMV (decode_stack.cpp's kMaxRows), and
 # by the kept bfloat16 copies (kMaxCopyRows).
@@ -46,9 +48,11 @@ class FusedDecode:
         has_float: bool,
         quant_rows: int,
         copied: list[QuantLinear] | None = None,
+        head: QuantLinear | None = None,
     ) -> None:
         self.model = model
         self.stack = stack
+        self.head = head  # the logits head the stack computes, if it does
         self.has_float = has_float  # some linear is float32: ops.linear's routing applies
         self.quant_rows = quant_rows  # the quantized linears' GEMV limit (and MAX_ROWS)
         self.copied = copied or []  # quantized linears with a bfloat16 copy kept
@@ -95,20 +99,20 @@ class FusedDecode:
             limit = min(limit, min(map(COPY_MIN_ROWS, self.copied)) - 1)
         return 1 <= num_rows <= limit
 
+    def head_takes(self, num_rows: int, by_copy: bool) -> bool:
+        """Whether the stack computes the logits of a step of `num_rows` rows as
+        `compute_logits` would: its head on the GEMV (a step by copy leaves them to it)."""
+        return self.head is not None and not by_copy and self.head.gemv_takes(num_rows)
+
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        by_copy: bool,
+        self, input_ids: torch.Tensor, meta: AttentionMetadata, by_copy: bool, logits: bool
     ) -> torch.Tensor:
         """input_ids [B] of B decode tokens -> final hidden states [B, hidden], as
-        `LlamaModel.forward` returns them, by the route `route(B)` gave."""
-        cos, sin = self.model.rotary.cos_sin(positions)
+        `LlamaModel.forward` returns them, by the route `route(B)` gave; with `logits` (where
+        `head_takes` says) float32 logits [B, vocab], as `compute_logits` returns them."""
+        cos, sin = self.model.rotary.tables(meta.decode_max_context)
         table, lens = meta.decode_tables()
-        x = self.model.embed_tokens(input_ids)
-        x, residual = self.stack.run(x, cos, sin, meta.slot_mapping, table, lens, by_copy)
-        return self.model.final_norm(x, residual)
+        return self.stack.step(input_ids, cos, sin, meta.slot_mapping, table, lens, by_copy, logits)
 
 
 def fused_decode(
@@ -129,8 +133,12 @@ def fused_decode(
         return None
     if not all(_fusable(layer, kv.dtype) for layer in model.layers):
         return None
+    embedding = _native_embedding(model.embed_tokens, kv.dtype)
+    if embedding is None or not _is_cpu(model.norm.weight, kv.dtype):
+        return None
     layers = cast(list[DecoderLayer], list(model.layers))
     config = model.config
+    head = _stack_head(model, kv.dtype)
     stack = native.DecodeStack(
         [_native_layer(native, layer) for layer in layers],
         heads=config.num_heads,
@@ -139,13 +147,38 @@ def fused_decode(
         eps=config.rms_norm_eps,
         scale=backend.scale,
         kv=kv,
+        embedding=embedding[0],
+        embedding_qtype=embedding[1],
+        final_norm=model.norm.weight,
+        head=None if head is None else _native_linear(native, head, with_copy=False),
     )
     linears = [linear for layer in layers for linear in _linears(layer)]
     quant = [m for m in linears if isinstance(m, QuantLinear)]
     copied = [m for m in quant if m.copy_in(torch.bfloat16) is not None]
     has_float = len(quant) < len(linears)
     quant_rows = min([MAX_ROWS, *(m.gemv_max_rows for m in quant)])
-    return FusedDecode(model, stack, has_float, quant_rows, copied)
+    return FusedDecode(model, stack, has_float, quant_rows, copied, head)
+
+
+def _native_embedding(
+    embedding: torch.nn.Module, dtype: torch.dtype
+) -> tuple[torch.Tensor, int | None] | None:
+    """The stack's embedding (weight, qtype: None for a float weight), or None where it cannot
+    look the rows up as the module does."""
+    if isinstance(embedding, QuantEmbedding):  # rows dequantized, then in the model's dtype
+        return (embedding.blocks, embedding.kernel_type) if embedding.dtype == dtype else None
+    if type(embedding) is torch.nn.Embedding and _is_cpu(embedding.weight, dtype):
+        return embedding.weight, None
+    return None
+
+
+def _stack_head(model: LlamaModel, dtype: torch.dtype) -> QuantLinear | None:
+    """The logits head where the stack can compute it: a quantized one (compute_logits's
+    QuantLinear.linear) over a float32 stack's hidden states; else compute_logits runs."""
+    head = model.embed_tokens if model.lm_head is None else model.lm_head
+    if dtype != torch.float32 or not isinstance(head, QuantLinear):
+        return None
+    return head if head.bias is None or head.bias.device.type == "cpu" else None
 
 
 def _linears(layer: DecoderLayer) -> tuple[torch.nn.Module, ...]:
@@ -186,11 +219,12 @@ def _native_layer(native: Any, layer: DecoderLayer) -> Any:
     )
 
 
-def _native_linear(native: Any, linear: torch.nn.Module) -> Any:
+def _native_linear(native: Any, linear: torch.nn.Module, with_copy: bool = True) -> Any:
+    """The stack's linear: its weight, and its kept bfloat16 copy where `with_copy` says."""
     if isinstance(linear, QuantLinear):
         bits = ACTIVATION_BITS.get(linear.activations, 0)
         bias = None if linear.bias is None else linear.bias.float().contiguous()
-        copy = linear.copy_in(torch.bfloat16)
+        copy = linear.copy_in(torch.bfloat16) if with_copy else None
         if copy is None:
             return native.StackLinear(linear.blocks, linear.kernel_type, bits, bias)
         copy_bias = None if linear.bias is None else linear.bias.to(torch.bfloat16)

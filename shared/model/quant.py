@@ -104,18 +104,20 @@ class QuantLinear(nn.Module):
         return self.linear(x)
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        if (
-            x.dtype == torch.float32
-            and x.dim() == 2
-            and x.shape[0] <= self.gemv_max_rows
-            and not self.copy_takes(x)
-        ):
+        if x.dtype == torch.float32 and x.dim() == 2 and self.gemv_takes(x.shape[0]):
             return self.gemv(x.contiguous())  # NOTE: a decode step's path: no copies, no views
         if self.matmul_dtype(x) == torch.bfloat16:
             return self.linear_bf16(x)
         rows = x.reshape(-1, self.in_features).float().contiguous()
         out = self.gemv(rows) if rows.shape[0] <= self.gemv_max_rows else self.gemm(rows)
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def gemv_takes(self, num_rows: int) -> bool:
+        """Whether `num_rows` float32 rows [M, in_features] take the GEMV as they are (a decode
+        step's; the fused step's head asks too): few enough, and no kept copy takes them."""
+        return num_rows <= self.gemv_max_rows and not (
+            num_rows >= self.copy_min_rows and self.copy_in(torch.bfloat16) is not None
+        )
 
     def gemv(self, rows: torch.Tensor) -> torch.Tensor:
         """rows float32 [M, in_features], M small: the in-register GEMV."""

@@ -40,13 +40,40 @@ class RotaryEmbedding:
         # NOTE: a copy per device, made once: copying it every step is a host-to-device
         # transfer per forward, and a CUDA graph cannot capture one.
         self._on_device: dict[torch.device, torch.Tensor] = {self.inv_freq.device: self.inv_freq}
+        empty = self.inv_freq.new_empty(0, self.inv_freq.numel())
+        self._table = (empty, empty)  # CPU positions' cos and sin (tables)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 cos and sin for `positions` [T], each [T, head_dim / 2]."""
-        freqs = positions.float()[:, None] * self._inv_freq_on(positions.device)[None, :]
-        return freqs.cos(), freqs.sin()
+        if positions.device.type == "cpu" and positions.numel():
+            cos, sin = self.tables(int(positions.max()) + 1)
+            return cos[positions], sin[positions]
+        return _cos_sin(positions.float(), self._inv_freq_on(positions.device))
+
+    def tables(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 cos and sin [P, head_dim / 2] of CPU positions 0..P-1, P >= num_positions:
+        grown as asked, never recomputed per step.
+
+        NOTE: a CPU decode step's rotary phase was four small torch calls, each paying cold
+        caches after the weights had streamed through them (~100 us of a 4 ms SmolLM2 step:
+        `python -m bench step-phases`); the fused step reads rows of these instead. Each row
+        is the formula's own value: a vector op's lanes compute what a per-step call did."""
+        if num_positions > self._table[0].shape[0]:
+            rows = max(TABLE_MIN_ROWS, 2 * self._table[0].shape[0], num_positions)
+            rows = -(-rows // TABLE_MIN_ROWS) * TABLE_MIN_ROWS
+            self._table = _cos_sin(torch.arange(rows).float(), self.inv_freq)
+        return self._table
 
     def _inv_freq_on(self, device: torch.device) -> torch.Tensor:
         if device not in self._on_device:
             self._on_device[device] = self.inv_freq.to(device)
         return self._on_device[device]
+
+
+# The rotary tables grow by whole multiples of this many positions.
+TABLE_MIN_ROWS = 256
+
+
+def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = positions[:, None] * inv_freq[None, :]
+    return freqs.cos(), freqs.sin()

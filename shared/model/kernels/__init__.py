@@ -27,6 +27,7 @@ SOURCES = (
     HERE / "quant_ops.cpp",
     HERE / "quant_dot.cpp",
     HERE / "decode_stack.cpp",
+    HERE / "greedy.cpp",
     HERE / "bindings.cpp",
 )
 HEADERS = (
@@ -38,6 +39,7 @@ HEADERS = (
     HERE / "dispatch.h",
 )  # included by the sources: part of the build's key
 DISABLE_ENV = "KVSTACK_CPU_KERNELS"
+_LOADED: dict[str, object] = {}  # the builds this process has loaded, by instruction set
 ISA_ENV = "KVSTACK_CPU_ISA"
 # Each build: the CPU flags it needs and the compiler flags it is built with.
 ISAS = {
@@ -90,6 +92,14 @@ def cpu_ops(isa: str | None = None):
     return _load(isa or chosen_isa())
 
 
+def loaded_cpu_ops():
+    """The chosen build if this process has loaded it already, else None: never builds (for
+    callers beside a model, such as the sampler, which mock engines run too)."""
+    if _disabled():
+        return None
+    return _LOADED.get(chosen_isa())
+
+
 @functools.cache
 def _disabled() -> bool:
     """KVSTACK_CPU_KERNELS=0, read once per process (ops ask on every call)."""
@@ -101,7 +111,8 @@ def _load(isa: str | None):
     if isa is None or isa not in supported_isas():
         return None
     try:
-        return _build(isa)
+        _LOADED[isa] = _build(isa)
+        return _LOADED[isa]
     except Exception as e:  # no compiler, no ninja, a failed build: run the torch path
         print(
             f"kvstack: native CPU kernels ({isa}) unavailable ({type(e).__name__}: "

@@ -33,5 +33,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_weight_prefetch", &kernels::set_weight_prefetch);
   m.def("set_kv_prefetch", &kernels::set_kv_prefetch);
   m.def("set_gemv_x16", &kernels::set_gemv_x16);
+  m.def("greedy_rows", &kernels::greedy_rows);
   register_decode_stack(m);
 }

@@ -1,7 +1,9 @@
-// A decode step through every layer of a Llama-family model in one call. Each layer runs the
-// kernels the module path runs (shared/model/llama.py over the torch paged attention backend),
-// in its order and on buffers of the same shapes, so the hidden states are bit-identical; what
-// it saves is the Python and the torch dispatch around some 300 small kernel calls a step.
+// A decode step of a Llama-family model in one call: the tokens' embeddings, every layer, the
+// final norm and (where the module path's head is a quantized GEMV) the logits. Each part runs
+// the kernels the module path runs (shared/model/llama.py over the torch paged attention
+// backend), in its order and on buffers of the same shapes, so the results are bit-identical;
+// what it saves is the Python and the torch dispatch around some 300 small kernel calls a
+// step, each of which paid cold caches after the weights had streamed through them.
 // Built once per model and KV pool by shared/model/fused_decode.py.
 //
 // The activations and the KV cache share one dtype, float32 or bfloat16. The GEMVs compute in
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <tuple>
 #include <utility>
@@ -109,6 +112,20 @@ struct Layer {
   Linear qkv, o, gate_up, down;
 };
 
+// The token embedding [vocab, hidden]: a float weight in the stack's dtype (kFloatWeight) or
+// GGUF blocks of `qtype` (QuantEmbedding: rows dequantized to float32, then the stack's dtype).
+struct Embedding {
+  at::Tensor weight;
+  int64_t qtype;
+};
+
+// What comes after the layers: the final norm's weight, and the logits head where the stack
+// computes it (a float32 stack whose head is a quantized GEMV).
+struct Ends {
+  at::Tensor norm;
+  c10::optional<Linear> head;
+};
+
 struct Dims {
   int64_t heads, kv_heads, head_dim;
   double eps, scale;  // the norms' epsilon, attention's score scale
@@ -139,47 +156,66 @@ void round_to(c10::BFloat16* out, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = c10::BFloat16(y[i]);
 }
 
-// What a step's rows attend with: rotary tables and where their KV lives in the paged cache.
+// What a step's rows attend with: their rotary cos and sin, and where their KV lives in the
+// paged cache.
 struct Step {
   at::Tensor cos, sin, slots, block_table, context_lens;
 };
+
+// Rows `at` of table [P, half] (every at[i] < P checked) -> [B, half].
+at::Tensor gather_rows(const at::Tensor& table, const std::vector<int64_t>& at) {
+  const int64_t half = table.size(1);
+  at::Tensor out = at::empty({static_cast<int64_t>(at.size()), half}, table.options());
+  for (size_t i = 0; i < at.size(); ++i)
+    std::memcpy(out.data_ptr<float>() + i * half, table.data_ptr<float>() + at[i] * half,
+                half * sizeof(float));
+  return out;
+}
 
 void check_tensor(const at::Tensor& t, at::ScalarType type, at::IntArrayRef shape,
                   const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.is_contiguous() &&
                   t.sizes() == shape,
-              "DecodeStack.run: ", name, " must be a contiguous CPU ", type, " tensor ", shape,
+              "DecodeStack.step: ", name, " must be a contiguous CPU ", type, " tensor ", shape,
               ", got ", t.scalar_type(), " ", t.sizes());
 }
 
 class DecodeStack {
  public:
   DecodeStack(std::vector<Layer> layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
-              double eps, double scale, at::Tensor kv)
+              double eps, double scale, at::Tensor kv, Embedding embedding, Ends ends)
       : layers_(std::move(layers)),
         dims_{heads, kv_heads, head_dim, eps, scale},
         kv_(kv),
+        embedding_(std::move(embedding)),
+        ends_(std::move(ends)),
         built_on_(static_cast<pid_t>(syscall(SYS_gettid))) {
     check_model();
+    check_ends();
     for (int64_t i = 0; i < kv_.size(0); ++i) {
       k_caches_.push_back(kv_.select(0, i).select(0, 0));
       v_caches_.push_back(kv_.select(0, i).select(0, 1));
     }
   }
 
-  // x [B, hidden] float32: the rows' embeddings -> (x, residual) after the last layer, whose
-  // sum the model's final norm takes. Writes each layer's k, v at `slots`. `by_copy`: every
-  // linear multiplies by its bfloat16 copy (a float32 stack whose linears all keep one).
-  std::tuple<at::Tensor, at::Tensor> run(at::Tensor x, at::Tensor cos, at::Tensor sin,
-                                         at::Tensor slots, at::Tensor block_table,
-                                         at::Tensor context_lens, bool by_copy) const {
-    const Step step{cos, sin, slots, block_table, context_lens};
-    check_step(x, step, by_copy);
+  // token_ids [B]: the rows' tokens, each at position context_lens[b] - 1 -> the final
+  // norm's output [B, hidden] in the stack's dtype, or with `logits` the head's float32
+  // [B, vocab]. cos and sin [P, head_dim / 2] float32: the rotary tables of positions 0..P-1
+  // (shared/model/rope.py). Writes each layer's k, v at `slots`. `by_copy`: every linear
+  // multiplies by its bfloat16 copy (a float32 stack whose linears all keep one).
+  at::Tensor step(at::Tensor token_ids, at::Tensor cos, at::Tensor sin, at::Tensor slots,
+                  at::Tensor block_table, at::Tensor context_lens, bool by_copy,
+                  bool logits) const {
+    check_step(token_ids, cos, sin, slots, block_table, context_lens, by_copy, logits);
+    const std::vector<int64_t> positions = positions_of(context_lens);
+    const Step step{gather_rows(cos, positions), gather_rows(sin, positions), slots,
+                    block_table, context_lens};
     // NOTE: the library's GEMM runs on OpenMP's threads: the pool's would spin beside them
     const kernels::UsePool use(by_copy ? nullptr : pool());
-    const Buffers b = buffers(x.size(0), x.options());
-    const at::Tensor residual = x.clone();
-    kernels::rms_norm(b.h, x, layers_[0].input_norm, dims_.eps);
+    const int64_t B = token_ids.size(0);
+    const Buffers b = buffers(B, kv_.options());
+    const at::Tensor residual = embed(token_ids);
+    kernels::rms_norm(b.h, residual, layers_[0].input_norm, dims_.eps);
     for (size_t i = 0; i < layers_.size(); ++i) {
       if (i > 0) kernels::add_rms_norm_(b.h, residual, layers_[i].input_norm, dims_.eps);
       if (by_copy)
@@ -187,8 +223,15 @@ class DecodeStack {
       else
         layer(i, b, residual, step);
     }
-    return {b.h, residual};
+    kernels::add_rms_norm_(b.h, residual, ends_.norm, dims_.eps);
+    if (!logits) return b.h;
+    at::Tensor out = at::empty({B, ends_.head->weight.size(0)}, kv_.options());
+    (*ends_.head)(out, b.h);
+    return out;
   }
+
+  // Whether the stack computes the logits itself (Ends::head).
+  bool has_head() const { return ends_.head.has_value(); }
 
   // Whether a step may go by copy: a float32 stack whose every linear keeps a bfloat16 copy.
   bool takes_copies() const {
@@ -203,6 +246,8 @@ class DecodeStack {
   std::vector<Layer> layers_;
   Dims dims_;
   at::Tensor kv_;  // KVStorage.kv: [layers, 2, blocks, block_size, kv_heads, head_dim]
+  Embedding embedding_;
+  Ends ends_;
   // the activations' and the KV's: float32 or bfloat16 (a bfloat16 one's linears quantized)
   std::vector<at::Tensor> k_caches_, v_caches_;
   mutable std::unique_ptr<kernels::SpinPool> pool_;  // sized to torch's threads when it runs
@@ -224,6 +269,35 @@ class DecodeStack {
       pool_ = std::make_unique<kernels::SpinPool>(threads);
     }
     return pool_.get();
+  }
+
+  // The rows' embeddings [B, hidden] in the stack's dtype (they become the first residual).
+  at::Tensor embed(const at::Tensor& token_ids) const {
+    const int64_t B = token_ids.size(0), H = hidden();
+    const int64_t* ids = token_ids.data_ptr<int64_t>();
+    if (embedding_.qtype == kFloatWeight) {  // rows copied as they are
+      at::Tensor x = at::empty({B, H}, kv_.options());
+      const int64_t row_bytes = H * static_cast<int64_t>(kv_.element_size());
+      const auto* w = static_cast<const char*>(embedding_.weight.data_ptr());
+      for (int64_t i = 0; i < B; ++i)
+        std::memcpy(static_cast<char*>(x.data_ptr()) + i * row_bytes, w + ids[i] * row_bytes,
+                    row_bytes);
+      return x;
+    }
+    at::Tensor rows = at::empty({B, H}, kv_.options().dtype(at::kFloat));
+    kernels::quant_lookup(rows, embedding_.weight, token_ids, embedding_.qtype);
+    if (dtype() == at::kFloat) return rows;
+    at::Tensor x = at::empty({B, H}, kv_.options());
+    round_to(x.data_ptr<c10::BFloat16>(), rows.data_ptr<float>(), B * H);
+    return x;
+  }
+
+  // Each decode row's position: the last of its context.
+  static std::vector<int64_t> positions_of(const at::Tensor& context_lens) {
+    const int64_t* lens = context_lens.data_ptr<int64_t>();
+    std::vector<int64_t> positions(context_lens.size(0));
+    for (size_t b = 0; b < positions.size(); ++b) positions[b] = lens[b] - 1;
+    return positions;
   }
 
   int64_t hidden() const { return layers_[0].input_norm.numel(); }
@@ -342,40 +416,76 @@ class DecodeStack {
     l.down.check(intermediate(), H, "down");
   }
 
-  void check_step(const at::Tensor& x, const Step& s, bool by_copy) const {
+  void check_ends() const {
+    const int64_t H = hidden();
+    TORCH_CHECK(ends_.norm.dim() == 1 && ends_.norm.scalar_type() == dtype() &&
+                    ends_.norm.is_contiguous() && ends_.norm.numel() == H,
+                "DecodeStack: the final norm's weight must be ", dtype(), " [", H, "]");
+    const at::Tensor& w = embedding_.weight;
+    TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(0) >= 1,
+                "DecodeStack: the embedding must be a contiguous [vocab, ", H, "] weight");
+    if (embedding_.qtype == kFloatWeight) {
+      TORCH_CHECK(w.scalar_type() == dtype() && w.size(1) == H, "DecodeStack: the embedding ",
+                  "must be ", dtype(), " [vocab, ", H, "], got ", w.scalar_type(), " ",
+                  w.sizes());
+    } else {
+      quant_blocks::check_weight(w, embedding_.qtype, H);
+    }
+    if (!ends_.head) return;
+    TORCH_CHECK(dtype() == at::kFloat && ends_.head->qtype != kFloatWeight,
+                "DecodeStack: a head in the stack must be quantized, in a float32 stack");
+    ends_.head->check(H, ends_.head->weight.size(0), "head");
+  }
+
+  void check_step(const at::Tensor& token_ids, const at::Tensor& cos, const at::Tensor& sin,
+                  const at::Tensor& slots, const at::Tensor& block_table,
+                  const at::Tensor& context_lens, bool by_copy, bool logits) const {
     const int64_t most = by_copy ? kMaxCopyRows : kMaxRows;
-    TORCH_CHECK(x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= most,
-                "DecodeStack.run: x must be [B, ", hidden(), "] with 1 <= B <= ", most,
-                ", got ", x.sizes());
+    TORCH_CHECK(token_ids.dim() == 1 && token_ids.size(0) >= 1 && token_ids.size(0) <= most,
+                "DecodeStack.step: token_ids must be [B] with 1 <= B <= ", most, ", got ",
+                token_ids.sizes());
     TORCH_CHECK(!by_copy || takes_copies(),
-                "DecodeStack.run: a step by copy needs a float32 stack whose every linear "
+                "DecodeStack.step: a step by copy needs a float32 stack whose every linear "
                 "keeps a bfloat16 copy");
-    const int64_t B = x.size(0), half = dims_.head_dim / 2;
-    check_tensor(x, dtype(), {B, hidden()}, "x");
-    check_tensor(s.cos, at::kFloat, {B, half}, "cos");
-    check_tensor(s.sin, at::kFloat, {B, half}, "sin");
-    check_tensor(s.slots, at::kLong, {B}, "slots");
-    check_tensor(s.context_lens, at::kLong, {B}, "context_lens");
-    TORCH_CHECK(s.block_table.dim() == 2, "DecodeStack.run: block_table must be [B, blocks]");
-    check_tensor(s.block_table, at::kLong, {B, s.block_table.size(1)}, "block_table");
-    check_positions(s);
+    TORCH_CHECK(!logits || (has_head() && !by_copy),
+                "DecodeStack.step: logits come from a stack with a head, on the GEMV");
+    const int64_t B = token_ids.size(0), half = dims_.head_dim / 2;
+    check_tensor(token_ids, at::kLong, {B}, "token_ids");
+    TORCH_CHECK(cos.dim() == 2, "DecodeStack.step: cos must be [positions, ", half, "]");
+    check_tensor(cos, at::kFloat, {cos.size(0), half}, "cos");
+    check_tensor(sin, at::kFloat, {cos.size(0), half}, "sin");
+    check_tensor(slots, at::kLong, {B}, "slots");
+    check_tensor(context_lens, at::kLong, {B}, "context_lens");
+    TORCH_CHECK(block_table.dim() == 2, "DecodeStack.step: block_table must be [B, blocks]");
+    check_tensor(block_table, at::kLong, {B, block_table.size(1)}, "block_table");
+    const int64_t vocab = embedding_.weight.size(0);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t id = token_ids.data_ptr<int64_t>()[b];
+      TORCH_CHECK(id >= 0 && id < vocab, "DecodeStack.step: token ", id, " is outside the ",
+                  "vocabulary of ", vocab);
+      const int64_t len = context_lens.data_ptr<int64_t>()[b];
+      TORCH_CHECK(len <= cos.size(0), "DecodeStack.step: row ", b, "'s position ", len - 1,
+                  " is past the rotary tables' ", cos.size(0));
+    }
+    check_positions(slots, block_table, context_lens);
   }
 
   // Every slot written and every block read lies in the pool: the kernels index it unchecked.
-  void check_positions(const Step& s) const {
+  void check_positions(const at::Tensor& slot_mapping, const at::Tensor& block_table,
+                       const at::Tensor& context_lens) const {
     const int64_t blocks = kv_.size(2), block_size = kv_.size(3);
-    const int64_t B = s.slots.size(0), width = s.block_table.size(1);
-    const int64_t* slots = s.slots.data_ptr<int64_t>();
-    const int64_t* lens = s.context_lens.data_ptr<int64_t>();
-    const int64_t* table = s.block_table.data_ptr<int64_t>();
+    const int64_t B = slot_mapping.size(0), width = block_table.size(1);
+    const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+    const int64_t* lens = context_lens.data_ptr<int64_t>();
+    const int64_t* table = block_table.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
-      TORCH_CHECK(slots[b] >= 0 && slots[b] < blocks * block_size, "DecodeStack.run: slot ",
+      TORCH_CHECK(slots[b] >= 0 && slots[b] < blocks * block_size, "DecodeStack.step: slot ",
                   slots[b], " is outside the pool's ", blocks * block_size);
-      TORCH_CHECK(lens[b] >= 1 && lens[b] <= width * block_size, "DecodeStack.run: row ", b,
+      TORCH_CHECK(lens[b] >= 1 && lens[b] <= width * block_size, "DecodeStack.step: row ", b,
                   "'s context of ", lens[b], " tokens does not fit its ", width, " blocks");
       for (int64_t j = 0; j < (lens[b] + block_size - 1) / block_size; ++j)
         TORCH_CHECK(table[b * width + j] >= 0 && table[b * width + j] < blocks,
-                    "DecodeStack.run: block ", table[b * width + j], " is outside the pool's ",
+                    "DecodeStack.step: block ", table[b * width + j], " is outside the pool's ",
                     blocks);
     }
   }
@@ -407,14 +517,23 @@ void register_decode_stack(py::module_& m) {
            py::arg("input_norm"), py::arg("post_norm"), py::arg("qkv"), py::arg("o"),
            py::arg("gate_up"), py::arg("down"));
   py::class_<DecodeStack>(m, "DecodeStack")
-      .def(py::init<std::vector<Layer>, int64_t, int64_t, int64_t, double, double,
-                    at::Tensor>(),
+      .def(py::init([](std::vector<Layer> layers, int64_t heads, int64_t kv_heads,
+                       int64_t head_dim, double eps, double scale, at::Tensor kv,
+                       at::Tensor embedding, c10::optional<int64_t> embedding_qtype,
+                       at::Tensor final_norm, c10::optional<Linear> head) {
+             return DecodeStack(std::move(layers), heads, kv_heads, head_dim, eps, scale, kv,
+                                Embedding{embedding, embedding_qtype.value_or(kFloatWeight)},
+                                Ends{final_norm, head});
+           }),
            py::arg("layers"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
-           py::arg("eps"), py::arg("scale"), py::arg("kv"))
-      .def("run", &DecodeStack::run, py::arg("x"), py::arg("cos"), py::arg("sin"),
+           py::arg("eps"), py::arg("scale"), py::arg("kv"), py::arg("embedding"),
+           py::arg("embedding_qtype"), py::arg("final_norm"), py::arg("head") = py::none())
+      .def("step", &DecodeStack::step, py::arg("token_ids"), py::arg("cos"), py::arg("sin"),
            py::arg("slots"), py::arg("block_table"), py::arg("context_lens"),
-           py::arg("by_copy") = false, py::call_guard<py::gil_scoped_release>())
-      .def("takes_copies", &DecodeStack::takes_copies);
+           py::arg("by_copy") = false, py::arg("logits") = false,
+           py::call_guard<py::gil_scoped_release>())
+      .def("takes_copies", &DecodeStack::takes_copies)
+      .def("has_head", &DecodeStack::has_head);
   m.def(
       "use_step_pool", [](bool enabled) { return kernels::step_pool_enabled.exchange(enabled); },
       "whether fused decode steps run their loops on their own pool (else OpenMP); the old value");

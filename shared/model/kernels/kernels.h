@@ -6,6 +6,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <tuple>
+#include <vector>
+
 namespace kernels {
 
 // cpu_ops.cpp: float32, bfloat16 or float16 tensors
@@ -52,5 +55,9 @@ bool set_gemv_x16(bool on);
 void quant_gemv_int(at::Tensor out, at::Tensor x, at::Tensor w, int64_t qtype,
                     c10::optional<at::Tensor> bias, int64_t bits, bool portable);
 void quant_round_rows(at::Tensor out, at::Tensor x, int64_t bits);
+
+// greedy.cpp: each row of float32 logits [rows, vocab]: its first maximum (the first NaN where
+// there is one, as numpy's argmax), and whether that value is finite
+std::tuple<std::vector<int64_t>, std::vector<bool>> greedy_rows(at::Tensor logits);
 
 }  // namespace kernels

@@ -48,6 +48,8 @@ inline V fnmadd(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
 inline V round(V v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
 inline float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
+// Bit i set where lane i of a equals lane i of b.
+inline uint32_t equal_lanes(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
 // Lane i of the result: the sum of v[i]'s lanes, for kWidth vectors at once (a transpose by
 // halves: pairs of vectors within 128-bit lanes, then the 128-bit lanes).
 inline V sum_lanes(const V* v) {
@@ -119,6 +121,9 @@ inline float reduce_max(V v) {
   s = _mm_max_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+inline uint32_t equal_lanes(V a, V b) {
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ)));
+}
 // Lane i of the result: the sum of v[i]'s lanes, for kWidth vectors at once.
 inline V sum_lanes(const V* v) {
   V u[4], w[2];
@@ -171,6 +176,7 @@ inline V round(V v) { return std::nearbyint(v); }
 inline float reduce_add(V v) { return v; }
 inline float reduce_max(V v) { return v; }
 inline V sum_lanes(const V* v) { return v[0]; }
+inline uint32_t equal_lanes(V a, V b) { return a == b; }
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)

@@ -116,6 +116,8 @@ def test_fused_decode_steps_give_the_module_paths_logits_bit_for_bit(
     set_activations(model, activations)
     fused, plain = runner(model, True, isa), runner(model, False)
     assert fused.fused is not None
+    # a float32 stack over quantized weights computes the logits too (the head is their GEMV)
+    assert fused.fused.stack.has_head() == (weights == "auto" or weights == "q8_0")
     calls = FusedCalls(monkeypatch)
     tokens = {name: list(ids) for name, ids in PROMPTS.items()}
     for step in range(6):  # the prompts, then three steps of B=3 and two of B=1
@@ -159,20 +161,23 @@ def test_the_native_stack_refuses_bad_input_with_a_clear_error(tiny_llama_dir) -
     storage = KVStorage(cfg.num_layers, 4, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
     fused = fused_decode(model, TorchPagedAttention(storage, cfg.head_dim))
     assert fused is not None
-    half = cfg.head_dim // 2
+    cos, sin = model.rotary.tables(8)
     good = dict(
-        x=torch.zeros(2, cfg.hidden_size),
-        cos=torch.ones(2, half),
-        sin=torch.zeros(2, half),
+        token_ids=torch.tensor([1, 2]),
+        cos=cos,
+        sin=sin,
         slots=torch.tensor([0, 5]),
         block_table=torch.tensor([[0, 0], [1, 2]]),
         context_lens=torch.tensor([1, 6]),
     )
-    fused.stack.run(*good.values())
+    fused.stack.step(*good.values())
+    vocab = cfg.vocab_size
     bad = {
-        "x must be a contiguous CPU Float": dict(x=torch.zeros(2, cfg.hidden_size).double()),
-        "with 1 <= B <= 16": dict(x=torch.zeros(17, cfg.hidden_size)),
-        "cos must be": dict(cos=torch.ones(2, half + 1)),
+        "token_ids must be a contiguous CPU Long": dict(token_ids=torch.tensor([1, 2]).int()),
+        "with 1 <= B <= 16": dict(token_ids=torch.zeros(17, dtype=torch.long)),
+        f"token {vocab} is outside the vocabulary": dict(token_ids=torch.tensor([1, vocab])),
+        "cos must be": dict(cos=cos[:, 1:]),
+        "past the rotary tables' 4": dict(cos=cos[:4], sin=sin[:4]),
         "slots must be a contiguous CPU Long": dict(slots=torch.tensor([0, 5]).int()),
         "slot 16 is outside": dict(slots=torch.tensor([0, 16])),
         "block 4 is outside": dict(block_table=torch.tensor([[0, 0], [1, 4]])),
@@ -180,12 +185,16 @@ def test_the_native_stack_refuses_bad_input_with_a_clear_error(tiny_llama_dir) -
     }
     for message, change in bad.items():
         with pytest.raises(RuntimeError, match=message):
-            fused.stack.run(*{**good, **change}.values())
+            fused.stack.step(*{**good, **change}.values())
+    assert not fused.stack.has_head()  # a float head: compute_logits's
+    with pytest.raises(RuntimeError, match="logits come from a stack with a head"):
+        fused.stack.step(*good.values(), logits=True)
     assert not fused.stack.takes_copies()
     with pytest.raises(RuntimeError, match="a step by copy needs a float32 stack"):
-        fused.stack.run(*good.values(), by_copy=True)
+        fused.stack.step(*good.values(), by_copy=True)
     with pytest.raises(RuntimeError, match="a model without layers"):
-        cpu_ops().DecodeStack([], 1, 1, 2, 1e-5, 1.0, storage.kv)
+        norm = model.norm.weight
+        cpu_ops().DecodeStack([], 1, 1, 2, 1e-5, 1.0, storage.kv, norm, None, norm)
     assert fused_decode(model, TorchPagedAttention(KVStorage(2, 0, 4, 2, 16), 16)) is None
     # bfloat16 stacks are for quantized linears only (their GEMV computes in float32)
     bf16 = load_model(tiny_llama_dir, torch.bfloat16)

@@ -1,4 +1,7 @@
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ from shared.engine.sampler import (
 )
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest
+from shared.model.kernels import cpu_ops, supported_isas
 
 LOGITS = torch.tensor([[1.0, 3.0, 2.0, 0.5], [0.0, 0.0, 5.0, 0.0]])
 
@@ -136,24 +140,76 @@ def test_row_max_over_slices_is_the_first_max_of_the_row():
     assert values[2].isnan()
 
 
-def test_greedy_on_the_cpu_agrees_with_torchs_row_max():
-    """The CPU's greedy choice (numpy's argmax) is torch's: the first maximum of each row,
-    and a row usable exactly when its maximum is finite (a NaN or +inf anywhere, or every
-    token masked, is not); a row split off a batch's logits (a view) reads the same."""
-    from shared.engine.sampler import _greedy_and_usable, row_max
+@pytest.fixture(params=["numpy", *supported_isas()])
+def greedy(request, monkeypatch):
+    """The CPU's greedy choice by numpy, and by each native build this CPU runs."""
+    from shared.engine import sampler
 
-    logits = torch.randn(7, 300, generator=torch.Generator().manual_seed(3))
+    module = None if request.param == "numpy" else cpu_ops(request.param)
+    if request.param != "numpy" and module is None:
+        pytest.skip(f"the {request.param} build is unavailable")
+    monkeypatch.setattr(sampler, "loaded_cpu_ops", lambda: module)
+    return sampler._greedy_and_usable
+
+
+def test_greedy_on_the_cpu_agrees_with_torchs_row_max(greedy):
+    """The CPU's greedy choice (numpy's argmax, or the kernels' greedy_rows) is torch's: the
+    first maximum of each row, and a row usable exactly when its maximum is finite (a NaN or
+    +inf anywhere, or every token masked, is not); a row split off a batch's logits (a view)
+    reads the same."""
+    from shared.engine.sampler import row_max
+
+    logits = torch.randn(8, 300, generator=torch.Generator().manual_seed(3))
     logits[0, [5, 260]] = 9.0  # a tie: the first wins
     logits[1, 17] = float("nan")
     logits[2, [3, 200]] = float("inf")
     logits[3] = float("-inf")
     logits[4, :150] = float("-inf")
     logits[5, 299] = 50.0  # the last token
+    logits[6, [40, 41]] = 9.0  # a tie inside one vector's lanes
     values, indices = row_max(logits)
     expected = (indices.tolist(), torch.isfinite(values).tolist())
-    assert _greedy_and_usable(logits) == expected
-    assert expected[0][0] == 5 and expected[0][5] == 299
-    assert expected[1] == [True, False, False, False, True, True, True]
+    assert greedy(logits) == expected
+    assert expected[0][0] == 5 and expected[0][5] == 299 and expected[0][6] == 40
+    assert expected[1] == [True, False, False, False, True, True, True, True]
     rows = logits.split(1)
     for i, row in enumerate(rows):
-        assert _greedy_and_usable(row) == ([expected[0][i]], [expected[1][i]])
+        assert greedy(row) == ([expected[0][i]], [expected[1][i]])
+
+
+def test_greedy_on_the_cpu_is_numpys_argmax_on_random_rows(greedy):
+    """Against numpy's argmax on rows of every width around the vector's (tails), with ties,
+    NaN, +inf and masked tokens mixed in."""
+    from shared.engine.sampler import _greedy_and_usable_numpy
+
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(200):
+        logits = torch.randn(3, 1 + trial % 40, generator=gen).round()  # many ties
+        odd = torch.rand(logits.shape, generator=gen)
+        if trial % 3 == 0:
+            logits[odd < 0.3] = float("-inf")
+        if trial % 5 == 0:
+            logits[odd > 0.95] = float("nan")
+        if trial % 7 == 0:
+            logits[odd < 0.05] = float("inf")
+        assert greedy(logits) == _greedy_and_usable_numpy(logits), logits
+
+
+def test_the_sampler_never_builds_the_kernels(tmp_path) -> None:
+    """A mock engine samples too: where no model loaded the kernels, the sampler runs numpy
+    rather than compiling them (half a minute) in the middle of a step."""
+    script = (
+        "import torch\n"
+        "from shared.engine.sampler import sample\n"
+        "from shared.engine.sampling_params import SamplingParams\n"
+        "from shared.model import kernels\n"
+        "print(sample(torch.tensor([[0.0, 2.0, 1.0]]), [SamplingParams(temperature=0)], [None]))\n"
+        "print(kernels.loaded_cpu_ops())\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}  # no build of the kernels there
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[1]", "None"]
+    assert "compiling" not in done.stderr and not list(tmp_path.rglob("*.so"))
