@@ -162,12 +162,12 @@ struct Step {
   at::Tensor cos, sin, slots, block_table, context_lens;
 };
 
-// Rows `at` of table [P, half] (every at[i] < P checked) -> [B, half].
-at::Tensor gather_rows(const at::Tensor& table, const std::vector<int64_t>& at) {
+// Rows `rows` of a float32 table [P, half] (each below P, checked) -> [B, half].
+at::Tensor gather_rows(const at::Tensor& table, const std::vector<int64_t>& rows) {
   const int64_t half = table.size(1);
-  at::Tensor out = at::empty({static_cast<int64_t>(at.size()), half}, table.options());
-  for (size_t i = 0; i < at.size(); ++i)
-    std::memcpy(out.data_ptr<float>() + i * half, table.data_ptr<float>() + at[i] * half,
+  at::Tensor out = at::empty({static_cast<int64_t>(rows.size()), half}, table.options());
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(out.data_ptr<float>() + i * half, table.data_ptr<float>() + rows[i] * half,
                 half * sizeof(float));
   return out;
 }
