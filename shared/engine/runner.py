@@ -60,8 +60,8 @@ class ModelRunner:
     """Owns the model and the KV tensors; knows nothing of requests or scheduling.
 
     With `fused` (and where it applies: CPU, float32 or quantized bfloat16, the torch paged
-    backend), a step of decode tokens alone runs every layer in one native call
-    (shared/model/fused_decode.py).
+    backend), a step of decode tokens alone runs in one native call, from the embeddings to
+    the final norm or the logits (shared/model/fused_decode.py).
     """
 
     def __init__(
@@ -225,7 +225,8 @@ def torch_runner(config: EngineConfig, model_dir: Path) -> tuple[ModelRunner, Mo
 
 def decode_path(runner: ModelRunner, config: EngineConfig) -> str:
     if runner.fused is not None:
-        return "fused (every layer in one native call)"
+        head = "the logits" if runner.fused.head is not None else "the final norm"
+        return f"fused (from the tokens' embeddings to {head} in one native call)"
     if not config.fused_decode:
         return "layer by layer (fused decode turned off)"
     return "layer by layer (no fused step for this model, dtype or attention backend)"

@@ -35,7 +35,7 @@ COPY_MIN_ROWS = attrgetter("copy_min_rows")
 
 
 class FusedDecode:
-    """Decode-only steps of one model over one KV pool, every layer in one native call.
+    """Decode-only steps of one model over one KV pool in one native call each.
 
     NOTE: the quantized layers' activations ("float", "q8" or "q16") and row limits are read
     when the stack is built: set them first (shared/model/quant.py: set_activations).

@@ -376,11 +376,14 @@ def test_steps_on_another_thread_run_their_loops_on_the_pool_and_match(models, m
     step_thread.shutdown()
 
 
-def test_the_start_up_log_says_which_path_decode_steps_take(tiny_llama_dir) -> None:
+def test_the_start_up_log_says_which_path_decode_steps_take(tiny_llama_dir, models) -> None:
     from shared.engine.runner import decode_path
 
     model = load_model(tiny_llama_dir)
-    assert decode_path(runner(model, True), EngineConfig()).startswith("fused")
+    float_head = decode_path(runner(model, True), EngineConfig())
+    assert float_head.startswith("fused") and "to the final norm" in float_head
+    set_activations(models["auto"], "q16")
+    assert "to the logits" in decode_path(runner(models["auto"], True), EngineConfig())
     plain = runner(model, False)
     assert "turned off" in decode_path(plain, EngineConfig(fused_decode=False))
     assert "no fused step" in decode_path(plain, EngineConfig())
