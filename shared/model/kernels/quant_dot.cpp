@@ -56,8 +56,21 @@ struct QRows {
   float s(int64_t b) const { return ds[2 * b + 1]; }
 };
 
+// The largest |v[i]| of a block of 32 (a NaN among them skipped, as std::max skips it).
+inline float largest_magnitude(const float* v) {
+  simd::V top = simd::zero();
+  for (int i = 0; i < 32; i += simd::kWidth) {
+    const simd::V a = simd::load(v + i);
+    // NOTE: top second: where |v| is NaN, an x86 max gives its second operand
+    top = simd::max(simd::max(a, simd::sub(simd::zero(), a)), top);
+  }
+  return simd::reduce_max(top);
+}
+
 // NOTE: the largest |q| is 127 or 32767 (symmetric): quant.py's round_activations rounds
-// prefill's rows the same way.
+// prefill's rows the same way. Vector ops where they give the scalar ops' floats (a product
+// and a rounding each, NaN skipped in the maximum): a decode step quantizes x before each of
+// its ~120 GEMVs on one thread while the others wait.
 template <class T>
 QRows<T> quantize_rows(const float* x, int64_t M, int64_t K) {
   constexpr float kLevels = std::is_same_v<T, int8_t> ? 127.f : 32767.f;
@@ -65,12 +78,14 @@ QRows<T> quantize_rows(const float* x, int64_t M, int64_t K) {
   QRows<T> r{M, K, std::vector<T>(M * K), std::vector<float>(2 * n)};
   for (int64_t b = 0; b < n; ++b) {
     const float* v = x + 32 * b;
-    float amax = 0.f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float amax = largest_magnitude(v);
     const float d = amax / kLevels, inverse = d > 0.f ? 1.f / d : 0.f;
+    alignas(64) float rounded[32];  // v * inverse, rounded to the nearest integer (even ties)
+    for (int i = 0; i < 32; i += simd::kWidth)
+      simd::store(rounded + i, simd::round(simd::mul(simd::load(v + i), simd::set1(inverse))));
     int sum = 0;
     for (int i = 0; i < 32; ++i) {
-      const int q = static_cast<int>(std::nearbyint(v[i] * inverse));
+      const int q = static_cast<int>(rounded[i]);
       r.q[32 * b + i] = static_cast<T>(q);
       sum += q;
     }
