@@ -199,6 +199,24 @@ def test_rows_are_rounded_for_prefill_as_the_int_gemv_rounds_them(kernels, bits)
         kernels.quant_round_rows(torch.empty(1, 40), torch.randn(1, 40), bits)
 
 
+@BITS
+def test_a_nan_in_a_block_is_skipped_by_its_largest_magnitude(kernels, bits):
+    """The scale of a block of x comes from its largest finite magnitude, NaN skipped as the
+    scalar std::max skipped it (the vector max keeps whichever operand comes second): the
+    block's other values round as they would without it."""
+    x = torch.randn(2, 64) * 5
+    for at in (0, 7, 31, 45):  # a NaN first, inside a vector, last, in the second block
+        with_nan = x.clone()
+        with_nan[1, at] = float("nan")
+        clean = x.clone()
+        clean[1, at] = 0.0
+        got, want = torch.empty_like(x), torch.empty_like(x)
+        kernels.quant_round_rows(got, with_nan, bits)
+        kernels.quant_round_rows(want, clean, bits)
+        others = torch.arange(64) != at
+        assert torch.equal(got[1, others], want[1, others]) and torch.equal(got[0], want[0])
+
+
 def test_int_gemv_refuses_bad_input(kernels):
     fmt = FORMATS["q8_0"]
     blocks = quantize(torch.randn(8, 64), fmt)
