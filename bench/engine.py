@@ -177,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
             dtype: TransformersSide(engine, dtype, args.baseline_cache) for dtype in baseline_dtypes
         }
     )
-    report = measure(args, measured, theirs, before)
+    probe = ReadBandwidth(config.device)
+    report = measure(args, measured, theirs, before, probe)
     report.update(bandwidth_report(engine, report, args.prompt_len + args.decode_tokens / 2))
     print(
         orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
@@ -187,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure(args: argparse.Namespace, ours, theirs, before=None) -> dict:
+def measure(args: argparse.Namespace, ours, theirs, before=None, probe=None) -> dict:
     prefill_lens = [int(n) for n in args.prefill_lens.split(",")]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     rows: dict[str, list[dict]] = {"prefill": [], "decode": []}
@@ -208,7 +209,7 @@ def measure(args: argparse.Namespace, ours, theirs, before=None) -> dict:
         rate = lambda side, b=b: side.decode_rate(
             b, args.prompt_len, args.decode_tokens, args.repeats
         )
-        rows["decode"].append(row("batch", b, rate, ours, theirs, before))
+        rows["decode"].append(row("batch", b, rate, ours, theirs, before, probe))
     return {
         "model": args.model,
         "device": device_name(args),
@@ -227,9 +228,14 @@ def measure(args: argparse.Namespace, ours, theirs, before=None) -> dict:
     }
 
 
-def row(key: str, value: int, rate, ours, theirs: dict, before=None) -> dict:
+def row(key: str, value: int, rate, ours, theirs: dict, before=None, probe=None) -> dict:
+    """One row of the table; with `probe` (ReadBandwidth), the read bandwidth just before and
+    just after kvstack's measurement, their mean."""
+    reads = [probe.measure()] if probe is not None else []
     kvstack = rate(ours)
     result = {key: value, "kvstack_tok_s": round(kvstack, 1), "transformers": {}}
+    if probe is not None:
+        result["read_gb_s"] = round((reads[0] + probe.measure()) / 2 / 1e9, 2)
     if before is not None:
         result["before_tok_s"] = round(rate(before), 1)
     for dtype, side in theirs.items():
@@ -524,16 +530,35 @@ def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5, device: str = "cp
     """Memory read bandwidth in bytes/s: summing a tensor far larger than the caches reads
     every byte once (with the benchmark's threads, as decode reads its weights; on a GPU,
     its memory)."""
-    src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
-    src.sum()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        src.sum()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return num_bytes / min(times)
+    return ReadBandwidth(device, num_bytes).measure(repeats)
+
+
+class ReadBandwidth:
+    """read_bandwidth, its tensor kept for reads beside each decode row.
+
+    NOTE: one read after all rows made each row's share of the limit swing with the machine:
+    a shared 2-vCPU VM read 33-57 GB/s minutes apart, and the same ~260 tok/s printed 48% in
+    one run and 84% in another (docs/benchmarks.md)."""
+
+    def __init__(self, device: str = "cpu", num_bytes: int = 1 << 30) -> None:
+        self.device = device
+        self.src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+        self.src.sum()
+
+    def measure(self, repeats: int = 5, seconds: float = 1.0) -> float:
+        """The fastest of at least `repeats` reads, going on for `seconds`.
+
+        NOTE: for a while after the process idles (a pause, a step's Python) this VM read
+        34 GB/s, then 56-58 from the same tensor: the fastest of a second's reads."""
+        times: list[float] = []
+        until = time.perf_counter() + seconds
+        while len(times) < repeats or time.perf_counter() < until:
+            synchronize(self.device)
+            start = time.perf_counter()
+            self.src.sum()
+            synchronize(self.device)
+            times.append(time.perf_counter() - start)
+        return self.src.numel() * 4 / min(times)
 
 
 def synchronize(device: str) -> None:
@@ -551,23 +576,34 @@ def device_name(args: argparse.Namespace) -> str:
 def bandwidth_report(engine: LLMEngine, report: dict, mean_context: float) -> dict:
     """Each decode row's share of the bandwidth limit: a step reads every weight once and each
     of its B sequences' KV (`mean_context` tokens on average over the run), so B sequences make
-    at most B * bandwidth / those bytes tokens/s."""
+    at most B * bandwidth / those bytes tokens/s, bandwidth as read beside that row."""
     weight_bytes = engine.info.weight_bytes
     kv_token_bytes = 2 * engine.info.model.num_layers * engine.kv_storage.token_bytes
-    bandwidth = read_bandwidth(device=engine.info.config.device)
-    for r in report["decode"]:
-        step_bytes = weight_bytes + r["batch"] * mean_context * kv_token_bytes
-        limit = r["batch"] * bandwidth / step_bytes
-        r["limit_tok_s"] = round(limit, 1)
-        r["share_of_limit"] = round(r["kvstack_tok_s"] / limit, 3)
-        if "before_tok_s" in r:
-            r["before_share_of_limit"] = round(r["before_tok_s"] / limit, 3)
+    shares_of_limit(report["decode"], weight_bytes, kv_token_bytes, mean_context)
+    reads = [r["read_gb_s"] for r in report["decode"]]
     return {
         "weight_bytes": weight_bytes,
         "kv_bytes_per_context_token": kv_token_bytes,
         "mean_context": mean_context,
-        "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+        "read_bandwidth_gb_s": [min(reads), max(reads)] if reads else [],
     }
+
+
+def shares_of_limit(
+    rows: list[dict], weight_bytes: int, kv_token_bytes: int, mean_context: float
+) -> None:
+    """Adds each decode row's limit (tokens/s its read bandwidth allows) and share of it."""
+    for r in rows:
+        step_bytes = weight_bytes + r["batch"] * mean_context * kv_token_bytes
+        limit = r["batch"] * r["read_gb_s"] * 1e9 / step_bytes
+        r["limit_tok_s"] = round(limit, 1)
+        r["share_of_limit"] = round(r["kvstack_tok_s"] / limit, 3)
+        if "before_tok_s" in r:
+            r["before_share_of_limit"] = round(r["before_tok_s"] / limit, 3)
+
+
+def format_reads(reads: list[float]) -> str:
+    return "-".join(dict.fromkeys(f"{gb_s:.1f}" for gb_s in reads)) or "none"
 
 
 def format_table(report: dict) -> str:
@@ -583,7 +619,7 @@ def format_table(report: dict) -> str:
         ),
         (
             f"{'':18}{'kvstack ' + report['dtype'] + ' ' + report['weights']:>18}{header}"
-            f"{'% of limit':>12}"
+            f"{'% of limit':>12}{'read GB/s':>11}"
         ),
     ]
     for name, key in (("prefill", "tokens"), ("decode", "batch")):
@@ -596,12 +632,17 @@ def format_table(report: dict) -> str:
                 f"{r['transformers'][d]['tok_s']:>18}{r['transformers'][d]['ratio']:>7}"
                 for d in baselines
             )
-            share = f"{r['share_of_limit']:>12.0%}" if "share_of_limit" in r else ""
+            share = (
+                f"{r['share_of_limit']:>12.0%}{r['read_gb_s']:>11.1f}"
+                if "share_of_limit" in r
+                else ""
+            )
             label = f"{name} {key} {r[key]}"
             lines.append(f"{label:18}{r['kvstack_tok_s']:>18}{cells}{share}")
     lines.append(
-        f"% of limit: decode tokens/s over batch x read bandwidth "
-        f"({report['read_bandwidth_gb_s']} GB/s) / the bytes a step reads: weights "
+        f"% of limit: decode tokens/s over batch x the read bandwidth beside the row (read "
+        f"before and after it: {format_reads(report['read_bandwidth_gb_s'])} GB/s) / the bytes a "
+        "step reads: weights "
         f"({report['weight_bytes'] / 1e6:.0f} MB) + batch x KV of {report['mean_context']:.0f} "
         f"tokens ({report['kv_bytes_per_context_token'] / 1e3:.0f} KB a token)"
     )
