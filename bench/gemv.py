@@ -27,7 +27,7 @@ from bench.random_model import SHAPES as MODEL_SHAPES
 from shared.engine.config import cpu_has_native_bf16
 from shared.errors import KvstackError
 from shared.model.kernels import chosen_isa, cpu_ops
-from shared.model.quant import GEMM_TILE_ROWS, QuantLinear
+from shared.model.quant import GEMM_TILE_ROWS, Q8_INTERLEAVED_FORMATS, QuantLinear
 from shared.model.quant_formats import FORMATS, QuantFormat, quantize, random_blocks
 from shared.model.weight_arena import pack_weights
 
@@ -185,15 +185,14 @@ def measure_quant(
         name: (way, layers)
         for name, way in quant_ways(native, cpu_has_native_bf16(), prefetch).items()
     }
-    if layers[0].can_interleave():  # the 16-bit GEMV again, on the rows interleaved
+    if layers[0].can_interleave():  # the integer GEMVs again, on the rows interleaved
         twins = interleaved(layers)
-        q16 = {n: w for n, (w, _) in ways.items() if n.startswith("gemv_q16")}
-        ways |= {n.replace("gemv_q16", "gemv_q16_x8"): (w, twins) for n, w in q16.items()}
+        kinds = ["gemv_q16"] + (["gemv_q8"] if fmt.name in Q8_INTERLEAVED_FORMATS else [])
+        ints = {n: w for n, (w, _) in ways.items() if n.split("@")[0] in kinds}
+        ways |= {renamed(n, "_x8"): (w, twins) for n, w in ints.items()}
         if chosen_isa() == "avx512":  # also one group of 8 rows a vector, as AVX2 builds do
-            by_256 = {n: with_setting(w, native.set_gemv_x16, False) for n, w in q16.items()}
-            ways |= {
-                n.replace("gemv_q16", "gemv_q16_x8/256"): (w, twins) for n, w in by_256.items()
-            }
+            by_256 = {n: with_setting(w, native.set_gemv_x16, False) for n, w in ints.items()}
+            ways |= {renamed(n, "_x8/256"): (w, twins) for n, w in by_256.items()}
     if args.arena:  # the GEMVs again, on a copy of the layers in one arena
         packed = in_arena(layers)
         plain = (n for n in ways if n.startswith("gemv") and "_x8" not in n)
@@ -213,6 +212,13 @@ def measure_quant(
     }
 
 
+def renamed(way: str, suffix: str) -> str:
+    """A way's name with `suffix` after its kind, before any prefetch distance:
+    gemv_q16@2048 -> gemv_q16_x8@2048."""
+    kind, at, distance = way.partition("@")
+    return f"{kind}{suffix}{at}{distance}"
+
+
 def with_setting(way, setter, value):
     """`way` run with one of the kernels' settings changed (`setter` returns the old value,
     put back after)."""
@@ -229,7 +235,7 @@ def with_setting(way, setter, value):
 
 def interleaved(layers: list[QuantLinear]) -> list[QuantLinear]:
     """Copies of `layers` with their rows interleaved 8 at a time, as an engine keeps them
-    under 16-bit activations (shared/model/quant.py: INTERLEAVED_FORMATS)."""
+    under integer activations (shared/model/quant.py: INTERLEAVED_FORMATS)."""
     twins = copies(layers)
     for twin in twins:
         twin.interleave(True)

@@ -58,14 +58,16 @@ BF16_WEIGHT_VALUES = 32 << 20  # 64 MiB of bfloat16
 # multiplies by x as it is.
 ACTIVATIONS = ("q8", "q16", "float")
 ACTIVATION_BITS = {"q8": 8, "q16": 16}  # the integer ones
-# NOTE: under 16-bit activations these formats' rows sit interleaved 8 at a time
+# NOTE: under integer activations these formats' rows sit interleaved 8 at a time
 # (shared/model/kernels/quant_x8.h): the GEMV on GGUF's own rows was bound by a core converting
 # and summing each block's products, not by memory; side by side, a vector's lanes are 8 rows
 # and one multiply scales them all (`python -m bench gemv`, `python -m bench engine --before
 # plain-rows`: docs/benchmarks.md, "Weight rows interleaved 8 at a time"); Q4_K's plain rows
 # ran at a third of memory's speed (`python -m bench gemv --formats q4_k --shapes llama-1b`:
-# "Q4_K rows interleaved").
+# "Q4_K rows interleaved"). Interleaved Q8_0 multiplies 16-bit activations only (its values
+# in pairs of 16-bit lanes): under q8 its rows stay GGUF's (Q8_INTERLEAVED_FORMATS).
 INTERLEAVED_FORMATS = ("q4_0", "q4_1", "q8_0", "q4_k")
+Q8_INTERLEAVED_FORMATS = ("q4_0", "q4_1", "q4_k")
 # NOTE: a format whose values Q8_0 holds exactly but that does not interleave (Q5_0: d * (q -
 # 16), q < 32) becomes Q8_0 under 16-bit activations, and interleaves: the GEMV on plain Q5_0
 # rows is core-bound like Q4's was (interleaved Q8_0 1.28x, 1.75x, 1.91x at 1, 4 and 8 rows, for
@@ -88,7 +90,7 @@ class QuantLinear(nn.Module):
     prefill_dtype = torch.float32  # what many float32 rows multiply in (set_prefill_dtype)
     prefill_copy: PrefillWeight | None = None  # what many rows multiply by, if kept
     copy_min_rows = BF16_COPY_MIN_ROWS  # decode rows from which the copy takes them
-    interleaved = False  # rows 8 at a time side by side (INTERLEAVED_FORMATS, q16)
+    interleaved = False  # rows 8 at a time side by side (INTERLEAVED_FORMATS, q16 or q8)
 
     def __init__(
         self, blocks: torch.Tensor, fmt: QuantFormat, in_features: int, bias: nn.Parameter | None
@@ -140,6 +142,13 @@ class QuantLinear(nn.Module):
     def can_interleave(self) -> bool:
         """Whether the rows may sit interleaved: a format that can."""
         return self.fmt.name in INTERLEAVED_FORMATS
+
+    def interleaves(self) -> bool:
+        """Whether the rows sit interleaved under this layer's activations: integer ones that
+        an interleaved kernel of the format takes."""
+        if self.activations == "q8":
+            return self.fmt.name in Q8_INTERLEAVED_FORMATS
+        return self.activations == "q16" and self.can_interleave()
 
     def interleave(self, on: bool) -> None:
         """Puts the rows 8 at a time side by side (or back in GGUF's order), in place: the
@@ -369,22 +378,22 @@ def set_activations(model: nn.Module, activations: str, max_rows: int | None = N
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.activations, module.gemv_max_rows = activations, max_rows
-    interleave_rows(model, activations == "q16")
+    interleave_rows(model, activations in ACTIVATION_BITS)
 
 
 def interleave_rows(model: nn.Module, on: bool) -> None:
-    """Every quantized layer of `model` that can (QuantLinear.can_interleave) with its rows
-    interleaved 8 at a time, or back in GGUF's order; interleaving first turns the layers
-    QuantLinear.widens names into Q8_0 (they stay Q8_0). Only 16-bit activations multiply
-    interleaved rows (set_activations sees to it); a fused decode stack built before reads the
-    old layout: build it after."""
+    """Every quantized layer of `model` whose activations take interleaved rows
+    (QuantLinear.interleaves) with its rows interleaved 8 at a time, the others (all, when
+    not `on`) in GGUF's order; under 16-bit activations interleaving first turns the layers
+    QuantLinear.widens names into Q8_0 (they stay Q8_0). A fused decode stack built before
+    reads the old layout: build it after."""
     for module in model.modules():
         if not isinstance(module, QuantLinear):
             continue
-        if on and module.widens():
+        if on and module.activations == "q16" and module.widens():
             module.widen()
         if module.can_interleave():
-            module.interleave(on)
+            module.interleave(on and module.interleaves())
 
 
 def set_prefill_dtype(model: nn.Module, dtype: torch.dtype) -> None:

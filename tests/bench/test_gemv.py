@@ -38,12 +38,13 @@ def test_quantized_ways_by_rows_with_two_prefetch_distances(capsys) -> None:
 
 def test_q4_k_on_llama_1b_shapes_interleaves(capsys) -> None:
     """Q4_K (random blocks: the gguf package cannot quantize into it) on shapes whose rows
-    hold whole super-blocks, its 16-bit GEMV timed on GGUF's rows and on interleaved ones."""
+    hold whole super-blocks, its integer GEMVs timed on GGUF's rows and on interleaved ones."""
     report = run(capsys, "--dtypes", "", "--rows", "1", "--formats", "q4_k", "--shapes",
                  "llama-1b", "--json")  # fmt: skip
     assert report["shapes"] == "llama-1b"
     (row,) = report["formats"]["q4_k"]["by_rows"]
     assert row["gemv_q16_us"] > 0 and row["gemv_q16_x8_us"] > 0
+    assert row["gemv_q8_us"] > 0 and row["gemv_q8_x8_us"] > 0
     # an AVX-512 build's one group of 8 rows a vector, beside (AVX2 builds have only that)
     assert ("gemv_q16_x8/256_us" in row) == (report["isa"] == "avx512")
     assert row.get("gemv_q16_x8/256_us", 1) > 0

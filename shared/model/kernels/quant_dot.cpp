@@ -417,7 +417,7 @@ inline ZV dot_pairs(ZV acc, ZV q, const int16_t* x_pair) {
 
 // Interleaved formats (quant_x8.h): a group's block of 8 rows (kBlockBytes, holding kSubs
 // blocks of 32 values a row), each sub-block's scales and offsets (a lane a row) and where its
-// values start, and those values' pairs as 16-bit lanes.
+// values start (Q4x8, Q4Kx8: 4 chunks of 32 bytes, 4 values a lane; Q8x8: pairs, below).
 template <bool kHasMin>
 struct Q4x8 {
   using Plain = Q4<kHasMin>;  // the last N % 8 rows
@@ -428,23 +428,6 @@ struct Q4x8 {
     *offset = kHasMin ? _mm256_cvtph_ps(load16(b + 16)) : _mm256_mul_ps(*d, _mm256_set1_ps(-8.f));
   }
   static const uint8_t* values(const uint8_t* b, int) { return b + quant_x8::kRows * kScalars; }
-  static IV chunk(const uint8_t* values, int c) { return load_x(values + 32 * c); }
-  template <int k>
-  static IV pairs(IV chunk) {  // pair 4c + k: nibble k of each word
-    if constexpr (k == 3) return _mm256_srli_epi16(chunk, 12);
-    return _mm256_and_si256(_mm256_srli_epi16(chunk, 4 * k), _mm256_set1_epi16(0x0F));
-  }
-#if defined(KV_X16)
-  // chunk c of two groups' values, side by side (group_x16)
-  static ZV chunk16(const uint8_t* a, const uint8_t* b, int c) {
-    return join(chunk(a, c), chunk(b, c));
-  }
-  template <int k>
-  static ZV pairs16(ZV chunk) {
-    if constexpr (k == 3) return _mm512_srli_epi16(chunk, 12);
-    return _mm512_and_si512(_mm512_srli_epi16(chunk, 4 * k), _mm512_set1_epi16(0x0F));
-  }
-#endif
 };
 
 // Q4_K: a super-block of 8 sub-blocks, each with a scale and offset a row, its values as Q4's.
@@ -635,6 +618,208 @@ void gemv_x8(const uint8_t* w, const QRows<int16_t>& x, const float* bias, float
   // the last N % 8 rows, as GGUF has them
   rows_simd_all<typename X::Plain>(w, row_bytes, x, bias, out, N, groups * quant_x8::kRows, N);
 }
+
+// ---- Q4 formats' interleaved rows (quant_x8.h): a 32-bit lane holds 4 values of its row ----
+// A chunk's low nibbles are values 8c..8c+3 of each row, its high ones 8c+4..8c+7: each a
+// dot product of 4 unsigned bytes with 4 broadcast bytes of x (VNNI's vpdpbusd, or AVX2's
+// maddubs + madd: a pair's products stay under 2 * 255 * 15, no saturation).
+// NOTE: 16-bit x multiplies as two bytes, x = 256 * hi + lo (lo unsigned, hi signed): q * x
+// is 256 * (q * hi) + q * lo, each a product of bytes, so the integer sums, and the floats
+// after them, are the 16-bit pairs' ones exactly, in half the nibble unpacking (the 16-bit
+// kernel spent a fifth of its time widening nibbles to 16-bit lanes: docs/benchmarks.md).
+
+// Vector widths: 256 bits hold one group of 8 rows, 512 bits two groups side by side (lanes
+// 0-7 the first, 8-15 the second), from kX16MinRows rows of x.
+struct W256 {
+  static constexpr int kGroups = 1;
+  using I = __m256i;
+  using F = __m256;
+  static I izero() { return _mm256_setzero_si256(); }
+  static F fzero() { return _mm256_setzero_ps(); }
+  static I load(const uint8_t* const* at, int64_t offset) { return load_x(at[0] + offset); }
+  static F join(const FV* parts) { return parts[0]; }
+  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static I low(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+  static I high(I v) { return low(_mm256_srli_epi16(v, 4)); }
+  static I dot4(I acc, I u, I s) {  // acc + each lane's 4 products of u's and s's bytes
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+  }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I times256(I a) { return _mm256_slli_epi32(a, 8); }
+  static F to_float(I a) { return _mm256_cvtepi32_ps(a); }
+  static F fset1(float v) { return _mm256_set1_ps(v); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F fadd(F a, F b) { return _mm256_add_ps(a, b); }
+  static F loadf(const float* p) { return _mm256_loadu_ps(p); }
+  static void storef(float* p, F v) { _mm256_storeu_ps(p, v); }
+};
+
+#if defined(KV_X16)
+struct W512 {
+  static constexpr int kGroups = 2;
+  using I = __m512i;
+  using F = __m512;
+  static I izero() { return _mm512_setzero_si512(); }
+  static F fzero() { return _mm512_setzero_ps(); }
+  static I load(const uint8_t* const* at, int64_t offset) {
+    return ::join(load_x(at[0] + offset), load_x(at[1] + offset));
+  }
+  static F join(const FV* parts) { return ::join(parts[0], parts[1]); }
+  static I set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static I low(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+  static I high(I v) { return low(_mm512_srli_epi16(v, 4)); }
+  static I dot4(I acc, I u, I s) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(acc, u, s);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+  }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I times256(I a) { return _mm512_slli_epi32(a, 8); }
+  static F to_float(I a) { return _mm512_cvtepi32_ps(a); }
+  static F fset1(float v) { return _mm512_set1_ps(v); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fadd(F a, F b) { return _mm512_add_ps(a, b); }
+  static F loadf(const float* p) { return _mm512_loadu_ps(p); }
+  static void storef(float* p, F v) { _mm512_storeu_ps(p, v); }
+};
+#endif
+
+inline int32_t four_bytes(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// 8-bit x as the Q4 kernels read it: two sums a row of x, the low nibbles' and the high ones'.
+struct Bytes8 {
+  const QRows<int8_t>& rows;
+  explicit Bytes8(const QRows<int8_t>& x) : rows(x) {}
+  const QRows<int8_t>& scales() const { return rows; }
+  template <class W>
+  void dot(typename W::I low, typename W::I high, int64_t m, int64_t at, typename W::I* s) const {
+    const int8_t* x = rows.q.data() + m * rows.K + at;
+    s[0] = W::dot4(s[0], low, W::set1(four_bytes(x)));
+    s[1] = W::dot4(s[1], high, W::set1(four_bytes(x + 4)));
+  }
+  template <class W>
+  static typename W::I total(const typename W::I* s) { return W::add(s[0], s[1]); }
+};
+
+// 16-bit x split into bytes, x = 256 * hi + lo: the sums of q * lo (lo the unsigned side) and
+// of q * hi (q the unsigned side).
+struct Bytes16 {
+  const QRows<int16_t>& rows;
+  std::vector<uint8_t> lo;
+  std::vector<int8_t> hi;
+  explicit Bytes16(const QRows<int16_t>& x) : rows(x), lo(x.q.size()), hi(x.q.size()) {
+    for (size_t i = 0; i < x.q.size(); ++i) {
+      lo[i] = static_cast<uint8_t>(x.q[i] & 0xFF);
+      hi[i] = static_cast<int8_t>(x.q[i] >> 8);  // arithmetic: the floor of x / 256
+    }
+  }
+  const QRows<int16_t>& scales() const { return rows; }
+  template <class W>
+  void dot(typename W::I low, typename W::I high, int64_t m, int64_t at, typename W::I* s) const {
+    const int64_t i = m * rows.K + at;
+    s[0] = W::dot4(s[0], W::set1(four_bytes(&lo[i])), low);
+    s[0] = W::dot4(s[0], W::set1(four_bytes(&lo[i + 4])), high);
+    s[1] = W::dot4(s[1], low, W::set1(four_bytes(&hi[i])));
+    s[1] = W::dot4(s[1], high, W::set1(four_bytes(&hi[i + 4])));
+  }
+  template <class W>
+  static typename W::I total(const typename W::I* s) { return W::add(W::times256(s[1]), s[0]); }
+};
+
+// out[m, n..] for W::kGroups groups of 8 weight rows from n (`at`: each group's first byte, the
+// second the first's next group) and M rows of x from row m0: each lane the sums, in the same
+// order, that group_x8 makes of 16-bit x.
+template <class W, class X, int M, class XB>
+void group_q4(const uint8_t* const* at, const XB& x, int64_t m0, const float* bias, float* out,
+              int64_t N, int64_t n) {
+  using I = typename W::I;
+  using F = typename W::F;
+  const auto& scales = x.scales();
+  const int64_t blocks = scales.blocks();
+  // NOTE: two groups are two streams a group apart, and the next pair starts two groups on:
+  // each block asks for its twins in the next pair (prefetch_row's distance ahead of one
+  // stream fell inside the other, and half the reads missed: 1.8x slower from memory).
+  const int64_t next_pair = 2 * (at[W::kGroups - 1] - at[0]);
+  F acc[M], offsets[M];  // lane r: row n + r's sum of scaled products, and of offset * sx
+  for (int m = 0; m < M; ++m) acc[m] = offsets[m] = W::fzero();
+  for (int64_t j = 0; j < blocks; ++j) {
+    const int64_t start = j / X::kSubs * X::kBlockBytes;
+    const int sub = static_cast<int>(j % X::kSubs);
+    const uint8_t* b[W::kGroups];
+    FV ds[W::kGroups], os[W::kGroups];
+    for (int g = 0; g < W::kGroups; ++g) {
+      b[g] = at[g] + start;
+      if (sub == 0 && W::kGroups == 1) prefetch_row(b[g], X::kBlockBytes);
+      if (sub == 0 && W::kGroups > 1 && weight_prefetch_bytes != 0)
+        simd::prefetch(b[g] + next_pair, X::kBlockBytes);
+      X::scales(b[g], sub, &ds[g], &os[g]);
+      b[g] = X::values(b[g], sub);
+    }
+    const F d = W::join(ds), offset = W::join(os);
+    I sums[M][2];
+    for (int m = 0; m < M; ++m) sums[m][0] = sums[m][1] = W::izero();
+    for (int c = 0; c < 4; ++c) {
+      const I chunk = W::load(b, 32 * c);
+      const I low = W::low(chunk), high = W::high(chunk);
+      for (int m = 0; m < M; ++m) x.template dot<W>(low, high, m0 + m, 32 * j + 8 * c, sums[m]);
+    }
+    for (int m = 0; m < M; ++m) {
+      const int64_t xb = (m0 + m) * blocks + j;
+      const F products = W::to_float(XB::template total<W>(sums[m]));
+      acc[m] = W::fmadd(products, W::mul(d, W::fset1(scales.d(xb))), acc[m]);
+      offsets[m] = W::fmadd(offset, W::fset1(scales.s(xb)), offsets[m]);
+    }
+  }
+  const F bv = bias ? W::loadf(bias + n) : W::fzero();
+  for (int m = 0; m < M; ++m)
+    W::storef(out + (m0 + m) * N + n, W::fadd(W::fadd(acc[m], offsets[m]), bv));
+}
+
+// W::kGroups groups from group g against every row of x, up to 4 rows of x a pass.
+template <class W, class X, class XB>
+void q4_groups_once(const uint8_t* w, int64_t row_bytes, const XB& x, const float* bias,
+                    float* out, int64_t N, int64_t g) {
+  const int64_t group_bytes = quant_x8::kRows * row_bytes, n = g * quant_x8::kRows;
+  const uint8_t* at[W::kGroups];
+  for (int i = 0; i < W::kGroups; ++i) at[i] = w + (g + i) * group_bytes;
+  const int64_t M = x.scales().M;
+  for (int64_t m = 0; m < M; m += 4) {
+    switch (std::min<int64_t>(4, M - m)) {
+      case 1: group_q4<W, X, 1>(at, x, m, bias, out, N, n); break;
+      case 2: group_q4<W, X, 2>(at, x, m, bias, out, N, n); break;
+      case 3: group_q4<W, X, 3>(at, x, m, bias, out, N, n); break;
+      default: group_q4<W, X, 4>(at, x, m, bias, out, N, n); break;
+    }
+  }
+}
+
+template <class X, class XB>
+void gemv_q4x8(const uint8_t* w, const XB& x, const float* bias, float* out, int64_t N) {
+  const auto& scales = x.scales();
+  const int64_t row_bytes = scales.blocks() / X::kSubs * X::Plain::kBytes;
+  const int64_t groups = N / quant_x8::kRows;
+  kernels::parallel_for(0, groups, 2, [&](int64_t g0, int64_t g1) {
+#if defined(KV_X16)
+    if (scales.M >= kX16MinRows && x16_enabled.load(std::memory_order_relaxed))
+      for (; g0 + 1 < g1; g0 += 2) q4_groups_once<W512, X>(w, row_bytes, x, bias, out, N, g0);
+#endif
+    for (; g0 < g1; ++g0) q4_groups_once<W256, X>(w, row_bytes, x, bias, out, N, g0);
+  });
+  // the last N % 8 rows, as GGUF has them
+  rows_simd_all<typename X::Plain>(w, row_bytes, scales, bias, out, N, groups * quant_x8::kRows, N);
+}
 #endif  // KV_DOT_SIMD
 
 template <class F, class T>
@@ -662,17 +847,22 @@ void gemv_plain(int64_t qtype, const uint8_t* w, const QRows<T>& xq, const float
   }
 }
 
-// Interleaved rows (quant_x8.h) on 16-bit x: their own kernel, or (portable, or no SIMD in
-// this build) the rows put back in GGUF's layout for the scalar one.
-void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<int16_t>& x,
-                      const float* bias, float* out, int64_t N, bool portable) {
+// Interleaved rows (quant_x8.h): their own kernel (Q8_0's on 16-bit x only), or (portable,
+// or no SIMD in this build) the rows put back in GGUF's layout for the scalar one.
+template <class T>
+void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<T>& x, const float* bias,
+                      float* out, int64_t N, bool portable) {
   const int64_t ggml_type = quant_x8::base_type(qtype);
 #if defined(KV_DOT_SIMD)
   if (!portable) {
-    if (ggml_type == kQ4_1) return gemv_x8<Q4x8<true>>(w, x, bias, out, N);
-    if (ggml_type == kQ4_0) return gemv_x8<Q4x8<false>>(w, x, bias, out, N);
-    if (ggml_type == kQ4_K) return gemv_x8<Q4Kx8>(w, x, bias, out, N);
-    return gemv_x8<Q8x8>(w, x, bias, out, N);
+    using XB = std::conditional_t<std::is_same_v<T, int8_t>, Bytes8, Bytes16>;
+    if constexpr (std::is_same_v<T, int16_t>) {
+      if (ggml_type == kQ8_0) return gemv_x8<Q8x8>(w, x, bias, out, N);
+    }
+    const XB bytes(x);
+    if (ggml_type == kQ4_1) return gemv_q4x8<Q4x8<true>>(w, bytes, bias, out, N);
+    if (ggml_type == kQ4_0) return gemv_q4x8<Q4x8<false>>(w, bytes, bias, out, N);
+    return gemv_q4x8<Q4Kx8>(w, bytes, bias, out, N);
   }
 #endif
   const Format f = format_of(ggml_type);
@@ -686,9 +876,7 @@ template <class T>
 void gemv_rows_of(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
                   const float* bias, float* out, int64_t N, bool portable) {
   const QRows<T> xq = quantize_rows<T>(x, M, K);
-  if constexpr (std::is_same_v<T, int16_t>) {
-    if (quant_x8::interleaved(qtype)) return gemv_interleaved(qtype, w, xq, bias, out, N, portable);
-  }
+  if (quant_x8::interleaved(qtype)) return gemv_interleaved(qtype, w, xq, bias, out, N, portable);
   gemv_plain(qtype, w, xq, bias, out, N, portable);
 }
 
@@ -727,8 +915,8 @@ void kernels::quant_gemv_int(at::Tensor out, at::Tensor x, at::Tensor w, int64_t
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_weight(w, qtype, K);
   TORCH_CHECK(bits == 8 || bits == 16, "bits: 8 or 16, got ", bits);
-  TORCH_CHECK(bits == 16 || !quant_x8::interleaved(qtype),
-              "interleaved rows multiply 16-bit activations, not ", bits, "-bit ones");
+  TORCH_CHECK(bits == 16 || !quant_x8::interleaved(qtype) || quant_x8::base_type(qtype) != kQ8_0,
+              "interleaved Q8_0 rows multiply 16-bit activations, not ", bits, "-bit ones");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x: contiguous float32 [M, K]");
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == M &&

@@ -316,14 +316,22 @@ void dequantize_rows(const uint8_t* w, int64_t qtype, int64_t K, T* out, int64_t
 // ---- Dequantize interleaved rows (quant_x8.h) -------------------------------------------
 #if defined(KV_SIMD) && defined(__F16C__)
 // Block j of a group of 8 interleaved rows to floats: row r's 32 values at y + r * ldy.
-// NOTE: straight from the interleaved values (what the GEMV reads: 16-bit lanes (2r, 2r + 1) a
-// pair of row r's values), not through GGUF's layout first: putting each tile's rows back took
-// prompts under --prefill-weights quantized 2-3x their time.
+// NOTE: straight from the interleaved values, not through GGUF's layout first: putting each
+// tile's rows back took prompts under --prefill-weights quantized 2-3x their time.
+// Pair p = 4 * chunk + k of each row (values 2p, 2p + 1) as 16-bit lanes (2r, 2r + 1): Q8_0's
+// bytes widened; Q4's nibbles (values 8 * chunk + 2k + h in bytes 4r + 2 (k % 2) + h of the
+// chunk, low nibbles for k < 2, high ones after) picked out of each 128-bit half, then widened.
 template <int64_t kType>
-inline __m256i pairs_of(const uint8_t* values, int chunk, int k) {  // pair p = 4 * chunk + k
+inline __m256i pairs_of(const uint8_t* values, int chunk, int k) {
   if constexpr (kType == kQ8_0) return _mm256_cvtepi8_epi16(load16(values + 64 * chunk + 16 * k));
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 32 * chunk));
-  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * k)), _mm256_set1_epi16(0x0F));
+  const __m256i nibbles = _mm256_and_si256(k < 2 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+  const char o = static_cast<char>(2 * (k % 2));
+  const __m128i half = _mm_setr_epi8(o, o + 1, o + 4, o + 5, o + 8, o + 9, o + 12, o + 13, -1, -1,
+                                     -1, -1, -1, -1, -1, -1);
+  const __m256i picked = _mm256_shuffle_epi8(nibbles, _mm256_broadcastsi128_si256(half));
+  // each half's 8 bytes (rows 0-3, then 4-7) side by side: 64-bit words 0 and 2
+  return _mm256_cvtepu8_epi16(_mm256_castsi256_si128(_mm256_permute4x64_epi64(picked, 0x08)));
 }
 
 // 32 values of each of 8 rows, Q8_0's bytes or (kType: any other) Q4's nibbles at `values`,

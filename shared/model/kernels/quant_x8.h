@@ -1,4 +1,4 @@
-// Q4_0, Q4_1, Q8_0 and Q4_K weights with 8 rows interleaved ("x8"), for the GEMV on 16-bit
+// Q4_0, Q4_1, Q8_0 and Q4_K weights with 8 rows interleaved ("x8"), for the GEMV on integer
 // activations (quant_dot.cpp). A weight's type code carries kInterleaved beside the GGML type.
 //
 // Why: in GGUF's own layout each row is a run of blocks, and the GEMV on one row of x spent
@@ -9,13 +9,14 @@
 // once (llama.cpp's CPU repacking does the same for its 8-bit activations).
 //
 // Layout of a group of 8 rows (r = 0..7), block j of 32 values, 8 * kBytes bytes: fp16 d[8],
-// then (Q4_1) fp16 m[8], then the values, so that 16-bit lane 2r + h of what one instruction
-// or two widen holds value i = 2p + h of row r, for the pair p = 0..15:
-//   Q4: 4 chunks c of 32 bytes = 16 uint16 words; nibble k (bits 4k..4k+3) of word 2r + h of
-//       chunk c is value 2 * (4c + k) + h of row r (pair p = 4c + k).
-//   Q8_0: 16 chunks p of 16 bytes; byte 2r + h of chunk p is value 2p + h of row r.
-// Each pair of lanes is what _mm256_madd_epi16 multiplies by a broadcast pair of x, each
-// row's two products summed in its own 32-bit lane.
+// then (Q4_1) fp16 m[8], then the values:
+//   Q4: 4 chunks c of 32 bytes; byte 4r + t of chunk c holds value 8c + t of row r in its low
+//       nibble and value 8c + 4 + t in its high one (t = 0..3): the low (or high) nibbles of
+//       a chunk are, in each 32-bit lane, 4 values of one row, what one VNNI dot product
+//       (_mm256_dpbusd_epi32) multiplies by 4 broadcast bytes of x and sums.
+//   Q8_0: 16 chunks p of 16 bytes; byte 2r + h of chunk p is value 2p + h of row r: widened
+//       to 16 bits, each pair of lanes is what _mm256_madd_epi16 multiplies by a broadcast
+//       pair of 16-bit x, each row's two products summed in its own 32-bit lane.
 // Q4_K: a super-block of 256 values a row (fp16 d and dmin, 12 bytes of 6-bit scales and mins,
 // 128 bytes of nibbles) becomes 8 rows' side by side, 8 * 144 bytes: fp16 d[8], fp16 dmin[8],
 // byte k of the 12 of row r at 32 + 8k + r (one 8-byte load a byte's 8 rows), then the 8
@@ -55,15 +56,14 @@ inline int64_t scalar_bytes(int64_t ggml_type) { return ggml_type == kQ4_1 ? 4 :
 // Where value i of row r sits among a group's block's values: the byte, and the shift of
 // its nibble there (Q4; 0 for Q8_0's bytes).
 inline void place_of(int64_t ggml_type, int r, int i, int64_t* byte, int* shift) {
-  const int pair = i / 2, h = i % 2;
   if (ggml_type == kQ8_0) {
-    *byte = 16 * pair + 2 * r + h;
+    *byte = 16 * (i / 2) + 2 * r + i % 2;
     *shift = 0;
     return;
   }
-  const int chunk = pair / 4, k = pair % 4;
-  *byte = 32 * chunk + 2 * (2 * r + h) + k / 2;  // little-endian words: nibbles 0-1, then 2-3
-  *shift = 4 * (k % 2);
+  const int chunk = i / 8, k = i % 8;
+  *byte = 32 * chunk + 4 * r + k % 4;
+  *shift = 4 * (k / 4);
 }
 
 // Where value i of a row sits among a GGUF block's values: Q4's value i < 16 in the low nibble

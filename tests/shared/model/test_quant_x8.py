@@ -14,6 +14,10 @@ from shared.model.quant_formats import FORMATS, random_blocks
 from tests.shared.model.test_quant_ops import assert_close, reference, rounded
 
 INTERLEAVABLE = pytest.mark.parametrize("name", quant.INTERLEAVED_FORMATS)
+# Each interleaved format and the bits of x its kernel takes (Q8_0's: 16 only).
+WAYS = [(name, 16) for name in quant.INTERLEAVED_FORMATS]
+WAYS += [(name, 8) for name in quant.Q8_INTERLEAVED_FORMATS]
+BY_WAY = pytest.mark.parametrize(("name", "bits"), WAYS)
 # Row counts: one whole group, groups and a tail, a tail alone; rows of 1, 2 and 8 blocks
 # (of 32 values; Q4_K's of 256: `wide`).
 SHAPES = [(8, 32), (21, 64), (5, 64), (64, 256)]
@@ -26,10 +30,10 @@ def wide(name: str, in_features: int) -> int:
 
 def interleaved_by_the_doc(blocks: np.ndarray, name: str) -> np.ndarray:
     """quant_x8.h's layout, written from its comment: per group of 8 rows and block, the 8 d
-    (and 8 m), then the values, pair p = 2 values of each row: Q4 in 4 chunks of 16 words,
-    nibble k of word 2r + h of chunk c holding value 2 * (4c + k) + h of row r; Q8_0 in 16
-    chunks of 16 bytes, byte 2r + h of chunk p holding value 2p + h. The last N % 8 rows as
-    they were."""
+    (and 8 m), then the values: Q4 in 4 chunks of 32 bytes, byte 4r + t of chunk c holding
+    value 8c + t of row r in its low nibble and 8c + 4 + t in its high one; Q8_0 in 16 chunks
+    of 16 bytes, byte 2r + h of chunk p holding value 2p + h. The last N % 8 rows as they
+    were."""
     if name == "q4_k":
         return q4_k_interleaved_by_the_doc(blocks)
     scalars = 4 if name == "q4_1" else 2
@@ -54,13 +58,12 @@ def interleaved_by_the_doc(blocks: np.ndarray, name: str) -> np.ndarray:
 
 def q4_values_by_the_doc(nibbles: np.ndarray) -> np.ndarray:
     """8 rows' 32 values ([row, value]) as an interleaved Q4 block's 128 bytes of values."""
-    words = np.zeros((4, 16), dtype=np.uint16)
+    out = np.zeros((4, 32), dtype=np.uint8)
     for r in range(8):
         for i in range(32):
-            pair, h = divmod(i, 2)
-            chunk, k = divmod(pair, 4)
-            words[chunk, 2 * r + h] |= np.uint16(nibbles[r, i]) << np.uint16(4 * k)
-    return words.astype("<u2").view(np.uint8).ravel()
+            chunk, k = divmod(i, 8)
+            out[chunk, 4 * r + k % 4] |= np.uint8(nibbles[r, i] << (4 * (k // 4)))
+    return out.ravel()
 
 
 def q4_k_interleaved_by_the_doc(blocks: np.ndarray) -> np.ndarray:
@@ -97,11 +100,11 @@ def test_rows_interleave_as_documented_and_back(kernels, name, out_features, in_
     assert torch.equal(back, blocks)
 
 
-@INTERLEAVABLE
+@BY_WAY
 @pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
 def test_gemv_on_interleaved_rows_is_the_dequantized_weight_times_x_rounded(
-    kernels, name, out_features, in_features, rows
+    kernels, name, bits, out_features, in_features, rows
 ):
     fmt, in_features = FORMATS[name], wide(name, in_features)
     blocks = random_blocks(fmt, out_features, in_features, seed=rows)
@@ -109,17 +112,17 @@ def test_gemv_on_interleaved_rows_is_the_dequantized_weight_times_x_rounded(
     kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
     x, bias = torch.randn(rows, in_features), torch.randn(out_features)
     out = torch.empty(rows, out_features)
-    kernels.quant_gemv_int(out, x, x8, fmt.ggml_type | INTERLEAVED, bias, 16, False)
-    assert_close(out, reference(rounded(x, 16), blocks, fmt, bias.double()))
+    kernels.quant_gemv_int(out, x, x8, fmt.ggml_type | INTERLEAVED, bias, bits, False)
+    assert_close(out, reference(rounded(x, bits), blocks, fmt, bias.double()))
     # the portable path puts the rows back and runs GGUF's: bit for bit the plain one
     portable, plain = torch.empty_like(out), torch.empty_like(out)
-    kernels.quant_gemv_int(portable, x, x8, fmt.ggml_type | INTERLEAVED, bias, 16, True)
-    kernels.quant_gemv_int(plain, x, blocks, fmt.ggml_type, bias, 16, True)
+    kernels.quant_gemv_int(portable, x, x8, fmt.ggml_type | INTERLEAVED, bias, bits, True)
+    kernels.quant_gemv_int(plain, x, blocks, fmt.ggml_type, bias, bits, True)
     assert torch.equal(portable, plain)
 
 
-@INTERLEAVABLE
-def test_a_row_of_x_sums_alike_alone_and_among_others(kernels, name):
+@BY_WAY
+def test_a_row_of_x_sums_alike_alone_and_among_others(kernels, name, bits):
     """Batch invariance: up to 4 rows of x share a pass over the groups, more take more
     passes; each row's sums are its own."""
     fmt, in_features = FORMATS[name], wide(name, 512)
@@ -128,11 +131,11 @@ def test_a_row_of_x_sums_alike_alone_and_among_others(kernels, name):
     kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
     x, bias = torch.randn(9, in_features), torch.randn(37)
     together = torch.empty(9, 37)
-    kernels.quant_gemv_int(together, x, x8, fmt.ggml_type | INTERLEAVED, bias, 16, False)
+    kernels.quant_gemv_int(together, x, x8, fmt.ggml_type | INTERLEAVED, bias, bits, False)
     for m in range(9):
         alone = torch.empty(1, 37)
         row = x[m : m + 1].contiguous()
-        kernels.quant_gemv_int(alone, row, x8, fmt.ggml_type | INTERLEAVED, bias, 16, False)
+        kernels.quant_gemv_int(alone, row, x8, fmt.ggml_type | INTERLEAVED, bias, bits, False)
         assert torch.equal(alone[0], together[m]), m
 
 
@@ -165,13 +168,17 @@ def test_tiles_read_interleaved_rows_as_plain_ones(kernels, name):
 
 
 def test_interleaved_rows_refuse_what_they_cannot_do(kernels):
+    out, x = torch.empty(1, 16), torch.randn(1, 64)
+    q8 = FORMATS["q8_0"]
+    q8_blocks = random_blocks(q8, 16, 64, seed=2)
+    q8_x8 = torch.empty_like(q8_blocks)
+    kernels.quant_interleave(q8_x8, q8_blocks, q8.ggml_type, True)
+    with pytest.raises(RuntimeError, match="Q8_0 rows multiply 16-bit activations"):
+        kernels.quant_gemv_int(out, x, q8_x8, q8.ggml_type | INTERLEAVED, None, 8, False)
     fmt = FORMATS["q4_1"]
     blocks = random_blocks(fmt, 16, 64, seed=2)
     x8 = torch.empty_like(blocks)
     kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
-    out, x = torch.empty(1, 16), torch.randn(1, 64)
-    with pytest.raises(RuntimeError, match="16-bit activations"):
-        kernels.quant_gemv_int(out, x, x8, fmt.ggml_type | INTERLEAVED, None, 8, False)
     with pytest.raises(RuntimeError, match="not float ones"):
         kernels.quant_gemv(out, x, x8, fmt.ggml_type | INTERLEAVED, None)
     q5 = FORMATS["q5_0"]
@@ -195,21 +202,23 @@ def layer(name: str, out_features: int = 44, in_features: int = 128) -> QuantLin
 
 
 @INTERLEAVABLE
-def test_layers_interleave_under_16_bit_activations_only(name):
+def test_layers_interleave_under_the_integer_activations_their_kernels_take(name):
     linear = layer(name)
-    original, k = linear.blocks.clone(), linear.in_features
+    original, k, fmt = linear.blocks.clone(), linear.in_features, linear.fmt
     model = torch.nn.Sequential(linear)
     x = torch.randn(3, k)
-    quant.set_activations(model, "q16")
-    assert linear.interleaved and not torch.equal(linear.blocks, original)
-    assert torch.equal(linear.gguf_blocks(), original)
-    fmt = linear.fmt
-    assert_close(linear(x), reference(rounded(x, 16), original, fmt, linear.bias.double()))
-    assert torch.equal(linear.dequantized(), reference(torch.eye(k), original, fmt).float().t())
-    for activations in ("q8", "float"):
+    for activations, bits in (("q16", 16), ("q8", 8)):
         quant.set_activations(model, activations)
-        assert not linear.interleaved and torch.equal(linear.blocks, original)
-        linear(x)  # their GEMVs read GGUF's rows again
+        interleaves = bits == 16 or name in quant.Q8_INTERLEAVED_FORMATS
+        assert linear.interleaved == interleaves
+        assert torch.equal(linear.blocks, original) != interleaves
+        assert torch.equal(linear.gguf_blocks(), original)
+        bias = linear.bias.double()
+        assert_close(linear(x), reference(rounded(x, bits), original, fmt, bias))
+        assert torch.equal(linear.dequantized(), reference(torch.eye(k), original, fmt).float().t())
+    quant.set_activations(model, "float")
+    assert not linear.interleaved and torch.equal(linear.blocks, original)
+    linear(x)  # its GEMV reads GGUF's rows again
 
 
 @INTERLEAVABLE
@@ -241,9 +250,9 @@ def test_interleaved_rows_are_read_in_whole_groups():
     assert torch.equal(linear.rows(torch.tensor([3, 43])), linear.dequantized()[[3, 43]])
 
 
-@INTERLEAVABLE
+@BY_WAY
 @pytest.mark.parametrize("out_features", [8, 16, 37, 88])
-def test_two_groups_a_vector_sum_as_one_group_a_vector(kernels, name, out_features):
+def test_two_groups_a_vector_sum_as_one_group_a_vector(kernels, name, bits, out_features):
     """AVX-512 builds multiply two groups of 8 rows at once (quant_dot.cpp: group_x16, from 4
     rows of x), each lane's sums in group_x8's order: bit for bit its output, whatever the
     count of groups (odd ones end on group_x8) and rows of x. AVX2 builds have group_x8 alone:
@@ -260,7 +269,7 @@ def test_two_groups_a_vector_sum_as_one_group_a_vector(kernels, name, out_featur
             try:
                 out = torch.empty(rows, out_features)
                 kernels.quant_gemv_int(
-                    out, x[:rows], x8, fmt.ggml_type | INTERLEAVED, bias, 16, False
+                    out, x[:rows], x8, fmt.ggml_type | INTERLEAVED, bias, bits, False
                 )
                 outs.append(out)
             finally:
