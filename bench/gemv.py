@@ -27,7 +27,7 @@ from bench.random_model import SHAPES as MODEL_SHAPES
 from shared.engine.config import cpu_has_native_bf16
 from shared.errors import KvstackError
 from shared.model.kernels import chosen_isa, cpu_ops
-from shared.model.quant import GEMM_TILE_ROWS, Q8_INTERLEAVED_FORMATS, QuantLinear
+from shared.model.quant import GEMM_TILE_ROWS, QuantLinear
 from shared.model.quant_formats import FORMATS, QuantFormat, quantize, random_blocks
 from shared.model.weight_arena import pack_weights
 
@@ -187,8 +187,7 @@ def measure_quant(
     }
     if layers[0].can_interleave():  # the integer GEMVs again, on the rows interleaved
         twins = interleaved(layers)
-        kinds = ["gemv_q16"] + (["gemv_q8"] if fmt.name in Q8_INTERLEAVED_FORMATS else [])
-        ints = {n: w for n, (w, _) in ways.items() if n.split("@")[0] in kinds}
+        ints = {n: w for n, (w, _) in ways.items() if n.split("@")[0] in ("gemv_q16", "gemv_q8")}
         ways |= {renamed(n, "_x8"): (w, twins) for n, w in ints.items()}
         if chosen_isa() == "avx512":  # also one group of 8 rows a vector, as AVX2 builds do
             by_256 = {n: with_setting(w, native.set_gemv_x16, False) for n, w in ints.items()}

@@ -64,10 +64,9 @@ ACTIVATION_BITS = {"q8": 8, "q16": 16}  # the integer ones
 # and one multiply scales them all (`python -m bench gemv`, `python -m bench engine --before
 # plain-rows`: docs/benchmarks.md, "Weight rows interleaved 8 at a time"); Q4_K's plain rows
 # ran at a third of memory's speed (`python -m bench gemv --formats q4_k --shapes llama-1b`:
-# "Q4_K rows interleaved"). Interleaved Q8_0 multiplies 16-bit activations only (its values
-# in pairs of 16-bit lanes): under q8 its rows stay GGUF's (Q8_INTERLEAVED_FORMATS).
+# "Q4_K rows interleaved"), and under 8-bit activations the Q4 formats' GEMV ran twice as
+# fast on interleaved rows as on plain ones (docs/benchmarks.md, "Byte dot products").
 INTERLEAVED_FORMATS = ("q4_0", "q4_1", "q8_0", "q4_k")
-Q8_INTERLEAVED_FORMATS = ("q4_0", "q4_1", "q4_k")
 # NOTE: a format whose values Q8_0 holds exactly but that does not interleave (Q5_0: d * (q -
 # 16), q < 32) becomes Q8_0 under 16-bit activations, and interleaves: the GEMV on plain Q5_0
 # rows is core-bound like Q4's was (interleaved Q8_0 1.28x, 1.75x, 1.91x at 1, 4 and 8 rows, for
@@ -144,11 +143,9 @@ class QuantLinear(nn.Module):
         return self.fmt.name in INTERLEAVED_FORMATS
 
     def interleaves(self) -> bool:
-        """Whether the rows sit interleaved under this layer's activations: integer ones that
-        an interleaved kernel of the format takes."""
-        if self.activations == "q8":
-            return self.fmt.name in Q8_INTERLEAVED_FORMATS
-        return self.activations == "q16" and self.can_interleave()
+        """Whether the rows sit interleaved under this layer's activations: integer ones, in
+        a format that can."""
+        return self.activations in ACTIVATION_BITS and self.can_interleave()
 
     def interleave(self, on: bool) -> None:
         """Puts the rows 8 at a time side by side (or back in GGUF's order), in place: the

@@ -5,11 +5,13 @@
 //   Q8_0: q signed, offset 0    Q4_0: q in 0..15, offset -8 d    Q4_1: offset m
 //   Q5_0: q in 0..31, offset -16 d
 //   Q4_K: each of its 8 sub-blocks of 32 is such a block, scale d * sc, offset -dmin * mn
-// Paths: one block a 256-bit vector; 8 bits through AVX512-VNNI's _mm256_dpbusd_epi32 where
-// the build has it, else AVX2's _mm256_maddubs_epi16 + _mm256_madd_epi16; 16 bits through
-// _mm256_madd_epi16 on the weights widened to 16 bits (its second half through VNNI's
-// _mm256_dpwssd_epi32 where the build has it); and a portable scalar path that every
-// build carries (`portable=true` runs it: the reference).
+// Paths: GGUF's rows one block a 256-bit vector (8 bits through AVX512-VNNI's
+// _mm256_dpbusd_epi32 where the build has it, else AVX2's _mm256_maddubs_epi16 +
+// _mm256_madd_epi16; 16 bits through _mm256_madd_epi16 on the weights widened to 16 bits);
+// rows interleaved 8 at a time (quant_x8.h), a lane a row: byte dot products (group_bytes:
+// Q4 formats on 8- and 16-bit x, Q8_0 on 8-bit x) or 16-bit pairs (group_x8: Q8_0 on 16-bit
+// x); and a portable scalar path that every build carries (`portable=true` runs it: the
+// reference).
 //
 // NOTE: products of integers are exact and the integer sums cannot overflow (maddubs pairs
 // stay under 2 * 128 * 127; a 16-bit lane's four products under 4 * 128 * 32767), so the paths
@@ -415,6 +417,39 @@ inline ZV dot_pairs(ZV acc, ZV q, const int16_t* x_pair) {
 }
 #endif
 
+// How a format's block of values comes apart for the byte dot products: kChunks loads of 32
+// bytes, each kParts<W> vectors of 4 values a lane, part k's values from kPartAt[k] among
+// the chunk's 32 / kChunks, its sum shifted left by kPartShift[k] bits; kBias: what each
+// value carries on top (the block's sum less kBias * sum(x)).
+struct Q4Bytes {
+  static constexpr int kChunks = 4, kBias = 0;
+  template <class W>
+  static constexpr int kParts = 2;
+  static constexpr int kPartAt[2] = {0, 4}, kPartShift[2] = {0, 0};
+  template <class W>
+  static void parts(typename W::I chunk, typename W::I* p) {
+    p[0] = W::low(chunk);
+    p[1] = W::high(chunk);
+  }
+};
+
+struct Q8Bytes {
+  static constexpr int kChunks = 8, kBias = 128;
+  template <class W>
+  static constexpr int kParts = W::kVnni ? 1 : 2;
+  static constexpr int kPartAt[2] = {0, 0}, kPartShift[2] = {0, 4};
+  template <class W>
+  static void parts(typename W::I chunk, typename W::I* p) {
+    const typename W::I biased = W::flip(W::quads(chunk));
+    if constexpr (W::kVnni) {
+      p[0] = biased;
+    } else {
+      p[0] = W::low(biased);
+      p[1] = W::high(biased);
+    }
+  }
+};
+
 // Interleaved formats (quant_x8.h): a group's block of 8 rows (kBlockBytes, holding kSubs
 // blocks of 32 values a row), each sub-block's scales and offsets (a lane a row) and where its
 // values start (Q4x8, Q4Kx8: 4 chunks of 32 bytes, 4 values a lane; Q8x8: pairs, below).
@@ -428,6 +463,7 @@ struct Q4x8 {
     *offset = kHasMin ? _mm256_cvtph_ps(load16(b + 16)) : _mm256_mul_ps(*d, _mm256_set1_ps(-8.f));
   }
   static const uint8_t* values(const uint8_t* b, int) { return b + quant_x8::kRows * kScalars; }
+  using Bytes = Q4Bytes;  // group_bytes: how a block's values come apart
 };
 
 // Q4_K: a super-block of 8 sub-blocks, each with a scale and offset a row, its values as Q4's.
@@ -444,6 +480,7 @@ struct Q4Kx8 : Q4x8<true> {
 
 struct Q8x8 {
   using Plain = Q8_0;
+  using Bytes = Q8Bytes;  // group_bytes on 8-bit x
   static constexpr int64_t kSubs = 1, kScalars = 2, kBlockBytes = 8 * Plain::kBytes;
   static constexpr bool kHasOffset = false;
   static void scales(const uint8_t* b, int, FV* d, FV* offset) {
@@ -619,10 +656,15 @@ void gemv_x8(const uint8_t* w, const QRows<int16_t>& x, const float* bias, float
   rows_simd_all<typename X::Plain>(w, row_bytes, x, bias, out, N, groups * quant_x8::kRows, N);
 }
 
-// ---- Q4 formats' interleaved rows (quant_x8.h): a 32-bit lane holds 4 values of its row ----
-// A chunk's low nibbles are values 8c..8c+3 of each row, its high ones 8c+4..8c+7: each a
-// dot product of 4 unsigned bytes with 4 broadcast bytes of x (VNNI's vpdpbusd, or AVX2's
-// maddubs + madd: a pair's products stay under 2 * 255 * 15, no saturation).
+// ---- Interleaved rows by byte dot products: a 32-bit lane holds 4 values of its row ------
+// Each lane's 4 bytes times 4 broadcast bytes of x, summed: VNNI's vpdpbusd (unsigned times
+// signed bytes), or AVX2's maddubs + madd where a pair's products stay under int16's limit.
+//   Q4 (Q4x8, Q4Kx8): a chunk's low nibbles are values 8c..8c+3 of each row, its high ones
+//     8c+4..8c+7 (pairs at most 2 * 255 * 15: no saturation).
+//   Q8_0 (Q8x8), 8-bit x only: chunks 2c and 2c + 1 hold values 4c..4c+3, a pair a row each,
+//     shuffled into one lane a row; q + 128 (the top bit flipped: unsigned) times x, the
+//     block's sum less 128 * sum(x). Without VNNI two such products overflow maddubs: each
+//     byte goes as its two nibbles, the high one's sum times 16.
 // NOTE: 16-bit x multiplies as two bytes, x = 256 * hi + lo (lo unsigned, hi signed): q * x
 // is 256 * (q * hi) + q * lo, each a product of bytes, so the integer sums, and the floats
 // after them, are the 16-bit pairs' ones exactly, in half the nibble unpacking (the 16-bit
@@ -632,6 +674,11 @@ void gemv_x8(const uint8_t* w, const QRows<int16_t>& x, const float* bias, float
 // 0-7 the first, 8-15 the second), from kX16MinRows rows of x.
 struct W256 {
   static constexpr int kGroups = 1;
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  static constexpr bool kVnni = true;
+#else
+  static constexpr bool kVnni = false;
+#endif
   using I = __m256i;
   using F = __m256;
   static I izero() { return _mm256_setzero_si256(); }
@@ -641,15 +688,21 @@ struct W256 {
   static I set1(int32_t v) { return _mm256_set1_epi32(v); }
   static I low(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
   static I high(I v) { return low(_mm256_srli_epi16(v, 4)); }
+  static I flip(I v) { return _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))); }
+  // Each 128-bit half's two 8-byte halves (4 rows' pairs each) into 4 rows' quads: first the
+  // halves of both 16-byte chunks side by side, then a row's two pairs into its lane.
+  static I quads(I v) {
+    const __m128i pick = _mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    return _mm256_shuffle_epi8(_mm256_permute4x64_epi64(v, 0xD8), _mm256_broadcastsi128_si256(pick));
+  }
   static I dot4(I acc, I u, I s) {  // acc + each lane's 4 products of u's and s's bytes
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(acc, u, s);
-#else
+    if constexpr (kVnni) return _mm256_dpbusd_epi32(acc, u, s);
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-#endif
   }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
-  static I times256(I a) { return _mm256_slli_epi32(a, 8); }
+  static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
+  template <int kBits>
+  static I shl(I a) { return _mm256_slli_epi32(a, kBits); }
   static F to_float(I a) { return _mm256_cvtepi32_ps(a); }
   static F fset1(float v) { return _mm256_set1_ps(v); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
@@ -662,6 +715,11 @@ struct W256 {
 #if defined(KV_X16)
 struct W512 {
   static constexpr int kGroups = 2;
+#if defined(__AVX512VNNI__)
+  static constexpr bool kVnni = true;
+#else
+  static constexpr bool kVnni = false;
+#endif
   using I = __m512i;
   using F = __m512;
   static I izero() { return _mm512_setzero_si512(); }
@@ -673,15 +731,20 @@ struct W512 {
   static I set1(int32_t v) { return _mm512_set1_epi32(v); }
   static I low(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
   static I high(I v) { return low(_mm512_srli_epi16(v, 4)); }
+  static I flip(I v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
+  static I quads(I v) {  // W256::quads in each group's 256 bits
+    const __m128i pick = _mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    const I halves = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 1, 3, 4, 6, 5, 7), v);
+    return _mm512_shuffle_epi8(halves, _mm512_broadcast_i32x4(pick));
+  }
   static I dot4(I acc, I u, I s) {
-#if defined(__AVX512VNNI__)
-    return _mm512_dpbusd_epi32(acc, u, s);
-#else
+    if constexpr (kVnni) return _mm512_dpbusd_epi32(acc, u, s);
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
-#endif
   }
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
-  static I times256(I a) { return _mm512_slli_epi32(a, 8); }
+  static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  template <int kBits>
+  static I shl(I a) { return _mm512_slli_epi32(a, kBits); }
   static F to_float(I a) { return _mm512_cvtepi32_ps(a); }
   static F fset1(float v) { return _mm512_set1_ps(v); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
@@ -698,24 +761,29 @@ inline int32_t four_bytes(const void* p) {
   return v;
 }
 
-// 8-bit x as the Q4 kernels read it: two sums a row of x, the low nibbles' and the high ones'.
+// 8-bit x as the byte kernels read it: one sum a part, and each block's sum of x (for kBias).
 struct Bytes8 {
+  static constexpr int kSums = 1;  // a part
   const QRows<int8_t>& rows;
-  explicit Bytes8(const QRows<int8_t>& x) : rows(x) {}
+  std::vector<int32_t> block_sums;
+  explicit Bytes8(const QRows<int8_t>& x) : rows(x), block_sums(x.M * x.blocks()) {
+    for (size_t b = 0; b < block_sums.size(); ++b)
+      for (int i = 0; i < 32; ++i) block_sums[b] += x.q[32 * b + i];
+  }
   const QRows<int8_t>& scales() const { return rows; }
+  int32_t sum(int64_t b) const { return block_sums[b]; }
   template <class W>
-  void dot(typename W::I low, typename W::I high, int64_t m, int64_t at, typename W::I* s) const {
-    const int8_t* x = rows.q.data() + m * rows.K + at;
-    s[0] = W::dot4(s[0], low, W::set1(four_bytes(x)));
-    s[1] = W::dot4(s[1], high, W::set1(four_bytes(x + 4)));
+  void dot(typename W::I part, int64_t m, int64_t at, typename W::I* s) const {
+    s[0] = W::dot4(s[0], part, W::set1(four_bytes(rows.q.data() + m * rows.K + at)));
   }
   template <class W>
-  static typename W::I total(const typename W::I* s) { return W::add(s[0], s[1]); }
+  static typename W::I total(const typename W::I* s) { return s[0]; }
 };
 
 // 16-bit x split into bytes, x = 256 * hi + lo: the sums of q * lo (lo the unsigned side) and
-// of q * hi (q the unsigned side).
+// of q * hi (q the unsigned side), a part. Not for biased formats (kBias).
 struct Bytes16 {
+  static constexpr int kSums = 2;
   const QRows<int16_t>& rows;
   std::vector<uint8_t> lo;
   std::vector<int8_t> hi;
@@ -726,26 +794,28 @@ struct Bytes16 {
     }
   }
   const QRows<int16_t>& scales() const { return rows; }
+  int32_t sum(int64_t) const { return 0; }
   template <class W>
-  void dot(typename W::I low, typename W::I high, int64_t m, int64_t at, typename W::I* s) const {
+  void dot(typename W::I part, int64_t m, int64_t at, typename W::I* s) const {
     const int64_t i = m * rows.K + at;
-    s[0] = W::dot4(s[0], W::set1(four_bytes(&lo[i])), low);
-    s[0] = W::dot4(s[0], W::set1(four_bytes(&lo[i + 4])), high);
-    s[1] = W::dot4(s[1], low, W::set1(four_bytes(&hi[i])));
-    s[1] = W::dot4(s[1], high, W::set1(four_bytes(&hi[i + 4])));
+    s[0] = W::dot4(s[0], W::set1(four_bytes(&lo[i])), part);
+    s[1] = W::dot4(s[1], part, W::set1(four_bytes(&hi[i])));
   }
   template <class W>
-  static typename W::I total(const typename W::I* s) { return W::add(W::times256(s[1]), s[0]); }
+  static typename W::I total(const typename W::I* s) { return W::add(W::template shl<8>(s[1]), s[0]); }
 };
 
 // out[m, n..] for W::kGroups groups of 8 weight rows from n (`at`: each group's first byte, the
-// second the first's next group) and M rows of x from row m0: each lane the sums, in the same
-// order, that group_x8 makes of 16-bit x.
+// second the first's next group) and M rows of x from row m0: each lane the integer sums of
+// its row's blocks, then the floats group_x8 makes of them.
 template <class W, class X, int M, class XB>
-void group_q4(const uint8_t* const* at, const XB& x, int64_t m0, const float* bias, float* out,
-              int64_t N, int64_t n) {
+void group_bytes(const uint8_t* const* at, const XB& x, int64_t m0, const float* bias,
+                 float* out, int64_t N, int64_t n) {
   using I = typename W::I;
   using F = typename W::F;
+  using B = typename X::Bytes;
+  constexpr int kParts = B::template kParts<W>, kChunkValues = 32 / B::kChunks;
+  static_assert(B::kBias == 0 || std::is_same_v<XB, Bytes8>, "biased bytes take 8-bit x only");
   const auto& scales = x.scales();
   const int64_t blocks = scales.blocks();
   // NOTE: two groups are two streams a group apart, and the next pair starts two groups on:
@@ -768,18 +838,27 @@ void group_q4(const uint8_t* const* at, const XB& x, int64_t m0, const float* bi
       b[g] = X::values(b[g], sub);
     }
     const F d = W::join(ds), offset = W::join(os);
-    I sums[M][2];
-    for (int m = 0; m < M; ++m) sums[m][0] = sums[m][1] = W::izero();
-    for (int c = 0; c < 4; ++c) {
-      const I chunk = W::load(b, 32 * c);
-      const I low = W::low(chunk), high = W::high(chunk);
-      for (int m = 0; m < M; ++m) x.template dot<W>(low, high, m0 + m, 32 * j + 8 * c, sums[m]);
+    I sums[M][kParts * XB::kSums];
+    for (int m = 0; m < M; ++m)
+      for (I& s : sums[m]) s = W::izero();
+    for (int c = 0; c < B::kChunks; ++c) {
+      I parts[kParts];
+      B::template parts<W>(W::load(b, 32 * c), parts);
+      for (int m = 0; m < M; ++m)
+        for (int k = 0; k < kParts; ++k)
+          x.template dot<W>(parts[k], m0 + m, 32 * j + kChunkValues * c + B::kPartAt[k],
+                            &sums[m][XB::kSums * k]);
     }
     for (int m = 0; m < M; ++m) {
       const int64_t xb = (m0 + m) * blocks + j;
-      const F products = W::to_float(XB::template total<W>(sums[m]));
+      I total = XB::template total<W>(sums[m]);
+      if constexpr (kParts > 1)
+        total = W::add(total, W::template shl<B::kPartShift[1]>(XB::template total<W>(&sums[m][XB::kSums])));
+      if constexpr (B::kBias != 0) total = W::sub(total, W::set1(B::kBias * x.sum(xb)));
+      const F products = W::to_float(total);
       acc[m] = W::fmadd(products, W::mul(d, W::fset1(scales.d(xb))), acc[m]);
-      offsets[m] = W::fmadd(offset, W::fset1(scales.s(xb)), offsets[m]);
+      if constexpr (X::kHasOffset)
+        offsets[m] = W::fmadd(offset, W::fset1(scales.s(xb)), offsets[m]);
     }
   }
   const F bv = bias ? W::loadf(bias + n) : W::fzero();
@@ -789,33 +868,33 @@ void group_q4(const uint8_t* const* at, const XB& x, int64_t m0, const float* bi
 
 // W::kGroups groups from group g against every row of x, up to 4 rows of x a pass.
 template <class W, class X, class XB>
-void q4_groups_once(const uint8_t* w, int64_t row_bytes, const XB& x, const float* bias,
-                    float* out, int64_t N, int64_t g) {
-  const int64_t group_bytes = quant_x8::kRows * row_bytes, n = g * quant_x8::kRows;
+void byte_groups_once(const uint8_t* w, int64_t row_bytes, const XB& x, const float* bias,
+                      float* out, int64_t N, int64_t g) {
+  const int64_t group_size = quant_x8::kRows * row_bytes, n = g * quant_x8::kRows;
   const uint8_t* at[W::kGroups];
-  for (int i = 0; i < W::kGroups; ++i) at[i] = w + (g + i) * group_bytes;
+  for (int i = 0; i < W::kGroups; ++i) at[i] = w + (g + i) * group_size;
   const int64_t M = x.scales().M;
   for (int64_t m = 0; m < M; m += 4) {
     switch (std::min<int64_t>(4, M - m)) {
-      case 1: group_q4<W, X, 1>(at, x, m, bias, out, N, n); break;
-      case 2: group_q4<W, X, 2>(at, x, m, bias, out, N, n); break;
-      case 3: group_q4<W, X, 3>(at, x, m, bias, out, N, n); break;
-      default: group_q4<W, X, 4>(at, x, m, bias, out, N, n); break;
+      case 1: group_bytes<W, X, 1>(at, x, m, bias, out, N, n); break;
+      case 2: group_bytes<W, X, 2>(at, x, m, bias, out, N, n); break;
+      case 3: group_bytes<W, X, 3>(at, x, m, bias, out, N, n); break;
+      default: group_bytes<W, X, 4>(at, x, m, bias, out, N, n); break;
     }
   }
 }
 
 template <class X, class XB>
-void gemv_q4x8(const uint8_t* w, const XB& x, const float* bias, float* out, int64_t N) {
+void gemv_bytes_x8(const uint8_t* w, const XB& x, const float* bias, float* out, int64_t N) {
   const auto& scales = x.scales();
   const int64_t row_bytes = scales.blocks() / X::kSubs * X::Plain::kBytes;
   const int64_t groups = N / quant_x8::kRows;
   kernels::parallel_for(0, groups, 2, [&](int64_t g0, int64_t g1) {
 #if defined(KV_X16)
     if (scales.M >= kX16MinRows && x16_enabled.load(std::memory_order_relaxed))
-      for (; g0 + 1 < g1; g0 += 2) q4_groups_once<W512, X>(w, row_bytes, x, bias, out, N, g0);
+      for (; g0 + 1 < g1; g0 += 2) byte_groups_once<W512, X>(w, row_bytes, x, bias, out, N, g0);
 #endif
-    for (; g0 < g1; ++g0) q4_groups_once<W256, X>(w, row_bytes, x, bias, out, N, g0);
+    for (; g0 < g1; ++g0) byte_groups_once<W256, X>(w, row_bytes, x, bias, out, N, g0);
   });
   // the last N % 8 rows, as GGUF has them
   rows_simd_all<typename X::Plain>(w, row_bytes, scales, bias, out, N, groups * quant_x8::kRows, N);
@@ -847,7 +926,7 @@ void gemv_plain(int64_t qtype, const uint8_t* w, const QRows<T>& xq, const float
   }
 }
 
-// Interleaved rows (quant_x8.h): their own kernel (Q8_0's on 16-bit x only), or (portable,
+// Interleaved rows (quant_x8.h): their own kernel, or (portable,
 // or no SIMD in this build) the rows put back in GGUF's layout for the scalar one.
 template <class T>
 void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<T>& x, const float* bias,
@@ -856,13 +935,16 @@ void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<T>& x, const 
 #if defined(KV_DOT_SIMD)
   if (!portable) {
     using XB = std::conditional_t<std::is_same_v<T, int8_t>, Bytes8, Bytes16>;
-    if constexpr (std::is_same_v<T, int16_t>) {
+    if constexpr (std::is_same_v<T, int16_t>) {  // 16-bit pairs (group_x8)
       if (ggml_type == kQ8_0) return gemv_x8<Q8x8>(w, x, bias, out, N);
     }
     const XB bytes(x);
-    if (ggml_type == kQ4_1) return gemv_q4x8<Q4x8<true>>(w, bytes, bias, out, N);
-    if (ggml_type == kQ4_0) return gemv_q4x8<Q4x8<false>>(w, bytes, bias, out, N);
-    return gemv_q4x8<Q4Kx8>(w, bytes, bias, out, N);
+    if constexpr (std::is_same_v<T, int8_t>) {
+      if (ggml_type == kQ8_0) return gemv_bytes_x8<Q8x8>(w, bytes, bias, out, N);
+    }
+    if (ggml_type == kQ4_1) return gemv_bytes_x8<Q4x8<true>>(w, bytes, bias, out, N);
+    if (ggml_type == kQ4_0) return gemv_bytes_x8<Q4x8<false>>(w, bytes, bias, out, N);
+    return gemv_bytes_x8<Q4Kx8>(w, bytes, bias, out, N);
   }
 #endif
   const Format f = format_of(ggml_type);
@@ -915,8 +997,6 @@ void kernels::quant_gemv_int(at::Tensor out, at::Tensor x, at::Tensor w, int64_t
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_weight(w, qtype, K);
   TORCH_CHECK(bits == 8 || bits == 16, "bits: 8 or 16, got ", bits);
-  TORCH_CHECK(bits == 16 || !quant_x8::interleaved(qtype) || quant_x8::base_type(qtype) != kQ8_0,
-              "interleaved Q8_0 rows multiply 16-bit activations, not ", bits, "-bit ones");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x: contiguous float32 [M, K]");
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == M &&

@@ -1,6 +1,6 @@
 """Q4_0, Q4_1, Q8_0 and Q4_K rows interleaved 8 at a time (shared/model/kernels/quant_x8.h): the
-layout as documented, the 16-bit GEMV on it against the dequantized weight on every ISA build,
-and the layers (and embeddings) that keep their rows so under 16-bit activations."""
+layout as documented, the 8- and 16-bit GEMVs on it against the dequantized weight on every ISA
+build, and the layers (and embeddings) that keep their rows so under integer activations."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from shared.model.quant_formats import FORMATS, random_blocks
 from tests.shared.model.test_quant_ops import assert_close, reference, rounded
 
 INTERLEAVABLE = pytest.mark.parametrize("name", quant.INTERLEAVED_FORMATS)
-# Each interleaved format and the bits of x its kernel takes (Q8_0's: 16 only).
-WAYS = [(name, 16) for name in quant.INTERLEAVED_FORMATS]
-WAYS += [(name, 8) for name in quant.Q8_INTERLEAVED_FORMATS]
-BY_WAY = pytest.mark.parametrize(("name", "bits"), WAYS)
+# Each interleaved format under each integer activations' bits.
+BY_WAY = pytest.mark.parametrize(
+    ("name", "bits"), [(name, bits) for bits in (16, 8) for name in quant.INTERLEAVED_FORMATS]
+)
 # Row counts: one whole group, groups and a tail, a tail alone; rows of 1, 2 and 8 blocks
 # (of 32 values; Q4_K's of 256: `wide`).
 SHAPES = [(8, 32), (21, 64), (5, 64), (64, 256)]
@@ -169,12 +169,6 @@ def test_tiles_read_interleaved_rows_as_plain_ones(kernels, name):
 
 def test_interleaved_rows_refuse_what_they_cannot_do(kernels):
     out, x = torch.empty(1, 16), torch.randn(1, 64)
-    q8 = FORMATS["q8_0"]
-    q8_blocks = random_blocks(q8, 16, 64, seed=2)
-    q8_x8 = torch.empty_like(q8_blocks)
-    kernels.quant_interleave(q8_x8, q8_blocks, q8.ggml_type, True)
-    with pytest.raises(RuntimeError, match="Q8_0 rows multiply 16-bit activations"):
-        kernels.quant_gemv_int(out, x, q8_x8, q8.ggml_type | INTERLEAVED, None, 8, False)
     fmt = FORMATS["q4_1"]
     blocks = random_blocks(fmt, 16, 64, seed=2)
     x8 = torch.empty_like(blocks)
@@ -209,9 +203,7 @@ def test_layers_interleave_under_the_integer_activations_their_kernels_take(name
     x = torch.randn(3, k)
     for activations, bits in (("q16", 16), ("q8", 8)):
         quant.set_activations(model, activations)
-        interleaves = bits == 16 or name in quant.Q8_INTERLEAVED_FORMATS
-        assert linear.interleaved == interleaves
-        assert torch.equal(linear.blocks, original) != interleaves
+        assert linear.interleaved and not torch.equal(linear.blocks, original)
         assert torch.equal(linear.gguf_blocks(), original)
         bias = linear.bias.double()
         assert_close(linear(x), reference(rounded(x, bits), original, fmt, bias))
@@ -221,18 +213,18 @@ def test_layers_interleave_under_the_integer_activations_their_kernels_take(name
     linear(x)  # its GEMV reads GGUF's rows again
 
 
-@INTERLEAVABLE
-def test_an_embedding_interleaves_and_looks_its_rows_up_as_before(name):
+@BY_WAY
+def test_an_embedding_interleaves_and_looks_its_rows_up_as_before(name, bits):
     fmt, k = FORMATS[name], wide(name, 64)
     blocks = random_blocks(fmt, 21, k, seed=1)  # 2 groups and a tail of 5
     embedding = QuantEmbedding(blocks.clone(), fmt, k, torch.float32)
     ids = torch.tensor([[0, 7, 8, 15, 16, 20], [20, 3, 3, 9, 17, 12]])
     before = embedding(ids)
-    quant.set_activations(torch.nn.Sequential(embedding), "q16")
+    quant.set_activations(torch.nn.Sequential(embedding), f"q{bits}")
     assert embedding.interleaved
     assert torch.equal(embedding(ids), before)
     x = torch.randn(2, k)  # the tied head: its GEMV on the interleaved rows
-    assert_close(embedding.linear(x), reference(rounded(x, 16), blocks, fmt))
+    assert_close(embedding.linear(x), reference(rounded(x, bits), blocks, fmt))
 
 
 def test_what_cannot_interleave_is_refused():
