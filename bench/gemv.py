@@ -132,10 +132,17 @@ def measure(native, weights: dict[str, list[torch.Tensor]], m: int, repeats: int
 
 def fastest(fns, repeats: int) -> list[float]:
     """The fastest call of each function in microseconds, calls interleaved: on a shared
-    machine the fastest call is the one least disturbed by other work."""
+    machine the fastest call is the one least disturbed by other work.
+
+    NOTE: each timed call follows an untimed one of the same function, so that it starts
+    from the caches its own last call left, not its neighbour's: timed straight after a way
+    that read the same rows, a way ran up to 1.2x faster than after one that read others (an
+    unchanged kernel's column moved that much between two builds whose lists of ways
+    differed: docs/benchmarks.md, "Byte dot products on interleaved rows")."""
     best = [float("inf")] * len(fns)
     for _ in range(repeats):
         for i, fn in enumerate(fns):
+            fn()
             start = time.perf_counter()
             fn()
             best[i] = min(best[i], (time.perf_counter() - start) * 1e6)
