@@ -667,8 +667,8 @@ void gemv_x8(const uint8_t* w, const QRows<int16_t>& x, const float* bias, float
 //     byte goes as its two nibbles, the high one's sum times 16.
 // NOTE: 16-bit x multiplies as two bytes, x = 256 * hi + lo (lo unsigned, hi signed): q * x
 // is 256 * (q * hi) + q * lo, each a product of bytes, so the integer sums, and the floats
-// after them, are the 16-bit pairs' ones exactly, in half the nibble unpacking (the 16-bit
-// kernel spent a fifth of its time widening nibbles to 16-bit lanes: docs/benchmarks.md).
+// after them, are the 16-bit pairs' ones exactly, in less than half the nibble unpacking (3
+// operations a chunk against 7: docs/benchmarks.md, "Byte dot products on interleaved rows").
 
 // Vector widths: 256 bits hold one group of 8 rows, 512 bits two groups side by side (lanes
 // 0-7 the first, 8-15 the second), from kX16MinRows rows of x.
