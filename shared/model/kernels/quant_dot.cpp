@@ -46,12 +46,14 @@ using namespace quant_blocks;
 std::atomic<bool> x16_enabled{true};
 
 // x [M, K] as integer blocks (T: int8_t or int16_t): q [M, K]; per block b of 32: d and
-// s = d * sum(q), side by side in ds [M, K / 32, 2] (the SIMD path loads both at once).
+// s = d * sum(q), side by side in ds [M, K / 32, 2] (the SIMD path loads both at once), and
+// sum(q) itself in sums [M, K / 32] (the byte kernels' exact correction for biased weights).
 template <class T>
 struct QRows {
   int64_t M, K;
   std::vector<T> q;
   std::vector<float> ds;
+  std::vector<int32_t> sums;
 
   int64_t blocks() const { return K / 32; }
   float d(int64_t b) const { return ds[2 * b]; }
@@ -77,7 +79,7 @@ template <class T>
 QRows<T> quantize_rows(const float* x, int64_t M, int64_t K) {
   constexpr float kLevels = std::is_same_v<T, int8_t> ? 127.f : 32767.f;
   const int64_t n = M * K / 32;
-  QRows<T> r{M, K, std::vector<T>(M * K), std::vector<float>(2 * n)};
+  QRows<T> r{M, K, std::vector<T>(M * K), std::vector<float>(2 * n), std::vector<int32_t>(n)};
   for (int64_t b = 0; b < n; ++b) {
     const float* v = x + 32 * b;
     const float amax = largest_magnitude(v);
@@ -93,6 +95,7 @@ QRows<T> quantize_rows(const float* x, int64_t M, int64_t K) {
     }
     r.ds[2 * b] = d;
     r.ds[2 * b + 1] = d * static_cast<float>(sum);
+    r.sums[b] = sum;
   }
   return r;
 }
@@ -765,13 +768,9 @@ inline int32_t four_bytes(const void* p) {
 struct Bytes8 {
   static constexpr int kSums = 1;  // a part
   const QRows<int8_t>& rows;
-  std::vector<int32_t> block_sums;
-  explicit Bytes8(const QRows<int8_t>& x) : rows(x), block_sums(x.M * x.blocks()) {
-    for (size_t b = 0; b < block_sums.size(); ++b)
-      for (int i = 0; i < 32; ++i) block_sums[b] += x.q[32 * b + i];
-  }
+  explicit Bytes8(const QRows<int8_t>& x) : rows(x) {}
   const QRows<int8_t>& scales() const { return rows; }
-  int32_t sum(int64_t b) const { return block_sums[b]; }
+  int32_t sum(int64_t b) const { return rows.sums[b]; }
   struct Row {  // row m of x
     const int8_t* q;
   };
