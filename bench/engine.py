@@ -231,11 +231,11 @@ def measure(args: argparse.Namespace, ours, theirs, before=None, probe=None) -> 
 def row(key: str, value: int, rate, ours, theirs: dict, before=None, probe=None) -> dict:
     """One row of the table; with `probe` (ReadBandwidth), the read bandwidth just before and
     just after kvstack's measurement, their mean."""
-    reads = [probe.measure()] if probe is not None else []
+    read_before = probe.measure() if probe is not None else 0.0
     kvstack = rate(ours)
     result = {key: value, "kvstack_tok_s": round(kvstack, 1), "transformers": {}}
     if probe is not None:
-        result["read_gb_s"] = round((reads[0] + probe.measure()) / 2 / 1e9, 2)
+        result["read_gb_s"] = round((read_before + probe.measure()) / 2 / 1e9, 2)
     if before is not None:
         result["before_tok_s"] = round(rate(before), 1)
     for dtype, side in theirs.items():
