@@ -50,7 +50,7 @@ std::atomic<bool> x16_enabled{true};
 // sum(q) itself in sums [M, K / 32] (the byte kernels' exact correction for biased weights).
 template <class T>
 struct QRows {
-  int64_t M, K;
+  int64_t M = 0, K = 0;
   std::vector<T> q;
   std::vector<float> ds;
   std::vector<int32_t> sums;
@@ -74,29 +74,36 @@ inline float largest_magnitude(const float* v) {
 // NOTE: the largest |q| is 127 or 32767 (symmetric): quant.py's round_activations rounds
 // prefill's rows the same way. Vector ops where they give the scalar ops' floats (a product
 // and a rounding each, NaN skipped in the maximum): a decode step quantizes x before each of
-// its ~120 GEMVs on one thread while the others wait.
+// its ~120 GEMVs on one thread while the others wait. Into `r`'s vectors, grown as needed
+// and reused (a thread's GEMVs keep one QRows: gemv_rows_of), the integers stored by vector:
+// with 3 vectors allocated a call and each value converted alone, x's quantization and byte
+// split took 1.7-3.2 µs of each GEMV (docs/benchmarks.md, "x quantized without allocations").
 template <class T>
-QRows<T> quantize_rows(const float* x, int64_t M, int64_t K) {
+void quantize_into(QRows<T>& r, const float* x, int64_t M, int64_t K) {
   constexpr float kLevels = std::is_same_v<T, int8_t> ? 127.f : 32767.f;
   const int64_t n = M * K / 32;
-  QRows<T> r{M, K, std::vector<T>(M * K), std::vector<float>(2 * n), std::vector<int32_t>(n)};
+  r.M = M, r.K = K;
+  r.q.resize(M * K), r.ds.resize(2 * n), r.sums.resize(n);
   for (int64_t b = 0; b < n; ++b) {
     const float* v = x + 32 * b;
     const float amax = largest_magnitude(v);
     const float d = amax / kLevels, inverse = d > 0.f ? 1.f / d : 0.f;
-    alignas(64) float rounded[32];  // v * inverse, rounded to the nearest integer (even ties)
+    T* q = r.q.data() + 32 * b;
+    // v * inverse rounded to the nearest integer (even ties), each in range of T
     for (int i = 0; i < 32; i += simd::kWidth)
-      simd::store(rounded + i, simd::round(simd::mul(simd::load(v + i), simd::set1(inverse))));
+      simd::store_int(q + i, simd::round(simd::mul(simd::load(v + i), simd::set1(inverse))));
     int sum = 0;
-    for (int i = 0; i < 32; ++i) {
-      const int q = static_cast<int>(rounded[i]);
-      r.q[32 * b + i] = static_cast<T>(q);
-      sum += q;
-    }
+    for (int i = 0; i < 32; ++i) sum += q[i];
     r.ds[2 * b] = d;
     r.ds[2 * b + 1] = d * static_cast<float>(sum);
     r.sums[b] = sum;
   }
+}
+
+template <class T>
+QRows<T> quantize_rows(const float* x, int64_t M, int64_t K) {
+  QRows<T> r;
+  quantize_into(r, x, M, K);
   return r;
 }
 
@@ -787,13 +794,27 @@ struct Bytes8 {
 // of q * hi (q the unsigned side), a part. Not for biased formats (kBias).
 struct Bytes16 {
   static constexpr int kSums = 2;
+  // x's bytes, kept by the thread that splits them (gemv_interleaved), grown as needed
+  struct Split {
+    std::vector<uint8_t> lo;
+    std::vector<int8_t> hi;
+  };
   const QRows<int16_t>& rows;
-  std::vector<uint8_t> lo;
-  std::vector<int8_t> hi;
-  explicit Bytes16(const QRows<int16_t>& x) : rows(x), lo(x.q.size()), hi(x.q.size()) {
-    for (size_t i = 0; i < x.q.size(); ++i) {
-      lo[i] = static_cast<uint8_t>(x.q[i] & 0xFF);
-      hi[i] = static_cast<int8_t>(x.q[i] >> 8);  // arithmetic: the floor of x / 256
+  const uint8_t* lo;
+  const int8_t* hi;
+  Bytes16(const QRows<int16_t>& x, Split& split) : rows(x) {
+    split.lo.resize(x.q.size()), split.hi.resize(x.q.size());
+    lo = split.lo.data(), hi = split.hi.data();
+    const __m256i low_byte = _mm256_set1_epi16(0xFF);
+    for (size_t i = 0; i < x.q.size(); i += 32) {  // K: whole blocks of 32
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + i));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + i + 16));
+      // the packs work within 128-bit halves: 0xD8 puts the four quarters back in order
+      const __m256i l = _mm256_packus_epi16(_mm256_and_si256(a, low_byte), _mm256_and_si256(b, low_byte));
+      // arithmetic shifts: the floor of x / 256, in -128..127 (no saturation)
+      const __m256i h = _mm256_packs_epi16(_mm256_srai_epi16(a, 8), _mm256_srai_epi16(b, 8));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(split.lo.data() + i), _mm256_permute4x64_epi64(l, 0xD8));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(split.hi.data() + i), _mm256_permute4x64_epi64(h, 0xD8));
     }
   }
   const QRows<int16_t>& scales() const { return rows; }
@@ -802,7 +823,7 @@ struct Bytes16 {
     const uint8_t* lo;
     const int8_t* hi;
   };
-  Row row(int64_t m) const { return {lo.data() + m * rows.K, hi.data() + m * rows.K}; }
+  Row row(int64_t m) const { return {lo + m * rows.K, hi + m * rows.K}; }
   template <class W>
   static void dot(typename W::I part, Row x, int64_t at, typename W::I* s) {
     s[0] = W::dot4(s[0], W::set1(four_bytes(x.lo + at)), part);
@@ -811,6 +832,9 @@ struct Bytes16 {
   template <class W>
   static typename W::I total(const typename W::I* s) { return W::add(W::template shl<8>(s[1]), s[0]); }
 };
+
+inline Bytes8 make_bytes(const QRows<int8_t>& x, Bytes16::Split&) { return Bytes8(x); }
+inline Bytes16 make_bytes(const QRows<int16_t>& x, Bytes16::Split& split) { return Bytes16(x, split); }
 
 // out[m, n..] for W::kGroups groups of 8 weight rows from n (`at`: each group's first byte, the
 // second the first's next group) and M rows of x from row m0: each lane the integer sums of
@@ -955,7 +979,8 @@ void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<T>& x, const 
     if constexpr (std::is_same_v<T, int16_t>) {  // 16-bit pairs (group_x8)
       if (ggml_type == kQ8_0) return gemv_x8<Q8x8>(w, x, bias, out, N);
     }
-    const XB bytes(x);
+    thread_local Bytes16::Split split;  // NOTE: reused as gemv_rows_of's xq is
+    const XB bytes = make_bytes(x, split);
     if constexpr (std::is_same_v<T, int8_t>) {
       if (ggml_type == kQ8_0) return gemv_bytes_x8<Q8x8>(w, bytes, bias, out, N);
     }
@@ -974,7 +999,10 @@ void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<T>& x, const 
 template <class T>
 void gemv_rows_of(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
                   const float* bias, float* out, int64_t N, bool portable) {
-  const QRows<T> xq = quantize_rows<T>(x, M, K);
+  // NOTE: this thread's, reused by its next GEMV; the loop's other threads read it only
+  // while this call waits for them
+  thread_local QRows<T> xq;
+  quantize_into(xq, x, M, K);
   if (quant_x8::interleaved(qtype)) return gemv_interleaved(qtype, w, xq, bias, out, N, portable);
   gemv_plain(qtype, w, xq, bias, out, N, portable);
 }

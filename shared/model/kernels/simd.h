@@ -83,6 +83,13 @@ inline I select_nan(V v, I if_nan, I otherwise) {
 inline void store_low16(uint16_t* p, I v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
 }
+// Lanes holding whole numbers that fit the type, stored as its integers in order.
+inline void store_int(int16_t* p, V v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(to_int(v)));
+}
+inline void store_int(int8_t* p, V v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(to_int(v)));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t kWidth = 8;
 using V = __m256;
@@ -153,6 +160,15 @@ inline void store_low16(uint16_t* p, I v) {
   const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
 }
+inline __m128i to_int16(V v) {
+  const I i = to_int(v);
+  return _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+}
+inline void store_int(int16_t* p, V v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_int16(v)); }
+inline void store_int(int8_t* p, V v) {
+  const __m128i words = to_int16(v);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(words, words));
+}
 #else
 constexpr int64_t kWidth = 1;
 using V = float;
@@ -177,6 +193,8 @@ inline float reduce_add(V v) { return v; }
 inline float reduce_max(V v) { return v; }
 inline V sum_lanes(const V* v) { return v[0]; }
 inline uint32_t equal_lanes(V a, V b) { return a == b; }
+inline void store_int(int16_t* p, V v) { *p = v == v ? static_cast<int16_t>(v) : 0; }
+inline void store_int(int8_t* p, V v) { *p = v == v ? static_cast<int8_t>(v) : 0; }
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)

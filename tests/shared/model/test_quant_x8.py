@@ -139,6 +139,28 @@ def test_a_row_of_x_sums_alike_alone_and_among_others(kernels, name, bits):
         assert torch.equal(alone[0], together[m]), m
 
 
+@BY_WAY
+def test_gemvs_of_other_sizes_in_between_leave_a_gemv_as_it_was(kernels, name, bits):
+    """A thread keeps one buffer of quantized x (and of its bytes) for all its GEMVs, grown as
+    needed: a GEMV after wider and narrower ones, of more and fewer rows, gives what it gave
+    first."""
+    fmt = FORMATS[name]
+    calls = []
+    for rows, in_features in [(2, 64), (9, 512), (1, 32)]:
+        in_features = wide(name, in_features)
+        blocks = random_blocks(fmt, 16, in_features, seed=in_features)
+        x8 = torch.empty_like(blocks)
+        kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
+        calls.append((x8, torch.randn(rows, in_features)))
+    outs = [torch.empty(x.shape[0], 16) for _, x in calls]
+    for (x8, x), out in zip(calls, outs, strict=True):
+        kernels.quant_gemv_int(out, x, x8, fmt.ggml_type | INTERLEAVED, None, bits, False)
+    x8, x = calls[0]
+    again = torch.empty_like(outs[0])
+    kernels.quant_gemv_int(again, x, x8, fmt.ggml_type | INTERLEAVED, None, bits, False)
+    assert torch.equal(again, outs[0])
+
+
 @INTERLEAVABLE
 @pytest.mark.parametrize(("out_features", "in_features"), [*SHAPES, (70, 512)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
