@@ -272,6 +272,71 @@ struct Partial {
   float* acc;
 };
 
+// Tokens a value pass sums before the next pass (a slot row of SmolLM2's 3 kv heads of 64
+// bfloat16s is 384 bytes: a run 12 KB, in L1).
+constexpr int64_t kValueRun = 32;
+
+// One pass of a piece's value sums: `run` tokens' scores (`scores`, a head's n apart) times
+// each token's values from `at` within its slot row, added into `acc` (a head's D apart).
+struct ValuePass {
+  int64_t at;
+  const float* scores;
+  int64_t n, run;
+  float* acc;
+  int64_t D;
+};
+
+// How many query heads of a kv head's group, and vectors of their head size, a pass keeps in
+// registers (heads 0: the size is no whole number of vectors, so no pass).
+struct Tile {
+  int heads, vectors;
+};
+
+inline Tile tile_of(int64_t G, int64_t D) {
+  if (D % kWidth != 0) return {0, 0};
+  const int64_t vectors = D / kWidth;
+  // NOTE: 12 accumulators leave registers for the loads on AVX2's 16
+  const int heads = G % 4 == 0 ? 4 : G % 3 == 0 ? 3 : G % 2 == 0 ? 2 : 1;
+  for (int v : {4, 2, 1})
+    if (vectors % v == 0 && heads * v <= 12) return {heads, v};
+  return {heads, 1};
+}
+
+template <int kHeads, int kVectors, class Slot>
+void sum_values_tiled(const ValuePass& p, const Slot& slot) {
+  V acc[kHeads][kVectors];
+  for (int i = 0; i < kHeads; ++i)
+    for (int j = 0; j < kVectors; ++j) acc[i][j] = simd::load(p.acc + i * p.D + j * kWidth);
+  for (int64_t k = 0; k < p.run; ++k) {
+    const auto* v = slot(k) + p.at;
+    V values[kVectors];
+    for (int j = 0; j < kVectors; ++j) values[j] = simd::load(v + j * kWidth);
+    for (int i = 0; i < kHeads; ++i) {
+      const V pv = simd::set1(p.scores[i * p.n + k]);
+      for (int j = 0; j < kVectors; ++j) acc[i][j] = simd::fmadd(pv, values[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < kHeads; ++i)
+    for (int j = 0; j < kVectors; ++j) simd::store(p.acc + i * p.D + j * kWidth, acc[i][j]);
+}
+
+template <int kHeads, class Slot>
+void sum_values_heads(int vectors, const ValuePass& p, const Slot& slot) {
+  if (vectors == 4) return sum_values_tiled<kHeads, 4>(p, slot);
+  if (vectors == 2) return sum_values_tiled<kHeads, 2>(p, slot);
+  sum_values_tiled<kHeads, 1>(p, slot);
+}
+
+template <class Slot>
+void sum_values(Tile tile, const ValuePass& p, const Slot& slot) {
+  switch (tile.heads) {
+    case 4: return sum_values_heads<4>(tile.vectors, p, slot);
+    case 3: return sum_values_heads<3>(tile.vectors, p, slot);
+    case 2: return sum_values_heads<2>(tile.vectors, p, slot);
+    default: return sum_values_heads<1>(tile.vectors, p, slot);
+  }
+}
+
 // Tokens [t0, t1) of one sequence (q: its [H, D] row; table: its blocks) into `part`.
 template <typename T>
 void attend_piece(const T* q, const T* kc, const T* vc, const int64_t* table, int64_t t0,
@@ -328,10 +393,35 @@ void attend_piece(const T* q, const T* kc, const T* vc, const int64_t* table, in
   }
   for (int64_t h = 0; h < H; ++h) part.m[h] = exp_sum_(scores.data() + h * n, n, part.l + h);
   for (int64_t t = t0; t < std::min(t0 + distance, t1); ++t) simd::prefetch(slot(vc, t), slot_bytes);
-  for (int64_t t = t0; t < t1; ++t) {
-    ahead(vc, t);
-    const T* v = slot(vc, t);
-    for (int64_t h = 0; h < H; ++h) axpy(part.acc + h * D, scores[h * n + t - t0], v + h / G * D, D);
+  const Tile tile = tile_of(G, D);
+  if (std::is_same_v<T, float> || tile.heads == 0) {  // float32, or no whole vectors a head
+    for (int64_t t = t0; t < t1; ++t) {
+      ahead(vc, t);
+      const T* v = slot(vc, t);
+      for (int64_t h = 0; h < H; ++h) axpy(part.acc + h * D, scores[h * n + t - t0], v + h / G * D, D);
+    }
+    return;
+  }
+  // NOTE: 16-bit caches: each pass sums `tile.heads` query heads' `tile.vectors` vectors in
+  // registers over a run of kValueRun tokens, where a token's axpy per head loaded and stored
+  // each head's sums (with float32 caches a third of batch-1 decode attention's time in perf
+  // on a Zen 4). A run's
+  // rows stay in L1 for its passes. Each lane still adds its tokens in order, one fused
+  // multiply-add each: the same floats. bfloat16 from memory 1.1-1.15x as fast; float32
+  // caches, which memory bounds, no faster, so they keep the axpy (docs/benchmarks.md,
+  // "Decode attention sums values in registers").
+  for (int64_t r = 0; r < n; r += kValueRun) {
+    const int64_t run = std::min(kValueRun, n - r);
+    bool first = true;
+    for (int64_t g = 0; g < Hkv; ++g)
+      for (int64_t h = g * G; h < (g + 1) * G; h += tile.heads)
+        for (int64_t d = 0; d < D; d += tile.vectors * kWidth, first = false) {
+          const ValuePass pass{g * D + d, scores.data() + h * n + r, n, run, part.acc + h * D + d, D};
+          sum_values(tile, pass, [&](int64_t k) {
+            if (first) ahead(vc, t0 + r + k);
+            return slot(vc, t0 + r + k);
+          });
+        }
   }
 }
 
