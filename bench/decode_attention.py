@@ -7,8 +7,8 @@ context or a large batch those reads outweigh the weights'. Each point here is o
 enough layers' caches (in huge pages, each sequence's blocks scattered over the pool as an
 engine's are) that no layer is still in the caches when its turn comes back: what a step
 reads. Printed per batch and context: microseconds a layer and the KV read rate, for each
-prefetch distance (`--prefetch`, tokens; 0: none, the kernel before it asked), measured
-alternately in the same run.
+prefetch distance (`--prefetch`, tokens; 0: none, the kernel before it asked; `auto`: the
+kernel's default, the tokens of 6 KB of slots), measured alternately in the same run.
 """
 
 from __future__ import annotations
@@ -34,7 +34,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtypes", default="float32,bfloat16", help="of the KV (and the queries)")
     p.add_argument("--batch-sizes", default="1,8,32")
     p.add_argument("--contexts", default="256,1024")
-    p.add_argument("--prefetch", default="0,16", help="tokens ahead, one column each")
+    p.add_argument(
+        "--prefetch",
+        default="0,auto",
+        help="tokens ahead, one column each ('auto': the kernel's default, 6 KB of slots)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument(
         "--cache-mib",
@@ -52,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if native is None:
         raise KvstackError("bench decode-attention needs the native CPU kernels")
     # every option checked before minutes of timing
-    distances = numbers("--prefetch", args.prefetch)
+    distances = prefetch_distances(args.prefetch)
     batches, contexts = (
         numbers("--batch-sizes", args.batch_sizes),
         numbers("--contexts", args.contexts),
@@ -73,14 +77,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def numbers(flag: str, text: str) -> list[int]:
+def numbers(flag: str, text: str, least: int = 1) -> list[int]:
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:
         raise KvstackError(f"{flag} {text!r}: give whole numbers, e.g. 1,8") from None
-    if any(v < 0 for v in values) or (flag != "--prefetch" and 0 in values):
+    if any(v < least for v in values):
         raise KvstackError(f"{flag} {text!r}: numbers out of range")
     return values
+
+
+def prefetch_distances(text: str) -> dict[str, int | None]:
+    """--prefetch's columns by label: a number of tokens, or `auto` (None: the kernel's own)."""
+    given = [v for v in text.split(",") if v != "auto"]
+    tokens = numbers("--prefetch", ",".join(given), least=0) if given else []
+    distances: dict[str, int | None] = {}
+    for v in text.split(","):
+        distances[v] = None if v == "auto" else tokens.pop(0)
+    return distances
 
 
 def dtype_of(name: str) -> torch.dtype:
@@ -102,15 +116,15 @@ def measure(
     q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen).to(dtype)
     out = torch.empty_like(q)
     best = dict.fromkeys(distances, float("inf"))
-    before = native.set_kv_prefetch(distances[0])
+    before = native.set_kv_prefetch(None)
     try:
         for _ in range(repeats + 1):  # the first pass warms up
-            for distance in distances:
+            for label, distance in distances.items():
                 native.set_kv_prefetch(distance)
                 start = time.perf_counter()
                 for k, v in layers:
                     native.decode_attention(out, q, k, v, table, lens, HEAD_DIM**-0.5)
-                best[distance] = min(best[distance], (time.perf_counter() - start) / len(layers))
+                best[label] = min(best[label], (time.perf_counter() - start) / len(layers))
     finally:
         native.set_kv_prefetch(before)
     kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * dtype.itemsize
@@ -138,7 +152,7 @@ def table(report: dict) -> str:
         head += f" {'x':>6}"
     title = (
         f"decode attention, {report['isa']} build, {report['threads']} threads: microseconds a "
-        "layer and KV read GB/s, by tokens prefetched ahead (0: none)"
+        "layer and KV read GB/s, by tokens prefetched ahead (0: none; auto: the kernel's default)"
     )
     lines = [title, head]
     for r in report["rows"]:

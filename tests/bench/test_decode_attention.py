@@ -22,14 +22,14 @@ def run(capsys: pytest.CaptureFixture, *argv: str) -> dict:
 def test_each_point_at_each_distance(capsys) -> None:
     default = cpu_ops().set_kv_prefetch(16)
     cpu_ops().set_kv_prefetch(default)
-    report = run(capsys, "--batch-sizes", "1,3", "--contexts", "40", "--prefetch", "0,4",
+    report = run(capsys, "--batch-sizes", "1,3", "--contexts", "40", "--prefetch", "0,auto,4",
                  "--repeats", "1", "--json")  # fmt: skip
     rows = report["rows"]
     assert [(r["dtype"], r["batch"]) for r in rows] == [
         ("float32", 1), ("float32", 3), ("bfloat16", 1), ("bfloat16", 3)
     ]  # fmt: skip
     for r in rows:
-        assert set(r["us"]) == {"0", "4"} and all(t > 0 for t in r["us"].values())
+        assert set(r["us"]) == {"0", "auto", "4"} and all(t > 0 for t in r["us"].values())
         assert all(rate > 0 for rate in r["gb_s"].values())
     assert cpu_ops().set_kv_prefetch(default) == default  # the bench put it back
 
@@ -38,6 +38,7 @@ def test_each_point_at_each_distance(capsys) -> None:
     ("flag", "value", "message"),
     [
         ("--prefetch", "0,-1", "numbers out of range"),
+        ("--prefetch", "0,soon", "whole numbers"),
         ("--batch-sizes", "0", "numbers out of range"),
         ("--contexts", "a", "whole numbers"),
         ("--dtypes", "float16", "not float32 or bfloat16"),

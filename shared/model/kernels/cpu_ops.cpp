@@ -255,8 +255,13 @@ inline float exp_sum_(float* x, int64_t n, float* sum) {
 // slot's lines fetched by three tasks apart: batches of 8-32 decoded 1.08-1.56x faster this way
 // (docs/benchmarks.md, "Decode attention a sequence at a time").
 constexpr int64_t kMinPiece = 32;  // tokens: shorter pieces cost more to merge than they save
-// Tokens between a slot's prefetch and its sums (kernels::set_kv_prefetch; 0: none).
-int64_t slots_ahead = 16;
+// Tokens between a slot's prefetch and its sums (kernels::set_kv_prefetch; 0: none), or by
+// default as many as make kKvPrefetchBytes. NOTE: bytes, not tokens: from memory on a Zen 4
+// float32 slots ran fastest 8 ahead and bfloat16 ones 16 ahead, 6 KB either way for SmolLM2's
+// (batch 1 of 128-256 tokens 1.1x as fast as 16 float32 slots ahead: docs/benchmarks.md,
+// "Decode attention asks for 6 KB ahead").
+constexpr int64_t kKvPrefetchBytes = 6144;
+c10::optional<int64_t> slots_ahead;
 
 int64_t pieces_per_task(int64_t tasks, int64_t threads, int64_t max_ctx) {
   if (tasks >= 2 * threads) return 1;
@@ -353,11 +358,11 @@ void attend_piece(const T* q, const T* kc, const T* vc, const int64_t* table, in
     return cache + (table[t / bs] * bs + t % bs) * Hkv * D;
   };
   // NOTE: a context's slots lie in blocks scattered over the pool, where the hardware
-  // prefetcher did not run ahead: each token asks for the slot slots_ahead tokens on, into L2
+  // prefetcher did not run ahead: each token asks for the slot `distance` tokens on, into L2
   // (simd::prefetch). From memory the kernel ran 1.3-2.0x as fast on a Zen 4, decode batches
   // of 8-32 1.08-1.23x (docs/benchmarks.md, "Decode attention asks for its slots ahead").
   const int64_t slot_bytes = Hkv * D * int64_t(sizeof(T));
-  const int64_t distance = slots_ahead;
+  const int64_t distance = slots_ahead.value_or((kKvPrefetchBytes + slot_bytes - 1) / slot_bytes);
   auto ahead = [&](const T* cache, int64_t t) {
     if (distance > 0 && t + distance < t1) simd::prefetch(slot(cache, t + distance), slot_bytes);
   };
@@ -451,8 +456,9 @@ void merge_pieces(T* out, const float* m, const float* l, const float* acc, int6
 
 }  // namespace
 
-int64_t kernels::set_kv_prefetch(int64_t tokens) {
-  TORCH_CHECK(tokens >= 0, "decode attention's prefetch distance must be 0 or more tokens");
+c10::optional<int64_t> kernels::set_kv_prefetch(c10::optional<int64_t> tokens) {
+  TORCH_CHECK(!tokens || *tokens >= 0,
+              "decode attention's prefetch distance must be 0 or more tokens (or None)");
   return std::exchange(slots_ahead, tokens);
 }
 

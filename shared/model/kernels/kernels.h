@@ -44,8 +44,9 @@ void quant_interleave(at::Tensor out, at::Tensor w, int64_t qtype, bool interlea
 void quant_lookup(at::Tensor out, at::Tensor w, at::Tensor index, int64_t qtype);
 // How far ahead of each weight row the GEMVs prefetch (bytes, 0: not at all); the old value.
 int64_t set_weight_prefetch(int64_t bytes);
-// How many tokens ahead decode attention asks for each cached slot (0: none); the old value.
-int64_t set_kv_prefetch(int64_t tokens);
+// How many tokens ahead decode attention asks for each cached slot (0: none; none given:
+// as many as make kKvPrefetchBytes, its default); the old value.
+c10::optional<int64_t> set_kv_prefetch(c10::optional<int64_t> tokens);
 // Whether the interleaved GEMVs of 4 rows of x or more take two groups of 8 weight rows a
 // 512-bit vector where the build has AVX-512 (else one group a 256-bit vector, as AVX2 builds
 // always do); the old value.
