@@ -45,6 +45,9 @@ using namespace quant_blocks;
 // kernels::set_gemv_x16: where the build has AVX-512, group_x16 (else group_x8 alone)
 std::atomic<bool> x16_enabled{true};
 
+// Rows of x up to which a thread quantizes into buffers it keeps (a decode step's most)
+constexpr int64_t kKeptRows = 16;
+
 // x [M, K] as integer blocks (T: int8_t or int16_t): q [M, K]; per block b of 32: d and
 // s = d * sum(q), side by side in ds [M, K / 32, 2] (the SIMD path loads both at once), and
 // sum(q) itself in sums [M, K / 32] (the byte kernels' exact correction for biased weights).
@@ -979,8 +982,9 @@ void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<T>& x, const 
     if constexpr (std::is_same_v<T, int16_t>) {  // 16-bit pairs (group_x8)
       if (ggml_type == kQ8_0) return gemv_x8<Q8x8>(w, x, bias, out, N);
     }
-    thread_local Bytes16::Split split;  // NOTE: reused as gemv_rows_of's xq is
-    const XB bytes = make_bytes(x, split);
+    thread_local Bytes16::Split kept;  // NOTE: kept as gemv_rows_of keeps x's integers
+    Bytes16::Split own;
+    const XB bytes = make_bytes(x, x.M <= kKeptRows ? kept : own);
     if constexpr (std::is_same_v<T, int8_t>) {
       if (ggml_type == kQ8_0) return gemv_bytes_x8<Q8x8>(w, bytes, bias, out, N);
     }
@@ -999,9 +1003,12 @@ void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<T>& x, const 
 template <class T>
 void gemv_rows_of(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
                   const float* bias, float* out, int64_t N, bool portable) {
-  // NOTE: this thread's, reused by its next GEMV; the loop's other threads read it only
-  // while this call waits for them
-  thread_local QRows<T> xq;
+  // NOTE: a decode step's x is quantized into buffers this thread keeps for its next GEMV
+  // (the loop's other threads read them only while this call waits for them); more rows, into
+  // buffers of their own, so that no thread keeps a large one
+  thread_local QRows<T> kept;
+  QRows<T> own;
+  QRows<T>& xq = M <= kKeptRows ? kept : own;
   quantize_into(xq, x, M, K);
   if (quant_x8::interleaved(qtype)) return gemv_interleaved(qtype, w, xq, bias, out, N, portable);
   gemv_plain(qtype, w, xq, bias, out, N, portable);

@@ -141,12 +141,12 @@ def test_a_row_of_x_sums_alike_alone_and_among_others(kernels, name, bits):
 
 @BY_WAY
 def test_gemvs_of_other_sizes_in_between_leave_a_gemv_as_it_was(kernels, name, bits):
-    """A thread keeps one buffer of quantized x (and of its bytes) for all its GEMVs, grown as
-    needed: a GEMV after wider and narrower ones, of more and fewer rows, gives what it gave
-    first."""
+    """A thread keeps one buffer of quantized x (and of its bytes) for its GEMVs of up to 16
+    rows, grown as needed (more rows take buffers of their own): a GEMV after wider and
+    narrower ones, of more and fewer rows, gives what it gave first."""
     fmt = FORMATS[name]
     calls = []
-    for rows, in_features in [(2, 64), (9, 512), (1, 32)]:
+    for rows, in_features in [(2, 64), (9, 512), (17, 64), (1, 32)]:
         in_features = wide(name, in_features)
         blocks = random_blocks(fmt, 16, in_features, seed=in_features)
         x8 = torch.empty_like(blocks)
