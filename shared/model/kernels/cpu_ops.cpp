@@ -300,7 +300,7 @@ struct Tile {
 inline Tile tile_of(int64_t G, int64_t D) {
   if (D % kWidth != 0) return {0, 0};
   const int64_t vectors = D / kWidth;
-  // NOTE: 12 accumulators leave registers for the loads on AVX2's 16
+  // NOTE: at most 12 accumulators, for AVX2's 16 registers (a pass there ran faster too)
   const int heads = G % 4 == 0 ? 4 : G % 3 == 0 ? 3 : G % 2 == 0 ? 2 : 1;
   for (int v : {4, 2, 1})
     if (vectors % v == 0 && heads * v <= 12) return {heads, v};
@@ -410,11 +410,10 @@ void attend_piece(const T* q, const T* kc, const T* vc, const int64_t* table, in
   // NOTE: 16-bit caches: each pass sums `tile.heads` query heads' `tile.vectors` vectors in
   // registers over a run of kValueRun tokens, where a token's axpy per head loaded and stored
   // each head's sums (with float32 caches a third of batch-1 decode attention's time in perf
-  // on a Zen 4). A run's
-  // rows stay in L1 for its passes. Each lane still adds its tokens in order, one fused
-  // multiply-add each: the same floats. bfloat16 from memory 1.1-1.15x as fast; float32
-  // caches, which memory bounds, no faster, so they keep the axpy (docs/benchmarks.md,
-  // "Decode attention sums values in registers").
+  // on a Zen 4). A run's rows stay in L1 for its passes. Each lane still adds its tokens in
+  // order, one fused multiply-add each: the same floats. bfloat16 from memory 1.03-1.19x as
+  // fast (both builds); float32 caches, which their reads bound, 0.85-0.9x at batch 8, so
+  // they keep the axpy (docs/benchmarks.md, "Decode attention sums values in registers").
   for (int64_t r = 0; r < n; r += kValueRun) {
     const int64_t run = std::min(kValueRun, n - r);
     bool first = true;
