@@ -36,10 +36,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 class Timers:
-    """Seconds spent in each phase since the last reset."""
+    """Seconds spent in each phase since the last reset, and the native step's own timers of
+    its parts (DecodeStack.time_parts: the GEMVs, attention, norms, the head...)."""
 
     def __init__(self) -> None:
         self.spent: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self.stack: Any = None  # the fused step's native stack, once instrumented
+
+    def reset(self) -> None:
+        self.spent.clear()
+        if self.stack is not None:
+            self.stack.time_parts(True)
+
+    def parts(self) -> dict[str, float]:
+        """Microseconds a native step spent in each part since the reset (the parts it ran)."""
+        if self.stack is None:
+            return {}
+        times = dict(self.stack.part_times())
+        steps = times.pop("steps")
+        return {part: us / steps for part, us in times.items() if steps and us > 0}
 
     def wrap(self, owner: Any, name: str, phase: str) -> None:
         """Time every call of `owner.name` (a bound method or a callable attribute)."""
@@ -83,6 +98,7 @@ def instrument(engine: LLMEngine) -> Timers:
     timers.wrap(runner, "prepare", "metadata")
     timers.wrap(runner, "_fused_route", "route")
     timers.wrap(fused.model.rotary, "tables", "rotary tables")
+    timers.stack = fused.stack
     fused.stack = TimedStack(fused.stack, timers)
     timers.wrap(runner, "_logits", "logits head")  # where the native step leaves it
     timers.wrap(runner, "sample", "sampling")
@@ -94,18 +110,23 @@ def run(args: argparse.Namespace) -> int:
     side = warm_side(args)
     timers = instrument(side.engine)
     rounds = []
-    for _ in range(args.rounds):
-        timers.spent.clear()
-        seconds = side.decode_time(args.batch, args.prompt_len, args.decode_tokens)
-        rounds.append((seconds, dict(timers.spent)))
+    try:
+        for _ in range(args.rounds):
+            timers.reset()
+            seconds = side.decode_time(args.batch, args.prompt_len, args.decode_tokens)
+            rounds.append((seconds, dict(timers.spent), timers.parts()))
+    finally:
+        timers.stack.time_parts(False)
     report = summary(args, rounds)
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if args.json else table(report))
     return 0
 
 
-def summary(args: argparse.Namespace, rounds: list[tuple[float, dict[str, float]]]) -> dict:
+def summary(
+    args: argparse.Namespace, rounds: list[tuple[float, dict[str, float], dict[str, float]]]
+) -> dict:
     """The median round (by its time) in microseconds per step."""
-    seconds, spent = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]
+    seconds, spent, parts = sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]
     steps = args.decode_tokens - 1  # the first token is the prompt's
     per_step = {phase: round(s / steps * 1e6, 1) for phase, s in spent.items()}
     step_us = seconds / steps * 1e6
@@ -116,9 +137,10 @@ def summary(args: argparse.Namespace, rounds: list[tuple[float, dict[str, float]
         "prompt_len": args.prompt_len,
         "decode_tok_s": round(args.batch / (step_us / 1e6), 1),
         "step_us": round(step_us, 1),
-        "spread_tok_s": [round(args.batch * steps / s) for s, _ in rounds],
-        "median_tok_s": round(statistics.median(args.batch * steps / s for s, _ in rounds), 1),
+        "spread_tok_s": [round(args.batch * steps / s) for s, _, _ in rounds],
+        "median_tok_s": round(statistics.median(args.batch * steps / s for s, _, _ in rounds), 1),
         "phases_us": dict(sorted(per_step.items(), key=lambda kv: -kv[1])),
+        "native_parts_us": {part: round(us, 1) for part, us in parts.items()},
     }
 
 
@@ -135,14 +157,15 @@ def table(report: dict) -> str:
         f"{step - native:.0f} us ({100 * (step - native) / step:.1f}%; a head's phase includes "
         "its Python)"
     )
-    lines = [
-        head,
-        *(
-            f"  {us:8.1f} us  {100 * us / step:5.1f}%  {phase}"
-            for phase, us in report["phases_us"].items()
-        ),
-        outside,
-    ]
+    lines = [head]
+    for phase, us in report["phases_us"].items():
+        lines.append(f"  {us:8.1f} us  {100 * us / step:5.1f}%  {phase}")
+        if phase == "native step":
+            lines.extend(
+                f"    {part_us:8.1f} us  {100 * part_us / step:5.1f}%    {part}"
+                for part, part_us in report["native_parts_us"].items()
+            )
+    lines.append(outside)
     return "\n".join(lines)
 
 

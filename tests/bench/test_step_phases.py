@@ -24,4 +24,8 @@ def test_the_phases_of_a_decode_step_add_up_to_the_step(capsys) -> None:
     assert all(phases[name] > 0 for name in timed)
     assert phases["native step"] == max(phases.values())  # a model's step is its layers
     assert sum(phases.values()) == pytest.approx(report["step_us"], abs=1.0)
+    # the native step's own timers split it into its parts, which it spends most of its time in
+    parts = report["native_parts_us"]
+    assert {"qkv", "attention", "o", "gate_up", "down", "final norm and head"} <= set(parts)
+    assert 0.5 * phases["native step"] < sum(parts.values()) <= phases["native step"]
     assert report["decode_tok_s"] == pytest.approx(1e6 / report["step_us"], rel=1e-3)

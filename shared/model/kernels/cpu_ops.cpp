@@ -420,7 +420,8 @@ void attend_piece(const T* q, const T* kc, const T* vc, const int64_t* table, in
     for (int64_t g = 0; g < Hkv; ++g)
       for (int64_t h = g * G; h < (g + 1) * G; h += tile.heads)
         for (int64_t d = 0; d < D; d += tile.vectors * kWidth, first = false) {
-          const ValuePass pass{g * D + d, scores.data() + h * n + r, n, run, part.acc + h * D + d, D};
+          float* acc = part.acc + h * D + d;
+          const ValuePass pass{g * D + d, scores.data() + h * n + r, n, run, acc, D};
           sum_values(tile, pass, [&](int64_t k) {
             if (first) ahead(vc, t0 + r + k);
             return slot(vc, t0 + r + k);

@@ -27,6 +27,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <tuple>
@@ -156,6 +158,41 @@ void round_to(c10::BFloat16* out, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = c10::BFloat16(y[i]);
 }
 
+// The parts of a step whose time PartTimes sums, in the order a step runs them.
+enum Part {
+  kSetup,  // checks, rotary rows, buffers, embeddings, the first norm
+  kQkv,
+  kAttention,  // rotary, the KV write and decode attention
+  kO,
+  kNorms,  // the layer's two norms (the post-attention one and the next layer's input one)
+  kGateUp,
+  kSiluMul,
+  kDown,
+  kByCopy,  // a layer of a step by copy, whole
+  kHead,  // the final norm and the logits
+  kParts
+};
+constexpr std::array<const char*, kParts> kPartNames = {
+    "setup", "qkv", "attention", "o", "norms", "gate_up", "silu_mul", "down", "layer by copy",
+    "final norm and head"};
+
+// Microseconds each part of the steps took since timing was last turned on (`python -m bench
+// step-phases`); off by default, when a part costs one branch.
+struct PartTimes {
+  bool on = false;
+  int64_t steps = 0;
+  std::array<double, kParts> us{};
+
+  template <class F>
+  void time(Part part, const F& f) {
+    if (!on) return f();
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    const auto took = std::chrono::steady_clock::now() - start;
+    us[part] += std::chrono::duration<double, std::micro>(took).count();
+  }
+};
+
 // What a step's rows attend with: their rotary cos and sin, and where their KV lives in the
 // paged cache.
 struct Step {
@@ -206,6 +243,7 @@ class DecodeStack {
   at::Tensor step(at::Tensor token_ids, at::Tensor cos, at::Tensor sin, at::Tensor slots,
                   at::Tensor block_table, at::Tensor context_lens, bool by_copy,
                   bool logits) const {
+    const auto setup_start = std::chrono::steady_clock::now();
     check_step(token_ids, cos, sin, slots, block_table, context_lens, by_copy, logits);
     const std::vector<int64_t> positions = positions_of(context_lens);
     const Step step{gather_rows(cos, positions), gather_rows(sin, positions), slots,
@@ -216,17 +254,39 @@ class DecodeStack {
     const Buffers b = buffers(B, kv_.options());
     const at::Tensor residual = embed(token_ids);
     kernels::rms_norm(b.h, residual, layers_[0].input_norm, dims_.eps);
+    if (times_.on) {
+      times_.steps += 1;
+      times_.us[kSetup] += std::chrono::duration<double, std::micro>(
+                               std::chrono::steady_clock::now() - setup_start)
+                               .count();
+    }
     for (size_t i = 0; i < layers_.size(); ++i) {
-      if (i > 0) kernels::add_rms_norm_(b.h, residual, layers_[i].input_norm, dims_.eps);
+      const at::Tensor& norm = layers_[i].input_norm;
+      if (i > 0)
+        times_.time(kNorms, [&] { kernels::add_rms_norm_(b.h, residual, norm, dims_.eps); });
       if (by_copy)
-        layer_by_copy(i, b, residual, step);
+        times_.time(kByCopy, [&] { layer_by_copy(i, b, residual, step); });
       else
         layer(i, b, residual, step);
     }
-    kernels::add_rms_norm_(b.h, residual, ends_.norm, dims_.eps);
-    if (!logits) return b.h;
-    at::Tensor out = at::empty({B, ends_.head->weight.size(0)}, kv_.options());
-    (*ends_.head)(out, b.h);
+    at::Tensor out = b.h;
+    times_.time(kHead, [&] {
+      kernels::add_rms_norm_(b.h, residual, ends_.norm, dims_.eps);
+      if (!logits) return;
+      out = at::empty({B, ends_.head->weight.size(0)}, kv_.options());
+      (*ends_.head)(out, b.h);
+    });
+    return out;
+  }
+
+  // Starts (or stops) timing the steps' parts, from zero.
+  void time_parts(bool on) { times_ = PartTimes{on}; }
+
+  // {part: microseconds summed over the steps timed}, and "steps": how many.
+  py::dict part_times() const {
+    py::dict out;
+    for (int p = 0; p < kParts; ++p) out[kPartNames[p]] = times_.us[p];
+    out["steps"] = times_.steps;
     return out;
   }
 
@@ -251,6 +311,7 @@ class DecodeStack {
   // the activations' and the KV's: float32 or bfloat16 (a bfloat16 one's linears quantized)
   std::vector<at::Tensor> k_caches_, v_caches_;
   mutable std::unique_ptr<kernels::SpinPool> pool_;  // sized to torch's threads when it runs
+  mutable PartTimes times_;  // NOTE: a stack steps on one thread at a time (its engine's)
   pid_t built_on_;  // the thread the model was loaded on (its teams live as long as it does)
 
   // The step's parallel loops run on a pool of as many threads as torch's count for this
@@ -329,13 +390,13 @@ class DecodeStack {
   // advances in place.
   void layer(size_t i, const Buffers& b, const at::Tensor& residual, const Step& step) const {
     const Layer& l = layers_[i];
-    linear(l.qkv, b.qkv, b.h, b);
-    attention(i, b, step);
-    linear(l.o, b.x, b.attended_rows, b);
-    kernels::add_rms_norm_(b.x, residual, l.post_norm, dims_.eps);
-    linear(l.gate_up, b.gate_up, b.x, b);
-    kernels::silu_and_mul(b.act, b.gate_up);
-    linear(l.down, b.h, b.act, b);
+    times_.time(kQkv, [&] { linear(l.qkv, b.qkv, b.h, b); });
+    times_.time(kAttention, [&] { attention(i, b, step); });
+    times_.time(kO, [&] { linear(l.o, b.x, b.attended_rows, b); });
+    times_.time(kNorms, [&] { kernels::add_rms_norm_(b.x, residual, l.post_norm, dims_.eps); });
+    times_.time(kGateUp, [&] { linear(l.gate_up, b.gate_up, b.x, b); });
+    times_.time(kSiluMul, [&] { kernels::silu_and_mul(b.act, b.gate_up); });
+    times_.time(kDown, [&] { linear(l.down, b.h, b.act, b); });
   }
 
   // layer() by the linears' bfloat16 copies, as the module path runs such rows: each linear's
@@ -533,6 +594,8 @@ void register_decode_stack(py::module_& m) {
            py::arg("by_copy") = false, py::arg("logits") = false,
            py::call_guard<py::gil_scoped_release>())
       .def("takes_copies", &DecodeStack::takes_copies)
+      .def("time_parts", &DecodeStack::time_parts, py::arg("on"))
+      .def("part_times", &DecodeStack::part_times)
       .def("has_head", &DecodeStack::has_head);
   m.def(
       "use_step_pool", [](bool enabled) { return kernels::step_pool_enabled.exchange(enabled); },

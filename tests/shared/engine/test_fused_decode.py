@@ -133,6 +133,30 @@ def test_fused_decode_steps_give_the_module_paths_logits_bit_for_bit(
     assert calls.count == 5  # every decode step, no prefill
 
 
+def test_timing_a_steps_parts_counts_each_step_and_changes_no_logit(models) -> None:
+    """DecodeStack.time_parts (bench step-phases): while on, each step's parts add their time
+    and the steps are counted; off, nothing is; the logits are the same either way."""
+    model = models["auto"]
+    set_activations(model, "q16")
+    timed, untimed = runner(model, True), runner(model, True)
+    stack = timed.fused.stack
+    tokens = {name: list(ids) for name, ids in PROMPTS.items()}
+    for both in (timed, untimed):
+        both.execute([prefill(n) for n in "abc"])
+    stack.time_parts(True)
+    for names in ("abc", "b"):
+        chunks = decode(tokens, names)
+        assert_same(timed.execute(chunks), untimed.execute(chunks))
+    times = stack.part_times()
+    assert times.pop("steps") == 2
+    ran = ("setup", "qkv", "attention", "o", "norms", "gate_up", "silu_mul", "down")
+    assert all(times[part] > 0 for part in (*ran, "final norm and head"))
+    assert times["layer by copy"] == 0  # both steps on the GEMV
+    stack.time_parts(False)
+    timed.execute(decode(tokens, "a"))
+    assert stack.part_times()["steps"] == 0 and stack.part_times()["qkv"] == 0
+
+
 def test_a_step_with_a_prefill_chunk_or_hooks_or_another_backend_is_not_fused(
     models, monkeypatch
 ) -> None:
