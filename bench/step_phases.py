@@ -3,9 +3,11 @@
 The engine decodes a batch in this process with a timer around each phase of its step
 (the scheduler, the step's metadata, the fused step's one native call (embeddings, layers,
 final norm and, for a quantized head, the logits), sampling, appending the token...); what
-no timer covers is the step's own Python. Unlike `bench decode-profile` it needs no sampler
-and does not slow the step down: the timers cost a microsecond or so each. Printed:
-microseconds per step and share of each phase, the native calls' share, and tokens/s.
+no timer covers is the step's own Python. The native call's own timers split it into its
+parts (DecodeStack.time_parts: each layer's GEMVs, attention, norms; the head), summed over
+the layers. Unlike `bench decode-profile` it needs no sampler and does not slow the step
+down: the timers cost a microsecond or so each (the native ones ~20 ns). Printed:
+microseconds per step and share of each phase and part, and tokens/s.
 """
 
 from __future__ import annotations
