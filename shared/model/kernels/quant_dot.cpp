@@ -63,6 +63,19 @@ struct QRows {
   float s(int64_t b) const { return ds[2 * b + 1]; }
 };
 
+// 16-bit x's bytes for the byte kernels, x = 256 * hi + lo (Bytes16 fills them)
+struct ByteSplit {
+  std::vector<uint8_t> lo;
+  std::vector<int8_t> hi;
+};
+
+// What a GEMV makes of x: its integers, and their bytes where a byte kernel takes 16-bit x
+template <class T>
+struct XBuffers {
+  QRows<T> rows;
+  ByteSplit bytes;
+};
+
 // The largest |v[i]| of a block of 32 (a NaN among them skipped, as std::max skips it).
 inline float largest_magnitude(const float* v) {
   simd::V top = simd::zero();
@@ -797,15 +810,10 @@ struct Bytes8 {
 // of q * hi (q the unsigned side), a part. Not for biased formats (kBias).
 struct Bytes16 {
   static constexpr int kSums = 2;
-  // x's bytes, kept by the thread that splits them (gemv_interleaved), grown as needed
-  struct Split {
-    std::vector<uint8_t> lo;
-    std::vector<int8_t> hi;
-  };
   const QRows<int16_t>& rows;
   const uint8_t* lo;
   const int8_t* hi;
-  Bytes16(const QRows<int16_t>& x, Split& split) : rows(x) {
+  Bytes16(const QRows<int16_t>& x, ByteSplit& split) : rows(x) {  // split: grown as needed
     split.lo.resize(x.q.size()), split.hi.resize(x.q.size());
     lo = split.lo.data(), hi = split.hi.data();
     const __m256i low_byte = _mm256_set1_epi16(0xFF);
@@ -836,8 +844,8 @@ struct Bytes16 {
   static typename W::I total(const typename W::I* s) { return W::add(W::template shl<8>(s[1]), s[0]); }
 };
 
-inline Bytes8 make_bytes(const QRows<int8_t>& x, Bytes16::Split&) { return Bytes8(x); }
-inline Bytes16 make_bytes(const QRows<int16_t>& x, Bytes16::Split& split) { return Bytes16(x, split); }
+inline Bytes8 make_bytes(const QRows<int8_t>& x, ByteSplit&) { return Bytes8(x); }
+inline Bytes16 make_bytes(const QRows<int16_t>& x, ByteSplit& split) { return Bytes16(x, split); }
 
 // out[m, n..] for W::kGroups groups of 8 weight rows from n (`at`: each group's first byte, the
 // second the first's next group) and M rows of x from row m0: each lane the integer sums of
@@ -970,11 +978,12 @@ void gemv_plain(int64_t qtype, const uint8_t* w, const QRows<T>& xq, const float
   }
 }
 
-// Interleaved rows (quant_x8.h): their own kernel, or (portable,
-// or no SIMD in this build) the rows put back in GGUF's layout for the scalar one.
+// Interleaved rows (quant_x8.h): their own kernel (16-bit x split into `split` for the byte
+// kernels), or (portable, or no SIMD in this build) the rows put back in GGUF's layout for
+// the scalar one.
 template <class T>
-void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<T>& x, const float* bias,
-                      float* out, int64_t N, bool portable) {
+void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<T>& x, ByteSplit& split,
+                      const float* bias, float* out, int64_t N, bool portable) {
   const int64_t ggml_type = quant_x8::base_type(qtype);
 #if defined(KV_DOT_SIMD)
   if (!portable) {
@@ -982,9 +991,7 @@ void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<T>& x, const 
     if constexpr (std::is_same_v<T, int16_t>) {  // 16-bit pairs (group_x8)
       if (ggml_type == kQ8_0) return gemv_x8<Q8x8>(w, x, bias, out, N);
     }
-    thread_local Bytes16::Split kept;  // NOTE: kept as gemv_rows_of keeps x's integers
-    Bytes16::Split own;
-    const XB bytes = make_bytes(x, x.M <= kKeptRows ? kept : own);
+    const XB bytes = make_bytes(x, split);
     if constexpr (std::is_same_v<T, int8_t>) {
       if (ggml_type == kQ8_0) return gemv_bytes_x8<Q8x8>(w, bytes, bias, out, N);
     }
@@ -1003,14 +1010,16 @@ void gemv_interleaved(int64_t qtype, const uint8_t* w, const QRows<T>& x, const 
 template <class T>
 void gemv_rows_of(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
                   const float* bias, float* out, int64_t N, bool portable) {
-  // NOTE: a decode step's x is quantized into buffers this thread keeps for its next GEMV
-  // (the loop's other threads read them only while this call waits for them); more rows, into
-  // buffers of their own, so that no thread keeps a large one
-  thread_local QRows<T> kept;
-  QRows<T> own;
-  QRows<T>& xq = M <= kKeptRows ? kept : own;
-  quantize_into(xq, x, M, K);
-  if (quant_x8::interleaved(qtype)) return gemv_interleaved(qtype, w, xq, bias, out, N, portable);
+  // NOTE: a decode step's x is quantized (and split into bytes) into buffers this thread
+  // keeps for its next GEMV (the loop's other threads read them only while this call waits
+  // for them); more rows, into buffers of their own, so that no thread keeps a large one
+  thread_local XBuffers<T> kept;
+  XBuffers<T> own;
+  XBuffers<T>& buffers = M <= kKeptRows ? kept : own;
+  quantize_into(buffers.rows, x, M, K);
+  const QRows<T>& xq = buffers.rows;
+  if (quant_x8::interleaved(qtype))
+    return gemv_interleaved(qtype, w, xq, buffers.bytes, bias, out, N, portable);
   gemv_plain(qtype, w, xq, bias, out, N, portable);
 }
 
