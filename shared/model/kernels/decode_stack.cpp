@@ -179,17 +179,24 @@ constexpr std::array<const char*, kParts> kPartNames = {
 // Microseconds each part of the steps took since timing was last turned on (`python -m bench
 // step-phases`); off by default, when a part costs one branch.
 struct PartTimes {
+  using Clock = std::chrono::steady_clock;
   bool on = false;
   int64_t steps = 0;
   std::array<double, kParts> us{};
 
+  // When a part starts (the clock read only while timing is on)
+  Clock::time_point start() const { return on ? Clock::now() : Clock::time_point{}; }
+
+  // Adds the time since `from` (start()'s) to `part`.
+  void add(Part part, Clock::time_point from) {
+    if (on) us[part] += std::chrono::duration<double, std::micro>(Clock::now() - from).count();
+  }
+
   template <class F>
   void time(Part part, const F& f) {
-    if (!on) return f();
-    const auto start = std::chrono::steady_clock::now();
+    const auto from = start();
     f();
-    const auto took = std::chrono::steady_clock::now() - start;
-    us[part] += std::chrono::duration<double, std::micro>(took).count();
+    add(part, from);
   }
 };
 
@@ -243,7 +250,7 @@ class DecodeStack {
   at::Tensor step(at::Tensor token_ids, at::Tensor cos, at::Tensor sin, at::Tensor slots,
                   at::Tensor block_table, at::Tensor context_lens, bool by_copy,
                   bool logits) const {
-    const auto setup_start = std::chrono::steady_clock::now();
+    const auto setup_start = times_.start();
     check_step(token_ids, cos, sin, slots, block_table, context_lens, by_copy, logits);
     const std::vector<int64_t> positions = positions_of(context_lens);
     const Step step{gather_rows(cos, positions), gather_rows(sin, positions), slots,
@@ -254,12 +261,8 @@ class DecodeStack {
     const Buffers b = buffers(B, kv_.options());
     const at::Tensor residual = embed(token_ids);
     kernels::rms_norm(b.h, residual, layers_[0].input_norm, dims_.eps);
-    if (times_.on) {
-      times_.steps += 1;
-      times_.us[kSetup] += std::chrono::duration<double, std::micro>(
-                               std::chrono::steady_clock::now() - setup_start)
-                               .count();
-    }
+    times_.add(kSetup, setup_start);
+    times_.steps += times_.on;
     for (size_t i = 0; i < layers_.size(); ++i) {
       const at::Tensor& norm = layers_[i].input_norm;
       if (i > 0)
