@@ -409,11 +409,12 @@ void attend_piece(const T* q, const T* kc, const T* vc, const int64_t* table, in
   }
   // NOTE: 16-bit caches: each pass sums `tile.heads` query heads' `tile.vectors` vectors in
   // registers over a run of kValueRun tokens, where a token's axpy per head loaded and stored
-  // each head's sums (with float32 caches a third of batch-1 decode attention's time in perf
-  // on a Zen 4). A run's rows stay in L1 for its passes. Each lane still adds its tokens in
-  // order, one fused multiply-add each: the same floats. bfloat16 from memory 1.03-1.19x as
-  // fast (both builds); float32 caches, which their reads bound, 0.85-0.9x at batch 8, so
-  // they keep the axpy (docs/benchmarks.md, "Decode attention sums values in registers").
+  // each head's sums (with float32 caches a third of batch-1 decode attention's samples in
+  // perf on a Zen 4). A run's rows stay in L1 for its passes. Each lane still adds its tokens
+  // in order, one fused multiply-add each: the same floats. bfloat16 from memory 1.03-1.19x
+  // as fast (both builds); float32 caches, which their reads bound, ran slower at batch 8
+  // that way and keep the axpy (docs/benchmarks.md, "Decode attention sums values in
+  // registers").
   for (int64_t r = 0; r < n; r += kValueRun) {
     const int64_t run = std::min(kValueRun, n - r);
     bool first = true;

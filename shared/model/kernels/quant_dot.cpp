@@ -91,9 +91,10 @@ inline float largest_magnitude(const float* v) {
 // prefill's rows the same way. Vector ops where they give the scalar ops' floats (a product
 // and a rounding each, NaN skipped in the maximum): a decode step quantizes x before each of
 // its ~120 GEMVs on one thread while the others wait. Into `r`'s vectors, grown as needed
-// and reused (a thread's GEMVs keep one QRows: gemv_rows_of), the integers stored by vector:
-// with 3 vectors allocated a call and each value converted alone, x's quantization and byte
-// split took 1.7-3.2 µs of each GEMV (docs/benchmarks.md, "x quantized without allocations").
+// and reused (a thread's GEMVs keep one XBuffers: gemv_rows_of), the integers stored by
+// vector, where 3 vectors were allocated a call and each value converted alone: the byte
+// kernels' GEMVs of a layer 2-4% faster in cache (docs/benchmarks.md, "x quantized without
+// allocations").
 template <class T>
 void quantize_into(QRows<T>& r, const float* x, int64_t M, int64_t K) {
   constexpr float kLevels = std::is_same_v<T, int8_t> ? 127.f : 32767.f;
