@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from services.cli.main import main
 from tests.conftest import make_hf_model
 
 
@@ -76,13 +77,12 @@ def bad_models(tmp_path_factory):
     return root
 
 
-def test_bad_input_gets_one_line_errors(bad_models, tiny_llama_dir) -> None:
+def test_bad_input_gets_one_line_errors(bad_models, tiny_llama_dir, capsys) -> None:
     cases = [
         (["--model", "no-such-model", "--prompt", "hi"], "unknown model"),
         (["--model", str(bad_models / "empty"), "--prompt", "hi"], "no config.json"),
         (["--model", str(bad_models / "no-weights"), "--prompt-ids", "1"], "no weights"),
         (["--model", str(bad_models / "gpt2"), "--prompt", "hi"], "unsupported architecture"),
-        (["--model", str(tiny_llama_dir), "--prompt-ids", "1,2,999"], "outside the vocabulary"),
         (["--model", str(tiny_llama_dir), "--prompt-ids", "1,x"], "comma-separated integers"),
         (
             ["--model", str(tiny_llama_dir), "--prompt-ids", ",".join(["1"] * 600)],
@@ -94,8 +94,36 @@ def test_bad_input_gets_one_line_errors(bad_models, tiny_llama_dir) -> None:
     ]
     if not torch.cuda.is_available():
         cases.append((["--prompt", "hi", "--device", "cuda"], "torch sees no CUDA device"))
-    # NOTE: side by side: each case is a process that imports torch (seconds of CPU apiece).
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    # NOTE: in this process, where each case as a process of its own imported torch (seconds
+    # of CPU apiece); the two process cases below keep the real exit and stderr honest.
+    threads = torch.get_num_threads()
+    try:
+        for args, fragment in cases:
+            code = _main_exit_code(["generate", *args])
+            assert_clean_error(_completed(code, capsys.readouterr().err), fragment)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bad_input_as_a_process_exits_2_with_one_line(tiny_llama_dir) -> None:
+    """Before a model loads and after one did: the real process's exit code and stderr."""
+    cases = [
+        (["--model", "no-such-model", "--prompt", "hi"], "unknown model"),
+        (["--model", str(tiny_llama_dir), "--prompt-ids", "1,2,999"], "outside the vocabulary"),
+    ]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda case: kvstack("generate", *case[0]), cases))
     for (_, fragment), result in zip(cases, results):
         assert_clean_error(result, fragment)
+
+
+def _main_exit_code(argv: list[str]) -> int:
+    """`kvstack` run in this process: its exit code (argparse's own errors exit)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
+def _completed(code: int, stderr: str) -> subprocess.CompletedProcess:
+    return subprocess.CompletedProcess([], code, "", stderr)
