@@ -89,12 +89,10 @@ def numbers(flag: str, text: str, least: int = 1) -> list[int]:
 
 def prefetch_distances(text: str) -> dict[str, int | None]:
     """--prefetch's columns by label: a number of tokens, or `auto` (None: the kernel's own)."""
-    given = [v for v in text.split(",") if v != "auto"]
-    tokens = numbers("--prefetch", ",".join(given), least=0) if given else []
-    distances: dict[str, int | None] = {}
-    for v in text.split(","):
-        distances[v] = None if v == "auto" else tokens.pop(0)
-    return distances
+    labels = text.split(",")
+    given = [v for v in labels if v != "auto"]
+    tokens = iter(numbers("--prefetch", ",".join(given), least=0) if given else [])
+    return {v: None if v == "auto" else next(tokens) for v in labels}
 
 
 def dtype_of(name: str) -> torch.dtype:

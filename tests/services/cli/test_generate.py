@@ -23,10 +23,10 @@ def kvstack(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def assert_clean_error(result: subprocess.CompletedProcess, fragment: str) -> None:
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
+def assert_clean_error(code: int, stderr: str, fragment: str) -> None:
+    assert code == 2
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvstack: error: ") and fragment in lines[0]
 
 
@@ -100,7 +100,7 @@ def test_bad_input_gets_one_line_errors(bad_models, tiny_llama_dir, capsys) -> N
     try:
         for args, fragment in cases:
             code = _main_exit_code(["generate", *args])
-            assert_clean_error(_completed(code, capsys.readouterr().err), fragment)
+            assert_clean_error(code, capsys.readouterr().err, fragment)
     finally:
         torch.set_num_threads(threads)
 
@@ -114,7 +114,7 @@ def test_bad_input_as_a_process_exits_2_with_one_line(tiny_llama_dir) -> None:
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda case: kvstack("generate", *case[0]), cases))
     for (_, fragment), result in zip(cases, results):
-        assert_clean_error(result, fragment)
+        assert_clean_error(result.returncode, result.stderr, fragment)
 
 
 def _main_exit_code(argv: list[str]) -> int:
@@ -123,7 +123,3 @@ def _main_exit_code(argv: list[str]) -> int:
         return main(argv)
     except SystemExit as e:
         return int(e.code or 0)
-
-
-def _completed(code: int, stderr: str) -> subprocess.CompletedProcess:
-    return subprocess.CompletedProcess([], code, "", stderr)
