@@ -16,6 +16,7 @@ import torch
 
 from shared.engine.config import (
     ACTIVATIONS_CHOICES,
+    DECODE_BURST,
     DTYPE_CHOICES,
     PREFILL_WEIGHTS_CHOICES,
     WEIGHTS_CHOICES,
@@ -77,6 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "plain-rows",
             "quantized-prefill",
             "small-pages",
+            "no-burst",
         ),
         default="routing",
         help="the 'before' column: matmuls routed as before the native GEMV took float32, "
@@ -93,7 +95,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "the kept bfloat16 copy, or one whose decode batches the copy takes run layer by layer, or "
         "one whose prompts' matmuls dequantize the weights on every pass (--prefill-weights "
         "quantized) rather than reading --prefill-weights' copy, or one whose weights stay where "
-        "they loaded and whose KV pool torch allocates, rather than both in huge pages",
+        "they loaded and whose KV pool torch allocates, rather than both in huge pages, or one "
+        "that decodes a token a step (--decode-burst 1)",
     )
     p.add_argument(
         "--step-thread",
@@ -107,6 +110,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="transformers dtypes, comma-separated "
         "(default: float32, its own default, and kvstack's dtype)",
+    )
+    p.add_argument(
+        "--decode-burst",
+        type=int,
+        default=DECODE_BURST,
+        help="kvstack's greedy decode steps chained in one native call (EngineConfig; "
+        "`kvstack serve`'s default)",
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prefill-lens", default="512,2048")
@@ -154,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=8192,
         max_num_seqs=256,
         num_blocks=kv_blocks(args),
+        decode_burst=args.decode_burst,
     )
     engine = LLMEngine(config)
     if args.copy_min_rows is not None:
@@ -349,6 +360,8 @@ def before_side(args: argparse.Namespace, config: EngineConfig, ours: KvstackSid
         return KvstackSide(changed(LLMEngine(config), plain_rows))
     if args.before == "quantized-prefill":
         return KvstackSide(LLMEngine(dataclasses.replace(config, prefill_weights="quantized")))
+    if args.before == "no-burst":
+        return KvstackSide(LLMEngine(dataclasses.replace(config, decode_burst=1)))
     if args.before == "small-pages":
         return KvstackSide(LLMEngine(dataclasses.replace(config, huge_pages=False)))
     if args.before == "cublas":  # every matmul to the library: no Triton GEMV
@@ -373,6 +386,7 @@ BEFORE_NOTES = {
     "plain-rows": "a second engine, its quantized rows in GGUF's order (not interleaved)",
     "quantized-prefill": "a second engine, its prompts' matmuls dequantizing on every pass",
     "small-pages": "a second engine, its weights and KV where torch puts them (no huge pages)",
+    "no-burst": "a second engine, its decode a token a step (--decode-burst 1)",
 }
 
 

@@ -98,6 +98,7 @@ def colocated_config(args: argparse.Namespace, threads: int, prefill_threads: in
             detokenize=False,  # the gateway makes the text
             enable_prefix_cache=not args.no_prefix_cache,
             fused_decode=not args.no_fused_decode,
+            decode_burst=args.decode_burst,
             cuda_graphs=not args.no_cuda_graphs,
             **engine,
         ),

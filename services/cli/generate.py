@@ -10,6 +10,7 @@ import orjson
 from shared.engine.config import (
     ACTIVATIONS_CHOICES,
     ATTENTION_CHOICES,
+    DECODE_BURST,
     DTYPE_CHOICES,
     WEIGHTS_CHOICES,
     EngineConfig,
@@ -73,6 +74,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="decode layer by layer through the model's modules, not one native call a step",
     )
     p.add_argument(
+        "--decode-burst",
+        type=int,
+        default=DECODE_BURST,
+        help="greedy decode steps chained in one native call (1: a token a step)",
+    )
+    p.add_argument(
         "--no-cuda-graphs",
         action="store_true",
         help="on a GPU, decode eagerly instead of replaying CUDA graphs",
@@ -92,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         attention=args.attention,
         activations=args.activations,
         fused_decode=not args.no_fused_decode,
+        decode_burst=args.decode_burst,
         cuda_graphs=not args.no_cuda_graphs,
         num_threads=args.threads,
     )

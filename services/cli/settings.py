@@ -15,6 +15,7 @@ from shared.costmodel import HARDWARE, MODELS
 from shared.engine.config import (
     ACTIVATIONS_CHOICES,
     ATTENTION_CHOICES,
+    DECODE_BURST,
     DTYPE_CHOICES,
     PREFILL_WEIGHTS_CHOICES,
     WEIGHTS_CHOICES,
@@ -165,6 +166,14 @@ SETTINGS: dict[str, Setting] = {
         "call per step (the same results; for comparison)",
         switch=True,
         default=False,
+    ),
+    "decode_burst": Setting(
+        "--decode-burst",
+        "chain up to this many greedy decode steps in one native call while no request waits "
+        "and none asks for logprobs, penalties, biases or a grammar; their tokens stream "
+        "together (1: a token a step)",
+        type=int,
+        default=DECODE_BURST,
     ),
     "gpus": Setting(
         "--gpus",
@@ -572,6 +581,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "cores",
         "no_prefix_cache",
         "no_fused_decode",
+        "decode_burst",
         "no_cuda_graphs",
         *ENGINE,
         "max_tokens_limit",

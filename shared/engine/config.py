@@ -23,6 +23,12 @@ WEIGHTS_CHOICES = ("auto", "float", *QUANT_FORMATS)
 ATTENTION_CHOICES = ("auto", "torch", "triton")
 
 
+# What the CLI's --decode-burst defaults to (EngineConfig.decode_burst: chained greedy decode
+# steps). NOTE: 8 gained no more than 4 at batch 1 (docs/benchmarks.md, "Decode steps chained
+# in one native call"), and a request arriving mid-burst waits at most 3 steps at 4.
+DECODE_BURST = 4
+
+
 def check_choice(label: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise KvstackError(f"unknown {label} {value!r}; choose from {', '.join(choices)}")
@@ -178,6 +184,10 @@ class EngineConfig:
     fused_decode: bool = True  # a decode-only step's layers in one native call, where it
     # applies (CPU; float32, or bfloat16 with quantized weights: shared/model/fused_decode.py);
     # False: the module path
+    # Greedy decode-only steps chained in one native call where every row allows it (no
+    # logprobs, penalties or grammar; nobody waiting; the fused step with its head): up to
+    # this many tokens a row per engine step, streamed together. 1: a token a step.
+    decode_burst: int = 1
     huge_pages: bool = True  # on CPU, the weights moved into one arena in the order a step
     # reads them (shared/model/weight_arena.py) and the KV pool, both in huge pages where the
     # kernel grants them (shared/huge_pages.py); False: as torch allocates them
@@ -196,7 +206,13 @@ class EngineConfig:
         for name in ("fused_decode", "huge_pages", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise KvstackError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        positives = ("block_size", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs")
+        positives = (
+            "block_size",
+            "kv_cache_bytes",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "decode_burst",
+        )
         for name in positives:
             if getattr(self, name) < 1:
                 raise KvstackError(f"{name} must be positive, got {getattr(self, name)}")

@@ -7,6 +7,7 @@ from a worker thread so their event loops stay free.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Callable
@@ -111,6 +112,7 @@ class LLMEngine:
         self._held: dict[str, Sequence] = {}  # finished, blocks kept until `release`
         self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
         self._ids = itertools.count()
+        self._bursts_up_to = config.decode_burst  # 1 after a burst failed
         self._info = EngineInfo(
             config,
             mc,
@@ -343,6 +345,11 @@ class LLMEngine:
         out = self._scheduler.schedule()
         if not out.scheduled:
             return []
+        hooked = layer_hook is not None or layer_gate is not None
+        steps = 1 if hooked else self._burst_steps(out.scheduled)
+        burst = self._burst(out.scheduled, steps, on_scheduled) if steps > 1 else None
+        if burst is not None:
+            return burst
         chunks = [self._chunk(s) for s in out.scheduled]
         if log.isEnabledFor(logging.DEBUG):  # with the loop's step time: where a load goes
             prompt = [c.num_tokens for c in chunks if c.num_tokens > 1]
@@ -373,6 +380,71 @@ class LLMEngine:
         ]
         failures = [self._fail(seq, seq.invalid_reason, seq.error_kind) for seq in failed]
         return [*failures, *(self._sample(ready) if ready else [])]
+
+    def _burst_steps(self, scheduled: list[ScheduledSeq]) -> int:
+        """How many greedy decode steps this step may chain in one native call (1: none):
+        every row decodes greedily with nothing per token but its stops (no logprobs,
+        penalties, biases or grammar; no KV held to send), no request waits for a step; as
+        many as the row with the fewest tokens left to make allows."""
+        steps = self._bursts_up_to
+        if steps < 2 or self._scheduler.waiting or not isinstance(self._runner, ModelRunner):
+            return 1
+        if not self._runner.burst_takes(len(scheduled)):
+            return 1
+        for s in scheduled:
+            seq, params = s.seq, s.seq.params
+            if s.num_new_tokens != 1 or is_prefilling(seq) or not _bursts(params):
+                return 1
+            if seq.request_id in self._hold_kv or seq.invalid_reason:
+                return 1
+            left = min(
+                params.max_tokens - seq.num_output_tokens, self._max_model_len - seq.num_tokens
+            )
+            steps = min(steps, left)
+        return steps
+
+    def _burst(
+        self, scheduled: list[ScheduledSeq], steps: int, on_scheduled: StepHook | None
+    ) -> list[RequestOutput] | None:
+        """`steps` decode steps of the scheduled rows in one native call, each row's tokens
+        taken as single steps would take them; None where it cannot run (the pool is short
+        of blocks for them, or the call failed): the step runs as usual then."""
+        assert isinstance(self._runner, ModelRunner)
+        seqs = [s.seq for s in scheduled]
+        # NOTE: a row granted its blocks keeps them when a later one is refused: its next
+        # steps fill them.
+        for seq in seqs:
+            if not self._kv.allocate_slots(seq.request_id, seq.num_computed_tokens + steps):
+                return None
+        chunks = [self._chunk(s) for s in scheduled]
+        if on_scheduled is not None:
+            on_scheduled(chunks)
+        self._threads.apply(prefills=False)
+        try:
+            tokens = self._runner.burst(chunks, steps)
+        except Exception:  # the steps it wrote are rewritten by the usual steps
+            log.exception("a burst of %d decode steps failed; a token a step from now", steps)
+            self._bursts_up_to = 1  # NOTE: one log, not one a step, where it always fails
+            return None
+        return [self._take_burst(seq, row) for seq, row in zip(seqs, tokens)]
+
+    def _take_burst(self, seq: Sequence, tokens: list[int]) -> RequestOutput:
+        """A row's burst tokens, one at a time as steps take them (KV named, stops checked)
+        up to the one that ends it, in one output."""
+        taken: list[int] = []
+        text = ""
+        for token_id in tokens:
+            seq.num_computed_tokens += 1
+            self._kv.name_full_blocks(seq.request_id, seq.block_hashes, seq.num_computed_tokens)
+            if token_id == SAMPLING_FAILED:
+                out = self._sampling_failed(seq)
+            else:
+                out = self._append(seq, token_id, None)
+            taken.extend(out.new_token_ids)
+            text += out.new_text
+            if out.finished:
+                break
+        return dataclasses.replace(out, new_token_ids=tuple(taken), new_text=text)
 
     def _fail(self, seq: Sequence, message: str, kind: str) -> RequestOutput:
         held = seq.request_id in self._hold_kv
@@ -513,6 +585,12 @@ def _unsatisfiable(violation: GrammarViolation | None) -> str:
         "the output constraint cannot be met with this model's vocabulary: no token it "
         f"has can continue the output here{detail}"
     )
+
+
+def _bursts(params: SamplingParams) -> bool:
+    """Whether a request's tokens may come from a burst: greedy, with nothing computed per
+    token from its logits but the argmax."""
+    return params.greedy and params.logprobs is None and not params.adjusts_logits
 
 
 def _grammar_stop(extras: _Extras) -> _Stop | None:

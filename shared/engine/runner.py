@@ -123,6 +123,22 @@ class ModelRunner:
             hidden = self.model(input_ids, batch)
         return in_order(order, self._logits(hidden, ordered))
 
+    def burst_takes(self, num_rows: int) -> bool:
+        """Whether `burst` runs `num_rows` decode rows: the fused step computes their logits
+        on this runner's own KV (FusedDecode.burst_takes)."""
+        return self.fused is not None and self.fused.burst_takes(num_rows)
+
+    @torch.inference_mode()
+    def burst(self, chunks: Sequence[SeqChunk], steps: int) -> list[list[int]]:
+        """`steps` greedy steps of decode chunks (a token each, block tables holding `steps`
+        more) in one native call -> each chunk's tokens in order: the argmax of each step's
+        logits, as `execute` and greedy sampling would give them one step at a time;
+        SAMPLING_FAILED (-1) from a row's first unusable logits on."""
+        assert self.fused is not None, "burst_takes says where a burst runs"
+        input_ids, _, meta = self.prepare(chunks)
+        table, lens = meta.decode_tables()
+        return self.fused.burst(input_ids, table, lens, steps).t().tolist()
+
     def _fused_route(
         self, meta: AttentionMetadata, backend: AttentionBackend | None
     ) -> bool | None:

@@ -114,6 +114,22 @@ class FusedDecode:
         table, lens = meta.decode_tables()
         return self.stack.step(input_ids, cos, sin, meta.slot_mapping, table, lens, by_copy, logits)
 
+    def burst_takes(self, num_rows: int) -> bool:
+        """Whether `burst` takes `num_rows` rows: the stack computes their logits (on the
+        GEMV), as `compute_logits` would."""
+        return self.route(num_rows) is False and self.head_takes(num_rows, False)
+
+    def burst(
+        self, input_ids: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, steps: int
+    ) -> torch.Tensor:
+        """`steps` greedy decode steps in one native call (DecodeStack.burst): input_ids [B]
+        at context lengths `lens` [B] (the token's own included), `table` [B, blocks] holding
+        lens + steps - 1 tokens a row -> [steps, B] int64 tokens, each the argmax of the
+        logits `forward` would return for that step, -1 from a row's first unusable logits
+        (non-finite) on."""
+        cos, sin = self.model.rotary.tables(int(lens.max()) + steps - 1)
+        return self.stack.burst(input_ids, cos, sin, table, lens, steps)
+
 
 def fused_decode(
     model: LlamaModel, backend: AttentionBackend, isa: str | None = None

@@ -282,6 +282,37 @@ class DecodeStack {
     return out;
   }
 
+  // `steps` greedy steps from token_ids [B] (as step's, logits on the GEMV), each row's next
+  // token its logits' first maximum (the sampler's greedy choice, kernels/greedy.cpp), fed to
+  // the next step -> [steps, B] int64: the tokens chosen at each step, -1 (the sampler's
+  // SAMPLING_FAILED) from a row's first unusable logits on. Each step writes a row's KV at its
+  // next position, so block_table must hold context_lens + steps - 1 tokens a row.
+  // NOTE: what it saves is the engine's Python between steps (scheduling, metadata, sampling:
+  // ~9% of a batch-1 step, `python -m bench step-phases`); the steps themselves are step's.
+  at::Tensor burst(at::Tensor token_ids, at::Tensor cos, at::Tensor sin, at::Tensor block_table,
+                   at::Tensor context_lens, int64_t steps) const {
+    check_burst(token_ids, block_table, context_lens, steps);
+    const int64_t B = token_ids.size(0);
+    at::Tensor ids = token_ids.clone(), lens = context_lens.clone();
+    at::Tensor slots = at::empty({B}, lens.options());
+    at::Tensor chosen = at::empty({steps, B}, lens.options());
+    std::vector<bool> failed(B, false);
+    for (int64_t s = 0; s < steps; ++s) {
+      next_slots(slots, block_table, lens);
+      const auto [best, usable] = kernels::greedy_rows(step(ids, cos, sin, slots, block_table,
+                                                            lens, /*by_copy=*/false,
+                                                            /*logits=*/true));
+      int64_t* out = chosen.data_ptr<int64_t>() + s * B;
+      for (int64_t b = 0; b < B; ++b) {
+        failed[b] = failed[b] || !usable[b];
+        out[b] = failed[b] ? -1 : best[b];
+        if (!failed[b]) ids.data_ptr<int64_t>()[b] = best[b];  // else a valid id, unread
+        lens.data_ptr<int64_t>()[b] += 1;
+      }
+    }
+    return chosen;
+  }
+
   // Starts (or stops) timing the steps' parts, from zero.
   void time_parts(bool on) { times_ = PartTimes{on}; }
 
@@ -354,6 +385,20 @@ class DecodeStack {
     at::Tensor x = at::empty({B, H}, kv_.options());
     round_to(x.data_ptr<c10::BFloat16>(), rows.data_ptr<float>(), B * H);
     return x;
+  }
+
+  // Each row's slot for the token at its context's last position, from its block table
+  // (check_burst has checked that every step's positions lie in it).
+  void next_slots(at::Tensor& slots, const at::Tensor& block_table,
+                  const at::Tensor& context_lens) const {
+    const int64_t width = block_table.size(1), block_size = kv_.size(3);
+    const int64_t* table = block_table.data_ptr<int64_t>();
+    const int64_t* lens = context_lens.data_ptr<int64_t>();
+    int64_t* out = slots.data_ptr<int64_t>();
+    for (int64_t b = 0; b < slots.size(0); ++b) {
+      const int64_t position = lens[b] - 1;
+      out[b] = table[b * width + position / block_size] * block_size + position % block_size;
+    }
   }
 
   // Each decode row's position: the last of its context.
@@ -534,6 +579,27 @@ class DecodeStack {
     check_positions(slots, block_table, context_lens);
   }
 
+  // What burst reads before each step checks its own input: every row's positions, from its
+  // context's last to the last step's, lie in its block table (each step checks the blocks).
+  void check_burst(const at::Tensor& token_ids, const at::Tensor& block_table,
+                   const at::Tensor& context_lens, int64_t steps) const {
+    TORCH_CHECK(steps >= 1, "DecodeStack.burst: steps must be at least 1, got ", steps);
+    TORCH_CHECK(has_head(), "DecodeStack.burst: a burst samples logits: the stack needs a head");
+    TORCH_CHECK(token_ids.dim() == 1, "DecodeStack.burst: token_ids must be [B]");
+    const int64_t B = token_ids.size(0);
+    check_tensor(token_ids, at::kLong, {B}, "token_ids");
+    check_tensor(context_lens, at::kLong, {B}, "context_lens");
+    TORCH_CHECK(block_table.dim() == 2, "DecodeStack.burst: block_table must be [B, blocks]");
+    check_tensor(block_table, at::kLong, {B, block_table.size(1)}, "block_table");
+    const int64_t width = block_table.size(1), block_size = kv_.size(3);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = context_lens.data_ptr<int64_t>()[b];
+      TORCH_CHECK(len >= 1 && (len + steps - 2) / block_size < width, "DecodeStack.burst: row ",
+                  b, "'s positions ", len - 1, " to ", len + steps - 2, " do not fit its ",
+                  width, " blocks");
+    }
+  }
+
   // Every slot written and every block read lies in the pool: the kernels index it unchecked.
   void check_positions(const at::Tensor& slot_mapping, const at::Tensor& block_table,
                        const at::Tensor& context_lens) const {
@@ -595,6 +661,9 @@ void register_decode_stack(py::module_& m) {
       .def("step", &DecodeStack::step, py::arg("token_ids"), py::arg("cos"), py::arg("sin"),
            py::arg("slots"), py::arg("block_table"), py::arg("context_lens"),
            py::arg("by_copy") = false, py::arg("logits") = false,
+           py::call_guard<py::gil_scoped_release>())
+      .def("burst", &DecodeStack::burst, py::arg("token_ids"), py::arg("cos"), py::arg("sin"),
+           py::arg("block_table"), py::arg("context_lens"), py::arg("steps"),
            py::call_guard<py::gil_scoped_release>())
       .def("takes_copies", &DecodeStack::takes_copies)
       .def("time_parts", &DecodeStack::time_parts, py::arg("on"))

@@ -91,6 +91,7 @@ def test_bad_input_gets_one_line_errors(bad_models, tiny_llama_dir, capsys) -> N
         (["--model", str(tiny_llama_dir), "--prompt", "hi"], "no tokenizer.json"),
         (["--prompt", "hi", "--temperature", "-1"], "temperature must be >= 0"),
         (["--prompt", "hi", "--device", "gpu"], "unknown device 'gpu'"),
+        (["--prompt", "hi", "--decode-burst", "0"], "decode_burst must be positive"),
     ]
     if not torch.cuda.is_available():
         cases.append((["--prompt", "hi", "--device", "cuda"], "torch sees no CUDA device"))

@@ -411,3 +411,62 @@ def test_the_start_up_log_says_which_path_decode_steps_take(tiny_llama_dir, mode
     plain = runner(model, False)
     assert "turned off" in decode_path(plain, EngineConfig(fused_decode=False))
     assert "no fused step" in decode_path(plain, EngineConfig())
+
+
+@pytest.mark.parametrize("activations", ["q16", "q8"])
+def test_a_burst_chooses_each_steps_argmax_and_writes_the_same_kv(models, isa, activations):
+    """DecodeStack.burst: five greedy steps of three rows in one native call choose what five
+    fused steps' argmax chooses, and leave the KV the step after reads the same."""
+    model = models["auto"]
+    set_activations(model, activations)
+    bursting, stepping = runner(model, True, isa), runner(model, True, isa)
+    tokens = {name: list(ids) for name, ids in PROMPTS.items()}
+    for r in (bursting, stepping):
+        first = r.execute([prefill(n) for n in "abc"])
+    for name, logits in zip("abc", first, strict=True):
+        tokens[name].append(int(logits[-1].argmax()))
+    assert bursting.burst_takes(3) and bursting.burst_takes(1)
+    burst = bursting.burst(decode(tokens, "abc"), 5)
+    for _ in range(5):
+        chunks = decode(tokens, "abc")
+        for chunk, logits in zip(chunks, stepping.execute(chunks), strict=True):
+            tokens[chunk.request_id].append(int(logits[-1].argmax()))
+    assert burst == [tokens[name][-5:] for name in "abc"]
+    after = decode(tokens, "abc")
+    assert_same(bursting.execute(after), stepping.execute(after))
+
+
+def test_a_burst_refuses_bad_input_with_a_clear_error(models, tiny_llama_dir) -> None:
+    model = models["auto"]
+    set_activations(model, "q16")
+    fused = runner(model, True).fused
+    assert fused is not None
+    cos, sin = model.rotary.tables(16)
+    good = dict(
+        token_ids=torch.tensor([1]),
+        cos=cos,
+        sin=sin,
+        block_table=torch.tensor([[2, 3]]),
+        context_lens=torch.tensor([5]),
+        steps=2,
+    )
+    assert fused.stack.burst(*good.values()).shape == (2, 1)
+    bad = {
+        "steps must be at least 1": dict(steps=0),
+        "positions 5 to 8 do not fit its 2 blocks": dict(context_lens=torch.tensor([6]), steps=4),
+        "context_lens must be a contiguous CPU Long": dict(context_lens=torch.tensor([5]).int()),
+        "block_table must be a contiguous CPU Long": dict(block_table=torch.tensor([[2, 3]]).int()),
+        "slot 64 is outside the pool": dict(block_table=torch.tensor([[2, 16]])),
+        "with 1 <= B <= 16": dict(
+            token_ids=torch.ones(17, dtype=torch.long),
+            block_table=torch.zeros(17, 2, dtype=torch.long),
+            context_lens=torch.ones(17, dtype=torch.long),
+        ),
+    }
+    for message, change in bad.items():
+        with pytest.raises(RuntimeError, match=message):
+            fused.stack.burst(*{**good, **change}.values())
+    float_head = runner(load_model(tiny_llama_dir), True).fused
+    assert float_head is not None and not float_head.burst_takes(1)
+    with pytest.raises(RuntimeError, match="the stack needs a head"):
+        float_head.stack.burst(*good.values())
