@@ -37,6 +37,7 @@ class WorkerConfig(ServiceConfig):
     num_threads: int | None = None
     enable_prefix_cache: bool = True
     fused_decode: bool = True  # EngineConfig.fused_decode
+    decode_burst: int = 1  # EngineConfig.decode_burst (the CLI's default: DECODE_BURST)
     data_host: str = "127.0.0.1"  # where this worker receives KV bytes
     data_port: int = 0
     advertise_data_addr: str = ""  # what peers should dial, if not the bound address
@@ -77,6 +78,7 @@ class WorkerConfig(ServiceConfig):
             detokenize=False,
             enable_prefix_cache=self.enable_prefix_cache,
             fused_decode=self.fused_decode,
+            decode_burst=self.decode_burst,
             mock=self.mock,
             max_model_len=self.max_model_len,
         )

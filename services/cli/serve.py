@@ -95,6 +95,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         num_threads=args.threads,
         enable_prefix_cache=not args.no_prefix_cache,
         fused_decode=not args.no_fused_decode,
+        decode_burst=args.decode_burst,
         data_host=args.data_host,
         data_port=args.data_port,
         advertise_data_addr=args.advertise_data_addr,

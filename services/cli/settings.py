@@ -458,6 +458,7 @@ WORKER = (
     "cores",
     "no_prefix_cache",
     "no_fused_decode",
+    "decode_burst",
     *DATA_PLANE,
     "transport",
     *KV_POOL,
@@ -539,6 +540,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "max_num_seqs",
         "max_num_batched_tokens",
         "long_prefill_tokens",
+        "decode_burst",
         *ENGINE,
         *RELIABILITY,
         "served_model_name",
@@ -671,6 +673,7 @@ WORKER_TUNING = (
     "max_num_batched_tokens",
     "long_prefill_tokens",
     "max_model_len",
+    "decode_burst",
 )
 FORWARDED_BY_UP: dict[str, tuple[str, ...]] = {
     "conductor": ("model", "policy", "admission", "slo_ttft", "slo_tbt"),

@@ -51,7 +51,9 @@ class EngineLoop:
         self._thread = thread or EngineThread()
         self.num_steps = 0
         self.step_seconds = 0.0
-        self.mean_step_seconds = 0.0  # moving average: the TBT this worker gives now
+        # moving average of a step's seconds a token of a row (a burst of decode steps,
+        # EngineConfig.decode_burst, gives several): the TBT this worker gives now
+        self.mean_step_seconds = 0.0
         self.on_step: Callable[[float], None] | None = None  # e.g. a histogram's observe
         self.num_failed_steps = 0  # engine-wide step failures since the last good step
         # Called on the event loop, once each time the loop becomes broken, with the reason.
@@ -88,7 +90,8 @@ class EngineLoop:
             outputs = self._run_step()
             self.num_steps += 1
             self.step_seconds = time.perf_counter() - started
-            self.mean_step_seconds = smoothed(self.mean_step_seconds, self.step_seconds)
+            per_token = self.step_seconds / tokens_a_row(outputs)
+            self.mean_step_seconds = smoothed(self.mean_step_seconds, per_token)
             if self.on_step is not None:
                 self.on_step(self.step_seconds)
             log.debug("step %d: %.1f ms", self.num_steps, self.step_seconds * 1000)
@@ -123,6 +126,11 @@ class EngineLoop:
             except Exception as e:  # delivered to the awaiting side, not swallowed
                 result, error = None, e
             self.loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def tokens_a_row(outputs: list[RequestOutput]) -> int:
+    """The most tokens a step gave one request (a burst's steps; at least 1)."""
+    return max((len(out.new_token_ids) for out in outputs), default=1) or 1
 
 
 def _log_if_failed(done: concurrent.futures.Future) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
-from shared.engine.loop import BROKEN_AFTER, EngineLoop
+from shared.engine.loop import BROKEN_AFTER, EngineLoop, tokens_a_row
+from shared.engine.output import RequestOutput
 
 
 class ScriptedEngine:
@@ -60,3 +62,43 @@ def test_three_failed_steps_in_a_row_break_the_loop_once() -> None:
 def test_a_good_step_resets_the_count() -> None:
     loop, reasons, _ = run_script([False, False, True])
     assert not loop.broken and loop.num_failed_steps == 0 and reasons == []
+
+
+class TimedEngine:
+    """Steps of 20 ms each, every one giving a request `tokens` tokens (a burst's)."""
+
+    def __init__(self, steps: int, tokens: int) -> None:
+        self.left, self.tokens = steps, tokens
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.left > 0
+
+    def step(self) -> list[RequestOutput]:
+        time.sleep(0.02)
+        self.left -= 1
+        return [RequestOutput("r", (7,) * self.tokens, "", None, False, None, None, 3, 0, 1)]
+
+
+def mean_step_seconds(tokens: int) -> float:
+    async def main() -> float:
+        engine = TimedEngine(6, tokens)
+        loop = EngineLoop(engine, asyncio.get_running_loop(), lambda outputs: None)
+        loop.start()
+        while engine.has_unfinished:
+            await asyncio.sleep(0.01)
+        loop.stop()
+        return loop.mean_step_seconds
+
+    return asyncio.run(main())
+
+
+def test_the_tbt_a_loop_reports_is_a_steps_time_a_token_of_a_row() -> None:
+    """A decode worker refuses work past its TBT SLO by mean_step_seconds: a step that gave
+    each request 4 tokens (EngineConfig.decode_burst) took a quarter of its time a token."""
+    assert mean_step_seconds(4) < mean_step_seconds(1) / 2
+    outputs = [
+        RequestOutput(r, t, "", None, False, None, None, 3, 0, 1)
+        for r, t in (("a", (1, 2, 3)), ("b", ()))
+    ]
+    assert tokens_a_row(outputs) == 3 and tokens_a_row([]) == 1
