@@ -70,10 +70,13 @@ def prefill_rate(record: RequestRecord) -> float:
 
 
 def decode_rate(record: RequestRecord) -> float:
-    """Tokens after the first over the time they took, from the stream's timestamps."""
-    if not record.itl:
+    """Tokens after the first (the server's count) over the time from the first to the last:
+    1 / TPOT. Not the stream's events: an event may carry several tokens (kvstack's
+    --decode-burst streams each burst's together)."""
+    assert record.ttft is not None
+    if record.output_len <= 1 or record.latency <= record.ttft:
         raise KvstackError("a decode run needs more than one streamed token")
-    return len(record.itl) / sum(record.itl)
+    return (record.output_len - 1) / (record.latency - record.ttft)
 
 
 def serve(spec: ServerSpec, workloads: Workloads, rate: float, seed: int) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from shared.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, is
 from shared.engine.sequence import Sequence
 from shared.engine.stats import tokens_to_compute
 from shared.engine.step_threads import StepThreads
+from shared.engine.step_time import smoothed
 from shared.engine.stop import StopStringMatcher
 from shared.errors import InvalidRequest, KvstackError
 from shared.kvcache.block_pool import KVEvents
@@ -52,6 +54,12 @@ from shared.model.tokenizer import Tokenizer, has_tokenizer
 from shared.structured.matcher import GrammarMatcher, GrammarViolation
 
 log = logging.getLogger("kvstack.engine")
+
+# The most a burst of decode steps may take (EngineConfig.decode_burst): its tokens reach the
+# client in one event, so a client's gap between tokens may be this long. NOTE: a burst saves
+# the Python between steps (~0.35 ms a step here), which only counts beside short steps: a
+# model whose steps take 25 ms or more decodes a token a step and streams as before.
+BURST_EVENT_SECONDS = 0.025
 
 # How a request ends: ("stop", its stop token or string) or ("length", None).
 _Stop = tuple[str, int | str | None]
@@ -113,6 +121,7 @@ class LLMEngine:
         self._generator = torch.Generator(device=config.device).manual_seed(config.seed)
         self._ids = itertools.count()
         self._bursts_up_to = config.decode_burst  # 1 after a burst failed
+        self._decode_seconds = 0.0  # a decode-only step's, lately (bursts: a step of one)
         self._info = EngineInfo(
             config,
             mc,
@@ -356,10 +365,14 @@ class LLMEngine:
             log.debug(
                 "step: %d decode rows, %d prompt tokens", len(chunks) - len(prompt), sum(prompt)
             )
-        self._threads.apply(prefills=any(c.num_tokens > 1 for c in chunks))
+        prefills = any(c.num_tokens > 1 for c in chunks)
+        self._threads.apply(prefills=prefills)
         if on_scheduled is not None:
             on_scheduled(chunks)
+        started = time.perf_counter()
         logits = execute_isolated(self._runner, chunks, layer_hook, layer_gate)
+        if not prefills:
+            self._time_decode(time.perf_counter() - started)
         for s, row in zip(out.scheduled, logits):
             if isinstance(row, Exception):
                 s.seq.invalidate(
@@ -386,7 +399,7 @@ class LLMEngine:
         every row decodes greedily with nothing per token but its stops (no logprobs,
         penalties, biases or grammar; no KV held to send), no request waits for a step; as
         many as the row with the fewest tokens left to make allows."""
-        steps = self._bursts_up_to
+        steps = burst_fits(self._bursts_up_to, self._decode_seconds)
         if steps < 2 or self._scheduler.waiting or not isinstance(self._runner, ModelRunner):
             return 1
         if not self._runner.burst_takes(len(scheduled)):
@@ -420,13 +433,20 @@ class LLMEngine:
         if on_scheduled is not None:
             on_scheduled(chunks)
         self._threads.apply(prefills=False)
+        started = time.perf_counter()
         try:
             tokens = self._runner.burst(chunks, steps)
+            self._time_decode((time.perf_counter() - started) / steps)
         except Exception:  # the steps it wrote are rewritten by the usual steps
             log.exception("a burst of %d decode steps failed; a token a step from now", steps)
             self._bursts_up_to = 1  # NOTE: one log, not one a step, where it always fails
             return None
         return [self._take_burst(seq, row) for seq, row in zip(seqs, tokens)]
+
+    def _time_decode(self, seconds: float) -> None:
+        """A decode-only step took `seconds`: the moving average bursts are sized by."""
+        mean = self._decode_seconds
+        self._decode_seconds = smoothed(mean, seconds) if mean else seconds
 
     def _take_burst(self, seq: Sequence, tokens: list[int]) -> RequestOutput:
         """A row's burst tokens, one at a time as steps take them (KV named, stops checked)
@@ -585,6 +605,15 @@ def _unsatisfiable(violation: GrammarViolation | None) -> str:
         "the output constraint cannot be met with this model's vocabulary: no token it "
         f"has can continue the output here{detail}"
     )
+
+
+def burst_fits(steps: int, step_seconds: float) -> int:
+    """How many of `steps` decode steps of `step_seconds` each one burst may chain: a burst's
+    tokens stream together, so its steps take at most BURST_EVENT_SECONDS (at least one; one
+    while no step has been timed)."""
+    if step_seconds <= 0:
+        return 1
+    return max(1, min(steps, int(BURST_EVENT_SECONDS / step_seconds)))
 
 
 def _bursts(params: SamplingParams) -> bool:

@@ -246,3 +246,16 @@ def test_a_relative_gguf_is_made_absolute_for_the_servers(tmp_path, monkeypatch)
     (tmp_path / "m.Q4_1.gguf").touch()
     args = parser.parse_args(["peers", "--gguf", "m.Q4_1.gguf", "--dtype", "float32"])
     assert peer_setup(args).ggufs == (tmp_path / "m.Q4_1.gguf",)
+
+
+def test_decode_rate_counts_the_servers_tokens_not_the_streams_events() -> None:
+    """kvstack streams a burst of decode steps as one event: 8 tokens after the first in
+    2 events over 0.4 s are 20 tok/s, not 5."""
+    from bench.peers.workloads import decode_rate
+    from loadgen.records import RequestRecord
+
+    burst = RequestRecord(0, 0.0, 512, output_len=9, ttft=0.1, itl=(0.2, 0.2), latency=0.5)
+    assert decode_rate(burst) == pytest.approx(20.0)
+    one = RequestRecord(0, 0.0, 512, output_len=1, ttft=0.1, latency=0.1)
+    with pytest.raises(KvstackError, match="more than one streamed token"):
+        decode_rate(one)
