@@ -25,7 +25,7 @@ ATTENTION_CHOICES = ("auto", "torch", "triton")
 
 # What the CLI's --decode-burst defaults to (EngineConfig.decode_burst: chained greedy decode
 # steps). NOTE: 8 gained no more than 4 at batch 1 (docs/benchmarks.md, "Decode steps chained
-# in one native call"), and a request arriving mid-burst waits at most 3 steps at 4.
+# in one native call"), and a burst's tokens stream in one event: fewer is smoother.
 DECODE_BURST = 4
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from shared.engine.burst import burst_fits, bursts
 from shared.engine.config import EngineConfig, max_model_len
 from shared.engine.device import with_concrete_device
 from shared.engine.grammar import Grammars
@@ -54,12 +55,6 @@ from shared.model.tokenizer import Tokenizer, has_tokenizer
 from shared.structured.matcher import GrammarMatcher, GrammarViolation
 
 log = logging.getLogger("kvstack.engine")
-
-# The most a burst of decode steps may take (EngineConfig.decode_burst): its tokens reach the
-# client in one event, so a client's gap between tokens may be this long. NOTE: a burst saves
-# the Python between steps (~0.35 ms a step here), which only counts beside short steps: a
-# model whose steps take 25 ms or more decodes a token a step and streams as before.
-BURST_EVENT_SECONDS = 0.025
 
 # How a request ends: ("stop", its stop token or string) or ("length", None).
 _Stop = tuple[str, int | str | None]
@@ -122,6 +117,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self._bursts_up_to = config.decode_burst  # 1 after a burst failed
         self._decode_seconds = 0.0  # a decode-only step's, lately (bursts: a step of one)
+        self._burst_stop = torch.zeros(1, dtype=torch.uint8)  # end_burst sets it
         self._info = EngineInfo(
             config,
             mc,
@@ -406,7 +402,7 @@ class LLMEngine:
             return 1
         for s in scheduled:
             seq, params = s.seq, s.seq.params
-            if s.num_new_tokens != 1 or is_prefilling(seq) or not _bursts(params):
+            if s.num_new_tokens != 1 or is_prefilling(seq) or not bursts(params):
                 return 1
             if seq.request_id in self._hold_kv or seq.invalid_reason:
                 return 1
@@ -433,15 +429,21 @@ class LLMEngine:
         if on_scheduled is not None:
             on_scheduled(chunks)
         self._threads.apply(prefills=False)
+        self._burst_stop.zero_()
         started = time.perf_counter()
         try:
-            tokens = self._runner.burst(chunks, steps)
-            self._time_decode((time.perf_counter() - started) / steps)
+            tokens = self._runner.burst(chunks, steps, self._burst_stop)
+            self._time_decode((time.perf_counter() - started) / len(tokens[0]))
         except Exception:  # the steps it wrote are rewritten by the usual steps
             log.exception("a burst of %d decode steps failed; a token a step from now", steps)
             self._bursts_up_to = 1  # NOTE: one log, not one a step, where it always fails
             return None
         return [self._take_burst(seq, row) for seq, row in zip(seqs, tokens)]
+
+    def end_burst(self) -> None:
+        """Ends a burst of decode steps in progress after its current step (EngineLoop.call:
+        a call, such as a new request, waits for no more than a step). Any thread."""
+        self._burst_stop[0] = 1
 
     def _time_decode(self, seconds: float) -> None:
         """A decode-only step took `seconds`: the moving average bursts are sized by."""
@@ -605,21 +607,6 @@ def _unsatisfiable(violation: GrammarViolation | None) -> str:
         "the output constraint cannot be met with this model's vocabulary: no token it "
         f"has can continue the output here{detail}"
     )
-
-
-def burst_fits(steps: int, step_seconds: float) -> int:
-    """How many of `steps` decode steps of `step_seconds` each one burst may chain: a burst's
-    tokens stream together, so its steps take at most BURST_EVENT_SECONDS (at least one; one
-    while no step has been timed)."""
-    if step_seconds <= 0:
-        return 1
-    return max(1, min(steps, int(BURST_EVENT_SECONDS / step_seconds)))
-
-
-def _bursts(params: SamplingParams) -> bool:
-    """Whether a request's tokens may come from a burst: greedy, with nothing computed per
-    token from its logits but the argmax."""
-    return params.greedy and params.logprobs is None and not params.adjusts_logits
 
 
 def _grammar_stop(extras: _Extras) -> _Stop | None:

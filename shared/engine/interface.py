@@ -103,6 +103,11 @@ class EngineInterface(Protocol):
         Held KV stays until `release`. Engine thread."""
         ...
 
+    def end_burst(self) -> None:
+        """End a burst of decode steps in progress (EngineConfig.decode_burst) after its
+        current step, so what `EngineLoop.call` queued waits no longer. Any thread."""
+        ...
+
     def step(
         self,
         layer_hook: LayerHook | None = None,

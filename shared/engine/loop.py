@@ -77,6 +77,7 @@ class EngineLoop:
         future = self.loop.create_future()
         self._calls.put((fn, future))
         self._wake.set()
+        self.engine.end_burst()  # NOTE: a burst would keep it waiting a few steps more
         return future
 
     def _main(self) -> None:

@@ -129,15 +129,18 @@ class ModelRunner:
         return self.fused is not None and self.fused.burst_takes(num_rows)
 
     @torch.inference_mode()
-    def burst(self, chunks: Sequence[SeqChunk], steps: int) -> list[list[int]]:
+    def burst(
+        self, chunks: Sequence[SeqChunk], steps: int, stop: torch.Tensor | None = None
+    ) -> list[list[int]]:
         """`steps` greedy steps of decode chunks (a token each, block tables holding `steps`
         more) in one native call -> each chunk's tokens in order: the argmax of each step's
         logits, as `execute` and greedy sampling would give them one step at a time;
-        SAMPLING_FAILED (-1) from a row's first unusable logits on."""
+        SAMPLING_FAILED (-1) from a row's first unusable logits on; fewer where `stop` ended
+        it early (FusedDecode.burst)."""
         assert self.fused is not None, "burst_takes says where a burst runs"
         input_ids, _, meta = self.prepare(chunks)
         table, lens = meta.decode_tables()
-        return self.fused.burst(input_ids, table, lens, steps).t().tolist()
+        return self.fused.burst(input_ids, table, lens, steps, stop).t().tolist()
 
     def _fused_route(
         self, meta: AttentionMetadata, backend: AttentionBackend | None

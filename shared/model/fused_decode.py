@@ -120,15 +120,21 @@ class FusedDecode:
         return self.route(num_rows) is False and self.head_takes(num_rows, False)
 
     def burst(
-        self, input_ids: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, steps: int
+        self,
+        input_ids: torch.Tensor,
+        table: torch.Tensor,
+        lens: torch.Tensor,
+        steps: int,
+        stop: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`steps` greedy decode steps in one native call (DecodeStack.burst): input_ids [B]
         at context lengths `lens` [B] (the token's own included), `table` [B, blocks] holding
         lens + steps - 1 tokens a row -> [steps, B] int64 tokens, each the argmax of the
         logits `forward` would return for that step, -1 from a row's first unusable logits
-        (non-finite) on."""
+        (non-finite) on. A nonzero `stop` ([1] uint8) ends it after the step in progress:
+        fewer rows then."""
         cos, sin = self.model.rotary.tables(int(lens.max()) + steps - 1)
-        return self.stack.burst(input_ids, cos, sin, table, lens, steps)
+        return self.stack.burst(input_ids, cos, sin, table, lens, steps, stop)
 
 
 def fused_decode(

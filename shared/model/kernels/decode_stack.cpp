@@ -286,12 +286,19 @@ class DecodeStack {
   // token its logits' first maximum (the sampler's greedy choice, kernels/greedy.cpp), fed to
   // the next step -> [steps, B] int64: the tokens chosen at each step, -1 (the sampler's
   // SAMPLING_FAILED) from a row's first unusable logits on. Each step writes a row's KV at its
-  // next position, so block_table must hold context_lens + steps - 1 tokens a row.
+  // next position, so block_table must hold context_lens + steps - 1 tokens a row. A nonzero
+  // `stop` ([1] uint8, set from another thread) ends the burst after the step in progress:
+  // the rows of the steps run come back ([run, B]).
   // NOTE: what it saves is the engine's Python between steps (scheduling, metadata, sampling:
   // ~9% of a batch-1 step, `python -m bench step-phases`); the steps themselves are step's.
   at::Tensor burst(at::Tensor token_ids, at::Tensor cos, at::Tensor sin, at::Tensor block_table,
-                   at::Tensor context_lens, int64_t steps) const {
+                   at::Tensor context_lens, int64_t steps,
+                   c10::optional<at::Tensor> stop) const {
     check_burst(token_ids, block_table, context_lens, steps);
+    TORCH_CHECK(!stop || (stop->device().is_cpu() && stop->scalar_type() == at::kByte &&
+                          stop->numel() == 1),
+                "DecodeStack.burst: stop must be a CPU uint8 tensor of one element");
+    const uint8_t* stop_flag = stop ? stop->data_ptr<uint8_t>() : nullptr;
     const int64_t B = token_ids.size(0);
     at::Tensor ids = token_ids.clone(), lens = context_lens.clone();
     at::Tensor slots = at::empty({B}, lens.options());
@@ -309,6 +316,8 @@ class DecodeStack {
         if (!failed[b]) ids.data_ptr<int64_t>()[b] = best[b];  // else a valid id, unread
         lens.data_ptr<int64_t>()[b] += 1;
       }
+      if (stop_flag && s + 1 < steps && __atomic_load_n(stop_flag, __ATOMIC_ACQUIRE))
+        return chosen.narrow(0, 0, s + 1);
     }
     return chosen;
   }
@@ -664,7 +673,7 @@ void register_decode_stack(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("burst", &DecodeStack::burst, py::arg("token_ids"), py::arg("cos"), py::arg("sin"),
            py::arg("block_table"), py::arg("context_lens"), py::arg("steps"),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("stop") = py::none(), py::call_guard<py::gil_scoped_release>())
       .def("takes_copies", &DecodeStack::takes_copies)
       .def("time_parts", &DecodeStack::time_parts, py::arg("on"))
       .def("part_times", &DecodeStack::part_times)

@@ -8,9 +8,10 @@ import dataclasses
 
 import pytest
 
-from shared.engine import engine as engine_module
+from shared.engine import burst as burst_module
+from shared.engine.burst import burst_fits
 from shared.engine.config import EngineConfig
-from shared.engine.engine import LLMEngine, burst_fits
+from shared.engine.engine import LLMEngine
 from shared.engine.output import RequestOutput
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
@@ -23,13 +24,13 @@ pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native kernels on 
 def bursts_of_any_time(monkeypatch) -> None:
     """Bursts as long as asked, however long this machine's steps take (the time cap has a
     test of its own)."""
-    monkeypatch.setattr(engine_module, "BURST_EVENT_SECONDS", 60.0)
+    monkeypatch.setattr(burst_module, "BURST_EVENT_SECONDS", 60.0)
 
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 PROMPT_A = [1, 504, 2, 17, 260, 9, 4, 30, 2, 88, 6, 1000, 3, 45]
 PROMPT_B = [77, 12, 900, 4, 31, 7, 2000, 16]
-SHIPPED_EVENT_SECONDS = engine_module.BURST_EVENT_SECONDS  # before a test changes it
+SHIPPED_EVENT_SECONDS = burst_module.BURST_EVENT_SECONDS  # before a test changes it
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +161,7 @@ def test_a_failed_burst_steps_once_and_the_engine_bursts_no_more(
     engine = LLMEngine(EngineConfig(num_blocks=16, decode_burst=4))
     tried: list[int] = []
 
-    def broken(chunks, steps):
+    def broken(chunks, steps, stop):
         tried.append(steps)
         raise RuntimeError("the native burst broke")
 
@@ -175,12 +176,32 @@ def test_a_failed_burst_steps_once_and_the_engine_bursts_no_more(
 def test_a_burst_takes_at_most_its_event_time_of_steps(engines, monkeypatch) -> None:
     """A burst's tokens reach the client together: its steps may take BURST_EVENT_SECONDS,
     sized by the engine's decode steps lately (a step of one until one is timed)."""
-    monkeypatch.setattr(engine_module, "BURST_EVENT_SECONDS", SHIPPED_EVENT_SECONDS)
+    monkeypatch.setattr(burst_module, "BURST_EVENT_SECONDS", SHIPPED_EVENT_SECONDS)
     assert SHIPPED_EVENT_SECONDS == 0.025
     assert burst_fits(4, 0.004) == 4 and burst_fits(8, 0.004) == 6
     assert burst_fits(4, 0.010) == 2 and burst_fits(4, 0.030) == 1
     assert burst_fits(4, 0.0) == 1
-    monkeypatch.setattr(engine_module, "BURST_EVENT_SECONDS", 1e-6)  # every step "too slow"
+    monkeypatch.setattr(burst_module, "BURST_EVENT_SECONDS", 1e-6)  # every step "too slow"
     requests = {"r": (PROMPT_A, dataclasses.replace(GREEDY, max_tokens=9))}
     single, burst = both(engines, requests, "slow")
     assert burst.most_tokens_a_step == 1 and burst.results == single.results
+
+
+def test_a_call_to_the_engine_ends_a_burst_after_its_step_in_progress(
+    engines, smollm2_dir, monkeypatch
+) -> None:
+    """EngineLoop.call ends a burst (end_burst) so a new request waits for a step, not a
+    burst: here every burst is ended as it starts, and each gives one step's tokens."""
+    engine = LLMEngine(EngineConfig(num_blocks=16, decode_burst=4))
+    bursts, burst = [], engine._runner.burst
+
+    def ended_at_once(chunks, steps, stop):
+        bursts.append(steps)
+        engine.end_burst()  # as EngineLoop.call does from the event loop's thread
+        return burst(chunks, steps, stop)
+
+    monkeypatch.setattr(engine._runner, "burst", ended_at_once)
+    requests = {"r": (PROMPT_A, dataclasses.replace(GREEDY, max_tokens=12))}
+    got, want = run(engine, requests), run(engines[1], {"ended-r": requests["r"]})
+    assert got.results["r"] == want.results["ended-r"]
+    assert max(bursts) == 4 and min(bursts) >= 2 and got.most == {"r": 1}

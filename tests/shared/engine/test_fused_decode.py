@@ -434,6 +434,12 @@ def test_a_burst_chooses_each_steps_argmax_and_writes_the_same_kv(models, isa, a
     assert burst == [tokens[name][-5:] for name in "abc"]
     after = decode(tokens, "abc")
     assert_same(bursting.execute(after), stepping.execute(after))
+    # a stop set (by another thread) while it runs ends it after the step in progress
+    tokens = {name: list(ids) for name, ids in PROMPTS.items()}  # from the prompts' end again
+    for name, logits in zip("abc", first, strict=True):
+        tokens[name].append(int(logits[-1].argmax()))
+    ended = bursting.burst(decode(tokens, "abc"), 5, torch.ones(1, dtype=torch.uint8))
+    assert ended == [[row[0]] for row in burst]
 
 
 def test_a_burst_refuses_bad_input_with_a_clear_error(models, tiny_llama_dir) -> None:
@@ -449,6 +455,7 @@ def test_a_burst_refuses_bad_input_with_a_clear_error(models, tiny_llama_dir) ->
         block_table=torch.tensor([[2, 3]]),
         context_lens=torch.tensor([5]),
         steps=2,
+        stop=torch.zeros(1, dtype=torch.uint8),
     )
     assert fused.stack.burst(*good.values()).shape == (2, 1)
     bad = {
@@ -457,6 +464,7 @@ def test_a_burst_refuses_bad_input_with_a_clear_error(models, tiny_llama_dir) ->
         "context_lens must be a contiguous CPU Long": dict(context_lens=torch.tensor([5]).int()),
         "block_table must be a contiguous CPU Long": dict(block_table=torch.tensor([[2, 3]]).int()),
         "slot 64 is outside the pool": dict(block_table=torch.tensor([[2, 16]])),
+        "stop must be a CPU uint8 tensor": dict(stop=torch.zeros(1, dtype=torch.int32)),
         "with 1 <= B <= 16": dict(
             token_ids=torch.ones(17, dtype=torch.long),
             block_table=torch.zeros(17, 2, dtype=torch.long),

@@ -102,3 +102,24 @@ def test_the_tbt_a_loop_reports_is_a_steps_time_a_token_of_a_row() -> None:
         for r, t in (("a", (1, 2, 3)), ("b", ()))
     ]
     assert tokens_a_row(outputs) == 3 and tokens_a_row([]) == 1
+
+
+def test_a_call_ends_a_burst_in_progress() -> None:
+    """A request added through the loop waits for the engine's current step, not the rest of
+    a burst of decode steps (EngineConfig.decode_burst)."""
+
+    class Engine(TimedEngine):
+        ended = 0
+
+        def end_burst(self) -> None:
+            self.ended += 1
+
+    async def main() -> int:
+        engine = Engine(0, 1)
+        loop = EngineLoop(engine, asyncio.get_running_loop(), lambda outputs: None)
+        loop.start()
+        assert await loop.call(lambda e: "called") == "called"
+        loop.stop()
+        return engine.ended
+
+    assert asyncio.run(main()) == 1
