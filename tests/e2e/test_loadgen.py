@@ -43,7 +43,9 @@ def test_random_dataset(stack, tmp_path) -> None:
     for record in result["records"]:
         assert record["input_len"] == 32 and record["output_len"] == 8  # ignore_eos
         assert 0 < record["ttft"] <= record["latency"]
-        assert len(record["itl"]) == 7  # the gateway sends one token per event
+        # an event a decode step: the 7 tokens after the first in 7 events, or fewer where
+        # the decode worker chained steps (--decode-burst 4: at least 2)
+        assert 2 <= len(record["itl"]) <= 7
     for kind in ("latency-cdf", "throughput", "ttft-over-time"):
         assert (tmp_path / f"result-{kind}.png").read_bytes()[:8] == PNG_MAGIC
 
