@@ -352,9 +352,8 @@ class LLMEngine:
             return []
         hooked = layer_hook is not None or layer_gate is not None
         steps = 1 if hooked else self._burst_steps(out.scheduled)
-        burst = self._burst(out.scheduled, steps, on_scheduled) if steps > 1 else None
-        if burst is not None:
-            return burst
+        if steps > 1 and not self._reserve_burst(out.scheduled, steps):
+            steps = 1
         chunks = [self._chunk(s) for s in out.scheduled]
         if log.isEnabledFor(logging.DEBUG):  # with the loop's step time: where a load goes
             prompt = [c.num_tokens for c in chunks if c.num_tokens > 1]
@@ -365,6 +364,9 @@ class LLMEngine:
         self._threads.apply(prefills=prefills)
         if on_scheduled is not None:
             on_scheduled(chunks)
+        burst = self._burst(out.scheduled, chunks, steps) if steps > 1 else None
+        if burst is not None:
+            return burst
         started = time.perf_counter()
         logits = execute_isolated(self._runner, chunks, layer_hook, layer_gate)
         if not prefills:
@@ -412,23 +414,24 @@ class LLMEngine:
             steps = min(steps, left)
         return steps
 
+    def _reserve_burst(self, scheduled: list[ScheduledSeq], steps: int) -> bool:
+        """Blocks for each row's `steps` tokens of a burst; False where the pool is short of
+        them (the step runs as usual then).
+
+        NOTE: a row granted its blocks keeps them when a later one is refused: its next steps
+        fill them."""
+        return all(
+            self._kv.allocate_slots(s.seq.request_id, s.seq.num_computed_tokens + steps)
+            for s in scheduled
+        )
+
     def _burst(
-        self, scheduled: list[ScheduledSeq], steps: int, on_scheduled: StepHook | None
+        self, scheduled: list[ScheduledSeq], chunks: list[SeqChunk], steps: int
     ) -> list[RequestOutput] | None:
-        """`steps` decode steps of the scheduled rows in one native call, each row's tokens
-        taken as single steps would take them; None where it cannot run (the pool is short
-        of blocks for them, or the call failed): the step runs as usual then."""
+        """`steps` decode steps of the scheduled rows (their blocks reserved) in one native
+        call, each row's tokens taken as single steps would take them; None where the call
+        failed: the step runs as usual then."""
         assert isinstance(self._runner, ModelRunner)
-        seqs = [s.seq for s in scheduled]
-        # NOTE: a row granted its blocks keeps them when a later one is refused: its next
-        # steps fill them.
-        for seq in seqs:
-            if not self._kv.allocate_slots(seq.request_id, seq.num_computed_tokens + steps):
-                return None
-        chunks = [self._chunk(s) for s in scheduled]
-        if on_scheduled is not None:
-            on_scheduled(chunks)
-        self._threads.apply(prefills=False)
         self._burst_stop.zero_()
         started = time.perf_counter()
         try:
@@ -438,7 +441,7 @@ class LLMEngine:
             log.exception("a burst of %d decode steps failed; a token a step from now", steps)
             self._bursts_up_to = 1  # NOTE: one log, not one a step, where it always fails
             return None
-        return [self._take_burst(seq, row) for seq, row in zip(seqs, tokens)]
+        return [self._take_burst(s.seq, row) for s, row in zip(scheduled, tokens)]
 
     def end_burst(self) -> None:
         """Ends a burst of decode steps in progress after its current step (EngineLoop.call:
