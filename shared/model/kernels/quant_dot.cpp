@@ -76,7 +76,8 @@ struct XBuffers {
   ByteSplit bytes;
 };
 
-// The largest |v[i]| of a block of 32 (a NaN among them skipped, as std::max skips it).
+// The largest |v[i]| of a block of 32 (a NaN among them skipped, as std::max skips it: its
+// row's scales are then made NaN, quantize_into).
 inline float largest_magnitude(const float* v) {
   simd::V top = simd::zero();
   for (int i = 0; i < 32; i += simd::kWidth) {
@@ -85,6 +86,14 @@ inline float largest_magnitude(const float* v) {
     top = simd::max(simd::max(a, simd::sub(simd::zero(), a)), top);
   }
   return simd::reduce_max(top);
+}
+
+// Whether v[0..K) holds a NaN or an infinity (K a multiple of 32): v * 0 is 0 for the rest.
+inline bool holds_nan(const float* v, int64_t K) {
+  simd::V probe = simd::zero();
+  for (int64_t i = 0; i < K; i += simd::kWidth)
+    probe = simd::add(probe, simd::mul(simd::load(v + i), simd::zero()));
+  return std::isnan(simd::reduce_add(probe));
 }
 
 // NOTE: the largest |q| is 127 or 32767 (symmetric): quant.py's round_activations rounds
@@ -115,6 +124,14 @@ void quantize_into(QRows<T>& r, const float* x, int64_t M, int64_t K) {
     r.ds[2 * b + 1] = d * static_cast<float>(sum);
     r.sums[b] = sum;
   }
+  // NOTE: the maximum skips a NaN, and rounding makes some integer of a NaN or an infinity:
+  // a row of x holding one gave finite outputs, and the sampler picked tokens from garbage.
+  // Its scales are made NaN instead, so its outputs are NaN as a float GEMV's would be and
+  // the engine ends the request with the sampler's error.
+  const int64_t blocks = K / 32;
+  for (int64_t m = 0; m < M; ++m)
+    if (holds_nan(x + m * K, K))
+      std::fill(r.ds.begin() + 2 * m * blocks, r.ds.begin() + 2 * (m + 1) * blocks, NAN);
 }
 
 template <class T>

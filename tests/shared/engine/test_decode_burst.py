@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from shared.engine import burst as burst_module
 from shared.engine.burst import burst_fits
@@ -47,6 +48,7 @@ class Run:
 
     results: dict[str, tuple]
     most: dict[str, int]
+    last: dict[str, int]  # the tokens of each request's last output
 
     @property
     def most_tokens_a_step(self) -> int:
@@ -62,7 +64,7 @@ def run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]]
             got[out.request_id].append(out)
     results = {request_id: summary(outs) for request_id, outs in got.items()}
     most = {r: max(len(out.new_token_ids) for out in outs) for r, outs in got.items()}
-    return Run(results, most)
+    return Run(results, most, {r: len(outs[-1].new_token_ids) for r, outs in got.items()})
 
 
 def summary(outs: list[RequestOutput]) -> tuple:
@@ -148,6 +150,40 @@ def test_a_pool_short_of_blocks_for_a_burst_steps_once_and_preempts_as_usual(eng
     single, burst = both(engines, requests, "short")
     assert burst.results == single.results
     assert all(len(r[0]) == 24 for r in burst.results.values())
+
+
+def test_a_row_whose_logits_turn_non_finite_mid_burst_ends_as_single_steps_end_it(
+    engines,
+) -> None:
+    """Position 32's rotary row made NaN in both engines' models: the request that reaches
+    it (A: its prompt's 14 tokens, then decode steps from position 14 in bursts of 4, the
+    first single while no step is timed yet: 32 is a burst's second or third step) keeps the
+    tokens before it and ends with the sampler's error, as a token a step ends it; B, in the
+    same bursts, stops at position 31 and is untouched."""
+    poison = 32
+    requests = {
+        "a": (PROMPT_A, GREEDY),
+        "b": (PROMPT_B, dataclasses.replace(GREEDY, max_tokens=poison - len(PROMPT_B) + 1)),
+    }
+    clean = run(engines[1], {"clean-b": requests["b"]})
+    tables = [engine._runner.model.rotary.tables(64) for engine in engines.values()]
+    kept = [(cos[poison].clone(), sin[poison].clone()) for cos, sin in tables]
+    try:
+        with torch.inference_mode():  # the engines made the tables in it
+            for cos, sin in tables:
+                cos[poison], sin[poison] = float("nan"), float("nan")
+        single, burst = both(engines, requests, "nan")
+    finally:
+        with torch.inference_mode():
+            for (cos, sin), (cos_row, sin_row) in zip(tables, kept, strict=True):
+                cos[poison], sin[poison] = cos_row, sin_row
+    assert burst.results == single.results
+    tokens, _, finish, message, _ = burst.results["nan-a"]
+    assert finish == "error" and message.startswith("sampling failed")
+    assert len(tokens) == poison - len(PROMPT_A) + 1  # the prompt's token, then one a step
+    assert burst.last["nan-a"] > 0  # the burst's steps before it gave tokens with the error
+    assert burst.results["nan-b"] == clean.results["clean-b"]
+    assert burst.most_tokens_a_step == 4
 
 
 def test_decode_burst_must_be_positive() -> None:

@@ -442,6 +442,34 @@ def test_a_burst_chooses_each_steps_argmax_and_writes_the_same_kv(models, isa, a
     assert ended == [[row[0]] for row in burst]
 
 
+def test_a_row_whose_logits_turn_non_finite_mid_burst_gets_minus_one_from_there_on(
+    models, isa
+) -> None:
+    """Position 11's rotary row made NaN: only row b reaches it (its third step), so b's
+    tokens are two good ones and then -1 (the sampler's SAMPLING_FAILED) to the burst's end
+    although its later steps' logits need not be NaN; rows a and c decode as before."""
+    model = models["auto"]
+    set_activations(model, "q16")
+    clean, poisoned = runner(model, True, isa), runner(model, True, isa)
+    tokens = {name: list(ids) for name, ids in PROMPTS.items()}
+    for r in (clean, poisoned):
+        first = r.execute([prefill(n) for n in "abc"])
+    for name, logits in zip("abc", first, strict=True):
+        tokens[name].append(int(logits[-1].argmax()))
+    expected = clean.burst(decode(tokens, "abc"), 5)
+    cos, sin = model.rotary.tables(64)  # the tables every burst reads, changed in place
+    kept = cos[11].clone(), sin[11].clone()
+    try:
+        with torch.inference_mode():  # as the tables may have been made
+            cos[11], sin[11] = float("nan"), float("nan")
+        got = poisoned.burst(decode(tokens, "abc"), 5)
+    finally:
+        with torch.inference_mode():
+            cos[11], sin[11] = kept
+    assert got[0] == expected[0] and got[2] == expected[2]
+    assert got[1] == [*expected[1][:2], -1, -1, -1]
+
+
 def test_a_burst_refuses_bad_input_with_a_clear_error(models, tiny_llama_dir) -> None:
     model = models["auto"]
     set_activations(model, "q16")

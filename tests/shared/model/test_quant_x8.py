@@ -161,6 +161,33 @@ def test_gemvs_of_other_sizes_in_between_leave_a_gemv_as_it_was(kernels, name, b
     assert torch.equal(again, outs[0])
 
 
+@BY_WAY
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_row_of_x_holding_a_nan_gives_nan_outputs_and_leaves_the_others_as_they_were(
+    kernels, name, bits, bad
+):
+    """A float GEMV's row of x holding a NaN (or an infinity) gives NaN outputs, which the
+    sampler refuses; the integer GEMV's rounding must not turn it into finite sums. Interleaved
+    and plain rows, the portable path, and prefill's rows rounded alike (quant_round_rows)."""
+    fmt, in_features = FORMATS[name], wide(name, 512)
+    blocks = random_blocks(fmt, 37, in_features, seed=3)
+    x8 = torch.empty_like(blocks)
+    kernels.quant_interleave(x8, blocks, fmt.ggml_type, True)
+    x, bias = torch.randn(3, in_features), torch.randn(37)
+    poisoned = x.clone()
+    poisoned[1, in_features // 2 + 5] = bad
+    ways = [(x8, fmt.ggml_type | INTERLEAVED, False), (blocks, fmt.ggml_type, False)]
+    for weight, qtype, portable in [*ways, (blocks, fmt.ggml_type, True)]:
+        clean, got = torch.empty(3, 37), torch.empty(3, 37)
+        kernels.quant_gemv_int(clean, x, weight, qtype, bias, bits, portable)
+        kernels.quant_gemv_int(got, poisoned, weight, qtype, bias, bits, portable)
+        assert got[1].isnan().all(), (qtype, portable)
+        assert torch.equal(got[0::2], clean[0::2]), (qtype, portable)
+    rounded_rows = torch.empty_like(poisoned)
+    kernels.quant_round_rows(rounded_rows, poisoned, bits)
+    assert rounded_rows[1].isnan().all() and torch.equal(rounded_rows[0::2], rounded(x, bits)[0::2])
+
+
 @INTERLEAVABLE
 @pytest.mark.parametrize(("out_features", "in_features"), [*SHAPES, (70, 512)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
