@@ -17,6 +17,7 @@ BENCHMARKS = (
     "gemv",
     "decode-profile",
     "step-phases",
+    "prefill-phases",
     "fairness",
     "transfer",
     "kvstore",
