@@ -347,6 +347,20 @@ class LLMEngine:
 
         A request whose chunk fails alone, or whose next token cannot be sampled, ends
         with an error; the others go on. Raises only when the engine itself failed."""
+        try:
+            return self._step(layer_hook, layer_gate, on_scheduled)
+        finally:
+            # NOTE: cleared as a step ends, not as a burst starts: a call queued after the
+            # loop ran its calls, before the next step, still ends that step's burst; one
+            # queued before the clearing runs before the next step anyway
+            self._burst_stop.zero_()
+
+    def _step(
+        self,
+        layer_hook: LayerHook | None,
+        layer_gate: LayerHook | None,
+        on_scheduled: StepHook | None,
+    ) -> list[RequestOutput]:
         out = self._scheduler.schedule()
         if not out.scheduled:
             return []
@@ -432,7 +446,6 @@ class LLMEngine:
         call, each row's tokens taken as single steps would take them; None where the call
         failed: the step runs as usual then."""
         assert isinstance(self._runner, ModelRunner)
-        self._burst_stop.zero_()
         started = time.perf_counter()
         try:
             tokens = self._runner.burst(chunks, steps, self._burst_stop)
@@ -444,8 +457,9 @@ class LLMEngine:
         return [self._take_burst(s.seq, row) for s, row in zip(scheduled, tokens)]
 
     def end_burst(self) -> None:
-        """Ends a burst of decode steps in progress after its current step (EngineLoop.call:
-        a call, such as a new request, waits for no more than a step). Any thread."""
+        """Ends a burst of decode steps in progress, or the next step's, after its current
+        step (EngineLoop.call: a call, such as a new request, waits for no more than a
+        step). Any thread."""
         self._burst_stop[0] = 1
 
     def _time_decode(self, seconds: float) -> None:

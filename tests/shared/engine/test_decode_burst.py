@@ -241,3 +241,20 @@ def test_a_call_to_the_engine_ends_a_burst_after_its_step_in_progress(
     got, want = run(engine, requests), run(engines[1], {"ended-r": requests["r"]})
     assert got.results["r"] == want.results["ended-r"]
     assert max(bursts) == 4 and min(bursts) >= 2 and got.most == {"r": 1}
+
+
+def test_a_call_queued_before_a_step_ends_that_steps_burst_and_no_later_one(
+    smollm2_dir,
+) -> None:
+    """A call queued after the engine loop ran its calls, before the next step, sets the
+    flag ahead of the step: its burst gives one step's tokens, not a burst's; the flag is
+    cleared as the step ends, so the next burst is whole."""
+    engine = LLMEngine(EngineConfig(num_blocks=16, decode_burst=4))
+    engine.add_request("r", PROMPT_A, dataclasses.replace(GREEDY, max_tokens=20))
+    tokens = [len(out.new_token_ids) for out in engine.step()]  # the prompt: a token
+    while max(tokens) < 4:  # until the engine has timed its decode steps and bursts
+        tokens = [len(out.new_token_ids) for out in engine.step()]
+    engine.end_burst()  # as EngineLoop.call does from the event loop's thread
+    assert [len(out.new_token_ids) for out in engine.step()] == [1]
+    assert [len(out.new_token_ids) for out in engine.step()] == [4]
+    engine.abort("r")
