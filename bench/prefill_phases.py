@@ -26,6 +26,7 @@ import orjson
 import torch
 from torch import nn
 
+from bench.step_phases import timed
 from shared.engine.config import (
     DTYPE_CHOICES,
     PREFILL_WEIGHTS_CHOICES,
@@ -69,17 +70,8 @@ class Timers:
         self._placed: list[tuple[Any, str, Any]] = []
 
     def wrap(self, owner: Any, name: str, part: str) -> None:
-        call: Callable = getattr(owner, name)
         self._placed.append((owner, name, owner.__dict__.get(name)))
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return call(*args, **kwargs)
-            finally:
-                self.spent[part] += time.perf_counter() - start
-
-        object.__setattr__(owner, name, timed)
+        object.__setattr__(owner, name, timed(getattr(owner, name), self.spent, part))
 
     def remove(self) -> None:
         for owner, name, own in reversed(self._placed):

@@ -413,18 +413,26 @@ def test_the_start_up_log_says_which_path_decode_steps_take(tiny_llama_dir, mode
     assert "no fused step" in decode_path(plain, EngineConfig())
 
 
+def prefilled_pair(model, isa: str) -> tuple[ModelRunner, ModelRunner, dict[str, list[int]]]:
+    """Two fused runners that prefilled the three prompts, and each prompt with its first
+    token (the argmax of its last logits)."""
+    one, other = runner(model, True, isa), runner(model, True, isa)
+    tokens = {name: list(ids) for name, ids in PROMPTS.items()}
+    for r in (one, other):
+        first = r.execute([prefill(n) for n in "abc"])
+    for name, logits in zip("abc", first, strict=True):
+        tokens[name].append(int(logits[-1].argmax()))
+    return one, other, tokens
+
+
 @pytest.mark.parametrize("activations", ["q16", "q8"])
 def test_a_burst_chooses_each_steps_argmax_and_writes_the_same_kv(models, isa, activations):
     """DecodeStack.burst: five greedy steps of three rows in one native call choose what five
     fused steps' argmax chooses, and leave the KV the step after reads the same."""
     model = models["auto"]
     set_activations(model, activations)
-    bursting, stepping = runner(model, True, isa), runner(model, True, isa)
-    tokens = {name: list(ids) for name, ids in PROMPTS.items()}
-    for r in (bursting, stepping):
-        first = r.execute([prefill(n) for n in "abc"])
-    for name, logits in zip("abc", first, strict=True):
-        tokens[name].append(int(logits[-1].argmax()))
+    bursting, stepping, tokens = prefilled_pair(model, isa)
+    first_tokens = {name: ids[: len(PROMPTS[name]) + 1] for name, ids in tokens.items()}
     assert bursting.burst_takes(3) and bursting.burst_takes(1)
     burst = bursting.burst(decode(tokens, "abc"), 5)
     for _ in range(5):
@@ -435,10 +443,8 @@ def test_a_burst_chooses_each_steps_argmax_and_writes_the_same_kv(models, isa, a
     after = decode(tokens, "abc")
     assert_same(bursting.execute(after), stepping.execute(after))
     # a stop set (by another thread) while it runs ends it after the step in progress
-    tokens = {name: list(ids) for name, ids in PROMPTS.items()}  # from the prompts' end again
-    for name, logits in zip("abc", first, strict=True):
-        tokens[name].append(int(logits[-1].argmax()))
-    ended = bursting.burst(decode(tokens, "abc"), 5, torch.ones(1, dtype=torch.uint8))
+    stop = torch.ones(1, dtype=torch.uint8)
+    ended = bursting.burst(decode(first_tokens, "abc"), 5, stop)  # from the prompts' end again
     assert ended == [[row[0]] for row in burst]
 
 
@@ -450,12 +456,7 @@ def test_a_row_whose_logits_turn_non_finite_mid_burst_gets_minus_one_from_there_
     although its later steps' logits need not be NaN; rows a and c decode as before."""
     model = models["auto"]
     set_activations(model, "q16")
-    clean, poisoned = runner(model, True, isa), runner(model, True, isa)
-    tokens = {name: list(ids) for name, ids in PROMPTS.items()}
-    for r in (clean, poisoned):
-        first = r.execute([prefill(n) for n in "abc"])
-    for name, logits in zip("abc", first, strict=True):
-        tokens[name].append(int(logits[-1].argmax()))
+    clean, poisoned, tokens = prefilled_pair(model, isa)
     expected = clean.burst(decode(tokens, "abc"), 5)
     cos, sin = model.rotary.tables(64)  # the tables every burst reads, changed in place
     kept = cos[11].clone(), sin[11].clone()
