@@ -18,7 +18,7 @@ import collections
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,6 +26,7 @@ import orjson
 import torch
 from torch import nn
 
+from bench.gemv import fastest
 from bench.step_phases import timed
 from shared.engine.config import (
     DTYPE_CHOICES,
@@ -62,8 +63,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 class Timers:
-    """Seconds spent in each part since the last reset; `timing` puts the timers in place
-    and takes them out again."""
+    """Seconds spent in each part since `spent` was last cleared; `timing` puts the timers
+    in place and takes them out again."""
 
     def __init__(self) -> None:
         self.spent: collections.defaultdict[str, float] = collections.defaultdict(float)
@@ -152,16 +153,6 @@ def linear_flops(model: nn.Module, tokens: int) -> float:
     return sum(2.0 * tokens * m.in_features * m.out_features for m in linears_of(model))
 
 
-def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def linears_alone_seconds(model: nn.Module, tokens: int, repeats: int = 5) -> float:
     """One layer's linears on inputs as a prefill of `tokens` gives them (the MLP's in its
     matmul dtype), times the layers."""
@@ -179,13 +170,13 @@ def linears_alone_seconds(model: nn.Module, tokens: int, repeats: int = 5) -> fl
         mlp.gate_up_proj(hidden), mlp.down_proj(gated)
 
     with torch.inference_mode():
-        return best_seconds(layer, repeats) * len(layers)
+        return fastest([layer], repeats)[0] / 1e6 * len(layers)
 
 
 def gemm_flops_per_second(size: int, dtype: torch.dtype, repeats: int = 5) -> float:
     a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
     with torch.inference_mode():
-        seconds = best_seconds(lambda: torch.nn.functional.linear(a, b), repeats)
+        seconds = fastest([lambda: torch.nn.functional.linear(a, b)], repeats)[0] / 1e6
     return 2.0 * size**3 / seconds
 
 
