@@ -32,6 +32,7 @@ from bench import (
     transfer,
 )
 from bench.chaos import cli as chaos
+from bench.compose import cli as compose_chaos
 from bench.live_vs_sim import cli as live_vs_sim
 from bench.peers import cli as peers
 from shared import cli
@@ -56,6 +57,7 @@ BENCHMARKS = (
     offload,
     colocated,
     chaos,
+    compose_chaos,
     live_vs_sim,
     peers,
     random_model,

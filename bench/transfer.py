@@ -4,6 +4,7 @@ Both sides move the same bytes from this process to a child process over loopbac
 into a preallocated tensor, one transfer at a time, timed until the child has them all:
 - kvstack: TcpKVSender -> TcpKVReceiver, one frame per layer, one span per block,
   checksums computed and verified;
+- encrypted (with `--encrypt`): the same under `--data-encrypt` (AES-256-GCM), beside it;
 - raw: one `socket.sendall` of the whole region into `recv_into` of the buffer;
 - mooncake (when `mooncake.engine` imports): MooncakeKVSender -> MooncakeKVReceiver, the same
   frames written by the Transfer Engine (`tcp` protocol) into the child's registered tensor,
@@ -16,6 +17,7 @@ import argparse
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import secrets
 import socket
 import statistics
 import sys
@@ -41,6 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-kib", type=int, default=768, help="K+V bytes of one block of a layer")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--auth-token", default=None)
+    p.add_argument(
+        "--encrypt",
+        action="store_true",
+        help="also time the data plane with --data-encrypt (AES-256-GCM), beside the plain one",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 
@@ -79,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
         "kvstack": KvstackSide(capacity, args.auth_token),
         "raw": RawSide(capacity),
     }
+    if args.encrypt:  # encryption is keyed by the token: a made-up one when none is given
+        token = args.auth_token or secrets.token_urlsafe(32)
+        sides["encrypted"] = KvstackSide(capacity, token, encrypt=True)
     if mooncake.available():
         sides["mooncake"] = KvstackSide(capacity, args.auth_token, transport="mooncake")
     try:
@@ -89,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "block_kib": args.block_kib,
         "auth": args.auth_token is not None,
+        "encrypt": args.encrypt,
         "repeats": args.repeats,
         "cpus": os.cpu_count(),
         "rows": rows,
@@ -120,6 +131,11 @@ def measure(
         "raw_gb_s": round(rate["raw"], 3),
         "ratio": round(rate["kvstack"] / rate["raw"], 3),
     }
+    if "encrypted" in rate:
+        row |= {
+            "encrypted_gb_s": round(rate["encrypted"], 3),
+            "encrypted_ratio": round(rate["encrypted"] / rate["kvstack"], 3),
+        }
     if "mooncake" in rate:
         row |= {
             "mooncake_gb_s": round(rate["mooncake"], 3),
@@ -134,19 +150,24 @@ def progress(message: str) -> None:
 
 def format_table(report: dict) -> str:
     moon = bool(report["rows"]) and "mooncake_gb_s" in report["rows"][0]
+    sealed = report["encrypt"]
     lines = [
         (
             f"loopback TCP to a child process, {report['cpus']} CPUs; block {report['block_kib']}"
             f" KiB (K+V of a layer); auth {'on' if report['auth'] else 'off'}; median of "
             f"{report['repeats']}"
+            + ("; encrypted: AES-256-GCM, authenticated, vs plain kvstack" if sealed else "")
         ),
-        f"{'MiB':>8}{'frames':>8}{'spans/fr':>10}{'kvstack GB/s':>14}{'raw GB/s':>10}"
-        f"{'ratio':>7}" + (f"{'mooncake GB/s':>15}{'ratio':>7}" if moon else ""),
+        f"{'MiB':>8}{'frames':>8}{'spans/fr':>10}{'kvstack GB/s':>14}"
+        + (f"{'encrypted GB/s':>16}{'vs plain':>10}" if sealed else "")
+        + f"{'raw GB/s':>10}{'ratio':>7}"
+        + (f"{'mooncake GB/s':>15}{'ratio':>7}" if moon else ""),
     ]
     for r in report["rows"]:
         lines.append(
-            f"{r['mib']:>8}{r['frames']:>8}{r['spans_per_frame']:>10}"
-            f"{r['kvstack_gb_s']:>14}{r['raw_gb_s']:>10}{r['ratio']:>7}"
+            f"{r['mib']:>8}{r['frames']:>8}{r['spans_per_frame']:>10}{r['kvstack_gb_s']:>14}"
+            + (f"{r['encrypted_gb_s']:>16}{r['encrypted_ratio']:>10}" if sealed else "")
+            + f"{r['raw_gb_s']:>10}{r['ratio']:>7}"
             + (f"{r['mooncake_gb_s']:>15}{r['mooncake_ratio']:>7}" if moon else "")
         )
     return "\n".join(lines)
@@ -184,12 +205,14 @@ class _Child:
 
 
 class KvstackSide:
-    def __init__(self, capacity: int, auth_token: str | None, transport: str = "tcp") -> None:
-        self.child = _Child(serve_kvstack, capacity, auth_token, transport)
+    def __init__(
+        self, capacity: int, auth_token: str | None, transport: str = "tcp", encrypt: bool = False
+    ) -> None:
+        self.child = _Child(serve_kvstack, capacity, auth_token, transport, encrypt)
         self.sender = (
             mooncake.MooncakeKVSender(auth_token=auth_token)
             if transport == "mooncake"
-            else TcpKVSender(auth_token=auth_token)
+            else TcpKVSender(auth_token=auth_token, encrypt=encrypt)
         )
         self.count = 0
 
@@ -274,7 +297,7 @@ class _BenchSink:
 
 
 def serve_kvstack(
-    cmds, events, capacity: int, auth_token: str | None, transport: str = "tcp"
+    cmds, events, capacity: int, auth_token: str | None, transport: str, encrypt: bool
 ) -> None:
     torch.set_num_threads(1)
     sink = _BenchSink(tensor_bytes(torch.zeros(capacity, dtype=torch.uint8)), events)
@@ -283,7 +306,7 @@ def serve_kvstack(
             sink, host="127.0.0.1", auth_token=auth_token, memory=[sink.buffer]
         )
         if transport == "mooncake"
-        else TcpKVReceiver(sink, host="127.0.0.1", auth_token=auth_token)
+        else TcpKVReceiver(sink, host="127.0.0.1", auth_token=auth_token, encrypt=encrypt)
     )
     host, port = receiver.start().rsplit(":", 1)
     events.send(("address", f"{host}:{port}"))

@@ -7,6 +7,7 @@ import ctypes
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 
@@ -53,3 +54,38 @@ def signal_group(popen: subprocess.Popen, sig: int) -> None:
         os.killpg(popen.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass  # the group is gone already
+
+
+def kill_group(popen: subprocess.Popen) -> None:
+    """SIGKILL the child's group, and SIGCONT it: a stopped process (SIGSTOP, a debugger)
+    dies of SIGKILL too, but one whose stop outlives us would hold its ports until then."""
+    signal_group(popen, signal.SIGKILL)
+    signal_group(popen, signal.SIGCONT)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid`, by their pids (Linux's
+    /proc; elsewhere the group's leader alone, if a signal reaches it)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    return [pid for pid in _pids(proc) if _group_and_state(proc / str(pid)) == (pgid, True)]
+
+
+def _pids(proc: Path) -> list[int]:
+    return [int(entry.name) for entry in proc.iterdir() if entry.name.isdigit()]
+
+
+def _group_and_state(entry: Path) -> tuple[int, bool] | None:
+    """A process's group id and whether it is alive (not a zombie); None once it is gone."""
+    try:
+        stat = (entry / "stat").read_text()
+    except OSError:
+        return None
+    # NOTE: the command name (field 2) may hold spaces and parentheses: split after it.
+    state, _ppid, pgrp = stat.rpartition(")")[2].split()[:3]
+    return int(pgrp), state not in ("Z", "X")

@@ -29,3 +29,30 @@ def received(beat: Heartbeat, now: float) -> Heartbeat:
     """The beat as the listener trusts it: heard at `now`, with a bounded interval."""
     interval = min(max(beat.interval, MIN_INTERVAL), MAX_INTERVAL)
     return replace(beat, time=now, interval=interval)
+
+
+MISSED_BEATS = 3  # peers give up on a worker silent for this many of its intervals
+
+
+class BusLease:
+    """Whether this process's peers still count it alive, as far as it can know: renewed
+    each time one of its heartbeats is known to have reached NATS (a flush's round trip
+    after it). Past MISSED_BEATS intervals without a renewal (cut off from NATS, or frozen)
+    its peers have given it up, so whatever they placed here has moved on, and it must not
+    speak for that work any more (fencing)."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.renewed_at: float | None = None  # monotonic; None before the first beat
+
+    def renew(self, sent_at: float) -> None:
+        """A beat sent at `sent_at` (monotonic) is known to have reached NATS."""
+        self.renewed_at = max(sent_at, self.renewed_at or sent_at)
+
+    def silent_for(self, now: float | None = None) -> float:
+        if self.renewed_at is None:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self.renewed_at
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.silent_for(now) > MISSED_BEATS * self.interval

@@ -32,6 +32,7 @@ from shared import codec, subjects, tracing
 from shared.auth.credentials import NatsAuth
 from shared.bus import Bus
 from shared.errors import KvstackError
+from shared.heartbeats import BusLease
 from shared.messages import Heartbeat, KVResync
 from shared.metrics import Metrics
 from shared.tasks import Tasks
@@ -76,6 +77,9 @@ class Service:
         self.bus: Bus | None = None
         self.http_addr = ""
         self.draining = False
+        self.started = False  # start() returned: the service does its work (GET /ready)
+        self.lease = BusLease(config.heartbeat_interval)
+        self.fenced = False  # its lease ran out: it gave up its work; until renewed
         self.leaving = False  # the last beat is out: peers forget this worker
         self.exit_code = 0
         self.stopped = asyncio.Event()
@@ -118,11 +122,32 @@ class Service:
     def healthy(self) -> bool:
         return self.bus is not None and self.bus.connected and not self.draining
 
+    def ready(self) -> bool:
+        """Started and healthy: what GET /ready answers (a container's health check)."""
+        return self.started and self.healthy()
+
     async def drain(self) -> None:
         """Finish what is in flight (new work is refused while `draining`)."""
 
     async def abandon(self) -> None:
         """The drain timed out: hand off or end, each with a clear error, what is left."""
+
+    async def lease_lost(self, silent_for: float) -> None:
+        """Cut off from NATS (or frozen) for `silent_for` seconds, longer than peers wait:
+        they have moved its work elsewhere. Give that work up without another token."""
+
+    async def check_lease(self) -> None:
+        """Give the work up once, when the lease has run out (see `lease_lost`)."""
+        if self.lease.expired() and not self.fenced:
+            self.fenced = True
+            silent_for = self.lease.silent_for()
+            log.warning(
+                "%s: no heartbeat reached NATS for %.1fs: peers gave this worker up; "
+                "giving up what it held",
+                self.worker_id,
+                silent_for,
+            )
+            await self.lease_lost(silent_for)
 
     async def stop(self) -> None:
         """Release everything; called after drain (or when drain timed out)."""
@@ -143,6 +168,7 @@ async def serve(service: Service, ready: asyncio.Event | None = None) -> None:
     service.bus = await Bus.connect(cfg.nats_url, service.worker_id, cfg.nats_auth)
     runner = await _start_http(service)
     await service.start(service.bus)
+    service.started = True
     discovery = await _register(service)
     beats = service.tasks.every(cfg.heartbeat_interval, lambda: _beat(service), "heartbeats")
     # NOTE: a (re)started conductor asks for resync; a beat now spares it a blind interval.
@@ -170,6 +196,7 @@ async def _serve_alone(service: Service, ready: asyncio.Event | None) -> None:
     runner = await _start_http(service)
     try:
         await service.start_alone()
+        service.started = True
         log.info("%s ready: http://%s", service.worker_id, service.http_addr)
         if ready is not None:
             ready.set()
@@ -236,11 +263,18 @@ async def _start_http(service: Service) -> web.AppRunner:
         client_max_size=getattr(service, "max_body_bytes", 1 << 22),
         middlewares=service.middlewares(),
     )
+    own = service.routes()
+    ready = (
+        []
+        if any(getattr(r, "path", "") == "/ready" for r in own)
+        else [web.get("/ready", _ready(service))]
+    )
     app.add_routes(
         [
             web.get("/health", _health(service)),
             web.get("/metrics", _metrics(service)),
-            *service.routes(),
+            *ready,  # a service may answer /ready its own way (the gateway does)
+            *own,
         ]
     )
     # NOTE: a service facing the public (the gateway) hardens its edge: timeouts, header
@@ -267,6 +301,15 @@ def _health(service: Service):
     async def handler(request: web.Request) -> web.Response:
         ok = service.healthy()
         body = {"status": "ok" if ok else "unavailable", "worker_id": service.worker_id}
+        return web.json_response(body, status=200 if ok else 503)
+
+    return handler
+
+
+def _ready(service: Service):
+    async def handler(request: web.Request) -> web.Response:
+        ok = service.ready()
+        body = {"status": "ready" if ok else "not ready", "worker_id": service.worker_id}
         return web.json_response(body, status=200 if ok else 503)
 
     return handler
@@ -309,10 +352,18 @@ async def _beat(service: Service) -> None:
         stopped=service.leaving,
         reconnections=bus.reconnections,
     )
+    await service.check_lease()
+    sent_at = time.monotonic()
     try:
         await bus.publish(subjects.heartbeat(service.name, service.worker_id), beat)
+        # NOTE: a flush's round trip says the beat reached NATS: the lease is renewed
+        # NOTE: nats-py annotates the timeout int; it hands it to asyncio.wait_for
+        await bus.nc.flush(timeout=max(service.config.heartbeat_interval, 0.5))  # type: ignore[arg-type]
     except Exception as e:  # a NATS hiccup must not end the heartbeats
         log.warning("%s: heartbeat failed: %s", service.worker_id, e)
+        return
+    service.lease.renew(sent_at)
+    service.fenced = False
 
 
 def _default_worker_id(service: str) -> str:

@@ -14,6 +14,8 @@ from shared.errors import KvstackError
 from shared.messages import Heartbeat, WorkerStats
 from shared.mooncake_store import MooncakeStoreConfig
 from shared.service import ServiceConfig
+from shared.transfer.common.encryption import require_token
+from shared.transfer.factory import refuse_encryption
 from shared.worker_core import load_heartbeat
 
 if TYPE_CHECKING:
@@ -42,6 +44,7 @@ class WorkerConfig(ServiceConfig):
     data_port: int = 0
     advertise_data_addr: str = ""  # what peers should dial, if not the bound address
     data_token: str = ""  # shared secret of the data plane (KVSTACK_DATA_TOKEN)
+    data_encrypt: bool = False  # encrypt KV bytes on the tcp data plane (needs data_token)
     transport: str = "tcp"  # prefill -> decode KV stream: "tcp" or "mooncake"
     request_timeout: float = 10.0  # one control round trip (reserve, commit)
     attention_workers: tuple[str, ...] = ()  # decode: offload attention to this group
@@ -57,6 +60,19 @@ class WorkerConfig(ServiceConfig):
                 "attention offload (--attention-workers) does not run with the "
                 "mock engine; use --engine torch"
             )
+        self._check_encryption()
+
+    def _check_encryption(self) -> None:
+        """Under --data-encrypt every KV byte must travel over the tcp transport, the one
+        that encrypts, keyed by the data token."""
+        require_token(self.data_token, self.data_encrypt)
+        in_clear = {
+            "--transport mooncake": self.transport != "tcp",
+            "--kv-pool mooncake": self.mooncake is not None,
+            "attention offload (--attention-workers)": bool(self.attention_workers),
+        }
+        for what in (what for what, used in in_clear.items() if used):
+            refuse_encryption(self.data_encrypt, what)
 
     def engine_config(self, prefills: bool = True) -> EngineConfig:
         """The engine's config; `prefills` False (a decode worker: it prefills only to

@@ -17,10 +17,25 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+COMPOSE_SUITE = Path(__file__).parent / "compose"
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--run-compose",
+        action="store_true",
+        help="run tests/compose: the compose stack on this Docker engine (make compose-test)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `cuda` are skipped, saying why, where torch sees no GPU."""
+    """Tests marked `cuda` are skipped, saying why, where torch sees no GPU; the container
+    suite (tests/compose) runs only with --run-compose."""
+    if not config.getoption("--run-compose"):
+        skip_compose = pytest.mark.skip(reason="the container suite: make compose-test")
+        for item in items:
+            if COMPOSE_SUITE in Path(str(item.path)).parents:
+                item.add_marker(skip_compose)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none); run make test-gpu there")

@@ -8,6 +8,7 @@ import argparse
 import json
 import socket
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -109,8 +110,9 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
     )
 
 
-def reference_cases(model: str, max_tokens: int) -> list[Case]:
-    """Each prompt's greedy answer from the engine alone, in this process (float32)."""
+def reference_cases(model: str, max_tokens: int, topics: Sequence[str] = TOPICS) -> list[Case]:
+    """Each topic's prompt and greedy answer from the engine alone, in this process
+    (float32)."""
     from shared.engine.config import EngineConfig
     from shared.engine.engine import LLMEngine
     from shared.engine.sampling_params import SamplingParams
@@ -121,7 +123,7 @@ def reference_cases(model: str, max_tokens: int) -> list[Case]:
     if tokenizer is None:
         raise KvstackError(f"{model} has no tokenizer: the chaos run sends chat prompts")
     prompts = [
-        tokenizer.encode_chat([{"role": "user", "content": f"Tell me about {t}."}]) for t in TOPICS
+        tokenizer.encode_chat([{"role": "user", "content": f"Tell me about {t}."}]) for t in topics
     ]
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     return [Case(tuple(c.prompt_token_ids), c.text) for c in engine.generate(prompts, params)]

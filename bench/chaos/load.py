@@ -15,6 +15,8 @@ import orjson
 
 from loadgen.client import SSEDecoder, error_message, response_error
 
+ERROR_PAUSE_S = 0.5  # a client's pause after an error before its next request
+
 
 @dataclass(frozen=True)
 class Case:
@@ -32,10 +34,23 @@ class Outcome:
     error: str = ""  # "": no error
     migrations: int = 0
     hung: bool = False
+    first_token: float = 0.0  # time.monotonic() of its first text (0: none)
+    tokens: int = 0  # completion tokens, from the usage
 
     @property
     def completed(self) -> bool:
         return not self.error and not self.hung
+
+    @property
+    def ttft(self) -> float | None:
+        return self.first_token - self.started if self.first_token else None
+
+    @property
+    def tpot(self) -> float | None:
+        """Seconds per output token after the first."""
+        if not self.first_token or self.tokens < 2:
+            return None
+        return (self.ended - self.first_token) / (self.tokens - 1)
 
 
 @dataclass
@@ -44,6 +59,8 @@ class _Stream:
     error: str = ""
     migrations: int = 0
     done: bool = False
+    first_token: float = 0.0
+    tokens: int = 0
 
     def on_data(self, data: str) -> None:
         if data == "[DONE]":
@@ -54,7 +71,10 @@ class _Stream:
             self.error = f"error event: {error_message(event)}"
         if event.get("usage"):
             self.migrations = event["usage"].get("migrations", 0)
+            self.tokens = event["usage"].get("completion_tokens", 0)
         for choice in event.get("choices") or ():
+            if choice.get("text") and not self.first_token:
+                self.first_token = time.monotonic()
             self.text += choice.get("text") or ""
 
 
@@ -78,6 +98,7 @@ class SteadyLoad:
         }
         self.phase = "warmup"  # set by the caller as faults come and go
         self.outcomes: list[Outcome] = []
+        self.open: dict[int, float] = {}  # requests in flight: their start, by a number
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=lambda: asyncio.run(self._run()), name="steady-load", daemon=True
@@ -99,8 +120,17 @@ class SteadyLoad:
     async def _client(self, session: aiohttp.ClientSession, index: int) -> None:
         n = index
         while not self._stopping.is_set():
-            self.outcomes.append(await self._one(session, n % len(self.cases)))
+            self.open[n] = time.monotonic()
+            outcome = await self._one(session, n % len(self.cases))
+            del self.open[n]
+            self.outcomes.append(outcome)
+            if outcome.error:  # e.g. the gateway is restarting: do not spin on refusals
+                await asyncio.sleep(ERROR_PAUSE_S)
             n += self.concurrency
+
+    def in_flight(self) -> int:
+        """Requests sent and not ended yet."""
+        return len(self.open)
 
     async def _one(self, session: aiohttp.ClientSession, case: int) -> Outcome:
         """One request; it counts in the phase it ended in (the last fault it lived
@@ -122,6 +152,8 @@ class SteadyLoad:
             stream.text,
             stream.error,
             stream.migrations,
+            first_token=stream.first_token,
+            tokens=stream.tokens,
         )
 
     async def _send(self, session: aiohttp.ClientSession, case: Case, stream: _Stream) -> None:

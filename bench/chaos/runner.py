@@ -115,10 +115,10 @@ def run_chaos(
     load.stop()
     kv_after = settle_kv(stack, kv_before, config.recover_timeout)
     rows = [
-        _row(p, load.outcomes, cases, at, back)
+        row_of(p, load.outcomes, cases, at, back)
         for p, at, back in [("warmup", None, None), *marks, ("after", None, None)]
     ]
-    return ChaosReport(rows, kv_before, kv_after, _errors(load.outcomes))
+    return ChaosReport(rows, kv_before, kv_after, first_errors(load.outcomes))
 
 
 def _apply(
@@ -138,7 +138,7 @@ def _apply(
     return fault.name, at, back
 
 
-def _row(
+def row_of(
     phase: str, outcomes: list[Outcome], cases: list[Case], at: float | None, back: float | None
 ) -> Row:
     mine = [o for o in outcomes if o.phase == phase]
@@ -165,7 +165,7 @@ def _row(
     )
 
 
-def _errors(outcomes: list[Outcome], limit: int = 5) -> list[str]:
+def first_errors(outcomes: list[Outcome], limit: int = 5) -> list[str]:
     seen: list[str] = []
     for outcome in outcomes:
         if outcome.error and outcome.error not in seen and len(seen) < limit:

@@ -27,7 +27,9 @@ from shared.messages import (
     StatsRequest,
 )
 from shared.service import Service, ServiceConfig
+from shared.transfer.address import advertised
 from shared.transfer.attention.server import AttentionServer
+from shared.transfer.factory import refuse_encryption
 from shared.transfer.tcp import TcpKVReceiver
 
 log = logging.getLogger("kvstack.attention")
@@ -42,7 +44,11 @@ class AttentionWorkerConfig(ServiceConfig):
     link_port: int = 0
     advertise_host: str = ""  # what peers should dial, if not the bound host
     data_token: str = ""
+    data_encrypt: bool = False  # refused: the attention link does not encrypt
     request_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        refuse_encryption(self.data_encrypt, "an attention worker's link")
 
 
 class AttentionWorkerService(Service):
@@ -90,7 +96,7 @@ class AttentionWorkerService(Service):
 
     def _advertised(self, bound: str) -> str:
         host = self.config.advertise_host
-        return f"{host}:{bound.rpartition(':')[2]}" if host else bound
+        return advertised(bound, f"{host}:{bound.rpartition(':')[2]}" if host else "")
 
     async def drain(self) -> None:
         """Keep serving attention until the decode worker released every request (new

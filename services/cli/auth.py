@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from shared.auth.deployment import ADMIN, Identity, ensure_secrets
+from shared.auth.deployment import ADMIN, Identity, ensure_api_key, ensure_secrets
 from shared.auth.roles import ROLES
 from shared.errors import KvstackError
 
@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "auth",
         help="make NATS credentials, nats-server's config and the "
-        "data plane's secret (docs/security.md)",
+        "data plane's secret and the gateway's API key (docs/security.md)",
     )
     actions = p.add_subparsers(dest="action", required=True)
     init = actions.add_parser("init", help="write a deployment's secrets into --dir")
@@ -46,6 +46,7 @@ def run_init(args: argparse.Namespace) -> int:
     identities = [Identity(role) for role in ROLES if role != ADMIN]
     identities += [_worker(spec) for spec in args.worker]
     secrets = ensure_secrets(Path(args.dir), identities, tls=args.tls, rotate=args.rotate)
+    api_key = ensure_api_key(secrets.dir, rotate=args.rotate)
     print(f"secrets in {secrets.dir}:")
     for path in sorted(secrets.dir.rglob("*")):
         if path.is_file():
@@ -56,6 +57,7 @@ def run_init(args: argparse.Namespace) -> int:
         f"{secrets.data_token_path}"
         + (f" --nats-tls-ca {secrets.tls_ca}" if secrets.tls_ca else "")
     )
+    print(f"the gateway: --api-key-file {api_key} (clients send it as their bearer key)")
     print(f"compose: export KVSTACK_SECRETS={secrets.dir.resolve()}")
     return 0
 

@@ -9,6 +9,7 @@ import logging
 import os
 
 from services.cli import settings
+from services.cli.api_key import gateway_api_key
 from services.cli.pinning import pin
 from services.gateway.backend import BackendTimeouts
 from shared.auth.credentials import load_auth
@@ -101,6 +102,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         advertise_data_addr=args.advertise_data_addr,
         transport=args.transport,
         data_token=data_token(args),
+        data_encrypt=args.data_encrypt,
         mooncake=mooncake_config(args),
         **engine_options(args),
     )
@@ -233,6 +235,7 @@ def run_attention_worker(args: argparse.Namespace) -> int:
         link_port=args.link_port,
         advertise_host=args.advertise_host,
         data_token=data_token(args),
+        data_encrypt=args.data_encrypt,
     )
     return run(AttentionWorkerService(config))
 
@@ -254,6 +257,7 @@ def run_kvstore(args: argparse.Namespace) -> int:
         data_port=args.data_port,
         advertise_data_addr=args.advertise_data_addr,
         data_token=data_token(args),
+        data_encrypt=args.data_encrypt,
     )
     return run(KvstoreService(config))
 
@@ -278,7 +282,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         **common_config(args),
         model=args.model,
         served_model_names=tuple(args.served_model_name),
-        api_key=args.api_key,
+        api_key=gateway_api_key(args),
         max_tokens_limit=args.max_tokens_limit,
         dtype=args.dtype,
         weights=args.weights,

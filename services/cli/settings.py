@@ -194,6 +194,15 @@ SETTINGS: dict[str, Setting] = {
     "advertise_data_addr": Setting(
         "--advertise-data-addr", "host:port peers should dial", default=""
     ),
+    "data_encrypt": Setting(
+        "--data-encrypt",
+        "encrypt KV bytes on the data plane (AES-256-GCM, keys per connection from the data "
+        "token; the tcp transport and the kvstore pool only; every data-plane peer needs the "
+        "same setting; env KVSTACK_DATA_ENCRYPT=1; docs/security.md)",
+        default=False,
+        env="KVSTACK_DATA_ENCRYPT",
+        switch=True,
+    ),
     "transport": Setting(
         "--transport",
         "data plane of the prefill -> decode KV stream",
@@ -303,6 +312,13 @@ SETTINGS: dict[str, Setting] = {
         "require this bearer key (env KVSTACK_API_KEY)",
         default="",
         env="KVSTACK_API_KEY",
+    ),
+    "api_key_file": Setting(
+        "--api-key-file",
+        "require the bearer key in this file (env KVSTACK_API_KEY_FILE; `kvstack auth init` "
+        "writes one to DIR/api-key)",
+        default="",
+        env="KVSTACK_API_KEY_FILE",
     ),
     "max_tokens_limit": Setting("--max-tokens-limit", "0: the context size", type=int, default=0),
     "read_timeout": Setting(
@@ -438,7 +454,7 @@ COMMON = (
 )
 SECURITY = ("nats_creds", "nats_tls_ca", "data_token_file", "insecure")
 ENGINE = ("engine", "mock_model", "mock_hardware", "mock_kv_scale", "max_model_len")
-DATA_PLANE = ("data_host", "data_port", "advertise_data_addr")
+DATA_PLANE = ("data_host", "data_port", "advertise_data_addr", "data_encrypt")
 KV_POOL = ("kv_pool", "mooncake_segment_gib", "mooncake_replicas")
 WORKER = (
     *COMMON,
@@ -483,6 +499,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "cores",
         "data_host",
         "data_port",
+        "data_encrypt",
         "link_port",
         "advertise_host",
     ),
@@ -501,6 +518,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "model",
         "served_model_name",
         "api_key",
+        "api_key_file",
         "max_tokens_limit",
         "dtype",
         "weights",
@@ -599,6 +617,10 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
 COMMAND_CHANGES: dict[str, dict[str, dict[str, Any]]] = {
     "gateway": {
         "http_port": {"default": 8000},
+        "insecure": {
+            "help": "run without credentials (env KVSTACK_INSECURE=1): on a NATS server that "
+            "lets anyone in, and without an API key even where --host is not loopback"
+        },
         "model": {"help": "the model the workers serve"},
         "dtype": {"help": "the workers' dtype (names KV blocks)"},
         "block_size": {"help": "the workers' block size"},
@@ -642,11 +664,15 @@ COMMAND_CHANGES: dict[str, dict[str, dict[str, Any]]] = {
         "max_num_seqs": {"help": "per worker (decode batch)"},
         "max_num_batched_tokens": {"help": "per worker and step (the prefill chunk)"},
         "micro_batches": {"help": "when offloading attention"},
-        "api_key": {"env": "", "help": "require this bearer key at the gateway"},
+        "api_key": {
+            "env": "",
+            "help": "require this bearer key at the gateway (default: a key made on first "
+            "start and kept in --secrets-dir/api-key)",
+        },
         "insecure": {
             "env": "",
             "help": "no credentials: NATS lets anyone on this host in, the data plane takes "
-            "any peer (for experiments only)",
+            "any peer, the gateway wants no API key (for experiments only)",
         },
         "slo_ttft": {"help": "seconds"},
         "slo_tbt": {"help": "seconds"},

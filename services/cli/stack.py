@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
 import threading
 import time
@@ -42,8 +41,9 @@ from services.cli.supervisor import Child, Supervisor
 from services.cli.up_metrics import UpMetrics
 from shared import codec, subjects
 from shared.auth.credentials import NatsAuth
-from shared.auth.deployment import Identity, read_data_token
+from shared.auth.deployment import Identity, read_api_key, read_data_token
 from shared.bus import Bus, server_urls
+from shared.child_process import kill_group
 from shared.cpu_cores import format_cores, plan_cores
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
@@ -86,7 +86,8 @@ class StackConfig:
     restart: RestartPolicy | None = None  # None: no supervisor, an exited child is an error
     metrics_port: int | None = None  # the stack's own /metrics (0: a free port; None: off)
     secrets_dir: Path | None = None  # credentials, kept across runs (None: temporary)
-    insecure: bool = False  # no NATS users, no data-plane secret
+    insecure: bool = False  # no NATS users, no data-plane secret, no API key
+    api_key: bool = False  # the gateway requires a key kept with the secrets (`api_key_file`)
     nats_tls: bool = False  # TLS on NATS, with the deployment's own CA
     otlp_endpoint: str = ""  # every child's --otlp-endpoint ("": tracing off)
     worker_cores: tuple[int, ...] = ()  # shared out among the model workers (shared/cpu_cores.py);
@@ -119,6 +120,8 @@ class Stack:
             self._serve_metrics(cfg.metrics_port)
         identities = [Identity(args[0], name) for name, args in self.commands()]
         self.auth = StackAuth.prepare(cfg.secrets_dir, identities, cfg.insecure, cfg.nats_tls)
+        if cfg.api_key:
+            self.auth.require_api_key()
         if cfg.nats_url:
             self.nats_url = cfg.nats_url
         else:
@@ -278,6 +281,17 @@ class Stack:
         return self.supervisor.restarts[name] if self.supervisor is not None else 0
 
     @property
+    def api_key_file(self) -> Path | None:
+        """The file of the key the gateway requires (None: it requires none)."""
+        return self.auth.api_key_file if self.auth is not None else None
+
+    @property
+    def api_key(self) -> str:
+        """The key the gateway requires, for clients ("": none)."""
+        path = self.api_key_file
+        return read_api_key(path) if path is not None else ""
+
+    @property
     def data_token(self) -> str | None:
         """The data plane's secret, for a stand-in worker in tests and benches (None:
         insecure)."""
@@ -391,10 +405,13 @@ class Stack:
 
     def stop(self) -> None:
         """Drain and stop, one tier after the other (`stack_process.STOP_TIERS`): each gets
-        SIGTERM and its drain timeout to exit; nats-server last. Nothing restarts now."""
+        SIGTERM and its drain timeout to exit, then SIGKILL (SIGCONT too, should it be
+        stopped); nats-server last. Nothing restarts now. Raises if any child's process
+        group still has a live member after that."""
         self._hold()
         for tier in stop_tiers(self.processes):
             stack_process.terminate(tier, self.config.drain_timeout + STOP_GRACE)
+        left = stack_process.sweep(self.processes)
         if self.nats is not None:
             self.nats.stop()
         if self.auth is not None:
@@ -402,6 +419,8 @@ class Stack:
         self.metrics.close()
         if self.supervisor is not None:  # after every child it may have started ended
             self.supervisor.close()
+        if left:
+            raise KvstackError(f"these services did not stop, even when killed: {'; '.join(left)}")
 
     def kill(self) -> None:
         """The forced stop: SIGKILL every child's process group, then nats-server, at once
@@ -409,7 +428,7 @@ class Stack:
         then reaps them and cleans up."""
         self._hold()
         for process in self.processes:
-            process.signal(signal.SIGKILL)
+            kill_group(process.popen)
         if self.nats is not None:
             self.nats.kill()
 

@@ -1,7 +1,8 @@
 """The credentials of a stack on this machine: one NATS user per service (permissions
 narrowed to its own worker id), the admin's for the stack's own checks, the data plane's
-secret; all made on first start (shared/auth/deployment.py) and kept in `secrets_dir`.
-Without a `secrets_dir` they live in a temporary directory, removed at stop."""
+secret and, where asked for, the gateway's API key; all made on first start
+(shared/auth/deployment.py) and kept in `secrets_dir`. Without a `secrets_dir` they live in
+a temporary directory, removed at stop."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.auth.credentials import NatsAuth
-from shared.auth.deployment import ADMIN, TLS_DIR, Identity, Secrets, ensure_secrets
+from shared.auth.deployment import (
+    ADMIN,
+    TLS_DIR,
+    Identity,
+    Secrets,
+    ensure_api_key,
+    ensure_secrets,
+)
 from shared.auth.routes import RouteCredentials
 
 
@@ -20,6 +28,7 @@ class StackAuth:
     secrets: Secrets | None  # None: --insecure, nothing is checked
     owns_dir: bool = False
     tls: bool = False
+    api_key_file: Path | None = None  # the gateway's key (None: it requires none)
 
     @classmethod
     def prepare(
@@ -47,6 +56,12 @@ class StackAuth:
         """What a NATS cluster's routes authenticate with (None: insecure, they do not)."""
         return self.secrets.routes if self.secrets is not None else None
 
+    def require_api_key(self) -> Path | None:
+        """Make (or keep) the gateway's API key among the secrets; None when insecure."""
+        if self.secrets is not None:
+            self.api_key_file = ensure_api_key(self.secrets.dir)
+        return self.api_key_file
+
     def admin(self) -> NatsAuth:
         return self.secrets.auth(Identity(ADMIN)) if self.secrets else NatsAuth(insecure=True)
 
@@ -58,7 +73,10 @@ class StackAuth:
         new = not self.secrets.creds_path(identity).is_file()
         if new:
             ensure_secrets(self.secrets.dir, [identity], self.tls)
-        return self.secrets.child_env(identity), new
+        env = self.secrets.child_env(identity)
+        if identity.role == "gateway" and self.api_key_file is not None:
+            env["KVSTACK_API_KEY_FILE"] = str(self.api_key_file)
+        return env, new
 
     def close(self) -> None:
         if self.owns_dir and self.secrets is not None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.child_process import signal_group, start_in_own_session
+from shared.child_process import group_members, kill_group, signal_group, start_in_own_session
 
 # Stopped one tier after the other: first the gateway (it drains the requests in flight),
 # then the workers (they finish what they hold and deregister), then the attention
@@ -75,7 +75,8 @@ def _tier(service: str) -> int:
 
 
 def terminate(processes: Sequence[Process], timeout: float) -> None:
-    """SIGTERM each, wait up to `timeout` for all of them, SIGKILL what is left."""
+    """SIGTERM each, wait up to `timeout` for all of them, kill what is left (stopped ones
+    too: see `kill_group`)."""
     for process in processes:
         process.signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout
@@ -83,6 +84,19 @@ def terminate(processes: Sequence[Process], timeout: float) -> None:
         try:
             process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            process.signal(signal.SIGKILL)
+            kill_group(process.popen)
             process.popen.wait()
         process.poll()
+
+
+def sweep(processes: Sequence[Process], timeout: float = 5.0) -> list[str]:
+    """Kill whatever is left of each child's process group and wait up to `timeout` for
+    it to go; returns what remains ("name (pids ...)"), empty when every group is gone."""
+    left = [p for p in processes if group_members(p.popen.pid)]
+    for process in left:
+        kill_group(process.popen)
+    deadline = time.monotonic() + timeout
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if group_members(p.popen.pid)]
+    return [f"{p.name} (pids {', '.join(map(str, group_members(p.popen.pid)))})" for p in left]

@@ -122,6 +122,7 @@ def stack_config(args: argparse.Namespace, mooncake_master: str = "") -> StackCo
         metrics_port=_metrics_port(args),
         secrets_dir=Path(args.secrets_dir),
         insecure=args.insecure,
+        api_key=not (args.insecure or args.api_key),  # else none, or the one given
         nats_tls=args.nats_tls,
         otlp_endpoint=args.otlp_endpoint,
         # NOTE: mock workers compute nothing; they are left unpinned.
@@ -171,6 +172,11 @@ def run_until_stopped(stack: Stack, args: argparse.Namespace) -> None:
     stack.wait_ready()
     mock = stack.config.mock
     serving = args.model if mock is None else f"mock {mock.model} on {mock.hardware}"
+    if stack.api_key_file is not None:
+        say(
+            f"requests need the API key in {stack.api_key_file} (e.g. export "
+            f"OPENAI_API_KEY=$(cat {stack.api_key_file}))"
+        )
     print(f"kvstack is up: {stack.api_url}/v1  ({serving}; Ctrl-C stops it)", flush=True)
     while True:
         stack.check_alive()

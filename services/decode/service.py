@@ -48,6 +48,7 @@ from shared.messages import (
 from shared.model.config import ModelConfig
 from shared.model.registry import resolve_model
 from shared.service import Service
+from shared.transfer.address import advertised
 from shared.transfer.attention.client import AttentionLost
 from shared.transfer.base import KVReceiver
 from shared.transfer.factory import make_receiver
@@ -97,7 +98,7 @@ class DecodeService(Service):
     async def start(self, bus: Bus) -> None:
         loop = asyncio.get_running_loop()
         token = self.config.data_token or None
-        self.sender = TcpKVSender(auth_token=token)
+        self.sender = TcpKVSender(auth_token=token, encrypt=self.config.data_encrypt)
         self.reattaching = False
         self.engine_thread = EngineThread()  # built where it steps: engine_thread.py
         if self.config.attention_workers:
@@ -156,10 +157,11 @@ class DecodeService(Service):
             self.config.data_port,
             token,
             memory=[storage.host()],  # where frames land: the KV, or its host mirror
+            encrypt=self.config.data_encrypt,
         )
         bound = receiver.start()
         self.receiver = receiver
-        self.data_addr = self.config.advertise_data_addr or bound
+        self.data_addr = advertised(bound, self.config.advertise_data_addr)
         self.incoming = LocalKV(
             inbox, self.engine.info.model.num_layers, self.config.request_timeout
         )
@@ -236,7 +238,18 @@ class DecodeService(Service):
     async def abandon(self) -> None:
         """Past the drain timeout: hand each request still decoding back to its gateway,
         which places it again with the tokens so far (none is lost), and free it here."""
-        error = f"decode worker {self.worker_id} is stopping; moving the request"
+        await self._hand_back_all(f"decode worker {self.worker_id} is stopping; moving the request")
+
+    async def lease_lost(self, silent_for: float) -> None:
+        """Cut off from NATS or frozen past the gateways' patience: they moved these
+        requests to other workers. Hand each back (in case one did not) and decode no more
+        of them here."""
+        await self._hand_back_all(
+            f"decode worker {self.worker_id} was cut off from NATS for {silent_for:.0f}s; "
+            "moving the request"
+        )
+
+    async def _hand_back_all(self, error: str) -> None:
         for request_id in self.decoding.request_ids():
             event = self.decoding.hand_back(request_id, error)  # no token may follow it
             if event is None:  # it finished meanwhile
@@ -389,13 +402,18 @@ class DecodeService(Service):
             await asyncio.sleep(0.5)
 
     def _on_outputs(self, outputs: list[RequestOutput]) -> None:
+        # NOTE: past the lease these requests belong to other workers now (fencing): their
+        # tokens are not published, and the lease check hands them back.
+        publish = not self.lease.expired()
+        if not publish:
+            self.tasks.spawn(self.check_lease(), "giving up work past the lease")
         for out in outputs:
             rid = out.request_id
             event = self.decoding.event(out)
             adopted_at = self.adopted_at.pop(rid, None)
             if event is not None and adopted_at is not None:  # its first event here
                 event = dataclasses.replace(event, decode_wait=time.monotonic() - adopted_at)
-            if event is not None:
+            if event is not None and publish:
                 self._count_tokens(event)
                 if event.finished:
                     self._close_span(out, event.error)

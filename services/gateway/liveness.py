@@ -5,6 +5,8 @@ A worker is lost to a request when it stopped beating, when it said goodbye (the
 beat of a clean stop), or when its beats come from another process under the same id (it
 was restarted: whatever the old one held is gone). A worker whose beats say its NATS
 connection was re-established is alive, but what it published just before may be lost.
+When no worker at all has been heard for as long, the silence is the gateway's own (cut
+off from NATS, or frozen): it says nothing about any one worker.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ class Liveness:
     def __init__(self) -> None:
         self._last: dict[str, _Seen] = {}
         self._heard_since = 0.0  # after a reconnection nobody could be heard before it
+        self._heard_any: _Seen | None = None  # the latest beat of anyone
 
     def observe(self, hb: Heartbeat) -> None:
-        self._last[hb.worker_id] = _Seen(
+        self._heard_any = self._last[hb.worker_id] = _Seen(
             time.monotonic(),
             hb.interval,
             hb.instance,
@@ -100,6 +103,7 @@ class Liveness:
         """(worker id, why) of the first watched worker that is gone, or None; unknown
         workers count as alive."""
         now = time.monotonic()
+        isolated = self.isolated(now)
         for worker_id, instance in watched:
             seen = self._last.get(worker_id)
             if seen is None:
@@ -108,6 +112,13 @@ class Liveness:
                 return worker_id, f"worker {worker_id} stopped"
             if instance and seen.instance != instance:
                 return worker_id, f"worker {worker_id} restarted"
-            if now - max(seen.at, self._heard_since) > MISSED_BEATS * seen.interval:
+            silent = now - max(seen.at, self._heard_since) > MISSED_BEATS * seen.interval
+            if silent and not isolated:
                 return worker_id, f"worker {worker_id} stopped responding"
         return None
+
+    def isolated(self, now: float) -> bool:
+        """Whether nobody has been heard for MISSED_BEATS intervals: then the gateway is
+        the one cut off, and a worker's silence is not the worker's."""
+        last = self._heard_any
+        return last is not None and now - last.at > MISSED_BEATS * last.interval

@@ -33,6 +33,8 @@ from shared.messages import (
     StoreStats,
 )
 from shared.service import Service, ServiceConfig
+from shared.transfer.address import advertised
+from shared.transfer.common.encryption import require_token
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 
 log = logging.getLogger("kvstack.kvstore")
@@ -51,6 +53,10 @@ class KvstoreConfig(ServiceConfig):
     data_port: int = 0
     advertise_data_addr: str = ""
     data_token: str = ""
+    data_encrypt: bool = False  # encrypt KV bytes on the data plane (needs data_token)
+
+    def __post_init__(self) -> None:
+        require_token(self.data_token, self.data_encrypt)
 
 
 class KvstoreService(Service):
@@ -74,13 +80,13 @@ class KvstoreService(Service):
         )
 
     async def start(self, bus: Bus) -> None:
-        token = self.config.data_token or None
+        token, encrypt = self.config.data_token or None, self.config.data_encrypt
         self.receiver = TcpKVReceiver(
-            self.inbox, self.config.data_host, self.config.data_port, token
+            self.inbox, self.config.data_host, self.config.data_port, token, encrypt=encrypt
         )
         bound = self.receiver.start()  # listen even when peers dial another address
-        self.data_addr = self.config.advertise_data_addr or bound
-        self.sender = TcpKVSender(auth_token=token)
+        self.data_addr = advertised(bound, self.config.advertise_data_addr)
+        self.sender = TcpKVSender(auth_token=token, encrypt=encrypt)
         for op, handler, kind in (
             ("lookup", self._lookup, BlockLookup),
             ("get", self._get, BlockGet),

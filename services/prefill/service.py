@@ -60,6 +60,7 @@ from shared.prefill.timing import (
     prefill_timing,
 )
 from shared.service import Service
+from shared.transfer.address import advertised
 from shared.transfer.factory import make_sender
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from shared.worker import WorkerConfig, prompt_problem, worker_heartbeat, worker_stats
@@ -99,15 +100,15 @@ class PrefillService(Service):
             LLMEngine, self.config.engine_config()
         )
         show_engine(self.metrics, self.engine.info)
-        token = self.config.data_token or None
-        self.sender = TcpKVSender(auth_token=token)  # pool and peers
-        self.kv_out = make_sender(self.config.transport, token)  # the stream to decode
+        token, encrypt = self.config.data_token or None, self.config.data_encrypt
+        self.sender = TcpKVSender(auth_token=token, encrypt=encrypt)  # pool and peers
+        self.kv_out = make_sender(self.config.transport, token, encrypt=encrypt)  # to decode
         self.inbox = KVInbox(self.engine.kv_storage, loop)
         self.receiver = TcpKVReceiver(
-            self.inbox, self.config.data_host, self.config.data_port, token
+            self.inbox, self.config.data_host, self.config.data_port, token, encrypt=encrypt
         )
         bound = self.receiver.start()  # listen even when peers dial another address
-        self.data_addr = self.config.advertise_data_addr or bound
+        self.data_addr = advertised(bound, self.config.advertise_data_addr)
         self.engine_loop = EngineLoop(
             self.engine, loop, self._on_outputs, step=self._step, thread=self.engine_thread
         )

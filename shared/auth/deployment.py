@@ -5,7 +5,8 @@
     data-token        the data plane's shared secret (KVSTACK_DATA_TOKEN_FILE)
     nats-route        the password of a NATS cluster's routes (routes.py)
     nats-cluster.conf a compose NATS cluster node's config (cluster_config.py)
-    api-key           the HTTP API's bearer key of `kvstack serve`, when none is given
+    api-key           the gateway's bearer key (`kvstack auth init`, `kvstack up`,
+                      `kvstack serve`), when none is given
     tls/              optional: the deployment's CA and nats-server certificate
 
 `ensure_secrets` makes what is missing and keeps what exists, so a second `kvstack up`
@@ -121,20 +122,30 @@ def _ensure_creds(found: Secrets, identity: Identity, rotate: bool) -> None:
     )
 
 
-def ensure_api_key(directory: Path) -> Path:
-    """The file of the API key kept in `directory`, made on first use."""
+def ensure_api_key(directory: Path, rotate: bool = False) -> Path:
+    """The file of the API key kept in `directory`, made on first use (or anew: rotate)."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = directory / API_KEY
-    if not path.is_file():
+    if rotate or not path.is_file():
         write_private(path, secrets.token_urlsafe(32) + "\n")
     return path
 
 
 def read_data_token(path: str | Path) -> str:
+    return read_secret(path, "the data-plane token")
+
+
+def read_api_key(path: str | Path) -> str:
+    return read_secret(path, "the API key")
+
+
+def read_secret(path: str | Path, what: str) -> str:
+    """A secret kept in a file (surrounding whitespace dropped); a clear error when the
+    file cannot be read or holds nothing."""
     try:
-        token = Path(path).read_text().strip()
+        secret = Path(path).read_text().strip()
     except OSError as e:
-        raise KvstackError(f"cannot read the data-plane token {path}: {e.strerror}") from None
-    if not token:
-        raise KvstackError(f"the data-plane token file {path} is empty")
-    return token
+        raise KvstackError(f"cannot read {what} file {path}: {e.strerror}") from None
+    if not secret:
+        raise KvstackError(f"{what} file {path} is empty")
+    return secret

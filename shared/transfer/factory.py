@@ -1,5 +1,6 @@
 """Pick a data-plane implementation by name: `tcp` (default) or `mooncake` (the Mooncake
-Transfer Engine, extra `rdma`: its `tcp` protocol here, `rdma` where NICs exist)."""
+Transfer Engine, extra `rdma`: its `tcp` protocol here, `rdma` where NICs exist). Only `tcp`
+encrypts (`encrypt`, `--data-encrypt`): the Transfer Engine moves bytes itself."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ if TYPE_CHECKING:
 TRANSPORTS = ("tcp", "mooncake")
 
 
-def make_sender(kind: str, auth_token: str | None, protocol: str = "tcp") -> KVSender:
+def make_sender(
+    kind: str, auth_token: str | None, protocol: str = "tcp", encrypt: bool = False
+) -> KVSender:
     if kind == "mooncake":
+        refuse_encryption(encrypt, "--transport mooncake")
         return _mooncake().MooncakeKVSender(auth_token=auth_token, protocol=protocol)
-    return TcpKVSender(auth_token=auth_token)
+    return TcpKVSender(auth_token=auth_token, encrypt=encrypt)
 
 
 def make_receiver(
@@ -32,15 +36,28 @@ def make_receiver(
     memory: Sequence[torch.Tensor] = (),
     protocol: str = "tcp",
     limits: ConnectionLimits = ConnectionLimits(),
+    encrypt: bool = False,
 ) -> KVReceiver:
     """`memory`: what the sink hands out destinations in (registered up front by engines
     that write one-sidedly into registered memory); `limits`: connections at once and how
-    long each may keep the receiver waiting."""
+    long each may keep the receiver waiting; `encrypt`: take only encrypted frames."""
     if kind == "mooncake":
+        refuse_encryption(encrypt, "--transport mooncake")
         return _mooncake().MooncakeKVReceiver(
             sink, host, port, auth_token, protocol=protocol, memory=memory, limits=limits
         )
-    return TcpKVReceiver(sink, host, port, auth_token, limits=limits)
+    return TcpKVReceiver(sink, host, port, auth_token, limits=limits, encrypt=encrypt)
+
+
+def refuse_encryption(encrypt: bool, what: str) -> None:
+    """Fail where KV bytes would travel in clear under `--data-encrypt`: `what` moves them
+    outside the tcp transport, which is all that encryption covers."""
+    if encrypt:
+        raise KvstackError(
+            f"--data-encrypt covers the tcp transport only: {what} would move KV bytes in "
+            "clear (use --transport tcp, the kvstore pool and no attention offload, or run "
+            "without --data-encrypt on a private network)"
+        )
 
 
 def _mooncake():

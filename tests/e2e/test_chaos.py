@@ -9,6 +9,7 @@ token against the reference engine.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -20,7 +21,9 @@ import pytest
 from bench.chaos.load import Case
 from bench.chaos.runner import ChaosConfig, run_chaos
 from services.cli.restarts import RestartPolicy
+from shared import codec, subjects
 from shared.engine.sampling_params import SamplingParams
+from shared.messages import TokenEvent
 from tests.e2e.conftest import running_stack, worker_stats
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -209,6 +212,79 @@ def test_a_decode_worker_stopped_under_load_loses_no_request(stack, client, refe
     assert [s.result() for s in streams] == wants
     assert process.wait(30) == 0  # a clean exit after its drain
     assert sum(s.migrations for s in streams) >= 1  # a 1 s drain cannot finish 512 tokens
+
+
+class TokenWatch:
+    """Every token event on the bus, as (seconds since it began, subject, tokens), heard
+    with the admin's credentials in a thread of its own."""
+
+    def __init__(self, stack) -> None:
+        self.events: list[tuple[float, str, int]] = []
+        self.began = time.monotonic()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._watch(stack)))
+        self._thread.start()
+        assert self._ready.wait(30), "the token watch did not subscribe"
+
+    async def _watch(self, stack) -> None:
+        bus = await stack.bus("token-watch")
+
+        async def on_event(msg) -> None:
+            event = codec.decode(msg.data, TokenEvent)
+            self.events.append((time.monotonic() - self.began, msg.subject, len(event.token_ids)))
+
+        await bus.nc.subscribe(subjects.tokens("*"), cb=on_event)
+        await bus.nc.flush()
+        self._ready.set()
+        while not self._stop.is_set():
+            await asyncio.sleep(0.05)
+        await bus.nc.close()
+
+    def now(self) -> float:
+        return time.monotonic() - self.began
+
+    def subjects_before(self, at: float) -> set[str]:
+        return {subject for t, subject, n in self.events if t < at and n}
+
+    def tokens_on(self, subject: str, after: float) -> int:
+        return sum(n for t, s, n in self.events if s == subject and t > after)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_a_decode_worker_frozen_mid_stream_is_fenced_when_it_thaws(
+    stack, client, reference
+) -> None:
+    """SIGSTOP past three heartbeats: the stream moves to the other decode worker and goes
+    on exactly; the frozen worker, thawed, publishes no token for the request it lost (its
+    lease ran out: shared/heartbeats.py) and holds nothing after."""
+    prompt = prompt_ids(reference, "the mountains")
+    [want] = wanted(reference, [prompt], 256)
+    watch = TokenWatch(stack)
+    try:
+        stream = Stream(client, prompt, 256)
+        stream.wait_for(6)
+        victim = busiest(stack, "decode", ["decode-0", "decode-1"])
+        signal_child(stack, victim, signal.SIGSTOP)
+        frozen_at = watch.now()
+        [moved] = watch.subjects_before(frozen_at)  # the attempt the frozen worker held
+        deadline = time.monotonic() + 60
+        while not (watch.subjects_before(watch.now()) - {moved}):  # it goes on elsewhere
+            assert time.monotonic() < deadline, "the stream did not move"
+            time.sleep(0.1)
+        thawed_at = watch.now()
+        signal_child(stack, victim, signal.SIGCONT)
+        assert stream.result() == want
+        assert stream.migrations == 1
+        time.sleep(2.0)  # the thawed worker's steps, had it kept the request
+        assert watch.tokens_on(moved, after=thawed_at) == 0
+        stats = worker_stats(stack, "decode", victim)
+        assert stats.num_running == 0 and stats.num_waiting == 0
+    finally:
+        watch.close()
 
 
 def test_nats_conductor_and_kvstore_restarts_lose_nothing(stack, reference) -> None:

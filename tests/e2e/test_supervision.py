@@ -185,6 +185,8 @@ def start_up(log_dir: Path, port: int) -> subprocess.Popen:
             str(port),
             "--log-dir",
             str(log_dir),
+            "--secrets-dir",
+            str(log_dir.parent / "secrets"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -192,9 +194,20 @@ def start_up(log_dir: Path, port: int) -> subprocess.Popen:
     )
 
 
-def open_stream(port: int, max_tokens: int) -> http.client.HTTPResponse:
-    """A streamed completion, once its first event arrived: in flight."""
+def api_key(log_dir: Path) -> str:
+    """The key `kvstack up` made for its gateway (start_up's --secrets-dir)."""
+    return (log_dir.parent / "secrets" / "api-key").read_text().strip()
+
+
+def post_completion(port: int, body: dict, key: str) -> http.client.HTTPResponse:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    conn.request("POST", "/v1/completions", json.dumps(body), headers)
+    return conn.getresponse()
+
+
+def open_stream(port: int, max_tokens: int, key: str) -> http.client.HTTPResponse:
+    """A streamed completion, once its first event arrived: in flight."""
     body = {
         "model": "SmolLM2-135M-Instruct",
         "prompt": "Once upon a time",
@@ -203,8 +216,7 @@ def open_stream(port: int, max_tokens: int) -> http.client.HTTPResponse:
         "ignore_eos": True,
         "temperature": 0,
     }
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    response = conn.getresponse()
+    response = post_completion(port, body, key)
     assert response.status == 200 and response.readline().startswith(b"data: {")
     return response
 
@@ -260,7 +272,10 @@ def test_up_drains_on_ctrl_c_leaves_nothing_behind_and_rotates_its_logs(tmp_path
         read_until(up.stdout, "kvstack is up")
         pids = children(up.pid)
         store = nats_dir(pids)
-        stream = open_stream(port, max_tokens=24)
+        key = api_key(log_dir)
+        assert len(key) >= 32
+        assert post_completion(port, {"prompt": "Hi", "max_tokens": 1}, "wrong").status == 401
+        stream = open_stream(port, max_tokens=24, key=key)
         up.send_signal(signal.SIGINT)
         events = [line for line in stream.read().split(b"\n") if line.startswith(b"data: ")]
         assert up.wait(timeout=40) == 0
@@ -270,6 +285,7 @@ def test_up_drains_on_ctrl_c_leaves_nothing_behind_and_rotates_its_logs(tmp_path
     assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
     stderr = up.stderr.read()
     assert "draining (Ctrl-C again to force)" in stderr and "stopped" in stderr
+    assert f"requests need the API key in {log_dir.parent / 'secrets' / 'api-key'}" in stderr
     assert len(pids) == 5  # nats-server, conductor, prefill, decode, gateway
     assert not left_behind(pids)
     assert not store.exists()

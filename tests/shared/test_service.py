@@ -4,6 +4,7 @@ drain on stop."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import urllib.request
 
@@ -113,3 +114,70 @@ async def test_a_drain_past_its_timeout_hands_off_what_is_left(nats_url, admin) 
 
 async def _append(beats: list, hb) -> None:
     beats.append(hb)
+
+
+class SlowStart(Echo):
+    """Its start waits for the test: /health answers meanwhile, /ready does not yet."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        super().__init__(config)
+        self.go = asyncio.Event()
+
+    async def start(self, bus: Bus) -> None:
+        await self.go.wait()
+        await super().start(bus)
+
+    async def drain(self) -> None:
+        await asyncio.Event().wait()  # stays draining until the drain timeout
+
+
+async def test_ready_only_once_started_and_not_while_draining(nats_url, admin) -> None:
+    config = ServiceConfig(nats_url=nats_url, worker_id="slow-1", nats_auth=admin)
+    service = SlowStart(dataclasses.replace(config, drain_timeout=2))
+    task = asyncio.ensure_future(serve(service))
+    while not service.http_addr:
+        await asyncio.sleep(0.02)
+    url = f"http://{service.http_addr}"
+    assert (await asyncio.to_thread(get, f"{url}/health"))[0] == 200
+    status, body = await asyncio.to_thread(get, f"{url}/ready")
+    assert status == 503 and json.loads(body)["status"] == "not ready"
+    service.go.set()
+    while not service.started:
+        await asyncio.sleep(0.02)
+    status, body = await asyncio.to_thread(get, f"{url}/ready")
+    assert status == 200 and json.loads(body) == {"status": "ready", "worker_id": "slow-1"}
+    service.stopped.set()
+    while not service.draining:
+        await asyncio.sleep(0.02)
+    assert (await asyncio.to_thread(get, f"{url}/ready"))[0] == 503
+    await asyncio.wait_for(task, 20)
+
+
+class Fenced(Echo):
+    def __init__(self, config: ServiceConfig) -> None:
+        super().__init__(config)
+        self.lost: list[float] = []
+
+    async def lease_lost(self, silent_for: float) -> None:
+        self.lost.append(silent_for)
+
+
+async def test_a_lease_run_out_gives_the_work_up_once_until_a_beat_renews_it(
+    nats_url, admin
+) -> None:
+    config = ServiceConfig(nats_url=nats_url, worker_id="fenced-1", nats_auth=admin)
+    service = Fenced(dataclasses.replace(config, heartbeat_interval=0.1))
+    task = asyncio.ensure_future(serve(service))
+    while service.lease.renewed_at is None:  # the first beat reached NATS
+        await asyncio.sleep(0.02)
+    assert not service.lease.expired() and service.lost == []
+    service.lease.renewed_at -= 5.0  # as after a freeze or a partition of 5 s
+    assert service.lease.expired()
+    await service.check_lease()
+    await service.check_lease()
+    assert len(service.lost) == 1 and service.lost[0] > 4.9
+    while service.fenced:  # the next beat that reaches NATS renews it
+        await asyncio.sleep(0.02)
+    assert not service.lease.expired()
+    service.stopped.set()
+    await asyncio.wait_for(task, 10)

@@ -18,6 +18,11 @@ class ConnectionLimits:
 
     max_connections: accepted connections at once; one more is closed at accept. Senders
         keep one connection per peer, so a receiver's fan-in is its number of senders.
+    max_connections_per_peer: accepted connections at once from one peer address (IP); one
+        more is closed at accept, so that one host cannot take every place. A host with a
+        container of its own holds one or two (a worker's KV stream and its pool sender);
+        the default leaves room for a stack whose every process shares one address
+        (`kvstack up`: all on 127.0.0.1).
     handshake_timeout_s: for the whole handshake (a deadline, so a peer dripping its proof a
         byte at a time is cut as well).
     read_timeout_s: once a message has begun, or while a frame's parts are still due.
@@ -26,13 +31,14 @@ class ConnectionLimits:
     """
 
     max_connections: int = 256
+    max_connections_per_peer: int = 64
     handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
     read_timeout_s: float = 30.0
     idle_timeout_s: float | None = 300.0
 
     def __post_init__(self) -> None:
-        if self.max_connections < 1:
-            raise ValueError("max_connections must be at least 1")
+        if min(self.max_connections, self.max_connections_per_peer) < 1:
+            raise ValueError(f"connection limits must be at least 1: {self}")
         timeouts = (self.handshake_timeout_s, self.read_timeout_s, self.idle_timeout_s)
         if any(t is not None and t <= 0 for t in timeouts):
             raise ValueError(f"timeouts must be positive: {self}")

@@ -7,6 +7,7 @@ import functools
 import logging
 import socket
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 # NOTE: the default keeps idle connections open, as the attention link's client never
 # reconnects; KV receivers, whose senders do, default to ConnectionLimits() and its idle timeout.
 NO_IDLE_TIMEOUT = ConnectionLimits(idle_timeout_s=None)
+CAPS = ("max_connections", "max_connections_per_peer")  # ConnectionLimits' caps at accept
 
 
 class OpenFrame(Protocol):
@@ -185,7 +187,8 @@ def peer_name(sock: socket.socket) -> str:
 
 class ListeningReceiver(KVReceiver):
     """Listens for senders and serves each on its own thread with a `connection_class`,
-    up to `limits.max_connections` at once."""
+    up to `limits.max_connections` at once and `limits.max_connections_per_peer` from one
+    address."""
 
     connection_class: type[Connection[Any, Any]]
     socket_buffer_bytes: int | None = None  # per accepted socket; None keeps the system's
@@ -205,9 +208,10 @@ class ListeningReceiver(KVReceiver):
         self.counters = Counters("bytes", "frames", "rejected")
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
-        self._sockets: set[socket.socket] = set()
+        self._sockets: dict[socket.socket, str] = {}  # open connections -> their peer's IP
+        self._per_peer: Counter[str] = Counter()  # peer IP -> its open connections
         self._accepted = 0
-        self._over_cap = ThrottledWarning(log)
+        self._refused = {cap: ThrottledWarning(log) for cap in CAPS}
         self._dropped = ThrottledWarning(log)
         self._lock = threading.Lock()
         self._stopping = False
@@ -261,8 +265,14 @@ class ListeningReceiver(KVReceiver):
 
     @property
     def connections_refused(self) -> int:
-        """Connections closed at accept because `limits.max_connections` were open."""
-        return self._over_cap.total
+        """Connections closed at accept because either cap was reached."""
+        return sum(warning.total for warning in self._refused.values())
+
+    @property
+    def connections_refused_per_peer(self) -> int:
+        """Connections closed at accept because their peer address had
+        `limits.max_connections_per_peer` open."""
+        return self._refused["max_connections_per_peer"].total
 
     def _listen(self) -> socket.socket:
         try:
@@ -275,37 +285,51 @@ class ListeningReceiver(KVReceiver):
     def _accept_loop(self, listener: socket.socket) -> None:
         while True:
             try:
-                sock, _ = listener.accept()
+                sock, address = listener.accept()
             except OSError:
                 return  # stop() shut the listener down
-            if self._admit(sock):
+            if self._admit(sock, address[0]):
                 self._spawn(functools.partial(self._serve, sock), "kv-recv")
 
-    def _admit(self, sock: socket.socket) -> bool:
-        """Track `sock` for a thread of its own; close it at once when stopping or at the cap
-        (the connections already open carry on)."""
+    def _admit(self, sock: socket.socket, host: str) -> bool:
+        """Track `sock` (from `host`) for a thread of its own; close it at once when stopping
+        or at a cap (the connections already open carry on)."""
         with self._lock:
             stopping = self._stopping
-            admitted = not stopping and len(self._sockets) < self.limits.max_connections
+            cap = None if stopping else self._cap_reached(host)
+            admitted = not stopping and cap is None
             if admitted:
-                self._sockets.add(sock)
+                self._sockets[sock] = host
+                self._per_peer[host] += 1
                 self._accepted += 1
-        if not admitted and not stopping:
-            self._over_cap(
-                "refused a connection from %s: %d already open (max_connections)",
+        if cap is not None:
+            self._refused[cap](
+                "refused a connection from %s: %d already open (%s)",
                 peer_name(sock),
-                self.limits.max_connections,
+                getattr(self.limits, cap),
+                cap,
             )
         if not admitted:
             sock.close()
         return admitted
+
+    def _cap_reached(self, host: str) -> str | None:
+        """The limit one more connection from `host` would pass, if any (under the lock)."""
+        if len(self._sockets) >= self.limits.max_connections:
+            return "max_connections"
+        if self._per_peer[host] >= self.limits.max_connections_per_peer:
+            return "max_connections_per_peer"
+        return None
 
     def _serve(self, sock: socket.socket) -> None:
         try:
             self.connection_class(sock, self).run()
         finally:
             with self._lock:
-                self._sockets.discard(sock)
+                host = self._sockets.pop(sock)
+                self._per_peer[host] -= 1
+                if not self._per_peer[host]:
+                    del self._per_peer[host]
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)

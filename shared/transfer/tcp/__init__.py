@@ -15,13 +15,18 @@ receiver hashes each piece right after `recvmsg_into` lands it in the sink's mem
 hash bytes that are still in cache (hashing whole frames apart from the copy cost about a
 fifth of loopback throughput in `python -m bench transfer`).
 
+Under `--data-encrypt` (`encrypt=True` on both ends, which needs the token) the handshake
+says so and derives keys for the connection, and everything after each HEADER travels
+sealed with AES-256-GCM, the HEADER authenticated with it (`sealing`); off, nothing on the
+path above changes.
+
 One thread and one connection per peer on the sending side keep a request's frames and END
 in order; one thread per accepted connection on the receiving side, up to a cap, each with a
 handshake deadline, a read timeout inside a frame and an idle timeout between frames (both
 from `common`; see `ConnectionLimits`).
 
-Modules: `wire` (frame format, encoding, decoding), `sockets` (scatter/gather I/O), `sender`,
-`receiver`.
+Modules: `wire` (frame format, encoding, decoding), `sockets` (scatter/gather I/O), `sealing`
+(the same frames encrypted), `sender`, `receiver`.
 """
 
 from __future__ import annotations

@@ -10,11 +10,13 @@ from functools import cached_property
 import xxhash
 
 from shared.transfer.base import BlockSpan, KVSink
+from shared.transfer.common.encryption import require_token
 from shared.transfer.common.frames import ProtocolError
 from shared.transfer.common.handshake import challenge
 from shared.transfer.common.limits import ConnectionLimits
 from shared.transfer.common.receiver import Connection, ListeningReceiver
 from shared.transfer.common.sockets import recv_exact
+from shared.transfer.tcp.sealing import Opener
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, Landing, recv_hashed
 from shared.transfer.tcp.wire import (
     GREETING,
@@ -67,6 +69,7 @@ class _Connection(Connection[bytes, _Partial]):
 
     def __init__(self, sock: socket.socket, receiver: TcpKVReceiver) -> None:
         super().__init__(sock, receiver)
+        self.opener: Opener | None = None  # under encryption, from the handshake
 
     @cached_property
     def scratch(self) -> memoryview:
@@ -75,7 +78,10 @@ class _Connection(Connection[bytes, _Partial]):
         return memoryview(bytearray(DISCARD_CHUNK))
 
     def _handshake(self) -> None:
-        challenge(self.sock, self.receiver.auth_token, GREETING)
+        key = challenge(
+            self.sock, self.receiver.auth_token, GREETING, encrypt=self.receiver.encrypt
+        )
+        self.opener = None if key is None else Opener(key)
 
     def _read_header(self) -> bytes | None:
         return recv_exact(self.sock, HEADER.size, eof_ok=True)
@@ -83,14 +89,25 @@ class _Connection(Connection[bytes, _Partial]):
     def _handle(self, raw: bytes) -> None:
         kind, rid_len, layer, count, body = check_header(raw)
         num_spans = 0 if kind == KIND_END else count
-        meta = recv_exact(self.sock, rid_len + num_spans * SPAN.size)  # id and span table
+        meta = self._read_meta(raw, rid_len + num_spans * SPAN.size)  # id and span table
         request_id = meta[:rid_len].decode(errors="replace")
         if kind == KIND_END:
             self._end_of(request_id, count, body - len(meta))
         else:
-            self._receive_part(
-                kind, request_id, layer, parse_spans(meta[rid_len:]), body - len(meta)
-            )
+            spans = parse_spans(meta[rid_len:])
+            self._receive_part(raw, kind, request_id, layer, spans, body - len(meta))
+
+    def _read_meta(self, header: bytes, nbytes: int) -> bytes:
+        if self.opener is None:
+            return recv_exact(self.sock, nbytes)
+        return self.opener.read_meta(self.sock, header, nbytes)
+
+    def _land(self, header: bytes, landings: list[Landing]) -> None:
+        """Read the payload into `landings`, hashing each piece as it lands."""
+        if self.opener is None:
+            recv_hashed(self.sock, landings)
+        else:
+            self.opener.receive(self.sock, header, landings)
 
     def _end_of(self, request_id: str, num_frames: int, extra: int) -> None:
         if extra or self.frame is not None:
@@ -99,6 +116,7 @@ class _Connection(Connection[bytes, _Partial]):
 
     def _receive_part(
         self,
+        header: bytes,
         kind: int,
         request_id: str,
         layer: int,
@@ -109,7 +127,7 @@ class _Connection(Connection[bytes, _Partial]):
             raise ProtocolError("frame body size disagrees with its spans")
         frame = self._frame_of(request_id, layer)
         targets = [self._target(request_id, layer, *s) for s in spans]
-        recv_hashed(self.sock, [landing for t in targets for landing in t.landings()])
+        self._land(header, [landing for t in targets for landing in t.landings()])
         frame.error = frame.error or verify(targets)
         frame.spans += (span for span, _, _ in spans)
         self.receiver.counters.add(bytes=payload)
@@ -141,7 +159,8 @@ class _Connection(Connection[bytes, _Partial]):
 
 
 class TcpKVReceiver(ListeningReceiver):
-    """Listens for senders and writes their KV frames where `sink` says, within `limits`."""
+    """Listens for senders and writes their KV frames where `sink` says, within `limits`;
+    with `encrypt`, only from senders that encrypt them (which needs `auth_token`)."""
 
     connection_class = _Connection
 
@@ -153,9 +172,12 @@ class TcpKVReceiver(ListeningReceiver):
         auth_token: str | None = None,
         socket_buffer_bytes: int | None = SOCKET_BUFFER_BYTES,
         limits: ConnectionLimits = ConnectionLimits(),
+        encrypt: bool = False,
     ) -> None:
+        require_token(auth_token, encrypt)
         super().__init__(sink, host, port, auth_token, limits)
         self.socket_buffer_bytes = socket_buffer_bytes
+        self.encrypt = encrypt
 
     def _listen(self) -> socket.socket:
         listener = super()._listen()

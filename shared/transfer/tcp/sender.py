@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import socket
 
+from shared.transfer.common.encryption import SealingKey, require_token
 from shared.transfer.common.frames import Frame
 from shared.transfer.common.handshake import answer_hello
 from shared.transfer.common.sender import MAX_IDLE_S, ChannelSender, PeerChannel
 from shared.transfer.common.sockets import tune
+from shared.transfer.tcp.sealing import Sealer
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, send_all
 from shared.transfer.tcp.wire import GREETING, PART_BYTES, encode_end, encode_kv
 
@@ -18,6 +20,7 @@ class _PeerChannel(PeerChannel[list[memoryview]]):
     frame sent whole."""
 
     sender: TcpKVSender
+    sealer: Sealer | None = None  # under encryption: the current connection's
 
     def _send_frame(self, frame: Frame) -> None:
         rid = frame.request_id
@@ -34,14 +37,19 @@ class _PeerChannel(PeerChannel[list[memoryview]]):
         return encode_end(request_id, num_frames)
 
     def _handshake(self, sock: socket.socket) -> None:
-        self.sender.prepare(sock)
+        key = self.sender.prepare(sock)
+        self.sealer = None if key is None else Sealer(key)
 
     def _transmit(self, data: list[memoryview]) -> None:
-        send_all(self._connected(), data)
+        if self.sealer is None:
+            send_all(self._connected(), data)
+        else:
+            self.sealer.send(self._connected(), data)
 
 
 class TcpKVSender(ChannelSender):
-    """Sends KV frames over one persistent TCP connection per peer."""
+    """Sends KV frames over one persistent TCP connection per peer; with `encrypt`, sealed
+    (which needs `auth_token`, and receivers that encrypt too)."""
 
     channel_class = _PeerChannel
 
@@ -52,12 +60,17 @@ class TcpKVSender(ChannelSender):
         socket_buffer_bytes: int | None = SOCKET_BUFFER_BYTES,
         part_bytes: int = PART_BYTES,
         max_idle_s: float = MAX_IDLE_S,
+        encrypt: bool = False,
     ) -> None:
+        require_token(auth_token, encrypt)
         super().__init__(auth_token, connect_timeout_s, part_bytes, max_idle_s)
         self.socket_buffer_bytes = socket_buffer_bytes
+        self.encrypt = encrypt
 
-    def prepare(self, sock: socket.socket) -> None:
-        """Tune and authenticate a fresh connection (from its channel's thread)."""
+    def prepare(self, sock: socket.socket) -> SealingKey | None:
+        """Tune and authenticate a fresh connection (from its channel's thread); the key to
+        seal its frames with, under encryption."""
         tune(sock, self.socket_buffer_bytes)
-        answer_hello(sock, self.auth_token, GREETING)
+        key = answer_hello(sock, self.auth_token, GREETING, self.encrypt)
         sock.settimeout(None)
+        return key

@@ -21,6 +21,20 @@ def test_a_silent_worker_is_lost_after_three_intervals() -> None:
     watched = live.watch(("d0", "unknown"))
     assert live.lost(watched) is None
     time.sleep(0.2)
+    live.observe(beat("p0"))  # others are heard: the silence is d0's
+    assert live.lost(watched) == ("d0", "worker d0 stopped responding")
+
+
+def test_when_nobody_is_heard_the_silence_is_the_gateways_own() -> None:
+    live = Liveness()
+    live.observe(beat("d0"))
+    live.observe(beat("p0"))
+    watched = live.watch(("d0",))
+    time.sleep(0.2)  # cut off from NATS, or frozen: every worker went quiet at once
+    assert live.isolated(time.monotonic())
+    assert live.lost(watched) is None
+    live.observe(beat("p0"))  # heard again, d0 still silent: now it is d0's
+    assert not live.isolated(time.monotonic())
     assert live.lost(watched) == ("d0", "worker d0 stopped responding")
 
 

@@ -42,13 +42,13 @@ def start_stores(tmp_path, num: int, args: tuple[str, ...] = ()) -> Stack:
 class Client:
     """A stand-in worker: a small KV tensor, the data plane and the pool client."""
 
-    def __init__(self, bus: Bus, seed: int, token: str | None) -> None:
+    def __init__(self, bus: Bus, seed: int, token: str | None, encrypt: bool = False) -> None:
         self.storage = KVStorage(4, NUM_BLOCKS, 16, 2, 8, torch.bfloat16)
         torch.manual_seed(seed)
         self.storage.kv.copy_(torch.randn(self.storage.kv.shape))
         self.inbox = KVInbox(self.storage, asyncio.get_running_loop())
-        self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0, auth_token=token)
-        self.sender = TcpKVSender(auth_token=token)
+        self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0, token, encrypt=encrypt)
+        self.sender = TcpKVSender(auth_token=token, encrypt=encrypt)
         self.pool = KvstorePool(bus, self.sender, self.storage, self.inbox, self.receiver.start())
 
     def close(self) -> None:
@@ -56,9 +56,9 @@ class Client:
         self.sender.close()
 
 
-async def connect(stack: Stack) -> tuple[Bus, list[Client]]:
+async def connect(stack: Stack, encrypt: bool = False) -> tuple[Bus, list[Client]]:
     bus = await stack.bus("test-client")
-    clients = [Client(bus, seed, stack.data_token) for seed in (1, 2)]
+    clients = [Client(bus, seed, stack.data_token, encrypt) for seed in (1, 2)]
     for client in clients:
         await bus.subscribe(subjects.all_heartbeats(), _observer(client.pool), expected=Heartbeat)
     stores = sum(p.service == "kvstore" for p in stack.processes)
@@ -162,6 +162,26 @@ async def test_the_ssd_tier_survives_a_restart(tmp_path):
         for i, h in enumerate(on_disk[:4]):
             source = hashes.index(h)
             assert torch.equal(reader.storage.kv[:, :, i], writer.storage.kv[:, :, source])
+    finally:
+        await disconnect(bus, clients)
+        stack.stop()
+
+
+async def test_a_store_started_with_data_encrypt_serves_clients_that_encrypt(tmp_path):
+    """Puts and gets go through only if the store's data plane encrypts as its clients do
+    (a sender and a receiver that differ refuse each other)."""
+    stack = await asyncio.to_thread(start_stores, tmp_path, 1, ("--data-encrypt",))
+    bus, clients = await connect(stack, encrypt=True)
+    writer, reader = clients
+    try:
+        hashes = [random.Random(200 + i).getrandbits(64) for i in range(8)]
+        await put_all(writer, hashes)
+        assert (await stats(bus, "kvstore-0")).dram_blocks == len(hashes)
+        loads = await reader.pool.get("get-sealed", hashes, list(range(len(hashes))))
+        for expected in loads:
+            await asyncio.wait_for(expected.settled.wait(), 10)
+            assert not expected.verdict()
+        assert torch.equal(reader.storage.kv[:, :, :8], writer.storage.kv[:, :, :8])
     finally:
         await disconnect(bus, clients)
         stack.stop()

@@ -16,7 +16,7 @@ import torch
 from shared.kvcache.storage import KVStorage
 from shared.transfer.common.handshake import ACCEPTED, HELLO, REFUSED, proof_of
 from shared.transfer.common.limits import ConnectionLimits
-from shared.transfer.tcp.wire import KIND_KV, KIND_KV_MORE, encode_part
+from shared.transfer.tcp.wire import KIND_KV, KIND_KV_MORE, encode_end, encode_part
 from tests.shared.transfer.sinks import (
     MOVES,
     ONE_BLOCK,
@@ -50,13 +50,15 @@ class GatedSink(RecordingSink):
 # --- a raw peer -----------------------------------------------------------------------------
 
 
-def connect(address: str) -> socket.socket:
+def connect(address: str, source: str = "") -> socket.socket:
+    """A connection to `address`, from the local address `source` if given."""
     host, port = address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=WAIT_S)
+    source_address = (source, 0) if source else None
+    return socket.create_connection((host, int(port)), WAIT_S, source_address)
 
 
-def authenticated(address: str, token: str | None = None) -> socket.socket:
-    sock = connect(address)
+def authenticated(address: str, token: str | None = None, source: str = "") -> socket.socket:
+    sock = connect(address, source)
     *_, auth_required, nonce = HELLO.unpack(sock.recv(HELLO.size, socket.MSG_WAITALL))
     if auth_required:
         sock.sendall(proof_of(token, nonce))
@@ -283,6 +285,32 @@ def test_connection_over_the_cap_is_refused_and_the_others_keep_working(
     )
     sink.wait_ends("first", "second", "first again", "second again", "third again")
     assert not any(e[0] == "lost" or e[1] == "third" for e in sink.events)
+
+
+@pytest.mark.parametrize("transport", ["tcp"])
+def test_connection_over_the_per_peer_cap_is_refused_while_another_address_connects(
+    make_receiver, make_sender, caplog
+) -> None:
+    source = random_storage(torch.float32)
+    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
+    limits = ConnectionLimits(max_connections_per_peer=2)
+    receiver, address = make_receiver(sink, limits=limits)
+    first, second = make_sender(), make_sender()  # both from 127.0.0.1
+    for sender, rid in ((first, "first"), (second, "second")):
+        assert send_request(sender, address, source, rid, ONE_BLOCK).wait(rid)[0]
+
+    assert until_closed(connect(address))[1] == b""  # a third from 127.0.0.1: not even a HELLO
+    other = authenticated(address, source="127.0.0.2")  # loopback takes any 127/8 source
+    other.sendall(kv_part(KIND_KV, "other", source) + bytes(encode_end("other", 1)[0]))
+    sink.wait_ends("first", "second", "other")
+    assert [f[4] for f in sink.frames("other")] == [True]
+    assert receiver.connections_refused_per_peer == receiver.connections_refused == 1
+    assert len([r for r in caplog.records if "(max_connections_per_peer)" in r.message]) == 1
+
+    second.close()  # frees a place of 127.0.0.1's
+    wait_until(lambda: receiver.open_connections == 2)
+    assert send_request(make_sender(), address, source, "third", ONE_BLOCK).wait("third")[0]
+    other.close()
 
 
 # --- idle connections, seen from the sender ---------------------------------------------------

@@ -1,0 +1,135 @@
+"""`python -m bench compose-chaos`: start compose.yaml's stack on this Docker engine (images
+from `make image`), put a steady load of streaming greedy requests on it, hit it with each
+fault in turn (kills, a scale-down, partitions, a freeze, a slow and lossy link), print what
+became of every request, and take the stack down. Needs root (iptables, tc, nsenter) and
+the images. Exit code 1 when a request was lost or hung."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.chaos.cli import TOPICS, reference_cases
+from bench.compose.docker import image_exists, unavailable
+from bench.compose.faults import Fault
+from bench.compose.runner import ComposeChaosConfig, ComposeChaosReport, run_compose_chaos
+from bench.compose.stack import ComposeStack
+from shared.errors import KvstackError
+
+FAULTS = (
+    "kill:conductor",
+    "kill:kvstore",
+    "kill:prefill",
+    "kill:decode",
+    "kill:gateway",
+    "kill:nats",
+    "stop:decode",
+    "partition:decode",
+    "nats-cut:gateway",
+    "pause:decode",
+    "slow-link:prefill",
+)
+IMAGES = ("kvstack:latest", "kvstack-prometheus:latest")
+# a ~1k-token prompt among the short ones: its prefill lasts long enough to be hit
+TOPICS_AND_A_LONG_ONE = (*TOPICS, " ".join(["the history of bread"] * 150))
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compose-chaos",
+        help="the compose stack under load, each fault in turn (kill, stop, partition, "
+        "pause, slow link); count completed, migrated, errored, lost and hung requests",
+        description=__doc__,
+    )
+    p.add_argument("--faults", default=",".join(FAULTS), help="ACTION:SERVICE, in this order")
+    p.add_argument("--prefill", type=int, default=2)
+    p.add_argument("--decode", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--phase-seconds", type=float, default=30.0)
+    p.add_argument("--hold-seconds", type=float, default=20.0, help="of a partition or pause")
+    p.add_argument("--workdir", default="", help="secrets and logs (default: a temporary one)")
+    p.add_argument("--json", default="", help="also write the result to this file")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    why = unavailable()
+    if why:
+        raise KvstackError(f"compose-chaos needs a Docker engine: {why}")
+    missing = [image for image in IMAGES if not image_exists(image)]
+    if missing:
+        raise KvstackError(f"no image {', '.join(missing)}: build them with make image")
+    faults = tuple(Fault.parse(f.strip(), args.hold_seconds) for f in args.faults.split(","))
+    config = ComposeChaosConfig(
+        faults, args.concurrency, args.max_tokens, phase_seconds=args.phase_seconds
+    )
+    say("computing the reference answers in this process ...")
+    cases = reference_cases(config.model, config.max_tokens, TOPICS_AND_A_LONG_ONE)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kvstack-compose-"))
+    stack = ComposeStack.prepare(workdir, {"prefill": args.prefill, "decode": args.decode})
+    try:
+        say(f"starting compose project {stack.project} (secrets in {workdir}) ...")
+        stack.up()
+        report = run_compose_chaos(stack, cases, config, say)
+    finally:
+        (workdir / "compose.log").write_text(stack.logs(2000))
+        say("taking the stack down ...")
+        stack.down()
+    print(format_report(report, config))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+    return 0 if report.ok else 1
+
+
+HEADER = (
+    "fault",
+    "in flight",
+    "sent",
+    "completed",
+    "migrated",
+    "errored",
+    "lost",
+    "hung",
+    "back after (s)",
+    "TTFT p50 (s)",
+    "TPOT p50 (ms)",
+)
+
+
+def format_report(report: ComposeChaosReport, config: ComposeChaosConfig) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
+    for p in report.phases:
+        r = p.row
+        cells = (
+            r.fault,
+            p.in_flight,
+            r.sent,
+            r.completed,
+            r.migrated,
+            r.errored,
+            r.lost,
+            r.hung,
+            _number(r.back_s, 1),
+            _number(p.ttft_s, 2),
+            _number(p.tpot_s and p.tpot_s * 1000, 1),
+        )
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    total = sum(p.row.sent for p in report.phases)
+    lines.append(
+        f"\n{total} requests, {config.concurrency} clients, {config.max_tokens} tokens each"
+    )
+    lines += [f"error seen: {e}" for e in report.errors]
+    lines.append("OK: nothing lost, nothing hung" if report.ok else "FAILED")
+    return "\n".join(lines)
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def say(message: str) -> None:
+    print(f"bench compose-chaos: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,58 @@
+"""The container suite: compose.yaml's stack on a real Docker engine, from the images
+`make image` built (`make compose-test` builds them first, then runs this with
+--run-compose). Where Docker cannot run, every test here skips with the reason."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from bench.chaos.load import Case
+from bench.compose.cli import IMAGES, TOPICS_AND_A_LONG_ONE
+from bench.compose.docker import image_exists, unavailable
+from bench.compose.network import clear
+from bench.compose.stack import ComposeStack
+
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="session")
+def docker() -> None:
+    """Skips the suite, saying why, where containers cannot run here."""
+    why = unavailable()
+    if why:
+        pytest.skip(f"no containers here: {why}")
+    missing = [image for image in IMAGES if not image_exists(image)]
+    if missing:
+        pytest.skip(f"no image {', '.join(missing)}: make compose-test builds them")
+
+
+@pytest.fixture(scope="session")
+def root() -> None:
+    """Faults on the network need root here (iptables, tc, nsenter)."""
+    if os.geteuid() != 0:
+        pytest.skip("network faults need root on this host (iptables, tc, nsenter)")
+
+
+@pytest.fixture(scope="session")
+def cases(smollm2_dir) -> list[Case]:
+    """The steady load's prompts with the reference engine's answers (float32)."""
+    from bench.chaos.cli import reference_cases
+
+    return reference_cases("SmolLM2-135M-Instruct", MAX_TOKENS, TOPICS_AND_A_LONG_ONE)
+
+
+def started(tmp_path_factory, name: str, **options) -> Iterator[ComposeStack]:
+    """A compose project up until the module ends, then down to nothing; its logs are kept
+    beside its secrets when it fails to start."""
+    stack = ComposeStack.prepare(tmp_path_factory.mktemp(name), **options)
+    try:
+        stack.up()
+        yield stack
+    finally:
+        (stack.workdir / "compose.log").write_text(stack.logs(2000))
+        clear(stack.project)
+        stack.down()
+        assert stack.leftovers() == [], "compose down -v left something behind"

@@ -1,0 +1,63 @@
+"""compose.yaml's profiles start too: `offload` (an attention worker and a decode worker
+whose attention runs there) and `nats-cluster` (NATS as three routed nodes, the services
+given every node's URL); one node cut off from the others under load loses nothing."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from bench.compose.docker import run
+from bench.compose.faults import Fault
+from bench.compose.runner import ComposeChaosConfig, run_compose_chaos
+from tests.compose.conftest import MAX_TOKENS, started
+
+MODEL = "SmolLM2-135M-Instruct"
+PROFILE_SERVICES = {"attention-worker", "decode-offload", "nats-1", "nats-2", "nats-3"}
+
+
+@pytest.fixture(scope="module")
+def stack(docker, tmp_path_factory):
+    yield from started(tmp_path_factory, "compose-profiles", profiles=("offload", "nats-cluster"))
+
+
+def test_the_offload_and_nats_cluster_profiles_start_and_are_healthy(stack) -> None:
+    containers = stack.containers()
+    assert {c.service for c in containers} >= PROFILE_SERVICES
+    assert all(c.health == "healthy" for c in containers if c.service != "prometheus")
+
+
+def test_a_decode_worker_whose_attention_runs_on_an_attention_worker_serves(stack, cases) -> None:
+    """With the plain decode worker stopped, every request decodes on decode-offload."""
+    [plain] = stack.containers("decode")
+    run(["docker", "stop", "-t", "30", plain.id], timeout=120)
+    try:
+        api = openai.OpenAI(
+            base_url=f"{stack.api_url}/v1", api_key=stack.api_key, max_retries=0, timeout=120
+        )
+        for case in cases[:2]:
+            completion = api.completions.create(
+                model=MODEL,
+                prompt=list(case.prompt),
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+            assert completion.choices[0].text == case.want
+    finally:
+        run(["docker", "start", plain.id])
+        stack.wait_ready()
+
+
+def test_a_nats_node_cut_off_under_load_loses_nothing(stack, cases, root) -> None:
+    config = ComposeChaosConfig(
+        (Fault.parse("partition:nats-node"),), concurrency=3, max_tokens=MAX_TOKENS,
+        phase_seconds=20, settle_seconds=5,
+    )  # fmt: skip
+    report = run_compose_chaos(stack, cases, config, print)
+    for phase in report.phases:
+        assert phase.row.lost == 0 and phase.row.hung == 0, phase
+        assert phase.row.errored == 0, (phase, report.errors)
+    [cut] = [p for p in report.phases if p.row.fault == "partition:nats-node"]
+    assert cut.in_flight >= 1 and cut.row.back_s is not None, cut
+    assert report.phases[-1].row.completed == report.phases[-1].row.sent > 0
