@@ -131,7 +131,9 @@ def measure(
         "batch": batch,
         "context": context,
         "us": {str(d): round(t * 1e6, 1) for d, t in best.items()},
-        "gb_s": {str(d): round(kv_bytes / t / 1e9, 1) for d, t in best.items()},
+        # NOTE: three significant digits: a small point on a busy machine moves well under
+        # 0.05 GB/s, which rounding to tenths made 0.0
+        "gb_s": {str(d): float(f"{kv_bytes / t / 1e9:.3g}") for d, t in best.items()},
     }
 
 

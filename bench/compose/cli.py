@@ -24,6 +24,7 @@ FAULTS = (
     "kill:kvstore",
     "kill:prefill",
     "kill:decode",
+    "docker-kill:decode",
     "kill:gateway",
     "kill:nats",
     "stop:decode",

@@ -1,8 +1,10 @@
 """The faults of a compose chaos run, each on one container (or link) of the stack:
 
     kill        SIGKILL to the container's init from this host, as the OOM killer or a
-                crash would: compose's restart policy starts it again (`docker kill`
-                counts as a manual stop on Docker 20.10, and nothing would restart it)
+                crash would: compose's restart policy starts it again
+    docker-kill `docker kill` (SIGKILL through the engine), then `docker start`: on Docker
+                20.10 a `docker kill` counts as a manual stop, which the restart policy
+                leaves down
     stop        `docker stop` (SIGTERM, then the drain; compose's scale-down), then start
     partition   the container cut off from every other one for `hold` seconds
     nats-cut    the container cut off from NATS alone for `hold` seconds
@@ -31,11 +33,12 @@ from shared import subjects
 from shared.bus import Bus
 from shared.messages import Heartbeat, StatsRequest, WorkerStats
 
-ACTIONS = ("kill", "stop", "partition", "nats-cut", "pause", "slow-link")
+ACTIONS = ("kill", "docker-kill", "stop", "partition", "nats-cut", "pause", "slow-link")
 WORKERS = ("prefill", "decode")
 NATS_NODE = "nats-node"  # a fault's service: the busiest node of the nats-cluster profile
 CLUSTER_NODES = ("nats-1", "nats-2", "nats-3")
 RELAY_PORT = 9390
+DOWN_AFTER_DOCKER_KILL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,10 @@ def inject(stack: ComposeStack, fault: Fault) -> Injected:
     match fault.action:
         case "kill":
             os.kill(hit.pid, signal.SIGKILL)
+        case "docker-kill":
+            run(["docker", "kill", hit.id])
+            time.sleep(DOWN_AFTER_DOCKER_KILL_S)  # its requests move on meanwhile
+            injected.undo.append(lambda: run(["docker", "start", hit.id]))
         case "stop":
             run(["docker", "stop", "-t", "45", hit.id], timeout=120)
             injected.undo.append(lambda: run(["docker", "start", hit.id]))

@@ -109,7 +109,7 @@ def test_every_fault_under_load_loses_no_token_and_nothing_hangs(stack, cases, r
     gateway = table["kill:gateway"]
     assert all(e.startswith(CONNECTION_ERRORS) for e in report.errors), report.errors
     assert gateway.row.completed + gateway.row.errored == gateway.row.sent
-    for fault in ("kill:decode", "partition:decode", "pause:decode"):
+    for fault in ("kill:decode", "docker-kill:decode", "partition:decode", "pause:decode"):
         assert table[fault].row.migrated >= 1, table[fault]  # its streams went on elsewhere
     after = table["after"].row
     assert after.sent and after.completed == after.sent, report.errors

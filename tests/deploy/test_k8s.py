@@ -136,7 +136,7 @@ def break_probe(c: dict) -> None:
 
 
 def break_path(c: dict) -> None:
-    c["readinessProbe"]["httpGet"]["path"] = "/ready"  # the gateway's and conductor's only
+    c["readinessProbe"]["httpGet"]["path"] = "/readyz"  # served by none
 
 
 def break_env(c: dict) -> None:
@@ -156,7 +156,7 @@ def break_cpu(c: dict) -> None:
     [
         (break_flag, "unrecognized arguments: --thread-count=2"),
         (break_probe, "livenessProbe port 9101 is not --http-port 9100"),
-        (break_path, "readinessProbe path /ready is not served"),
+        (break_path, "readinessProbe path /readyz is not served"),
         (break_env, "env KVSTACK_NATS_URL: kvstack does not read it"),
         (break_secret, "KVSTACK_NATS_CREDS=/run/secrets/kvstack/decode.creds is not"),
         (break_cpu, "are not --threads 2"),
