@@ -36,18 +36,18 @@ MISSED_BEATS = 3  # peers give up on a worker silent for this many of its interv
 
 class BusLease:
     """Whether this process's peers still count it alive, as far as it can know: renewed
-    each time one of its heartbeats is known to have reached NATS (a flush's round trip
-    after it). Past MISSED_BEATS intervals without a renewal (cut off from NATS, or frozen)
-    its peers have given it up, so whatever they placed here has moved on, and it must not
-    speak for that work any more (fencing)."""
+    each time one of its own heartbeats comes back to it through NATS (it hears its own
+    subject), that is, when its peers hear it too. Past MISSED_BEATS intervals without a
+    renewal (cut off from NATS, or frozen) its peers have given it up, so whatever they
+    placed here has moved on, and it must not speak for that work any more (fencing)."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self.renewed_at: float | None = None  # monotonic; None before the first beat
 
-    def renew(self, sent_at: float) -> None:
-        """A beat sent at `sent_at` (monotonic) is known to have reached NATS."""
-        self.renewed_at = max(sent_at, self.renewed_at or sent_at)
+    def renew(self, at: float) -> None:
+        """One of its beats came back through NATS at `at` (monotonic)."""
+        self.renewed_at = max(at, self.renewed_at or at)
 
     def silent_for(self, now: float | None = None) -> float:
         if self.renewed_at is None:

@@ -170,6 +170,7 @@ async def serve(service: Service, ready: asyncio.Event | None = None) -> None:
     await service.start(service.bus)
     service.started = True
     discovery = await _register(service)
+    await _hear_own_beats(service)
     beats = service.tasks.every(cfg.heartbeat_interval, lambda: _beat(service), "heartbeats")
     # NOTE: a (re)started conductor asks for resync; a beat now spares it a blind interval.
     await service.bus.subscribe(subjects.kv_resync(), lambda _: _beat(service), expected=KVResync)
@@ -298,18 +299,19 @@ async def _start_http(service: Service) -> web.AppRunner:
 
 
 def _health(service: Service):
-    async def handler(request: web.Request) -> web.Response:
-        ok = service.healthy()
-        body = {"status": "ok" if ok else "unavailable", "worker_id": service.worker_id}
-        return web.json_response(body, status=200 if ok else 503)
-
-    return handler
+    return _status(service, service.healthy, ("ok", "unavailable"))
 
 
 def _ready(service: Service):
+    return _status(service, service.ready, ("ready", "not ready"))
+
+
+def _status(service: Service, check, words: tuple[str, str]):
+    """A GET handler: 200 and words[0] while `check()` holds, else 503 and words[1]."""
+
     async def handler(request: web.Request) -> web.Response:
-        ok = service.ready()
-        body = {"status": "ready" if ok else "not ready", "worker_id": service.worker_id}
+        ok = check()
+        body = {"status": words[0] if ok else words[1], "worker_id": service.worker_id}
         return web.json_response(body, status=200 if ok else 503)
 
     return handler
@@ -353,17 +355,23 @@ async def _beat(service: Service) -> None:
         reconnections=bus.reconnections,
     )
     await service.check_lease()
-    sent_at = time.monotonic()
     try:
         await bus.publish(subjects.heartbeat(service.name, service.worker_id), beat)
-        # NOTE: a flush's round trip says the beat reached NATS: the lease is renewed
-        # NOTE: nats-py annotates the timeout int; it hands it to asyncio.wait_for
-        await bus.nc.flush(timeout=max(service.config.heartbeat_interval, 0.5))  # type: ignore[arg-type]
     except Exception as e:  # a NATS hiccup must not end the heartbeats
         log.warning("%s: heartbeat failed: %s", service.worker_id, e)
-        return
-    service.lease.renew(sent_at)
-    service.fenced = False
+
+
+async def _hear_own_beats(service: Service) -> None:
+    """The lease on the bus: renewed each time one of this process's own heartbeats comes
+    back through NATS, when its peers hear it too (shared/heartbeats.py: BusLease)."""
+
+    async def on_beat(beat: Heartbeat) -> None:
+        if beat.instance == service.instance:
+            service.lease.renew(time.monotonic())
+            service.fenced = False
+
+    subject = subjects.heartbeat(service.name, service.worker_id)
+    await service.live_bus.subscribe(subject, on_beat, expected=Heartbeat)
 
 
 def _default_worker_id(service: str) -> str:

@@ -144,20 +144,12 @@ HEADER = (
 
 def format_report(report: ChaosReport, config: ChaosConfig) -> str:
     """A Markdown table (readable as is on a console) and the verdict."""
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
-    for r in report.rows:
-        cells = (
-            r.fault,
-            r.sent,
-            r.completed,
-            r.migrated,
-            r.errored,
-            r.lost,
-            r.hung,
-            _seconds(r.back_s),
-            _seconds(r.first_answer_s),
-        )
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    rows = [
+        (r.fault, r.sent, r.completed, r.migrated, r.errored, r.lost, r.hung,
+         _seconds(r.back_s), _seconds(r.first_answer_s))
+        for r in report.rows
+    ]  # fmt: skip
+    lines = markdown_table(HEADER, rows)
     total = sum(r.sent for r in report.rows)
     lines.append(
         f"\n{total} requests, {config.concurrency} clients, {config.max_tokens} "
@@ -171,6 +163,12 @@ def format_report(report: ChaosReport, config: ChaosConfig) -> str:
         lines.append(f"NOT ANSWERING after the load: {', '.join(report.silent)}")
     lines.append("OK: nothing lost, nothing hung, no KV leaked" if report.ok else "FAILED")
     return "\n".join(lines)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    """The lines of a Markdown table (readable as is on a console)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return lines + ["| " + " | ".join(map(str, cells)) + " |" for cells in rows]
 
 
 def _seconds(value: float | None) -> str:

@@ -12,7 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.chaos.cli import TOPICS, reference_cases
+from bench.chaos.cli import HEADER as CHAOS_HEADER
+from bench.chaos.cli import TOPICS, markdown_table, reference_cases
 from bench.compose.docker import image_exists, unavailable
 from bench.compose.faults import Fault
 from bench.compose.runner import ComposeChaosConfig, ComposeChaosReport, run_compose_chaos
@@ -48,6 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--faults", default=",".join(FAULTS), help="ACTION:SERVICE, in this order")
     p.add_argument("--prefill", type=int, default=2)
     p.add_argument("--decode", type=int, default=2)
+    p.add_argument(
+        "--profiles", default="", help="compose profiles to start too, e.g. offload,nats-cluster"
+    )
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--phase-seconds", type=float, default=30.0)
@@ -71,13 +75,15 @@ def run(args: argparse.Namespace) -> int:
     say("computing the reference answers in this process ...")
     cases = reference_cases(config.model, config.max_tokens, TOPICS_AND_A_LONG_ONE)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kvstack-compose-"))
-    stack = ComposeStack.prepare(workdir, {"prefill": args.prefill, "decode": args.decode})
+    profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
+    scale = {"prefill": args.prefill, "decode": args.decode}
+    stack = ComposeStack.prepare(workdir, scale, profiles)
     try:
         say(f"starting compose project {stack.project} (secrets in {workdir}) ...")
         stack.up()
         report = run_compose_chaos(stack, cases, config, say)
     finally:
-        (workdir / "compose.log").write_text(stack.logs(2000))
+        say(f"each container's log in {stack.save_logs()}")
         say("taking the stack down ...")
         stack.down()
     print(format_report(report, config))
@@ -86,39 +92,19 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-HEADER = (
-    "fault",
-    "in flight",
-    "sent",
-    "completed",
-    "migrated",
-    "errored",
-    "lost",
-    "hung",
-    "back after (s)",
-    "TTFT p50 (s)",
-    "TPOT p50 (ms)",
-)
+# bench chaos's columns, with the requests in flight when the fault hit, and the phase's
+# latency instead of its first answer
+HEADER = ("fault", "in flight", *CHAOS_HEADER[1:-1], "TTFT p50 (s)", "TPOT p50 (ms)")
 
 
 def format_report(report: ComposeChaosReport, config: ComposeChaosConfig) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
-    for p in report.phases:
-        r = p.row
-        cells = (
-            r.fault,
-            p.in_flight,
-            r.sent,
-            r.completed,
-            r.migrated,
-            r.errored,
-            r.lost,
-            r.hung,
-            _number(r.back_s, 1),
-            _number(p.ttft_s, 2),
-            _number(p.tpot_s and p.tpot_s * 1000, 1),
-        )
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    rows = [
+        (p.row.fault, p.in_flight, p.row.sent, p.row.completed, p.row.migrated, p.row.errored,
+         p.row.lost, p.row.hung, _number(p.row.back_s, 1), _number(p.ttft_s, 2),
+         _number(p.tpot_s and p.tpot_s * 1000, 1))
+        for p in report.phases
+    ]  # fmt: skip
+    lines = markdown_table(HEADER, rows)
     total = sum(p.row.sent for p in report.phases)
     lines.append(
         f"\n{total} requests, {config.concurrency} clients, {config.max_tokens} tokens each"

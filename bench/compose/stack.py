@@ -223,6 +223,15 @@ class ComposeStack:
         done = self.compose("logs", "--no-color", "--tail", str(tail), check=False)
         return done.stdout[-20000:]
 
+    def save_logs(self, tail: int = 5000) -> Path:
+        """Each container's log (its last `tail` lines) in workdir/logs/NAME.log."""
+        folder = self.workdir / "logs"
+        folder.mkdir(exist_ok=True)
+        for c in self.containers():
+            done = run(["docker", "logs", "--tail", str(tail), c.id], check=False)
+            (folder / f"{c.name}.log").write_text(done.stdout + done.stderr)
+        return folder
+
     def down(self) -> None:
         """Stop and remove every container, the network and the volumes."""
         self.compose("down", "-v", "--remove-orphans", "--timeout", "20", timeout=300)

@@ -103,7 +103,7 @@ fill_wheelhouse() {
 build() {
     local image=$1 dockerfile=$2 from=$3 context=$4
     say "building $image FROM $from"
-    docker build -t "$image" -f "$dockerfile" --build-arg "BASE=$from" "$context"
+    docker build --force-rm -t "$image" -f "$dockerfile" --build-arg "BASE=$from" "$context"
     say "$image: $(docker image inspect -f '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1 / 1e6}')"
 }
 

@@ -34,13 +34,12 @@ class Role:
 
 
 def _service(name: str, publish: tuple[str, ...], subscribe: tuple[str, ...]) -> Role:
-    """What every service does besides its own work: beat under its own id, beat again
-    when a conductor asks for a resync, answer `nats micro` discovery."""
-    return Role(
-        name,
-        (subjects.heartbeat(name, ID), *publish),
-        (subjects.kv_resync(), "$SRV.>", f"{subjects.PREFIX}.{name}.{ID}.status", *subscribe),
-    )
+    """What every service does besides its own work: beat under its own id (and hear its
+    own beats come back: its lease on the bus, shared/heartbeats.py), beat again when a
+    conductor asks for a resync, answer `nats micro` discovery."""
+    beat = subjects.heartbeat(name, ID)
+    status = f"{subjects.PREFIX}.{name}.{ID}.status"
+    return Role(name, (beat, *publish), (beat, subjects.kv_resync(), "$SRV.>", status, *subscribe))
 
 
 # NOTE: a worker with --kv-pool mooncake reports the pool as the kvstore instance

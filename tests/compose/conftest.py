@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import openai
 import pytest
 
 from bench.chaos.load import Case
@@ -16,6 +17,7 @@ from bench.compose.network import clear
 from bench.compose.stack import ComposeStack
 
 MAX_TOKENS = 48
+MODEL = "SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="session")
@@ -45,14 +47,32 @@ def cases(smollm2_dir) -> list[Case]:
 
 
 def started(tmp_path_factory, name: str, **options) -> Iterator[ComposeStack]:
-    """A compose project up until the module ends, then down to nothing; its logs are kept
-    beside its secrets when it fails to start."""
+    """A compose project up until the module ends, then down to nothing; each container's
+    log is kept beside its secrets (workdir/logs)."""
     stack = ComposeStack.prepare(tmp_path_factory.mktemp(name), **options)
     try:
         stack.up()
         yield stack
     finally:
-        (stack.workdir / "compose.log").write_text(stack.logs(2000))
+        stack.save_logs()
         clear(stack.project)
         stack.down()
         assert stack.leftovers() == [], "compose down -v left something behind"
+
+
+def client(stack: ComposeStack, key: str | None = None) -> openai.OpenAI:
+    """The official client on the stack's published port, with its key unless `key`."""
+    key = stack.api_key if key is None else key
+    return openai.OpenAI(base_url=f"{stack.api_url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def greedy_text(api: openai.OpenAI, case: Case) -> str:
+    """The stack's greedy answer to a case's prompt, as long as the reference's."""
+    completion = api.completions.create(
+        model=MODEL,
+        prompt=list(case.prompt),
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    return completion.choices[0].text

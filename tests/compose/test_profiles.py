@@ -4,15 +4,13 @@ given every node's URL); one node cut off from the others under load loses nothi
 
 from __future__ import annotations
 
-import openai
 import pytest
 
 from bench.compose.docker import run
 from bench.compose.faults import Fault
 from bench.compose.runner import ComposeChaosConfig, run_compose_chaos
-from tests.compose.conftest import MAX_TOKENS, started
+from tests.compose.conftest import MAX_TOKENS, client, greedy_text, started
 
-MODEL = "SmolLM2-135M-Instruct"
 PROFILE_SERVICES = {"attention-worker", "decode-offload", "nats-1", "nats-2", "nats-3"}
 
 
@@ -32,18 +30,9 @@ def test_a_decode_worker_whose_attention_runs_on_an_attention_worker_serves(stac
     [plain] = stack.containers("decode")
     run(["docker", "stop", "-t", "30", plain.id], timeout=120)
     try:
-        api = openai.OpenAI(
-            base_url=f"{stack.api_url}/v1", api_key=stack.api_key, max_retries=0, timeout=120
-        )
+        api = client(stack)
         for case in cases[:2]:
-            completion = api.completions.create(
-                model=MODEL,
-                prompt=list(case.prompt),
-                max_tokens=MAX_TOKENS,
-                temperature=0,
-                extra_body={"ignore_eos": True},
-            )
-            assert completion.choices[0].text == case.want
+            assert greedy_text(api, case) == case.want
     finally:
         run(["docker", "start", plain.id])
         stack.wait_ready()
