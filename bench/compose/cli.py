@@ -15,7 +15,8 @@ from pathlib import Path
 from bench.chaos.cli import HEADER as CHAOS_HEADER
 from bench.chaos.cli import TOPICS, markdown_table, reference_cases
 from bench.compose.docker import image_exists, unavailable
-from bench.compose.faults import Fault
+from bench.compose.faults import Fault, LinkShape
+from bench.compose.network import clear
 from bench.compose.runner import ComposeChaosConfig, ComposeChaosReport, run_compose_chaos
 from bench.compose.stack import ComposeStack
 from shared.errors import KvstackError
@@ -55,7 +56,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--phase-seconds", type=float, default=30.0)
+    p.add_argument(
+        "--settle-seconds", type=float, default=10.0, help="load alone before and after the faults"
+    )
     p.add_argument("--hold-seconds", type=float, default=20.0, help="of a partition or pause")
+    shape = LinkShape()
+    p.add_argument(
+        "--link-delay-ms", type=float, default=shape.delay_ms, help="slow link, each way"
+    )
+    p.add_argument("--link-loss", type=float, default=shape.loss, help="slow link, each way")
+    p.add_argument("--link-rate", default=shape.rate, help="slow link (tc's notation)")
     p.add_argument("--workdir", default="", help="secrets and logs (default: a temporary one)")
     p.add_argument("--json", default="", help="also write the result to this file")
     p.set_defaults(run=run)
@@ -68,9 +78,14 @@ def run(args: argparse.Namespace) -> int:
     missing = [image for image in IMAGES if not image_exists(image)]
     if missing:
         raise KvstackError(f"no image {', '.join(missing)}: build them with make image")
-    faults = tuple(Fault.parse(f.strip(), args.hold_seconds) for f in args.faults.split(","))
+    link = LinkShape(args.link_delay_ms, args.link_loss, args.link_rate)
+    faults = tuple(Fault.parse(f.strip(), args.hold_seconds, link) for f in args.faults.split(","))
     config = ComposeChaosConfig(
-        faults, args.concurrency, args.max_tokens, phase_seconds=args.phase_seconds
+        faults,
+        args.concurrency,
+        args.max_tokens,
+        settle_seconds=args.settle_seconds,
+        phase_seconds=args.phase_seconds,
     )
     say("computing the reference answers in this process ...")
     cases = reference_cases(config.model, config.max_tokens, TOPICS_AND_A_LONG_ONE)
@@ -84,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         report = run_compose_chaos(stack, cases, config, say)
     finally:
         say(f"each container's log in {stack.save_logs()}")
+        clear(stack.project)  # a partition's rules, had the run stopped amid one
         say("taking the stack down ...")
         stack.down()
     print(format_report(report, config))
@@ -94,14 +110,18 @@ def run(args: argparse.Namespace) -> int:
 
 # bench chaos's columns, with the requests in flight when the fault hit, and the phase's
 # latency instead of its first answer
-HEADER = ("fault", "in flight", *CHAOS_HEADER[1:-1], "TTFT p50 (s)", "TPOT p50 (ms)")
+HEADER = (
+    "fault", "in flight", *CHAOS_HEADER[1:-1],
+    "TTFT p50 (s)", "TPOT p50 (ms)", "long prompt: TTFT, TPOT p50", "new long prompt: TTFT, KV",
+)  # fmt: skip
 
 
 def format_report(report: ComposeChaosReport, config: ComposeChaosConfig) -> str:
     rows = [
         (p.row.fault, p.in_flight, p.row.sent, p.row.completed, p.row.migrated, p.row.errored,
          p.row.lost, p.row.hung, _number(p.row.back_s, 1), _number(p.ttft_s, 2),
-         _number(p.tpot_s and p.tpot_s * 1000, 1))
+         _ms(p.tpot_s), f"{_number(p.long_ttft_s, 2)} s, {_ms(p.long_tpot_s)} ms",
+         _probe(p.probe))
         for p in report.phases
     ]  # fmt: skip
     lines = markdown_table(HEADER, rows)
@@ -112,6 +132,14 @@ def format_report(report: ComposeChaosReport, config: ComposeChaosConfig) -> str
     lines += [f"error seen: {e}" for e in report.errors]
     lines.append("OK: nothing lost, nothing hung" if report.ok else "FAILED")
     return "\n".join(lines)
+
+
+def _probe(measured: tuple[float, float] | None) -> str:
+    return "-" if measured is None else f"{measured[0]:.2f} s, {measured[1]:.2f} s"
+
+
+def _ms(seconds: float | None) -> str:
+    return _number(None if seconds is None else seconds * 1000, 1)
 
 
 def _number(value: float | None, digits: int) -> str:

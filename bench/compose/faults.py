@@ -42,19 +42,29 @@ DOWN_AFTER_DOCKER_KILL_S = 5.0
 
 
 @dataclass(frozen=True)
+class LinkShape:
+    """What a slow link does to the bytes on it."""
+
+    delay_ms: float = 20.0  # each way
+    loss: float = 0.01  # of the packets, each way
+    rate: str = "200mbit"  # tc's notation
+
+
+@dataclass(frozen=True)
 class Fault:
     name: str  # what the table calls it
     action: str
     service: str
     hold: float = 20.0  # seconds a partition or a pause lasts
+    link: LinkShape = LinkShape()  # a slow link's
 
     @classmethod
-    def parse(cls, spec: str, hold: float = 20.0) -> Fault:
+    def parse(cls, spec: str, hold: float = 20.0, link: LinkShape = LinkShape()) -> Fault:
         """ACTION:SERVICE, e.g. kill:decode, partition:decode, nats-cut:gateway."""
         action, _, service = spec.partition(":")
         if action not in ACTIONS or not service:
             raise ValueError(f"fault {spec!r}: ACTION:SERVICE with ACTION one of {ACTIONS}")
-        return cls(spec, action, service, hold)
+        return cls(spec, action, service, hold, link)
 
 
 @dataclass
@@ -118,7 +128,7 @@ def inject(stack: ComposeStack, fault: Fault) -> Injected:
             time.sleep(fault.hold)
             run(["docker", "unpause", hit.id])
         case "slow-link":
-            injected.undo += _slow_links(stack)
+            injected.undo += _slow_links(stack, fault.link)
     return injected
 
 
@@ -131,7 +141,7 @@ def _nats_ips(stack: ComposeStack) -> tuple[str, ...]:
     return tuple(c.ip for c in stack.containers() if c.service.startswith("nats") and c.ip)
 
 
-def _slow_links(stack: ComposeStack) -> list:
+def _slow_links(stack: ComposeStack, shape: LinkShape) -> list:
     """Restart every prefill, put a slow link from each to each decode before it serves,
     and return how to take them away."""
     decodes = [c for c in stack.containers("decode") if c.state == "running"]
@@ -140,7 +150,8 @@ def _slow_links(stack: ComposeStack) -> list:
         run(["docker", "restart", "-t", "20", prefill.id], timeout=120)
         pid = _pid_once_running(prefill.id)
         for i, decode in enumerate(decodes):
-            link = SlowLink(pid, f"{decode.ip}:9200", RELAY_PORT + i)
+            upstream, port = f"{decode.ip}:9200", RELAY_PORT + i
+            link = SlowLink(pid, upstream, port, shape.delay_ms, shape.loss, shape.rate)
             relay = link.apply()
             undo.append(lambda link=link, relay=relay: link.remove(relay))
     return undo

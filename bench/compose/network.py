@@ -96,7 +96,11 @@ class SlowLink:
             self._in_netns(["iptables", *["-D" if w == "-A" else w for w in rule]], check=False)
         self._in_netns(["tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
         relay.terminate()
-        relay.wait(10)
+        try:
+            relay.wait(10)
+        except subprocess.TimeoutExpired:
+            relay.kill()
+            relay.wait(10)
 
     def _rules(self, ip: str, port: str) -> list[list[str]]:
         to_relay = ["-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", ip, "--dport", port]

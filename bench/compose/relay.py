@@ -1,6 +1,7 @@
 """A TCP relay that delays every byte by a fixed time in each direction: the delay of a
 slow link, where the kernel has no `netem` qdisc. Each chunk read is written on after
-`--delay-ms`, in order, so the stream stays whole and only arrives later.
+`--delay-ms`, in order, so the stream stays whole and only arrives later; it holds back
+at most a few chunks, so a slow receiver slows the sender down, as a link would.
 
     python relay.py --listen 127.0.0.1:9300 --upstream 10.0.0.5:9200 --delay-ms 20
 
@@ -16,11 +17,14 @@ import signal
 import time
 
 CHUNK = 1 << 16
+QUEUED_CHUNKS = 4  # at most this many chunks held back per direction
 
 
 async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
     """Copy reader to writer, each chunk `delay` seconds after it was read."""
-    queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+    # NOTE: bounded, so a slow reader holds the writer back as a real link would: an
+    # unbounded queue let a sender believe megabytes were on their way that were not
+    queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=QUEUED_CHUNKS)
 
     async def deliver() -> None:
         while True:
@@ -36,10 +40,17 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay
     delivering = asyncio.ensure_future(deliver())
     try:
         while data := await reader.read(CHUNK):
-            queue.put_nowait((time.monotonic() + delay, data))
-    finally:
-        queue.put_nowait((0.0, b""))
-        await delivering
+            put = asyncio.ensure_future(queue.put((time.monotonic() + delay, data)))
+            await asyncio.wait({put, delivering}, return_when=asyncio.FIRST_COMPLETED)
+            if delivering.done():  # the other side went: stop reading
+                put.cancel()
+                break
+    except asyncio.CancelledError:  # the relay stops: what is held back goes nowhere
+        delivering.cancel()
+        raise
+    if not delivering.done():  # the end of the stream, after what is held back
+        await queue.put((0.0, b""))
+    await delivering
 
 
 async def relay(client_r, client_w, upstream: tuple[str, int], delay: float) -> None:
@@ -50,7 +61,7 @@ async def relay(client_r, client_w, upstream: tuple[str, int], delay: float) -> 
         return
     try:
         await asyncio.gather(pump(client_r, server_w, delay), pump(server_r, client_w, delay))
-    except (ConnectionError, OSError):
+    except (ConnectionError, OSError, asyncio.CancelledError):  # a peer went, or we stop
         pass
     finally:
         for writer in (client_w, server_w):

@@ -5,10 +5,13 @@ its phase cost in TTFT and TPOT beside the undisturbed warm-up's."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+import urllib.request
+import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from bench.chaos.load import Case, Outcome, SteadyLoad
 from bench.chaos.runner import Row, first_errors, row_of
@@ -37,6 +40,12 @@ class Phase:
     victim_load: int  # requests the victim held then (-1: not a worker)
     ttft_s: float | None  # medians over the phase's completed requests
     tpot_s: float | None
+    # NOTE: the longest prompt's own, apart: its KV is what a slow link delays, and the
+    # short prompts, far more of them, hide it in any percentile of all
+    long_ttft_s: float | None = None
+    long_tpot_s: float | None = None
+    # a long prompt no worker has seen, sent once in the phase: (TTFT, KV transfer) seconds
+    probe: tuple[float, float] | None = None
 
 
 @dataclass
@@ -69,12 +78,13 @@ def run_compose_chaos(
     )
     load.start()
     time.sleep(config.settle_seconds)
+    warm_probe = probe(stack, config.model, cases)
     hits = [_apply(stack, load, fault, config, say) for fault in config.faults]
     load.phase = "after"
     time.sleep(config.settle_seconds)
     say("stopping the load")
     load.stop()
-    phases = [_phase("warmup", load.outcomes, cases, None, None, None)]
+    phases = [replace(_phase("warmup", load.outcomes, cases, None, None, None), probe=warm_probe)]
     phases += [_phase(name, load.outcomes, cases, *hit) for name, *hit in hits]
     phases.append(_phase("after", load.outcomes, cases, None, None, None))
     return ComposeChaosReport(phases, first_errors(load.outcomes))
@@ -85,12 +95,13 @@ def _apply(stack: ComposeStack, load: SteadyLoad, fault: Fault, config, say) -> 
     say(f"fault: {fault.name}")
     load.phase, at, in_flight = fault.name, time.monotonic(), load.in_flight()
     injected = inject(stack, fault)
+    measured = probe(stack, config.model, load.cases) if fault.action == "slow-link" else None
     heal(injected)
     back = _wait_back(stack, injected, fault, config.recover_timeout)
     say(f"{fault.name}: hit {injected.victim.name} ({in_flight} in flight); back after "
         f"{'-' if back is None else f'{back:.1f}s'}")  # fmt: skip
     time.sleep(max(0.0, at + config.phase_seconds - time.monotonic()))
-    return fault.name, (at, back), in_flight, injected
+    return fault.name, (at, back), in_flight, injected, measured
 
 
 def _until_in_flight(load: SteadyLoad, timeout: float = 60) -> None:
@@ -122,10 +133,13 @@ def _phase(
     marks: tuple[float, float | None] | None,
     in_flight: int | None,
     injected,
+    measured: tuple[float, float] | None = None,
 ) -> Phase:
     at, back = marks if marks is not None else (None, None)
     row = row_of(name, outcomes, cases, at, back)
     done = [o for o in outcomes if o.phase == name and o.completed]
+    longest = max(range(len(cases)), key=lambda i: len(cases[i].prompt))
+    long = [o for o in done if o.case == longest]
     return Phase(
         row,
         in_flight or 0,
@@ -133,7 +147,30 @@ def _phase(
         injected.victim_load if injected is not None else -1,
         _median([o.ttft for o in done]),
         _median([o.tpot for o in done]),
+        _median([o.ttft for o in long]),
+        _median([o.tpot for o in long]),
+        measured,
     )
+
+
+def probe(stack: ComposeStack, model: str, cases: list[Case]) -> tuple[float, float] | None:
+    """One request for the longest case's prompt made new (so no worker holds its KV),
+    its TTFT and KV transfer seconds, from its usage; None when it failed."""
+    longest = max(cases, key=lambda c: len(c.prompt))
+    # NOTE: new from its first block on: no cache anywhere holds any of it
+    fresh = [*uuid.uuid4().bytes, *longest.prompt]
+    body = {"model": model, "prompt": fresh, "max_tokens": 2, "temperature": 0}
+    request = urllib.request.Request(
+        f"{stack.api_url}/v1/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {stack.api_key}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            timing = json.load(response)["usage"]["timing"]
+    except (OSError, KeyError, ValueError):
+        return None
+    return timing["ttft"], timing["kv_transfer"]
 
 
 def _median(values: list[float | None]) -> float | None:
