@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 
 import openai
@@ -31,11 +32,17 @@ def docker() -> None:
         pytest.skip(f"no image {', '.join(missing)}: make compose-test builds them")
 
 
+NETWORK_TOOLS = ("iptables", "tc", "nsenter")
+
+
 @pytest.fixture(scope="session")
 def root() -> None:
-    """Faults on the network need root here (iptables, tc, nsenter)."""
+    """Faults on the network need root and these tools here."""
     if os.geteuid() != 0:
-        pytest.skip("network faults need root on this host (iptables, tc, nsenter)")
+        pytest.skip(f"network faults need root on this host ({', '.join(NETWORK_TOOLS)})")
+    missing = [tool for tool in NETWORK_TOOLS if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"network faults need {', '.join(missing)} (iptables, iproute2, util-linux)")
 
 
 @pytest.fixture(scope="session")

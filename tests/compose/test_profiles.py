@@ -39,6 +39,10 @@ def test_a_decode_worker_whose_attention_runs_on_an_attention_worker_serves(stac
 
 
 def test_a_nats_node_cut_off_under_load_loses_nothing(stack, cases, root) -> None:
+    """The node with the most clients cut off for 20 s: nothing lost or hung; at most the
+    requests in flight when it was cut end with a clear error (a decode worker whose
+    attention worker was on that node re-forms its group and turns requests away meanwhile,
+    and a request may use up its migrations); everything after is served."""
     config = ComposeChaosConfig(
         (Fault.parse("partition:nats-node"),), concurrency=3, max_tokens=MAX_TOKENS,
         phase_seconds=20, settle_seconds=5,
@@ -46,7 +50,8 @@ def test_a_nats_node_cut_off_under_load_loses_nothing(stack, cases, root) -> Non
     report = run_compose_chaos(stack, cases, config, print)
     for phase in report.phases:
         assert phase.row.lost == 0 and phase.row.hung == 0, phase
-        assert phase.row.errored == 0, (phase, report.errors)
-    [cut] = [p for p in report.phases if p.row.fault == "partition:nats-node"]
+    warmup, cut, after = report.phases
     assert cut.in_flight >= 1 and cut.row.back_s is not None, cut
-    assert report.phases[-1].row.completed == report.phases[-1].row.sent > 0
+    assert warmup.row.errored == 0 and cut.row.errored <= cut.in_flight, report.errors
+    assert all(e.startswith("error event:") for e in report.errors), report.errors
+    assert after.row.completed == after.row.sent > 0, report.errors
