@@ -26,7 +26,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from bench.compose.docker import run
+from bench.compose.docker import kill, run
 from bench.compose.network import Partition, SlowLink
 from bench.compose.stack import ComposeStack, Container
 from shared import subjects
@@ -39,6 +39,7 @@ NATS_NODE = "nats-node"  # a fault's service: the busiest node of the nats-clust
 CLUSTER_NODES = ("nats-1", "nats-2", "nats-3")
 RELAY_PORT = 9390
 DOWN_AFTER_DOCKER_KILL_S = 5.0
+PREFER_SEVERAL_S = 10.0  # how long to wait for a worker holding two requests or more
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def inject(stack: ComposeStack, fault: Fault) -> Injected:
         case "kill":
             os.kill(hit.pid, signal.SIGKILL)
         case "docker-kill":
-            run(["docker", "kill", hit.id])
+            kill(hit.id)
             time.sleep(DOWN_AFTER_DOCKER_KILL_S)  # its requests move on meanwhile
             injected.undo.append(lambda: run(["docker", "start", hit.id]))
         case "stop":
@@ -170,16 +171,19 @@ def _pid_once_running(container_id: str, timeout: float = 60) -> int:
 async def _busiest(
     stack: ComposeStack, service: str, running: list[Container], timeout: float
 ) -> tuple[Container, int]:
-    """The container holding the most requests, asked over NATS until one holds any."""
+    """The container holding the most requests, asked over NATS until one holds several
+    (or, after PREFER_SEVERAL_S, any): a lone request can end between the answer and the
+    hit, and then the fault lands on nothing."""
     bus = await Bus.connect(stack.nats_url, "compose-chaos", stack.admin(), 5.0)
     try:
         ids = await _worker_ids(bus, service, running)
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
         while True:
             loads = await _loads(bus, service, ids)
             chosen = max(running, key=lambda c: loads.get(c.id, 0))
-            if loads.get(chosen.id, 0) or time.monotonic() > deadline:
-                return chosen, loads.get(chosen.id, 0)
+            load, waited = loads.get(chosen.id, 0), time.monotonic() - began
+            if load >= 2 or (load and waited > PREFER_SEVERAL_S) or waited > timeout:
+                return chosen, load
     finally:
         await bus.nc.close()
 
