@@ -1,7 +1,8 @@
 """`python -m bench kvstore`: the KV pools' put/get throughput side by side (the kvstore
-per tier, Mooncake Store), a block and a request's blocks per call, and what a hit saves:
-TTFT of a 2,048-token prompt cold, with its first 1,984 tokens in the kvstore, and with
-them in the prefill worker's own cache."""
+per tier, Mooncake Store), a block and a request's blocks per call, beside what a raw
+loopback socket and memcpy move in the same calls (measured in the same run), and what a
+hit saves: TTFT of a 2,048-token prompt cold, with its first 1,984 tokens in the kvstore,
+and with them in the prefill worker's own cache."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import torch
 
+from bench.transfer import Layout, RawSide
 from services.cli.stack import Stack, StackConfig
 from shared import subjects
 from shared.bus import Bus
@@ -52,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [row for tier in ("dram", "ssd") for row in measure_tier(work, tier, args.blocks)]
     if not args.skip_mooncake:
         rows += measure_mooncake(work, args.blocks)
-    report: dict[str, Any] = {"throughput": rows}
+    report: dict[str, Any] = {"throughput": rows, "references": references(args.blocks)}
     if not args.skip_ttft:
         report["ttft"] = measure_ttft(work, args.trials)
     print(
@@ -223,6 +226,61 @@ async def _round_trip(client: PoolClient, pool: str, num_blocks: int, batch: int
     }
 
 
+# -- what the same calls cost without a pool: a raw socket, memcpy -----------------------
+
+
+def references(num_blocks: int) -> list[dict]:
+    """Per blocks-per-call: GB/s of a raw loopback socket (one `sendall` per call into a
+    child's `recv_into`, each call waiting for the child's word that it has every byte, as
+    a pool call waits for its answer) and of memcpy, over the same calls as the pool's."""
+    progress("references: a raw loopback socket and memcpy")
+    source = np.random.default_rng(0).integers(0, 256, num_blocks * BLOCK_BYTES, np.uint8)
+    raw = RawSide(source.nbytes)
+    try:
+        return [
+            {
+                "blocks_per_call": batch,
+                "socket_gb_s": round(_socket_rate(raw, source, batch), 3),
+                "memcpy_gb_s": round(_memcpy_rate(source, batch), 3),
+            }
+            for batch in BATCHES
+        ]
+    finally:
+        raw.close()
+
+
+def _socket_rate(raw: RawSide, source: np.ndarray, batch: int) -> float:
+    call = Layout(1, 1, batch * BLOCK_BYTES // 2)  # one call's bytes, as one region
+    data = source.data.cast("B")
+    raw.transfer(call, data)  # warm-up: the connection, page faults
+    runs = [_calls(lambda: raw.transfer(call, data), source.nbytes, batch) for _ in range(3)]
+    return source.nbytes / statistics.median(runs) / 1e9
+
+
+def _memcpy_rate(source: np.ndarray, batch: int) -> float:
+    n = batch * BLOCK_BYTES
+    dest = np.empty_like(source)
+    dest[:] = source  # warm-up: page faults
+
+    def copy_all() -> None:
+        for at in range(0, source.nbytes, n):
+            np.copyto(dest[at : at + n], source[at : at + n])
+
+    runs = [_timed(copy_all) for _ in range(3)]
+    return source.nbytes / statistics.median(runs) / 1e9
+
+
+def _calls(call, total_bytes: int, batch: int) -> float:
+    """Seconds for as many calls as move `total_bytes` in `batch` blocks each."""
+    return _timed(lambda: [call() for _ in range(total_bytes // (batch * BLOCK_BYTES))])
+
+
+def _timed(work) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
 # -- TTFT: the real stack, 2 prefill workers taking turns --------------------------------
 
 
@@ -294,17 +352,25 @@ def _free_port() -> int:
 
 
 def format_table(report: dict) -> str:
+    refs = {r["blocks_per_call"]: r for r in report["references"]}
     lines = [
         (
             "KV pool throughput (one store process, one client, loopback TCP; SmolLM2 "
-            "bf16 blocks of 368,640 B)"
+            "bf16 blocks of 368,640 B); x: of the raw socket's rate in the same calls"
         ),
-        f"{'pool':14}{'blocks/call':>12}{'put GB/s':>10}{'get GB/s':>10}",
+        f"{'pool':14}{'blocks/call':>12}{'put GB/s':>10}{'x':>6}{'get GB/s':>10}{'x':>6}",
     ]
     for row in report["throughput"]:
+        socket_rate = refs[row["blocks_per_call"]]["socket_gb_s"]
         lines.append(
-            f"{row['pool']:14}{row['blocks_per_call']:>12}{row['put_gb_s']:>10}"
-            f"{row['get_gb_s']:>10}"
+            f"{row['pool']:14}{row['blocks_per_call']:>12}"
+            f"{row['put_gb_s']:>10}{row['put_gb_s'] / socket_rate:>6.2f}"
+            f"{row['get_gb_s']:>10}{row['get_gb_s'] / socket_rate:>6.2f}"
+        )
+    for batch, ref in refs.items():
+        lines.append(
+            f"{'raw socket':14}{batch:>12}{ref['socket_gb_s']:>10}{'':>6}"
+            f"{ref['socket_gb_s']:>10}   (memcpy {ref['memcpy_gb_s']} GB/s)"
         )
     if "ttft" in report:
         t = report["ttft"]

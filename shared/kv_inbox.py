@@ -35,7 +35,10 @@ class Expected:
     writing: bool = False  # a frame is landing in these blocks right now
     cancelled: bool = False  # no more bytes may land; blocks go back once idle
     layers_done: set[int] = field(default_factory=set)
-    layer_ready: list[threading.Event] = field(default_factory=list)
+    closed: bool = False  # no more layers will land (ended, lost, refused or cancelled)
+    # NOTE: one condition for every layer, not an event each: a get of 30 layers made 30
+    # locks before its request went out.
+    landed: threading.Condition = field(default_factory=threading.Condition)
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # END or lost
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # safe to reuse blocks
 
@@ -78,7 +81,6 @@ class KVInbox:
             num_layers,
             time.time() + ttl,
             payload,
-            layer_ready=[threading.Event() for _ in range(num_layers)],
         )
         with self._lock:
             self._table[transfer_id] = expected
@@ -111,8 +113,10 @@ class KVInbox:
 
     def wait_layer(self, expected: Expected, layer: int, timeout: float) -> bool:
         """Block (a worker thread) until `layer` landed intact; False on failure or timeout."""
-        if not expected.layer_ready[layer].wait(timeout):
-            return False
+        with expected.landed:
+            expected.landed.wait_for(
+                lambda: layer in expected.layers_done or expected.closed, timeout
+            )
         return layer in expected.layers_done
 
     # -- KVSink (receiver threads) ---------------------------------------------------------
@@ -175,14 +179,16 @@ class KVInbox:
             return self._fail_layers(expected, expected.error)
         expected.frames_ok += 1
         if 0 <= layer < expected.num_layers and not expected.frames_bad:
-            expected.layers_done.add(layer)
-            expected.layer_ready[layer].set()
+            with expected.landed:
+                expected.layers_done.add(layer)
+                expected.landed.notify_all()
 
     @staticmethod
     def _fail_layers(expected: Expected, error: str) -> None:
         """Wake every waiter still waiting: the layers it waits for will not come."""
-        for event in expected.layer_ready:
-            event.set()
+        with expected.landed:
+            expected.closed = True
+            expected.landed.notify_all()
 
     def _settle_retired(self, expected: Expected) -> None:
         self._table.pop(expected.transfer_id, None)

@@ -25,7 +25,7 @@ from shared.kv_pool import Done, KVPool
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
 from shared.messages import BlockLookup, BlockPresence, BlockPut, Heartbeat, PutSlots
-from shared.transfer.base import BlockSpan, KVSender, coalesce
+from shared.transfer.base import BlockSpan, KVSender, coalesce, layer_groups
 
 log = logging.getLogger("kvstack.kvstore_client")
 MISSED_BEATS = 3
@@ -188,7 +188,8 @@ def send_blocks(
     on_done,
     runs: bool = True,
 ) -> None:
-    """Whole blocks of `storage`, layer by layer: blocks are (dest id, source id, hash).
+    """Whole blocks of `storage`, a few layers a frame (`layer_groups`): blocks are (dest
+    id, source id, hash).
 
     With `runs`, consecutive blocks on both sides travel as one span (a worker's KVInbox
     and a kvstore's put slots both take such spans)."""
@@ -196,18 +197,20 @@ def send_blocks(
     pieces = [(dest, src, 0, block_size) for dest, src, _ in blocks]
     pieces = coalesce(pieces, block_size) if runs else pieces
     hashes = {dest: block_hash for dest, _, block_hash in blocks}
-    for layer in range(storage.kv.shape[0]):
-        for _, src, _, n in pieces:
-            storage.to_host(layer, src, 0, n)  # from a GPU, where the KV is there
-        spans = [
-            (
-                BlockSpan(dest, 0, n, hashes[dest] if n == block_size else 0),
-                *storage.span_bytes(layer, src, 0, n),
-            )
-            for dest, src, _, n in pieces
-        ]
-        sender.send(peer, transfer_id, layer, spans)
+    layout = BlockLayout.of(storage)
+    for layers in layer_groups(layout.num_layers, 2 * layout.half_bytes * len(blocks)):
+        spans = []
+        for dest, src, _, n in pieces:
+            halves = [_host_span(storage, layer, src, n) for layer in layers]
+            span = BlockSpan(dest, 0, n, hashes[dest] if n == block_size else 0)
+            spans.append((span, tuple(k for k, _ in halves), tuple(v for _, v in halves)))
+        sender.send(peer, transfer_id, layers.start, spans, len(layers))
     sender.finish(peer, transfer_id, on_done)
+
+
+def _host_span(storage: KVStorage, layer: int, block_id: int, num_tokens: int):
+    storage.to_host(layer, block_id, 0, num_tokens)  # from a GPU, where the KV is there
+    return storage.span_bytes(layer, block_id, 0, num_tokens)
 
 
 class _Countdown:

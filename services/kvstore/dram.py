@@ -14,6 +14,8 @@ import numpy as np
 
 from shared.kvblocks import BlockLayout
 
+UNKNOWN_CHECKSUM = 0  # not taken yet (a real 0 is only taken again)
+
 
 class BlockState(enum.Enum):
     RESERVED = "reserved"  # a receiver is writing it; invisible until committed
@@ -31,8 +33,9 @@ class DramBlock:
     state: BlockState
     buffer: np.ndarray | None = None  # allocated by the reserving caller, outside the lock
     pins: int = 1
-    checksum: int = 0
+    checksum: int = UNKNOWN_CHECKSUM  # xxh3_64 of its bytes: from its file, or when written
     evicting: bool = False  # being demoted; its evictor decides its fate
+    read_views: tuple[memoryview, ...] = ()  # its layers' K and V, read-only, once read
 
     @property
     def filled(self) -> np.ndarray:
@@ -40,6 +43,13 @@ class DramBlock:
         if self.buffer is None:
             raise RuntimeError(f"block {self.block_hash:x} has no buffer yet")
         return self.buffer
+
+    def reader(self) -> BlockRef:
+        """A read-only ref to its bytes; the views are made on its first read and kept, so a
+        hot block's gets do not slice its buffer again."""
+        if not self.read_views:
+            self.read_views = layer_views(self.filled, self.layout, writable=False)
+        return BlockRef(self.block_hash, self.layout, self.filled, False, self.read_views)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -54,9 +64,12 @@ class BlockRef:
     layout: BlockLayout
     buffer: np.ndarray
     writable: bool
+    views: tuple[memoryview, ...] = ()  # `view`'s answers, made once (layer_views)
 
     def view(self, layer: int, half: int) -> memoryview:
         """Layer `layer`'s K (half 0) or V (half 1) bytes, `layout.half_bytes` long."""
+        if self.views:
+            return self.views[2 * layer + half]
         start = self.layout.offset(layer, half)
         return self._sliced(start, start + self.layout.half_bytes)
 
@@ -70,6 +83,13 @@ class BlockRef:
     def _sliced(self, start: int, stop: int) -> memoryview:
         view = self.buffer.data[start:stop]
         return view if self.writable else view.toreadonly()
+
+
+def layer_views(buffer: np.ndarray, layout: BlockLayout, writable: bool) -> tuple[memoryview, ...]:
+    """Every layer's K then V of a block's buffer, in `BlockRef.view`'s order."""
+    data = buffer.data if writable else buffer.data.toreadonly()
+    half = layout.half_bytes
+    return tuple(data[at : at + half] for at in range(0, layout.block_bytes, half))
 
 
 def new_buffer(num_bytes: int) -> np.ndarray:

@@ -11,11 +11,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from services.kvstore.runs import scatter
+from services.kvstore.runs import halves
 from services.kvstore.store import BlockRef, BlockStore
 from shared.transfer.base import BlockSpan
 
-Staging = tuple[memoryview, memoryview]
+Pieces = tuple[memoryview, ...]
 
 
 @dataclass
@@ -24,8 +24,6 @@ class _Put:
     expires: float
     layers_ok: list[set[int]] = field(default_factory=list)
     bad: set[int] = field(default_factory=set)  # slots with a refused or damaged frame
-    # (layer, first slot) -> a run's staging buffers (K, V) and the blocks they fill
-    staged: dict[tuple[int, int], tuple[Staging, list[BlockRef]]] = field(default_factory=dict)
 
     def slots(self, span: BlockSpan) -> range:
         """The slots a span covers: one, or a run of consecutive ones."""
@@ -69,7 +67,8 @@ class PutInbox:
 
     def destination(
         self, request_id: str, layer: int, span: BlockSpan, nbytes: int
-    ) -> Staging | None:
+    ) -> tuple[Pieces, Pieces] | None:
+        """The blocks' own buffers: a run's bytes are scattered into them as they land."""
         with self._lock:
             put = self._puts.get(request_id)
             if put is None:
@@ -79,12 +78,7 @@ class PutInbox:
             return None
         if not 0 <= layer < refs[0].layout.num_layers:
             return None
-        if len(refs) == 1:
-            return refs[0].view(layer, 0), refs[0].view(layer, 1)
-        staging = (memoryview(bytearray(nbytes)), memoryview(bytearray(nbytes)))
-        with self._lock:
-            put.staged[(layer, span.block_id)] = (staging, refs)
-        return staging
+        return halves(refs, layer, 0), halves(refs, layer, 1)
 
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str
@@ -94,10 +88,6 @@ class PutInbox:
             if put is None:
                 return
             for span in spans:
-                staged = put.staged.pop((layer, span.block_id), None)
-                if staged is not None and ok:
-                    staging, run = staged
-                    scatter(staging, run, layer)
                 for slot in put.slots(span):
                     (put.layers_ok[slot].add(layer) if ok else put.bad.add(slot))
 

@@ -1,7 +1,8 @@
 """Runs of blocks as one span. The pool keeps each block in its own buffer, so a run of
-blocks that are consecutive at the client travels through one staging buffer per layer
-(one copy) instead of as one small span per block: per-span work, not bytes, is what
-limits the data plane."""
+blocks that are consecutive at the client travels as one span whose K and V are the
+blocks' own buffers in pieces (the data plane gathers them on send and scatters them on
+receipt): per-span work, not bytes, is what limits the data plane, and no byte is copied
+on the way."""
 
 from __future__ import annotations
 
@@ -24,35 +25,20 @@ def consecutive(ids: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def get_spans(
-    layer: int, dest_ids: Sequence[int], refs: Sequence[BlockRef], layout: BlockLayout
+    layers: range, dest_ids: Sequence[int], refs: Sequence[BlockRef], layout: BlockLayout
 ) -> list[SpanBytes]:
-    """One layer of a get: a span per run of consecutive destination blocks."""
+    """A frame of a get: a span per run of consecutive destination blocks, its K (and V)
+    every layer of `layers` in turn."""
     spans: list[SpanBytes] = []
     for start, length in consecutive(dest_ids):
         run = refs[start : start + length]
         tokens = length * layout.block_size
         span = BlockSpan(dest_ids[start], 0, tokens, run[0].block_hash if length == 1 else 0)
-        k, v = (_joined([r.view(layer, half) for r in run]) for half in (0, 1))
+        k, v = (tuple(p for layer in layers for p in halves(run, layer, h)) for h in (0, 1))
         spans.append((span, k, v))
     return spans
 
 
-def _joined(views: list[memoryview]) -> memoryview:
-    if len(views) == 1:
-        return views[0]
-    staging = bytearray(sum(v.nbytes for v in views))
-    at = 0
-    for view in views:
-        staging[at : at + view.nbytes] = view
-        at += view.nbytes
-    return memoryview(staging)
-
-
-def scatter(staging: tuple[memoryview, memoryview], refs: Sequence[BlockRef], layer: int) -> None:
-    """A run that landed in staging buffers, copied into its blocks' own buffers."""
-    for half, joined in enumerate(staging):
-        at = 0
-        for ref in refs:
-            view = ref.view(layer, half)
-            view[:] = joined[at : at + view.nbytes]
-            at += view.nbytes
+def halves(run: Sequence[BlockRef], layer: int, half: int) -> tuple[memoryview, ...]:
+    """A run's K (half 0) or V (half 1) of one layer, block after block."""
+    return tuple(ref.view(layer, half) for ref in run)

@@ -34,6 +34,7 @@ from shared.messages import (
 )
 from shared.service import Service, ServiceConfig
 from shared.transfer.address import advertised
+from shared.transfer.base import layer_groups
 from shared.transfer.common.encryption import require_token
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 
@@ -167,7 +168,9 @@ class KvstoreService(Service):
             return Ack(
                 msg.request_id, False, "block_hashes and dest_block_ids differ in length", 400
             )
-        refs = await asyncio.to_thread(self.store.acquire, msg.block_hashes, msg.layout)
+        refs = self.store.pin_resident(msg.block_hashes, msg.layout)
+        if None in refs:  # on SSD, or missing: promoting reads files
+            refs = await asyncio.to_thread(self.store.acquire, msg.block_hashes, msg.layout, refs)
         self.num_gets += 1
         if any(ref is None for ref in refs):
             self.store.release([ref for ref in refs if ref is not None])
@@ -177,11 +180,12 @@ class KvstoreService(Service):
         return Ack(msg.request_id, True)
 
     def _send(self, msg: BlockGet, refs: list) -> None:
-        """Layer by layer, so the client can use layer l while l + 1 is still on the way."""
+        """A few layers a frame (`layer_groups`): a big get's first layers are usable while
+        the rest are on the way."""
         layout = msg.layout
-        for layer in range(layout.num_layers):
-            spans = get_spans(layer, msg.dest_block_ids, refs, layout)
-            self.sender.send(msg.dest_addr, msg.request_id, layer, spans)
+        for layers in layer_groups(layout.num_layers, 2 * layout.half_bytes * len(refs)):
+            spans = get_spans(layers, msg.dest_block_ids, refs, layout)
+            self.sender.send(msg.dest_addr, msg.request_id, layers.start, spans, len(layers))
         self.served_bytes.inc(layout.block_bytes * len(refs))
         self.sender.finish(
             msg.dest_addr, msg.request_id, lambda ok, frames, error: self.store.release(refs)

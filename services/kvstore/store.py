@@ -20,11 +20,17 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-import xxhash
-
 from services.kvstore.blockfile import BlockHeader, read_block_file
 from services.kvstore.disk import DiskTier
-from services.kvstore.dram import BlockRef, BlockState, DramBlock, DramTier, new_buffer
+from services.kvstore.dram import (
+    UNKNOWN_CHECKSUM,
+    BlockRef,
+    BlockState,
+    DramBlock,
+    DramTier,
+    layer_views,
+    new_buffer,
+)
 from services.kvstore.tiers import Tiers
 from shared.kvblocks import BlockLayout
 
@@ -130,18 +136,20 @@ class BlockStore:
         block = self._make_room(block_hash, layout, BlockState.RESERVED)
         if block is None:
             return None
-        block.buffer = new_buffer(layout.block_bytes)
-        return BlockRef(block_hash, layout, block.buffer, writable=True)
+        block.buffer = buffer = new_buffer(layout.block_bytes)
+        return BlockRef(
+            block_hash, layout, buffer, True, layer_views(buffer, layout, writable=True)
+        )
 
     def commit(self, ref: BlockRef) -> bool:
-        """Make a reservation visible, unpinned (the caller verified every layer). Records
-        the xxh3_64 of its bytes for the SSD tier. False when `ref` is no live reservation."""
-        checksum = xxhash.xxh3_64_intdigest(ref.buffer.data)
+        """Make a reservation visible, unpinned (the caller verified every layer). False when
+        `ref` is no live reservation. Its checksum for the SSD tier is taken when (if ever)
+        it is demoted: its bytes never change, and a put's receiver has better to do."""
         with self._cond:
             block = self._owned(ref, BlockState.RESERVED)
             if block is None:
                 return False
-            self._tiers.dram.commit(block, checksum, pins=0)
+            self._tiers.dram.commit(block, UNKNOWN_CHECKSUM, pins=0)
             self._tiers.events.stored([ref.block_hash])
             return True
 
@@ -156,8 +164,23 @@ class BlockStore:
 
     # ---- the read path: acquire -> release ----
 
-    def acquire(self, block_hashes: Sequence[int], layout: BlockLayout) -> list[BlockRef | None]:
-        """Pin blocks for reading: a read-only ref per hash, None for a miss.
+    def pin_resident(
+        self, block_hashes: Sequence[int], layout: BlockLayout
+    ) -> list[BlockRef | None]:
+        """`acquire`'s first half: pin what DRAM holds committed with this layout, None for
+        the rest (counting nothing for them). No I/O and no waiting beyond the lock: a get
+        that DRAM serves whole needs no worker thread."""
+        with self._cond:
+            return [self._pin_resident(block_hash, layout) for block_hash in block_hashes]
+
+    def acquire(
+        self,
+        block_hashes: Sequence[int],
+        layout: BlockLayout,
+        resident: Sequence[BlockRef | None] | None = None,
+    ) -> list[BlockRef | None]:
+        """Pin blocks for reading: a read-only ref per hash, None for a miss; `resident`,
+        what `pin_resident` already pinned of them.
 
         A block only on SSD is first promoted: read into a new DRAM buffer (which may evict
         and demote others) and verified against its checksum; a torn or corrupt file is
@@ -166,8 +189,8 @@ class BlockStore:
         a worker thread. Every non-None ref must be released once.
         """
         # NOTE: pin what DRAM holds first, so promoting the rest cannot evict it.
-        with self._cond:
-            resident = [self._pin_resident(block_hash, layout) for block_hash in block_hashes]
+        if resident is None:
+            resident = self.pin_resident(block_hashes, layout)
         return [
             ref if ref is not None else self._acquire_one(block_hash, layout)
             for ref, block_hash in zip(resident, block_hashes)
@@ -206,7 +229,7 @@ class BlockStore:
             return None
         self._tiers.dram.pin(block)
         self._tiers.counters.dram_hits += 1
-        return BlockRef(block.block_hash, layout, block.filled, writable=False)
+        return block.reader()
 
     def _pin_disk(self, block_hash: int, layout: BlockLayout) -> BlockHeader | None:
         header = self._tiers.disk.get(block_hash) if self._tiers.disk else None
@@ -258,7 +281,7 @@ class BlockStore:
         self._tiers.counters.dram_misses += 1
         self._tiers.counters.disk_hits += 1
         self._tiers.counters.promotions += 1
-        return BlockRef(block.block_hash, block.layout, block.filled, writable=False)
+        return block.reader()
 
     # ---- making room: eviction and demotion ----
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import xxhash
+
 from services.kvstore.blockfile import BlockHeader, encode_payload, write_block_file
 from services.kvstore.disk import DiskTier, max_file_bytes
 from services.kvstore.dram import BlockState, DramBlock, DramTier
@@ -129,9 +131,8 @@ class Tiers:
         for write in writes:
             block = write.block
             flags, payload = encode_payload(block.filled.data, self.compress)
-            header = BlockHeader(
-                block.block_hash, block.layout, flags, len(payload), block.checksum
-            )
+            checksum = block.checksum or xxhash.xxh3_64_intdigest(block.filled.data)
+            header = BlockHeader(block.block_hash, block.layout, flags, len(payload), checksum)
             if write_block_file(self.ssd.directory, header, payload):
                 written[block.block_hash] = header
         return written

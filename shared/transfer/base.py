@@ -35,8 +35,11 @@ class BlockSpan:
         )
 
 
+# K or V bytes of a span: one buffer, or pieces that travel as one span (TCP gathers them in
+# its system calls, and scatters a span into pieces a sink names: no copy on either side).
+Half = memoryview | Sequence[memoryview]
 # (span, K bytes, V bytes): what a sender reads for one span of one layer.
-SpanBytes = tuple[BlockSpan, memoryview, memoryview]
+SpanBytes = tuple[BlockSpan, Half, Half]
 # on_done(ok, num_frames, error)
 DoneCallback = Callable[[bool, int, str], None]
 
@@ -49,8 +52,13 @@ class KVSender(ABC):
     """
 
     @abstractmethod
-    def send(self, peer: str, request_id: str, layer: int, spans: Sequence[SpanBytes]) -> None:
-        """Queue one frame without copying its bytes; returns at once."""
+    def send(
+        self, peer: str, request_id: str, layer: int, spans: Sequence[SpanBytes], layers: int = 1
+    ) -> None:
+        """Queue one frame without copying its bytes; returns at once. With `layers` > 1
+        (TCP only) the frame carries layers layer .. layer + layers - 1, each span's K (and
+        V) holding them one after another, and counts as that many frames: the receiver
+        reports one frame per layer, so a request's frames add up alike either way."""
 
     @abstractmethod
     def finish(self, peer: str, request_id: str, on_done: DoneCallback) -> None:
@@ -77,9 +85,10 @@ class KVSink(Protocol):
 
     def destination(
         self, request_id: str, layer: int, span: BlockSpan, nbytes: int
-    ) -> tuple[memoryview, memoryview] | None:
-        """Where this span's K and V bytes (`nbytes` each) go; None refuses the span
-        (its bytes are read and dropped, and the frame is reported bad)."""
+    ) -> tuple[Half, Half] | None:
+        """Where this span's K and V bytes (`nbytes` each) go, each one buffer or (over TCP)
+        pieces in order; None refuses the span (its bytes are read and dropped, and the
+        frame is reported bad)."""
 
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str
@@ -118,6 +127,20 @@ class KVReceiver(ABC):
     @abstractmethod
     def frames_rejected(self) -> int:
         """Frames reported with ok=False."""
+
+
+# NOTE: bytes a frame of several layers carries at least: a frame costs the same Python on
+# either side whatever its size, so a block's 30 layers of 12 KB go as one frame, not 30; a
+# big transfer still goes in several, so that its first layers are usable while the rest
+# arrive.
+FRAME_BYTES = 4 << 20
+
+
+def layer_groups(num_layers: int, layer_bytes: int) -> list[range]:
+    """Consecutive layers in groups of at least FRAME_BYTES (the last group maybe less):
+    what each frame of a transfer of `layer_bytes` a layer carries."""
+    size = max(1, min(num_layers, -(-FRAME_BYTES // max(1, layer_bytes))))
+    return [range(first, min(first + size, num_layers)) for first in range(0, num_layers, size)]
 
 
 def coalesce(

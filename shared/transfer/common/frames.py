@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import xxhash
 
-from shared.transfer.base import SpanBytes
+from shared.transfer.base import BlockSpan, Half, SpanBytes
 
 # NOTE: limits that make garbage fail fast instead of allocating or waiting on absurd sizes.
 MAX_REQUEST_ID = 1024
 MAX_HALF_BYTES = 1 << 30
+MAX_LAYERS = 1 << 16  # a frame's layers, the last of them included, are below this
 U32, U64 = 1 << 32, 1 << 64
 
 
@@ -20,21 +21,46 @@ class ProtocolError(Exception):
     """The peer sent something that is not a valid frame; the connection is dropped."""
 
 
+Pieces = tuple[memoryview, ...]  # a half as flat byte views, in order
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     request_id: str
-    layer: int
-    spans: tuple[SpanBytes, ...]
+    layer: int  # the first layer it carries
+    spans: tuple[tuple[BlockSpan, Pieces, Pieces], ...]
+    layers: int = 1  # how many layers, each span's K (and V) holding them one after another
 
 
 def as_bytes(buffer: memoryview) -> memoryview:
+    if type(buffer) is memoryview and buffer.format == "B" and buffer.ndim == 1:
+        return buffer  # NOTE: most pieces are such already; a get of 16 blocks has 960
     view = memoryview(buffer)
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def checksum(k: memoryview, v: memoryview) -> int:
-    digest = xxhash.xxh3_64(k)
-    digest.update(v)
+def pieces(half: Half) -> Pieces:
+    """A half as flat byte views: one buffer is one piece."""
+    if isinstance(half, (tuple, list)):
+        return tuple(as_bytes(piece) for piece in half)
+    return (as_bytes(half),)  # type: ignore[arg-type]  # a buffer, not a sequence of them
+
+
+def size(half: Pieces) -> int:
+    return sum(piece.nbytes for piece in half)
+
+
+def contiguous(frame: Frame) -> list[tuple[BlockSpan, memoryview, memoryview]]:
+    """The spans of a frame whose halves are one buffer each (checked_frame's
+    `gather=False`), for a transport that moves a span as one region."""
+    return [(span, k[0], v[0]) for span, k, v in frame.spans]
+
+
+def checksum(k: Half, v: Half) -> int:
+    """xxh3_64 of K then V, whatever pieces they are in (the same as of the joined bytes)."""
+    digest = xxhash.xxh3_64()
+    for piece in (*pieces(k), *pieces(v)):
+        digest.update(piece)
     return digest.intdigest()
 
 
@@ -43,16 +69,23 @@ def check_request_id(request_id: str) -> None:
         raise ValueError(f"request id longer than {MAX_REQUEST_ID} bytes")
 
 
-def checked_frame(request_id: str, layer: int, spans: Sequence[SpanBytes]) -> Frame:
+def checked_frame(
+    request_id: str, layer: int, spans: Sequence[SpanBytes], gather: bool = True, layers: int = 1
+) -> Frame:
     """The frame with flat byte views; ValueError (in the caller's thread, before anything
-    is queued) for whatever the wire cannot carry."""
+    is queued) for whatever the wire cannot carry, or halves in pieces and frames of
+    several layers unless the transport `gather`s them."""
     check_request_id(request_id)
-    frame = Frame(request_id, layer, tuple((s, as_bytes(k), as_bytes(v)) for s, k, v in spans))
-    if not 0 <= layer < U32:
-        raise ValueError(f"layer {layer} out of range")
+    frame = Frame(request_id, layer, tuple((s, pieces(k), pieces(v)) for s, k, v in spans), layers)
+    if layer < 0 or layers < 1 or layer + layers > MAX_LAYERS:
+        raise ValueError(f"layers {layer}..{layer + layers - 1} out of range")
+    if not gather and layers > 1:
+        raise ValueError("this transport sends one layer a frame")
     for span, k, v in frame.spans:
-        if k.nbytes != v.nbytes or k.nbytes > MAX_HALF_BYTES:
-            raise ValueError(f"{span}: K has {k.nbytes} bytes, V has {v.nbytes}")
+        if not gather and max(len(k), len(v)) > 1:
+            raise ValueError(f"{span}: this transport sends each half as one buffer")
+        if size(k) != size(v) or size(k) > MAX_HALF_BYTES or size(k) % layers:
+            raise ValueError(f"{span}: K has {size(k)} bytes, V has {size(v)}")
         if not (
             max(span.block_id, span.offset, span.num_tokens) < U32
             and span.block_hash < U64

@@ -14,7 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from shared.errors import KvstackError
 from shared.transfer.base import BlockSpan, KVReceiver, KVSink
 from shared.transfer.common.counters import Counters
-from shared.transfer.common.frames import ProtocolError, as_bytes
+from shared.transfer.common.frames import Pieces, ProtocolError, as_bytes, pieces, size
 from shared.transfer.common.limits import ConnectionLimits, ThrottledWarning
 from shared.transfer.common.sockets import shut_down, tune
 
@@ -57,6 +57,20 @@ def writable(dest: object, nbytes: int) -> tuple[memoryview, memoryview] | None:
     if k.nbytes != nbytes or v.nbytes != nbytes or k.readonly or v.readonly:
         return None
     return k, v
+
+
+def scattered(dest: object, nbytes: int) -> tuple[Pieces, Pieces] | None:
+    """The sink's (K, V) destination as writable flat pieces, each half one buffer or a
+    sequence of them adding up to `nbytes`; None when it is anything else."""
+    if not isinstance(dest, (tuple, list)) or len(dest) != 2:
+        return None
+    try:
+        halves = tuple(pieces(half) for half in dest)
+    except (TypeError, ValueError):  # None, or not buffers
+        return None
+    if any(size(half) != nbytes or any(p.readonly for p in half) for half in halves):
+        return None
+    return halves[0], halves[1]
 
 
 def call_sink(callback: Callable, *args: object) -> object:

@@ -176,6 +176,7 @@ class ChannelSender(KVSender):
     """A KVSender with one `channel_class` per peer."""
 
     channel_class: type[PeerChannel[Any]]
+    gathers = False  # whether a span's half may come in pieces, a frame carry several layers
 
     def __init__(
         self,
@@ -193,8 +194,10 @@ class ChannelSender(KVSender):
         self._channels: dict[str, PeerChannel[Any]] = {}
         self._lock = threading.Lock()
 
-    def send(self, peer: str, request_id: str, layer: int, spans: Sequence[SpanBytes]) -> None:
-        self._channel(peer).put(checked_frame(request_id, layer, spans))
+    def send(
+        self, peer: str, request_id: str, layer: int, spans: Sequence[SpanBytes], layers: int = 1
+    ) -> None:
+        self._channel(peer).put(checked_frame(request_id, layer, spans, self.gathers, layers))
 
     def finish(self, peer: str, request_id: str, on_done: DoneCallback) -> None:
         check_request_id(request_id)

@@ -11,7 +11,13 @@ from typing import Literal, overload
 
 from shared.transfer.base import BlockSpan
 from shared.transfer.common import handshake
-from shared.transfer.common.frames import MAX_HALF_BYTES, MAX_REQUEST_ID, Frame, ProtocolError
+from shared.transfer.common.frames import (
+    MAX_HALF_BYTES,
+    MAX_REQUEST_ID,
+    Frame,
+    ProtocolError,
+    contiguous,
+)
 from shared.transfer.common.handshake import Greeting
 from shared.transfer.common.sockets import recv_exact
 
@@ -76,7 +82,7 @@ def _header(kind: int, request_id: str, layer: int, count: int) -> bytes:
 def encode_ask(frame: Frame) -> bytes:
     table = [
         ASK_SPAN.pack(s.block_id, s.offset, s.num_tokens, k.nbytes, s.block_hash)
-        for s, k, _ in frame.spans
+        for s, k, _ in contiguous(frame)
     ]
     return _header(KIND_ASK, frame.request_id, frame.layer, len(frame.spans)) + b"".join(table)
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from shared.transfer.base import SpanBytes
-from shared.transfer.common.frames import Frame, ProtocolError
+from shared.transfer.common.frames import Frame, ProtocolError, contiguous
 from shared.transfer.common.sender import MAX_IDLE_S, ChannelSender, PeerChannel
 from shared.transfer.common.sockets import tune
 from shared.transfer.mooncake.control import (
@@ -61,7 +61,7 @@ class _PeerChannel(PeerChannel[bytes]):
         engine = self._engine()
         if engine.protocol == "tcp" or all(
             engine.ensure_registered(view)
-            for _, k, v in frame.spans
+            for _, k, v in contiguous(frame)
             for view in (k, v)
             if view.nbytes
         ):
@@ -88,7 +88,7 @@ class _PeerChannel(PeerChannel[bytes]):
         """Write the frame part by part, each part's write started before the previous one
         is waited on, and report each part's checksums once it has landed."""
         parts = parts_of(
-            [(k, v, place) for (_, k, v), place in zip(frame.spans, places, strict=True)],
+            [(k, v, place) for (_, k, v), place in zip(contiguous(frame), places, strict=True)],
             self.sender.part_bytes,
         )
         waits = deque([self._start(parts[0])])
@@ -161,10 +161,12 @@ class MooncakeKVSender(ChannelSender):
         self.memory = views_of(memory)
         self._engine: Engine | None = None
 
-    def send(self, peer: str, request_id: str, layer: int, spans: Sequence[SpanBytes]) -> None:
+    def send(
+        self, peer: str, request_id: str, layer: int, spans: Sequence[SpanBytes], layers: int = 1
+    ) -> None:
         if len(spans) > MAX_SPANS:
             raise ValueError(f"a frame holds at most {MAX_SPANS} spans")
-        super().send(peer, request_id, layer, spans)
+        super().send(peer, request_id, layer, spans, layers)
 
     def close(self) -> None:
         """Abort: queued frames are dropped and unfinished requests fail."""

@@ -2,13 +2,18 @@
 
 Every connection opens with the handshake of `common.handshake` (HELLO under this
 transport's MAGIC, an HMAC proof when the receiver holds a token, a verdict), then carries
-frames, each a fixed HEADER (magic, version, kind, request-id length, layer, count, body
+frames, each a fixed HEADER (magic, version, kind, request-id length, layers, count, body
 bytes) and a body of `body bytes`:
 
     KV, KV_MORE  request id, `count` SPAN records (each with xxh3_64 of its K then V bytes),
                  then each span's K bytes and V bytes
     END          request id; `count` is the number of KV frames of the request
 
+`layers` names the first layer a frame carries (low 16 bits) and how many more follow it
+(high 16): a span of a frame of several layers holds its K of each layer in turn, then its
+V likewise, and the receiver reports the frame to its sink as one frame per layer. A span's
+K or V may be gathered from pieces on send and scattered into pieces the sink names on
+receipt (the kvstore keeps each block in its own buffer): no byte is copied to join them.
 A frame larger than PART_BYTES travels as several parts (KV_MORE ... KV) that the receiver
 reports as one frame. The sender hashes each part right before `sendmsg` copies it, and the
 receiver hashes each piece right after `recvmsg_into` lands it in the sink's memory, so both

@@ -14,7 +14,7 @@ from shared.transfer.common.encryption import require_token
 from shared.transfer.common.frames import ProtocolError
 from shared.transfer.common.handshake import challenge
 from shared.transfer.common.limits import ConnectionLimits
-from shared.transfer.common.receiver import Connection, ListeningReceiver
+from shared.transfer.common.receiver import Connection, ListeningReceiver, call_sink, scattered
 from shared.transfer.common.sockets import recv_exact
 from shared.transfer.tcp.sealing import Opener
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, Landing, recv_hashed
@@ -26,6 +26,7 @@ from shared.transfer.tcp.wire import (
     SPAN,
     check_header,
     parse_spans,
+    unpack_layers,
 )
 
 DISCARD_CHUNK = 1 << 20  # scratch buffer that a refused span's bytes are read into
@@ -48,9 +49,13 @@ class _Partial:
     """A frame whose parts are still arriving (parts of one frame are consecutive)."""
 
     request_id: str
-    layer: int
+    layers: range  # a frame of several layers reaches the sink as one frame per layer
     spans: list[BlockSpan] = field(default_factory=list)
     error: str = ""
+
+    @property
+    def layer(self) -> int:
+        return self.layers[0]
 
 
 def verify(targets: list[_Target]) -> str:
@@ -87,7 +92,7 @@ class _Connection(Connection[bytes, _Partial]):
         return recv_exact(self.sock, HEADER.size, eof_ok=True)
 
     def _handle(self, raw: bytes) -> None:
-        kind, rid_len, layer, count, body = check_header(raw)
+        kind, rid_len, layers, count, body = check_header(raw)
         num_spans = 0 if kind == KIND_END else count
         meta = self._read_meta(raw, rid_len + num_spans * SPAN.size)  # id and span table
         request_id = meta[:rid_len].decode(errors="replace")
@@ -95,7 +100,9 @@ class _Connection(Connection[bytes, _Partial]):
             self._end_of(request_id, count, body - len(meta))
         else:
             spans = parse_spans(meta[rid_len:])
-            self._receive_part(raw, kind, request_id, layer, spans, body - len(meta))
+            self._receive_part(
+                raw, kind, request_id, unpack_layers(layers), spans, body - len(meta)
+            )
 
     def _read_meta(self, header: bytes, nbytes: int) -> bytes:
         if self.opener is None:
@@ -119,14 +126,16 @@ class _Connection(Connection[bytes, _Partial]):
         header: bytes,
         kind: int,
         request_id: str,
-        layer: int,
+        layers: range,
         spans: list[tuple[BlockSpan, int, int]],
         payload: int,
     ) -> None:
         if payload != sum(2 * nbytes for _, nbytes, _ in spans):
             raise ProtocolError("frame body size disagrees with its spans")
-        frame = self._frame_of(request_id, layer)
-        targets = [self._target(request_id, layer, *s) for s in spans]
+        if any(nbytes % len(layers) for _, nbytes, _ in spans):
+            raise ProtocolError(f"a span's bytes do not split into {len(layers)} layers")
+        frame = self._frame_of(request_id, layers)
+        targets = [self._target(request_id, layers, *s) for s in spans]
         self._land(header, [landing for t in targets for landing in t.landings()])
         frame.error = frame.error or verify(targets)
         frame.spans += (span for span, _, _ in spans)
@@ -134,23 +143,43 @@ class _Connection(Connection[bytes, _Partial]):
         if kind == KIND_KV:
             self._complete()
 
-    def _frame_of(self, request_id: str, layer: int) -> _Partial:
+    def _frame_of(self, request_id: str, layers: range) -> _Partial:
         """The frame this part belongs to: the one in progress, or a new one."""
         frame = self.frame
         if frame is None:
-            frame = _Partial(request_id, layer)
+            frame = _Partial(request_id, layers)
             self._begin(frame)
-        elif (frame.request_id, frame.layer) != (request_id, layer):
+        elif (frame.request_id, frame.layers) != (request_id, layers):
             raise ProtocolError(f"part of {request_id} inside a frame of {frame}")
         return frame
 
     def _target(
-        self, request_id: str, layer: int, span: BlockSpan, nbytes: int, digest: int
+        self, request_id: str, layers: range, span: BlockSpan, nbytes: int, digest: int
     ) -> _Target:
-        dest = self._destination(request_id, layer, span, nbytes)
-        if dest is None:
+        """Where a span lands: the sink's memory for each of its layers, in as many pieces
+        as the sink names (its K of every layer, then its V of every layer); nowhere when
+        the sink refuses any layer of it."""
+        per_layer = nbytes // len(layers)
+        dests = [
+            scattered(call_sink(self.sink.destination, request_id, i, span, per_layer), per_layer)
+            for i in layers
+        ]
+        found = [dest for dest in dests if dest is not None]
+        if len(found) != len(dests):
             return _Target(self._discard(2 * nbytes), None, digest)
-        return _Target(dest, xxhash.xxh3_64(), digest)
+        views = [view for half in (0, 1) for dest in found for view in dest[half]]
+        return _Target(tuple(views), xxhash.xxh3_64(), digest)
+
+    def _complete(self) -> None:
+        """Report a frame once per layer it carries, as frames of one layer each."""
+        frame = self.frame
+        if frame is None or len(frame.layers) == 1:
+            return super()._complete()
+        for layer in frame.layers:
+            self.frame = _Partial(
+                frame.request_id, range(layer, layer + 1), frame.spans, frame.error
+            )
+            super()._complete()
 
     def _discard(self, nbytes: int) -> tuple[memoryview, ...]:
         """Views of one scratch buffer that add up to `nbytes` (a refused span's bytes)."""

@@ -30,8 +30,8 @@ class _PeerChannel(PeerChannel[list[memoryview]]):
             if not self._write(rid, buffers):
                 return
             self.sender.counters.add(bytes=sum(b.nbytes for b in buffers[1:]))
-        self.frames[rid] = self.frames.get(rid, 0) + 1
-        self.sender.counters.add(frames=1)
+        self.frames[rid] = self.frames.get(rid, 0) + frame.layers  # as the receiver counts
+        self.sender.counters.add(frames=frame.layers)
 
     def _encode_end(self, request_id: str, num_frames: int) -> list[memoryview]:
         return encode_end(request_id, num_frames)
@@ -52,6 +52,7 @@ class TcpKVSender(ChannelSender):
     (which needs `auth_token`, and receivers that encrypt too)."""
 
     channel_class = _PeerChannel
+    gathers = True  # sendmsg takes the pieces as they are; the receiver splits the layers
 
     def __init__(
         self,

@@ -6,20 +6,22 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Sequence
 
-from shared.transfer.base import BlockSpan, SpanBytes
+from shared.transfer.base import BlockSpan
 from shared.transfer.common.frames import (
     MAX_HALF_BYTES,
     MAX_REQUEST_ID,
     Frame,
+    Pieces,
     ProtocolError,
     checksum,
+    size,
 )
 from shared.transfer.common.handshake import Greeting
 
 MAGIC = 0x5453564B  # b"KVST" read as little endian
-VERSION = 1
+VERSION = 2  # 2: a frame may carry several layers
 KIND_KV, KIND_KV_MORE, KIND_END = 1, 2, 3
-HEADER = struct.Struct("<IBBHIIQ")  # magic, version, kind, id length, layer, count, body bytes
+HEADER = struct.Struct("<IBBHIIQ")  # magic, version, kind, id length, layers, count, body bytes
 SPAN = struct.Struct("<IIIQQQ")  # block id, offset, tokens, bytes per half, block hash, checksum
 GREETING = Greeting(MAGIC, VERSION, f"kvstack v{VERSION}")
 
@@ -27,25 +29,41 @@ PART_BYTES = 1 << 20  # payload per wire part: hashed, then sent while still in 
 # NOTE: limits that make garbage fail fast (common.frames has those both transports share).
 MAX_SPANS = 1 << 16
 MAX_BODY_BYTES = 1 << 32
+LAYER_BITS = 16  # the header's layers field: the first layer, then how many more above it
+
+
+def pack_layers(first: int, count: int) -> int:
+    return first | (count - 1) << LAYER_BITS
+
+
+def unpack_layers(field: int) -> range:
+    first = field & ((1 << LAYER_BITS) - 1)
+    return range(first, first + (field >> LAYER_BITS) + 1)
 
 
 # --- encoding (sender) ----------------------------------------------------------------------
 
 
-def runs_of(spans: Sequence[SpanBytes], part_bytes: int) -> list[Sequence[SpanBytes]]:
+SpanPieces = tuple[BlockSpan, Pieces, Pieces]
+
+
+def runs_of(spans: Sequence[SpanPieces], part_bytes: int) -> list[Sequence[SpanPieces]]:
     """Consecutive runs of spans, each closed once it holds `part_bytes` or MAX_SPANS spans
     (one run at least, maybe empty)."""
     runs, start, nbytes = [], 0, 0
     for i, (_, k, v) in enumerate(spans):
-        nbytes += k.nbytes + v.nbytes
+        nbytes += size(k) + size(v)
         if nbytes >= part_bytes or i + 1 - start == MAX_SPANS:
             runs.append(spans[start : i + 1])
             start, nbytes = i + 1, 0
     return runs + [spans[start:]] if start < len(spans) or not runs else runs
 
 
-def encode_part(kind: int, rid: bytes, layer: int, spans: Sequence[SpanBytes]) -> list[memoryview]:
-    """Header, span table and payload views of one wire part, checksums computed now."""
+def encode_part(
+    kind: int, rid: bytes, layers: int, spans: Sequence[SpanPieces]
+) -> list[memoryview]:
+    """Header, span table and payload views of one wire part, checksums computed now;
+    `layers` as `pack_layers` makes it (a layer's number, for a frame of one)."""
     table, payload = [rid], list[memoryview]()
     for span, k, v in spans:
         table.append(
@@ -53,14 +71,14 @@ def encode_part(kind: int, rid: bytes, layer: int, spans: Sequence[SpanBytes]) -
                 span.block_id,
                 span.offset,
                 span.num_tokens,
-                k.nbytes,
+                size(k),
                 span.block_hash,
                 checksum(k, v),
             )
         )
-        payload += (k, v)
+        payload += (*k, *v)
     body = len(rid) + len(spans) * SPAN.size + sum(b.nbytes for b in payload)
-    header = HEADER.pack(MAGIC, VERSION, kind, len(rid), layer, len(spans), body)
+    header = HEADER.pack(MAGIC, VERSION, kind, len(rid), layers, len(spans), body)
     return [memoryview(header + b"".join(table)), *payload]
 
 
@@ -69,8 +87,9 @@ def encode_kv(frame: Frame, part_bytes: int = PART_BYTES) -> Iterator[list[memor
     to send it, so its bytes are still in cache when `sendmsg` copies them."""
     rid = frame.request_id.encode()
     runs = runs_of(frame.spans, part_bytes)
+    layers = pack_layers(frame.layer, frame.layers)
     for i, run in enumerate(runs):
-        yield encode_part(KIND_KV if i == len(runs) - 1 else KIND_KV_MORE, rid, frame.layer, run)
+        yield encode_part(KIND_KV if i == len(runs) - 1 else KIND_KV_MORE, rid, layers, run)
 
 
 def encode_end(request_id: str, num_frames: int) -> list[memoryview]:

@@ -154,3 +154,25 @@ def test_release_tolerates_misses_and_stale_refs():
 def test_negative_capacity_is_rejected(dram_bytes):
     with pytest.raises(ValueError):
         BlockStore(dram_bytes=dram_bytes)
+
+
+def test_a_hot_blocks_views_are_made_once_and_read_only():
+    store = BlockStore(dram_bytes=2 * BLOCK)
+    put(store, 1)
+    (first,), (second,) = store.acquire([1], LAYOUT), store.acquire([1], LAYOUT)
+    assert first is not None and second is not None
+    assert first.view(1, 0) is second.view(1, 0)  # the same view, not sliced again
+    assert first.view(1, 0).readonly and bytes(first.view(1, 1)) == content(1)[768:1024]
+    store.release([first, second])
+
+
+def test_pin_resident_pins_what_dram_holds_and_leaves_the_rest_to_acquire():
+    store = BlockStore(dram_bytes=2 * BLOCK)
+    put(store, 1)
+    refs = store.pin_resident([1, 2], LAYOUT)
+    assert refs[0] is not None and refs[1] is None
+    assert store.stats()["dram_hits"] == 1 and store.stats()["dram_misses"] == 0
+    assert store.acquire([1, 2], LAYOUT, refs) == [refs[0], None]  # no second pin of 1
+    store.release(refs)
+    assert read(store, 1) == content(1)
+    assert store.stats()["dram_misses"] == 1  # block 2, counted once

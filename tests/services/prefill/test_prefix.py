@@ -23,8 +23,7 @@ async def test_a_load_that_failed_before_a_layer_computes_still_invalidates_it(
     inbox = KVInbox(engine.kv_storage, asyncio.get_running_loop())
     loader = PrefixLoader(engine_loop=None, pool=None, peers=None, inbox=inbox, layer_timeout=5.0)
     expected = inbox.expect("r:prefix", [0, 1], num_layers=2, ttl=60)
-    expected.layers_done.add(0)
-    expected.layer_ready[0].set()  # layer 0 landed, then the line died
+    inbox.on_frame("r:prefix", 0, (), True, "")  # layer 0 landed, then the line died
     loader.loads["r"] = load = PrefixLoad("r", 0, [11, 12], "kvstore", [expected])
     settling = asyncio.ensure_future(loader._settle(load))
     inbox.on_lost(["r:prefix"], "connection reset")

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from shared.kvcache.storage import KVStorage
+from shared.transfer.common.frames import checked_frame
 from shared.transfer.common.handshake import ACCEPTED, HELLO, REFUSED, proof_of
 from shared.transfer.common.limits import ConnectionLimits
 from shared.transfer.tcp.wire import KIND_KV, KIND_KV_MORE, encode_end, encode_part
@@ -87,7 +88,7 @@ def wait_until(predicate, timeout: float = WAIT_S) -> None:
 
 
 def kv_part(kind: int, request_id: str, source: KVStorage) -> bytes:
-    spans = source_spans(source, 0, ONE_BLOCK)
+    spans = checked_frame(request_id, 0, source_spans(source, 0, ONE_BLOCK)).spans
     return b"".join(bytes(b) for b in encode_part(kind, request_id.encode(), 0, spans))
 
 

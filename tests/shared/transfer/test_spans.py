@@ -4,7 +4,7 @@ import torch
 
 from shared.kv_inbox import KVInbox
 from shared.kvcache.storage import KVStorage
-from shared.transfer.base import BlockSpan, coalesce
+from shared.transfer.base import FRAME_BYTES, BlockSpan, coalesce, layer_groups
 
 
 def test_consecutive_whole_blocks_merge_into_one_run() -> None:
@@ -30,3 +30,12 @@ def test_a_run_span_lands_in_every_block_it_covers() -> None:
         assert inbox.destination("r", 1, BlockSpan(2, 1, 6), 0) is None  # runs start at 0
 
     asyncio.run(scenario())
+
+
+def test_layer_groups_cover_every_layer_once_in_frames_of_a_few_megabytes() -> None:
+    assert layer_groups(30, 12_288) == [range(0, 30)]  # one block: one frame
+    big = layer_groups(30, 3 << 20)  # a 2,048-token prefix in float32: 3 MiB a layer
+    assert [layer for group in big for layer in group] == list(range(30))
+    assert all(len(group) * (3 << 20) >= FRAME_BYTES for group in big[:-1])
+    assert len(big) == 15  # its first layers usable while the rest arrive
+    assert layer_groups(4, 1 << 30) == [range(i, i + 1) for i in range(4)]
