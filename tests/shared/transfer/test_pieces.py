@@ -16,6 +16,7 @@ from tests.shared.transfer.sinks import Done, RecordingSink, random_storage
 SOURCE_BLOCKS = (6, 1, 3)  # a run's blocks where the sender keeps them: anywhere
 DEST_BLOCKS = (0, 5, 2)  # and where the sink puts them: anywhere else
 LAYER = 2
+SEALED = dict(auth_token="a-deployment-data-token", encrypt=True)  # --data-encrypt
 
 
 @pytest.fixture
@@ -48,12 +49,14 @@ def send_run(make_sender, address: str, source: KVStorage) -> tuple[bool, int, s
     return done.wait("run")
 
 
-def send_every_layer(make_sender, address: str, source: KVStorage) -> tuple[bool, int, str]:
+def send_every_layer(
+    make_sender, address: str, source: KVStorage, **sealed
+) -> tuple[bool, int, str]:
     """The run's 3 layers as one frame: K of layer 0, then 1, then 2; V likewise."""
     halves = [pieces(source, SOURCE_BLOCKS, layer) for layer in range(3)]
     k = tuple(p for layer_k, _ in halves for p in layer_k)
     v = tuple(p for _, layer_v in halves for p in layer_v)
-    sender, done = make_sender(), Done()
+    sender, done = make_sender(**sealed), Done()
     sender.send(address, "all", 0, [(BlockSpan(0, 0, 12), k, v)], layers=3)
     sender.finish(address, "all", done.callback("all"))
     return done.wait("all")
@@ -111,15 +114,16 @@ class RefusesLayerOne(PieceSink):
         return None if layer == 1 else super().destination(request_id, layer, span, nbytes)
 
 
+@pytest.mark.parametrize("sealed", [{}, SEALED], ids=["plain", "encrypted"])
 @pytest.mark.parametrize("sink_class", [PieceSink, RefusesLayerOne])
 def test_a_frame_of_every_layer_reaches_the_sink_as_a_frame_per_layer(
-    make_receiver, make_sender, sink_class
+    make_receiver, make_sender, sink_class, sealed
 ) -> None:
     """Whole, or refused whole when the sink refuses any layer of it (nothing written)."""
     source = random_storage(torch.float32)
     sink = sink_class(KVStorage(3, 8, 4, 2, 8, torch.float32), DEST_BLOCKS)
-    _, address = make_receiver(sink)
-    assert send_every_layer(make_sender, address, source) == (True, 3, "")  # as it counts
+    _, address = make_receiver(sink, **sealed)
+    assert send_every_layer(make_sender, address, source, **sealed) == (True, 3, "")
     sink.wait_ends("all")
     whole = sink_class is PieceSink
     assert [(f[2], f[4]) for f in sink.frames("all")] == [(0, whole), (1, whole), (2, whole)]
