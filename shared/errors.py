@@ -26,3 +26,12 @@ OVERLOADED = "overloaded: "
 
 def is_overload(error: str) -> bool:
     return error.startswith(OVERLOADED)
+
+
+def no_worker(kind: str) -> str:
+    """The refusal when no `kind` worker can take a request (none live, or all excluded)."""
+    return f"no {kind} worker available"
+
+
+def is_no_worker(error: str) -> bool:
+    return error in (no_worker("prefill"), no_worker("decode"))

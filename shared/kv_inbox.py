@@ -36,6 +36,7 @@ class Expected:
     cancelled: bool = False  # no more bytes may land; blocks go back once idle
     layers_done: set[int] = field(default_factory=set)
     closed: bool = False  # no more layers will land (ended, lost, refused or cancelled)
+    landed_at: float = 0.0  # time.monotonic() of its latest frame that landed intact
     # NOTE: one condition for every layer, not an event each: a get of 30 layers made 30
     # locks before its request went out.
     landed: threading.Condition = field(default_factory=threading.Condition)
@@ -178,6 +179,7 @@ class KVInbox:
             expected.error = expected.error or f"KV frame refused: {error}"
             return self._fail_layers(expected, expected.error)
         expected.frames_ok += 1
+        expected.landed_at = time.monotonic()
         if 0 <= layer < expected.num_layers and not expected.frames_bad:
             with expected.landed:
                 expected.layers_done.add(layer)

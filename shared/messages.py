@@ -191,6 +191,8 @@ class PrefillTiming:
     cached_local: int = 0  # prompt tokens found in the worker's own cache
     cached_kvstore: int = 0  # fetched from the kvstore pool
     cached_peer: int = 0  # fetched from another prefill worker
+    prefix_bytes: int = 0  # KV bytes of the fetched prefix (pool or peer)
+    prefix_load: float = 0.0  # its fetch's start until its last frame landed intact
 
     @property
     def total(self) -> float:

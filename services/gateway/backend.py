@@ -24,7 +24,7 @@ from services.gateway.progress import Progress, WorkerLost
 from services.gateway.protocol import GenerateRequest
 from shared import codec, subjects
 from shared.bus import Bus, ServiceUnavailable
-from shared.errors import is_overload
+from shared.errors import is_no_worker, is_overload
 from shared.hashing import block_hashes
 from shared.messages import Abort, Ack, Placement, PlacementRequest, PrefillRequest, TokenEvent
 
@@ -146,12 +146,19 @@ class Backend:
 
     async def _place(self, progress: Progress, request_id: str) -> Placement:
         """Ask the conductor; while none answers or no worker is live, ask again for up to
-        `placement_wait` (a conductor or worker restart takes seconds); overload is final."""
+        `placement_wait` (a conductor or worker restart takes seconds); overload is final.
+        Workers that lost this request are avoided while another can take it; when none
+        can, they are asked again (the conductor places only on workers it hears): after a
+        NATS node came back, both decode workers of a small cluster may have lost it once."""
         deadline = time.monotonic() + self.timeouts.placement_wait
+        welcome_back = False
         while True:
-            placement, reason = await self._ask_conductor(progress, request_id)
+            placement, reason = await self._ask_conductor(progress, request_id, welcome_back)
             if placement is not None and placement.accepted:
                 return placement
+            if not welcome_back and _none_left(placement) and progress.lost_workers:
+                welcome_back = True
+                continue
             if placement is not None and is_overload(placement.reason):
                 raise service_unavailable(
                     f"request rejected: {placement.reason}",
@@ -162,7 +169,7 @@ class Backend:
             await asyncio.sleep(PLACEMENT_RETRY_S)
 
     async def _ask_conductor(
-        self, progress: Progress, request_id: str
+        self, progress: Progress, request_id: str, welcome_back: bool = False
     ) -> tuple[Placement | None, str]:
         prompt = progress.prompt_token_ids
         hashes = tuple(block_hashes(prompt, self.block_size, self.namespace))
@@ -173,7 +180,7 @@ class Backend:
             progress.params.max_tokens,
             time.time() + self.timeouts.first_token,
             hashes,
-            self._avoided(progress),
+            self._avoided(progress, welcome_back),
             req.slo_ttft,
             req.slo_tbt,
         )
@@ -185,15 +192,19 @@ class Backend:
             return None, "the conductor is not available"
         return placement, f"request rejected: {placement.reason}"
 
-    def _avoided(self, progress: Progress) -> tuple[str, ...]:
+    def _avoided(self, progress: Progress, welcome_back: bool = False) -> tuple[str, ...]:
         """Workers not to place on: lost ones still run by the same process (a restarted
-        one is welcome again), and ones that went quiet (the conductor sees it later)."""
+        one is welcome again; with `welcome_back`, so is one heard since the request lost
+        it: it came back, as from a NATS node's cut), and ones that went quiet (the
+        conductor sees it later)."""
+        liveness = self.liveness
         lost = {
             w
             for w, instance in progress.lost_workers
-            if self.liveness.instance(w) in (instance, None)
+            if liveness.instance(w) in (instance, None)
+            and not (welcome_back and liveness.heard_since(w, progress.lost_at))
         }
-        return tuple(sorted(lost.union(self.liveness.quiet())))
+        return tuple(sorted(lost.union(liveness.quiet())))
 
     async def _submit(self, progress: Progress, attempt: _Attempt) -> None:
         placement = attempt.placement
@@ -304,3 +315,8 @@ def _enqueuer(events: asyncio.Queue):
             log.warning("dropped a bad token event: %s", e)
 
     return on_msg
+
+
+def _none_left(placement: Placement | None) -> bool:
+    """A rejection because no worker of a kind could take the request (not overload)."""
+    return placement is not None and not placement.accepted and is_no_worker(placement.reason)

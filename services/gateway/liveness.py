@@ -78,6 +78,11 @@ class Liveness:
         seen = self._last.get(worker_id)
         return None if seen is None else seen.instance
 
+    def heard_since(self, worker_id: str, since: float) -> bool:
+        """Whether `worker_id` beat after `since` (time.monotonic())."""
+        seen = self._last.get(worker_id)
+        return seen is not None and seen.at > since
+
     def quiet(self) -> tuple[str, ...]:
         """Workers to avoid in a placement: silent for a while, or stopped."""
         now = time.monotonic()

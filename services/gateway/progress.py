@@ -9,6 +9,7 @@ stream goes on with no token lost or repeated (up to `migration_limit` migration
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 
 from services.gateway.errors import ApiError, service_unavailable
@@ -41,6 +42,7 @@ class Progress:
     attempts: int = 0
     migrations: int = 0
     lost_workers: tuple[Worker, ...] = ()  # avoided until another process takes the id
+    lost_at: float = 0.0  # time.monotonic() of the latest loss
     placement: Placement | None = None  # the latest attempt's (its predicted TTFT and TBT)
     placement_seconds: float | None = None  # asking for the placement that gave a token
     prefill_timing: PrefillTiming | None = None  # the first token's prefill worker's
@@ -86,6 +88,7 @@ class Progress:
     def lost(self, failure: WorkerLost) -> None:
         """Count the failure; an ApiError when no attempt is left."""
         self.lost_workers += failure.workers
+        self.lost_at = time.monotonic()
         if not self.token_ids:
             if self.attempts >= self.max_attempts:
                 raise _gave_up(f"request failed after {self.attempts} attempts: {failure}")

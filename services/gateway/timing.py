@@ -50,7 +50,15 @@ def ttft_breakdown(
         **{name: round(seconds, 6) for name, seconds in stages.items()},
         "decode_first_token": decode_wait,
         "cached_tokens": cached,
+        "prefix_load": prefix_load(prefill),
     }
+
+
+def prefix_load(prefill: PrefillTiming) -> dict:
+    """The fetched prefix (from the pool or a peer): its bytes, seconds and GB/s."""
+    seconds = prefill.prefix_load
+    rate = prefill.prefix_bytes / seconds / 1e9 if seconds > 0 else 0.0
+    return {"bytes": prefill.prefix_bytes, "seconds": round(seconds, 6), "gb_s": round(rate, 3)}
 
 
 def measured_parts(ttft: float, prefill: PrefillTiming | None) -> tuple[float, float]:

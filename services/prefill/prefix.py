@@ -9,6 +9,7 @@ used or named) and the attempt fails as retryable.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from shared import subjects
@@ -45,6 +46,18 @@ class PrefixLoad:
     source: str  # KVSTORE or a peer's worker id
     expectations: list[Expected] = field(default_factory=list)
     failed: bool = False
+    nbytes: int = 0  # the fetched blocks' KV bytes
+    began: float = 0.0  # time.monotonic() when the fetch was asked for
+
+    def measured(self) -> tuple[int, float]:
+        """(bytes, seconds) of the fetch, from its start until the last of its layers
+        landed intact; (0, 0.0) for one that failed or has not landed whole (yet)."""
+        whole = self.expectations and all(
+            len(e.layers_done) == e.num_layers for e in self.expectations
+        )
+        if self.failed or not whole:
+            return 0, 0.0
+        return self.nbytes, max(0.0, max(e.landed_at for e in self.expectations) - self.began)
 
 
 class PrefixLoader:
@@ -64,6 +77,7 @@ class PrefixLoader:
         self.layer_timeout = layer_timeout
         self.tasks = tasks or Tasks("prefix loader")
         self.loads: dict[str, PrefixLoad] = {}  # fetches in flight, or failed (until forget)
+        self.landed: dict[str, PrefixLoad] = {}  # fetches that landed whole (until forget)
         self.blocks_loaded = {KVSTORE: 0, "peer": 0}
 
     async def prepare(self, req: PrefillRequest, hashes: list[int]) -> PrefixPlan:
@@ -85,7 +99,11 @@ class PrefixLoader:
             return NO_PREFIX
         num_local, new_ids = reserved
         plan = after_reserve(plan, num_local)
-        load = PrefixLoad(req.request_id, num_local, hashes[num_local : plan.blocks], plan.source)
+        fetched = hashes[num_local : plan.blocks]
+        nbytes = len(fetched) * self.pool.layout.block_bytes
+        load = PrefixLoad(
+            req.request_id, num_local, fetched, plan.source, nbytes=nbytes, began=time.monotonic()
+        )
         started = await self._fetch(req, load, new_ids)
         plan = after_fetch(plan, started)
         log.info(
@@ -127,11 +145,14 @@ class PrefixLoader:
         if any(e.verdict() for e in load.expectations):
             return
         self.blocks_loaded[source_kind(load.source)] += len(load.fetched_hashes)
-        self.loads.pop(load.request_id, None)
+        if self.loads.pop(load.request_id, None) is not None:
+            self.landed[load.request_id] = load
 
-    def forget(self, request_id: str) -> None:
-        """The request ended: its load, failed or not, is of no more use."""
-        self.loads.pop(request_id, None)
+    def forget(self, request_id: str) -> PrefixLoad | None:
+        """The request ended: its load, failed or not, is of no more use here; returned
+        for its measures."""
+        load = self.loads.pop(request_id, None)
+        return self.landed.pop(request_id, None) or load
 
     # -- engine thread ------------------------------------------------------------------
 

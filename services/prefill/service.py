@@ -48,7 +48,7 @@ from shared.prefill.outcome import (
     refused_code,
     streams_verdict,
 )
-from shared.prefill.prefix import PrefixPlan
+from shared.prefill.prefix import PrefixPlan, source_kind
 from shared.prefill.timing import (
     ADOPTED,
     COMPUTED,
@@ -345,7 +345,7 @@ class PrefillService(Service):
         rid = target.request_id
         self.targets.pop(rid, None)
         plan = self.plans.pop(rid, None)
-        self.loader.forget(rid)
+        load = self.loader.forget(rid)
         whole = out is not None and kv_is_whole(out.finish_reason, sent)
         if whole:  # in the background: the first token does not wait for the write-back
             self.tasks.spawn(
@@ -366,8 +366,11 @@ class PrefillService(Service):
             await self._fail(req, f"prefill failed: {error or out.stop_reason}", code)
         else:
             cached = cached_by_tier(out.num_cached_tokens, plan, self.config.block_size)
+            loaded = load.measured() if load is not None else (0, 0.0)
             self.prefix_hits.count(out.num_prompt_tokens, cached)
-            await self._hand_over(req, out, target, num_frames, cached)
+            if load is not None:
+                self.prefix_hits.loaded(source_kind(load.source), *loaded)
+            await self._hand_over(req, out, target, num_frames, cached, loaded)
 
     async def _hand_over(
         self,
@@ -376,9 +379,11 @@ class PrefillService(Service):
         target: Target,
         num_frames: int,
         cached: dict[str, int],
+        loaded: tuple[int, float],
     ) -> None:
         """The KV is whole on the decode worker: it adopts the request (unless the first
-        token ends it), and the first token goes out."""
+        token ends it), and the first token goes out; `loaded`: its prefix fetch's bytes
+        and seconds."""
         rid = req.request_id
         token = out.new_token_ids[0]
         logprob = out.new_logprobs[0] if out.new_logprobs else None
@@ -401,7 +406,7 @@ class PrefillService(Service):
         if not done_here and not reply.ok:
             reason = reply.error or "decode worker refused the KV"
             return await self._fail(req, reason, refused_code(reply.code))
-        timing = prefill_timing(self.marks.get(rid, {}), cached)
+        timing = prefill_timing(self.marks.get(rid, {}), cached, loaded)
         await self._emit_first(req, out, token, logprob, done_here, timing)
 
     async def _write_back(self, rid: str, target: Target) -> None:

@@ -50,6 +50,7 @@ from shared.conductor.admission import slo_of
 from shared.conductor.loads import WorkerLoad
 from shared.conductor.policies import Choice, Inputs, Rejection
 from shared.conductor.snapshot import POOL, PrefixMatch
+from shared.errors import no_worker
 
 
 def kvcentric(inputs: Inputs) -> Choice | Rejection:
@@ -78,7 +79,7 @@ def _schedule(inputs: Inputs, balancing: bool) -> Choice | Rejection:
     ]
     if not prefill or not decode:
         missing = "prefill" if not prefill else "decode"
-        return Rejection(f"no {missing} worker available", inputs.config.retry_after)
+        return Rejection(no_worker(missing), inputs.config.retry_after)
     plans = [_plan(inputs, worker, balancing) for worker in prefill]
     best = min(plans, key=lambda plan: (plan.ttft, plan.prefill_id))
     chosen = _decode_worker(inputs, decode)

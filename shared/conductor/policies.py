@@ -28,6 +28,7 @@ from shared.conductor.loads import WorkerLoad
 from shared.conductor.snapshot import ClusterSnapshot, PrefixMatch, Remote
 from shared.conductor.views import PrefillView
 from shared.costmodel import CostModel
+from shared.errors import no_worker
 from shared.messages import PlacementRequest
 
 
@@ -175,7 +176,7 @@ def _place(
     decode = _fitting_decode(inputs)
     if not prefill or not len(decode):
         missing = "prefill" if not prefill else "decode"
-        return Rejection(f"no {missing} worker available", inputs.config.retry_after)
+        return Rejection(no_worker(missing), inputs.config.retry_after)
     choice, chosen = choose_prefill(prefill), choose_decode(decode)
     tbt = estimate.decode_tbt(chosen, request.num_prompt_tokens, inputs.cost)
     return Choice(  # NOTE: built directly; _replace costs more

@@ -7,17 +7,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from shared.metrics import Metrics
 
 TIERS = ("local", "kvstore", "peer")
+LOADED_FROM = ("kvstore", "peer")
+GB_S_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
 
 @dataclass(frozen=True)
 class PrefixCounters:
     queries: Counter
     hits: Counter
+    load_bytes: Counter
+    load_rate: Histogram
 
     @classmethod
     def of(cls, metrics: Metrics) -> PrefixCounters:
@@ -31,7 +35,18 @@ class PrefixCounters:
         queries = metrics.counter(
             "prefix_cache_queries", "prompt tokens looked up in the prefix caches"
         )
-        return cls(queries, hits)
+        load_bytes = metrics.counter(
+            "prefix_load_bytes", "KV bytes of prefixes fetched whole, by tier", ("tier",)
+        )
+        load_rate = metrics.histogram(
+            "prefix_load_gb_per_second",
+            "each prefix fetch's GB/s, its start to its last layer landed, by tier",
+            GB_S_BUCKETS,
+            ("tier",),
+        )
+        for tier in LOADED_FROM:
+            load_bytes.labels(tier)
+        return cls(queries, hits, load_bytes, load_rate)
 
     def count(self, num_prompt_tokens: int, cached: dict[str, int]) -> None:
         """One prompt, and its cached tokens by tier (`timing.cached_by_tier`)."""
@@ -39,3 +54,9 @@ class PrefixCounters:
         for tier, tokens in cached.items():
             if tokens:
                 self.hits.labels(tier).inc(tokens)
+
+    def loaded(self, tier: str, nbytes: int, seconds: float) -> None:
+        """One prefix fetched whole from `tier` ("kvstore" or "peer"): its bytes and time."""
+        if nbytes and seconds > 0:
+            self.load_bytes.labels(tier).inc(nbytes)
+            self.load_rate.labels(tier).observe(nbytes / seconds / 1e9)

@@ -25,8 +25,11 @@ def cached_by_tier(
     return tiers
 
 
-def prefill_timing(marks: dict[str, float], cached: dict[str, int]) -> PrefillTiming:
-    """Stages from the moments marked (a moment never marked makes its stage 0)."""
+def prefill_timing(
+    marks: dict[str, float], cached: dict[str, int], loaded: tuple[int, float] = (0, 0.0)
+) -> PrefillTiming:
+    """Stages from the moments marked (a moment never marked makes its stage 0); `loaded`:
+    the prefix fetch's bytes and seconds."""
 
     def between(start: str, end: str) -> float:
         if start not in marks or end not in marks:
@@ -42,4 +45,6 @@ def prefill_timing(marks: dict[str, float], cached: dict[str, int]) -> PrefillTi
         cached_local=cached["local"],
         cached_kvstore=cached["kvstore"],
         cached_peer=cached["peer"],
+        prefix_bytes=loaded[0],
+        prefix_load=loaded[1],
     )

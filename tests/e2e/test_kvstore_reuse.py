@@ -53,6 +53,14 @@ def wait_until_pooled(stack, answer: openai.types.Completion) -> None:
     )
 
 
+def assert_prefix_load(answer: openai.types.Completion, num_blocks: int) -> None:
+    """usage.timing says how many bytes the prefix fetch moved (SmolLM2's blocks: 30 layers
+    of 16 tokens of 3 KV heads of 64, K and V, in bfloat16 or float32) and how fast."""
+    load = answer.usage.model_extra["timing"]["prefix_load"]
+    assert load["bytes"] in {num_blocks * 30 * 2 * 16 * 3 * 64 * size for size in (2, 4)}
+    assert load["seconds"] > 0 and load["gb_s"] > 0
+
+
 def test_a_prefix_computed_on_one_worker_is_loaded_by_another(stack_with_pool, reference):
     first = ask(stack_with_pool, STORY + " Question one: what did he count?")
     assert worker_stats(stack_with_pool, "prefill", "prefill-0").num_requests_done == 1
@@ -63,6 +71,8 @@ def test_a_prefix_computed_on_one_worker_is_loaded_by_another(stack_with_pool, r
     assert stats.num_requests_done == 1 and stats.blocks_from_kvstore > 0
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached == stats.blocks_from_kvstore * 16 and cached > 300
+    assert_prefix_load(second, stats.blocks_from_kvstore)
+    assert first.usage.model_extra["timing"]["prefix_load"]["bytes"] == 0
     want = reference.generate(
         [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
     )[0]
@@ -142,6 +152,7 @@ def test_a_peer_prefill_worker_serves_its_cache_when_no_pool_has_it(tmp_path, re
         giver = worker_stats(stack, "prefill", "prefill-0")
     assert taker.blocks_from_peers > 0 and giver.blocks_served == taker.blocks_from_peers
     assert second.usage.prompt_tokens_details.cached_tokens == taker.blocks_from_peers * 16
+    assert_prefix_load(second, taker.blocks_from_peers)
     want = reference.generate(
         [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
     )[0]

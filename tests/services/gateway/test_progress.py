@@ -63,3 +63,21 @@ def test_migrations_are_bounded_by_the_migration_limit() -> None:
     with pytest.raises(ApiError) as failure:
         p.lost(WorkerLost("worker d1 stopped"))
     assert failure.value.status == 503 and "limit 1" in failure.value.message
+
+
+def test_workers_that_lost_a_request_are_welcome_back_only_once_heard_since_and_asked() -> None:
+    from types import SimpleNamespace
+
+    from services.gateway.backend import Backend
+    from services.gateway.liveness import Liveness
+    from tests.services.gateway.test_liveness import beat
+
+    live = Liveness()
+    for worker in ("d0", "d1", "d2"):
+        live.observe(beat(worker, interval=60))
+    p = progress()
+    p.lost(WorkerLost("lost at a NATS node's cut", (("d0", "a"), ("d1", "a"), ("d2", "a"))))
+    live.observe(beat("d0", interval=60))  # d0 came back; d1 and d2 are silent since
+    gateway = SimpleNamespace(liveness=live)
+    assert Backend._avoided(gateway, p) == ("d0", "d1", "d2")  # type: ignore[arg-type]
+    assert Backend._avoided(gateway, p, welcome_back=True) == ("d1", "d2")  # type: ignore[arg-type]

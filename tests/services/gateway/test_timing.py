@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.timing import measured_parts
+from services.gateway.timing import measured_parts, ttft_breakdown
 from shared.messages import PrefillTiming
 
 
@@ -23,3 +23,10 @@ def test_a_prefill_that_loaded_a_prefix_has_no_measured_compute() -> None:
 
 def test_without_the_prefill_worker_s_account_nothing_is_measured() -> None:
     assert measured_parts(1.0, None) == (-1.0, -1.0)
+
+
+def test_usage_timing_names_the_prefix_fetch_s_bytes_seconds_and_rate() -> None:
+    loaded = PrefillTiming(cached_kvstore=1984, prefix_bytes=91_422_720, prefix_load=0.045)
+    timing = ttft_breakdown(0.3, 0.001, loaded, 0.01)
+    assert timing["prefix_load"] == {"bytes": 91_422_720, "seconds": 0.045, "gb_s": 2.032}
+    assert ttft_breakdown(0.3, 0.001, None, 0.01)["prefix_load"]["gb_s"] == 0.0

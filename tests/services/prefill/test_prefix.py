@@ -34,3 +34,23 @@ async def test_a_load_that_failed_before_a_layer_computes_still_invalidates_it(
     (out,) = engine.step()
     assert out.finish_reason == "error" and "loading the prefix failed" in out.stop_reason
     assert not loader.loads
+
+
+async def test_a_load_measures_its_bytes_and_time_once_every_layer_landed() -> None:
+    import time
+
+    from services.prefill.prefix import PrefixLoad
+
+    class NoStorage:
+        block_size = 16
+
+    inbox = KVInbox(NoStorage(), asyncio.get_running_loop())  # type: ignore[arg-type]
+    expected = inbox.expect("r:prefix", [0, 1], num_layers=2, ttl=60)
+    load = PrefixLoad("r", 0, [11, 12], "kvstore", [expected], nbytes=4096, began=time.monotonic())
+    inbox.on_frame("r:prefix", 0, (), True, "")
+    assert load.measured() == (0, 0.0)  # layer 1 still to come
+    inbox.on_frame("r:prefix", 1, (), True, "")
+    nbytes, seconds = load.measured()
+    assert nbytes == 4096 and 0.0 < seconds < 10.0
+    load.failed = True
+    assert load.measured() == (0, 0.0)
