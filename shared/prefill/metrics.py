@@ -13,7 +13,7 @@ from shared.metrics import Metrics
 
 TIERS = ("local", "kvstore", "peer")
 LOADED_FROM = ("kvstore", "peer")
-GB_S_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+LOAD_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class PrefixCounters:
     queries: Counter
     hits: Counter
     load_bytes: Counter
-    load_rate: Histogram
+    load_seconds: Histogram  # with load_bytes: GB/s, rate(bytes) / rate(seconds' sum)
 
     @classmethod
     def of(cls, metrics: Metrics) -> PrefixCounters:
@@ -38,15 +38,15 @@ class PrefixCounters:
         load_bytes = metrics.counter(
             "prefix_load_bytes", "KV bytes of prefixes fetched whole, by tier", ("tier",)
         )
-        load_rate = metrics.histogram(
-            "prefix_load_gb_per_second",
-            "each prefix fetch's GB/s, its start to its last layer landed, by tier",
-            GB_S_BUCKETS,
+        load_seconds = metrics.histogram(
+            "prefix_load_seconds",
+            "each prefix fetched whole: its start to its last layer landed, by tier",
+            LOAD_SECONDS_BUCKETS,
             ("tier",),
         )
         for tier in LOADED_FROM:
             load_bytes.labels(tier)
-        return cls(queries, hits, load_bytes, load_rate)
+        return cls(queries, hits, load_bytes, load_seconds)
 
     def count(self, num_prompt_tokens: int, cached: dict[str, int]) -> None:
         """One prompt, and its cached tokens by tier (`timing.cached_by_tier`)."""
@@ -59,4 +59,4 @@ class PrefixCounters:
         """One prefix fetched whole from `tier` ("kvstore" or "peer"): its bytes and time."""
         if nbytes and seconds > 0:
             self.load_bytes.labels(tier).inc(nbytes)
-            self.load_rate.labels(tier).observe(nbytes / seconds / 1e9)
+            self.load_seconds.labels(tier).observe(seconds)

@@ -35,12 +35,12 @@ def test_every_tier_is_exposed_before_any_hit() -> None:
     assert samples == {"local", "kvstore", "peer"}
 
 
-def test_a_whole_prefix_fetch_counts_its_bytes_and_gb_per_second_by_tier() -> None:
+def test_a_whole_prefix_fetch_counts_its_bytes_and_seconds_by_tier() -> None:
     counters = PrefixCounters.of(Metrics("prefill"))
     counters.loaded("kvstore", 2_000_000_000, 2.0)  # 1 GB/s
     counters.loaded("peer", 500_000_000, 0.1)  # 5 GB/s
     counters.loaded("kvstore", 0, 0.0)  # a fetch that did not land whole: nothing
     assert counters.load_bytes.labels("kvstore")._value.get() == 2_000_000_000
     assert counters.load_bytes.labels("peer")._value.get() == 500_000_000
-    rate = counters.load_rate.labels("kvstore")
-    assert rate._sum.get() == 1.0 and sum(b.get() for b in rate._buckets) == 1
+    seconds = counters.load_seconds.labels("kvstore")
+    assert seconds._sum.get() == 2.0 and sum(b.get() for b in seconds._buckets) == 1
