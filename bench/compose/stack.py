@@ -69,6 +69,7 @@ class ComposeStack:
     nats_port: int
     scale: dict[str, int] = field(default_factory=dict)
     profiles: tuple[str, ...] = ()
+    prometheus_port: int = 0  # 0: one picked at prepare
 
     @classmethod
     def prepare(
@@ -81,13 +82,15 @@ class ComposeStack:
     ) -> ComposeStack:
         """Secrets and the override file in `workdir`; nothing started yet."""
         workdir.mkdir(parents=True, exist_ok=True)
+        picked = free_ports(3)  # NOTE: all at once: one by one, two could be the same port
         stack = cls(
             f"kvstack-test-{uuid.uuid4().hex[:8]}",
             workdir,
-            http_port or free_port(),
-            nats_port or free_port(),
+            http_port or picked[0],
+            nats_port or picked[1],
             dict(scale or {}),
             tuple(profiles),
+            picked[2],
         )
         if kvstack(["auth", "init", "--dir", str(stack.secrets_dir)]) != 0:
             raise KvstackError("kvstack auth init failed")
@@ -148,7 +151,7 @@ class ComposeStack:
             **os.environ,
             "KVSTACK_SECRETS": str(self.secrets_dir.resolve()),
             "KVSTACK_HTTP_ADDR": f"127.0.0.1:{self.http_port}",
-            "KVSTACK_PROMETHEUS_ADDR": f"127.0.0.1:{free_port()}",
+            "KVSTACK_PROMETHEUS_ADDR": f"127.0.0.1:{self.prometheus_port or free_ports(1)[0]}",
             **({"KVSTACK_NATS": CLUSTER_URLS} if self.clustered else {}),
         }
 
@@ -245,9 +248,15 @@ class ComposeStack:
         return found
 
 
-def free_port() -> int:
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on 127.0.0.1 now (each socket held until all are bound)."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
