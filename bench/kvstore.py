@@ -23,6 +23,9 @@ from bench.transfer import Layout, RawSide
 from services.cli.stack import Stack, StackConfig
 from shared import subjects
 from shared.bus import Bus
+from shared.engine.config import EngineConfig
+from shared.engine.engine import LLMEngine
+from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.kv_inbox import KVInbox
 from shared.kv_pool import KVPool
@@ -44,6 +47,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trials", type=int, default=3, help="TTFT trials per case")
     p.add_argument("--skip-ttft", action="store_true")
     p.add_argument(
+        "--handoff-baseline",
+        action="store_true",
+        help="the TTFT cases again with a decode worker that holds no prefix (--no-prefix-cache):"
+        " every prompt's KV is sent to it whole",
+    )
+    p.add_argument(
         "--skip-mooncake", action="store_true", help="the kvstore only (no Mooncake Store)"
     )
     p.add_argument("--json", action="store_true")
@@ -58,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"throughput": rows, "references": references(args.blocks)}
     if not args.skip_ttft:
         report["ttft"] = measure_ttft(work, args.trials)
+        report["ttft"]["engine_local_hit"] = _engine_hit(args.trials)
+    if not args.skip_ttft and args.handoff_baseline:
+        report["ttft_decode_holds_nothing"] = measure_ttft(
+            work, args.trials, ("--no-prefix-cache",)
+        )
     print(
         orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
         if args.json
@@ -284,10 +298,13 @@ def _timed(work) -> float:
 # -- TTFT: the real stack, 2 prefill workers taking turns --------------------------------
 
 
-def measure_ttft(work: Path, trials: int) -> dict:
+CASES = ("cold", "kvstore_hit", "local_hit")
+
+
+def measure_ttft(work: Path, trials: int, decode_args: tuple[str, ...] = ()) -> dict:
     import openai
 
-    progress("TTFT: starting the stack (2 prefill, 1 decode, 1 kvstore)")
+    progress(f"TTFT: starting the stack (2 prefill, 1 decode {' '.join(decode_args)}, 1 kvstore)")
     stack = Stack(
         StackConfig(
             num_prefill=2,
@@ -295,7 +312,8 @@ def measure_ttft(work: Path, trials: int) -> dict:
             port=_free_port(),
             conductor_args=("--policy", "round-robin"),
             worker_args=("--threads", "2"),
-            log_dir=work / "ttft",
+            decode_args=decode_args,
+            log_dir=work / f"ttft{'-'.join(decode_args)}",
         )
     )
     stack.start()
@@ -306,7 +324,7 @@ def measure_ttft(work: Path, trials: int) -> dict:
         )
         _ttft(client, _prompt(10_000, 2048))  # warm-up
         _ttft(client, _prompt(10_001, 2048))  # both workers warm, turn back at 0
-        cases: dict[str, list[float]] = {"cold": [], "kvstore_hit": [], "local_hit": []}
+        cases: dict[str, list[tuple[float, dict]]] = {c: [] for c in CASES}
         for trial in range(trials):
             progress(f"TTFT trial {trial + 1}/{trials}")
             prefix = _prompt(trial, 1984)
@@ -317,10 +335,44 @@ def measure_ttft(work: Path, trials: int) -> dict:
             _ttft(client, _prompt(400 + trial, 64))  # keep the turns aligned
     finally:
         stack.stop()
-    result = {case: round(statistics.median(times) * 1000, 1) for case, times in cases.items()}
+    result: dict = {case: _ms(t for t, _ in runs) for case, runs in cases.items()}
     result["speedup_kvstore"] = round(result["cold"] / result["kvstore_hit"], 2)
     result["speedup_local"] = round(result["cold"] / result["local_hit"], 2)
+    result["parts"] = {case: _parts([timing for _, timing in runs]) for case, runs in cases.items()}
     return result
+
+
+def _ms(seconds) -> float:
+    return round(statistics.median(seconds) * 1000, 1)
+
+
+def _parts(timings: list[dict]) -> dict:
+    """Medians of where the case's TTFT went: its compute and its KV hand-off to decode."""
+    return {
+        "gateway_ttft_ms": _ms(t["ttft"] for t in timings),  # the client's less HTTP and SSE
+        "prefill_compute_ms": _ms(t["prefill_compute"] for t in timings),
+        "handoff_mb": round(statistics.median(t["kv_handoff"]["bytes"] for t in timings) / 1e6, 1),
+        "held_by_decode": statistics.median(t["kv_handoff"]["held_by_decode"] for t in timings),
+    }
+
+
+def _engine_hit(trials: int) -> float:
+    """Median ms of the local hit's prefill in a bare engine in this process: the 64 new
+    tokens' compute over the 1,984 cached, what a hit cannot go below."""
+    progress("TTFT: the bare engine's compute of the local hit (no service around it)")
+    engine = LLMEngine(EngineConfig(num_threads=2))
+    params = SamplingParams(max_tokens=1, temperature=0)
+
+    def prefill(request_id: str, prompt: list[int]) -> float:
+        start = time.perf_counter()
+        engine.add_request(request_id, prompt, params)
+        while not any(out.finished for out in engine.step()):
+            pass
+        return time.perf_counter() - start
+
+    prefix = _prompt(0, 1984)
+    prefill("cold", prefix + _prompt(100, 64))
+    return _ms(prefill(f"hit-{i}", prefix + _prompt(300 + i, 64)) for i in range(max(3, trials)))
 
 
 def _prompt(seed: int, length: int) -> list[int]:
@@ -329,18 +381,27 @@ def _prompt(seed: int, length: int) -> list[int]:
     ).tolist()
 
 
-def _ttft(client, prompt: list[int]) -> float:
+def _ttft(client, prompt: list[int]) -> tuple[float, dict]:
+    """Its TTFT in seconds and its `usage.timing`."""
     start = time.perf_counter()
     stream = client.completions.create(
-        model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=2, temperature=0, stream=True
+        model="SmolLM2-135M-Instruct",
+        prompt=prompt,
+        max_tokens=2,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
-    first = None
+    first: float | None = None
+    timing: dict = {}
     for chunk in stream:
         if first is None and chunk.choices:
             first = time.perf_counter() - start
+        if chunk.usage is not None:
+            timing = chunk.usage.model_dump().get("timing") or {}
     if first is None:
         raise RuntimeError("the stream ended without a token")
-    return first
+    return first, timing
 
 
 def _free_port() -> int:
@@ -372,15 +433,32 @@ def format_table(report: dict) -> str:
             f"{'raw socket':14}{batch:>12}{ref['socket_gb_s']:>10}{'':>6}"
             f"{ref['socket_gb_s']:>10}   (memcpy {ref['memcpy_gb_s']} GB/s)"
         )
-    if "ttft" in report:
-        t = report["ttft"]
-        lines += [
-            "",
-            "TTFT of a 2,048-token prompt (median ms)",
-            (
-                f"cold {t['cold']}   1,984 tokens in the kvstore {t['kvstore_hit']} "
-                f"({t['speedup_kvstore']}x)   in the local cache {t['local_hit']} "
-                f"({t['speedup_local']}x)"
-            ),
-        ]
+    for key, title in (("ttft", ""), ("ttft_decode_holds_nothing", ", decode holding nothing")):
+        if key in report:
+            lines += _ttft_lines(report[key], title)
     return "\n".join(lines)
+
+
+def _ttft_lines(t: dict, title: str) -> list[str]:
+    lines = [
+        "",
+        f"TTFT of a 2,048-token prompt (median ms{title})",
+        (
+            f"cold {t['cold']}   1,984 tokens in the kvstore {t['kvstore_hit']} "
+            f"({t['speedup_kvstore']}x)   in the local cache {t['local_hit']} "
+            f"({t['speedup_local']}x)"
+        ),
+    ]
+    if "engine_local_hit" in t:
+        floor = t["engine_local_hit"]
+        lines.append(f"the bare engine's compute of the local hit (its floor): {floor}")
+    lines.append(
+        f"{'case':14}{'gateway TTFT ms':>17}{'prefill_compute ms':>20}"
+        f"{'KV to decode MB':>17}{'held by decode':>16}"
+    )
+    for case, parts in t["parts"].items():
+        lines.append(
+            f"{case:14}{parts['gateway_ttft_ms']:>17}{parts['prefill_compute_ms']:>20}"
+            f"{parts['handoff_mb']:>17}{parts['held_by_decode']:>16}"
+        )
+    return lines

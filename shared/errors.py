@@ -33,5 +33,14 @@ def no_worker(kind: str) -> str:
     return f"no {kind} worker available"
 
 
+# A prefill's prefix fetch failed or stalled (shared/prefill/prefix.py: load_failure): the
+# retry computes the prefix instead of loading it again.
+PREFIX_LOAD_FAILED = "loading the prefix failed"
+
+
+def is_prefix_load_failure(error: str) -> bool:
+    return PREFIX_LOAD_FAILED in error
+
+
 def is_no_worker(error: str) -> bool:
     return error in (no_worker("prefill"), no_worker("decode"))

@@ -134,7 +134,8 @@ class KVShard:
 class KVReservation:
     """Blocks held for a request's KV. With `shards` (a decode worker that offloads
     attention) the KV goes, split by KV heads, to each shard's address instead of
-    `data_addr`, into the same `block_ids` on every shard."""
+    `data_addr`, into the same `block_ids` on every shard. The first `num_held` blocks
+    the decode worker already holds (its prefix cache): their KV is not sent."""
 
     request_id: str
     ok: bool
@@ -143,6 +144,7 @@ class KVReservation:
     reason: str = ""
     code: int = 200
     shards: tuple[KVShard, ...] = ()
+    num_held: int = 0
 
 
 @message("kv_commit")
@@ -184,8 +186,8 @@ class PrefillTiming:
     seconds of that worker's clock, and where its cached prompt tokens came from."""
 
     reserve: float = 0.0  # the decode worker reserving blocks for its KV
-    prefix: float = 0.0  # planning prefix reuse (waiting for a prefix in flight included)
-    queue: float = 0.0  # in the engine before its first step
+    prefix: float = 0.0  # binding its prefix (reserving blocks, starting the fetch)
+    queue: float = 0.0  # in the worker's queue and the engine's before its first step
     compute: float = 0.0  # its first step to its first token (prefix loads overlap it)
     transfer: float = 0.0  # ending the KV stream until the decode worker adopted it
     cached_local: int = 0  # prompt tokens found in the worker's own cache
@@ -193,6 +195,8 @@ class PrefillTiming:
     cached_peer: int = 0  # fetched from another prefill worker
     prefix_bytes: int = 0  # KV bytes of the fetched prefix (pool or peer)
     prefix_load: float = 0.0  # its fetch's start until its last frame landed intact
+    handoff_bytes: int = 0  # KV bytes sent to the decode side (streamed during compute)
+    held_decode: int = 0  # prompt tokens whose KV the decode worker held: not sent
 
     @property
     def total(self) -> float:

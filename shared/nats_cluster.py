@@ -47,7 +47,7 @@ class NatsCluster:
         self.workdir = Path(tempfile.mkdtemp(prefix="kvstack-nats-cluster-"))
         self.nodes: list[NatsServer] = []
         try:
-            for i, node in enumerate(loopback_nodes(_free_ports(size))):
+            for i, node in enumerate(loopback_nodes(free_ports(size))):
                 node_dir = self.workdir / f"node-{i}"
                 config = node_dir / "nats-server.conf"
                 include = os.path.relpath(auth_config, node_dir) if auth_config else None
@@ -136,7 +136,7 @@ def _collect(seen: set[bytes]):
     return on_msg
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Ports free now on loopback, all different (held open until every one is chosen)."""
     sockets = [socket.socket() for _ in range(count)]
     try:

@@ -25,6 +25,7 @@ from services.cli.main import main as kvstack
 from shared.auth.credentials import NatsAuth
 from shared.auth.deployment import ADMIN, Identity, Secrets, read_api_key
 from shared.errors import KvstackError
+from shared.nats_cluster import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
@@ -69,7 +70,7 @@ class ComposeStack:
     nats_port: int
     scale: dict[str, int] = field(default_factory=dict)
     profiles: tuple[str, ...] = ()
-    prometheus_port: int = 0  # 0: one picked at prepare
+    prometheus_port: int = 0  # prepare picks one; 0: Docker does
 
     @classmethod
     def prepare(
@@ -151,7 +152,7 @@ class ComposeStack:
             **os.environ,
             "KVSTACK_SECRETS": str(self.secrets_dir.resolve()),
             "KVSTACK_HTTP_ADDR": f"127.0.0.1:{self.http_port}",
-            "KVSTACK_PROMETHEUS_ADDR": f"127.0.0.1:{self.prometheus_port or free_ports(1)[0]}",
+            "KVSTACK_PROMETHEUS_ADDR": f"127.0.0.1:{self.prometheus_port}",
             **({"KVSTACK_NATS": CLUSTER_URLS} if self.clustered else {}),
         }
 
@@ -246,17 +247,3 @@ class ComposeStack:
         for kind in ("network", "volume"):
             found += run(["docker", kind, "ls", "-q", "--filter", label]).stdout.split()
         return found
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports free on 127.0.0.1 now (each socket held until all are bound)."""
-    import socket
-
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()

@@ -9,6 +9,11 @@ that finish in it, whatever the batch size.
 
 Nodes advance lazily: `advance(t)` runs the steps that end by t. The simulator advances
 every node to the time of each event before handling it.
+
+A node keeps the prompt blocks of the requests it decoded in an LRU cache of its KV pool's
+size; as a live decode worker does (`LLMEngine.reserve_reusing`), a request reserved on it
+takes the leading blocks the cache holds (never the last token's block), and their KV is
+not streamed to it.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from loadgen.sim.cache import BlockCache
 from loadgen.sim.job import Job
+from loadgen.sim.prefill import BLOCK_SIZE, full_blocks
 from shared.costmodel import CostModel
+from shared.decode.admission import reusable_blocks
 from shared.decode.commit import current_tbt
 from shared.engine.stats import EngineStats
 from shared.engine.step_time import smoothed
@@ -95,6 +103,7 @@ class DecodeNode:
         self.step_end: float | None = None  # None: idle
         self.mean_step_seconds = 0.0
         self.done: list[Job] = []  # finished since the simulator last looked
+        self.cache = BlockCache(capacity_tokens // BLOCK_SIZE)
 
     @property
     def has_unfinished(self) -> bool:
@@ -109,8 +118,19 @@ class DecodeNode:
         while self.step_end is not None and self.step_end <= t:
             end = self.step_end
             self.mean_step_seconds = smoothed(self.mean_step_seconds, end - self.step_start)
-            self.done += self.batch.complete_step(end)
+            finished = self.batch.complete_step(end)
+            for job in finished:  # its prompt's full blocks stay in this node's cache
+                self.cache.touch(full_blocks(job))
+            self.done += finished
             self._start_step(end)
+
+    def hold(self, job: Job) -> None:
+        """The job's reservation here: the leading blocks this node's cache holds, short of
+        the block of its last token, are `job.held_blocks`."""
+        reusable = reusable_blocks(job.num_prompt_tokens, BLOCK_SIZE, offloaded=False)
+        reusable = min(len(job.row.hash_ids), reusable)
+        job.held_blocks = self.cache.leading(job.row.hash_ids, reusable)
+        self.cache.touch(job.row.hash_ids[: job.held_blocks])
 
     def arrive(self, job: Job, now: float) -> None:
         """The job's KV landed at `now` (the node was advanced to it)."""

@@ -1,17 +1,17 @@
 """Prefill nodes of the disaggregated cluster: a FIFO queue, one prompt at a time.
 
-A node plans a request's prefix when the request arrives, with the live prefill worker's
-rules (shared/prefill/prefix.py): its own cache first; then, unless the placement says to
-recompute, the longest run the pool holds beyond it, or the peer the placement names when
-that one holds more (all or nothing). A plan that fetches stands (a live worker reserves
-the blocks and starts the transfer on arrival); one that fetches nothing is made again
-from the node's own cache when the prefill starts (a live engine matches its prefix cache
-when it schedules the prompt), and finds what the prompts before it added. It is busy
-while it fetches the remote blocks (the cost model's transfer time) and then computes the
-rest (the cost model's prefill time), as the conductor predicts. Its KV streams to the
-decode node layer by layer while it computes, so the KV has landed when both the compute
-and the transfer of the prompt's KV are done (the last layer's share of the transfer is
-not added). The prompt's full blocks, computed or fetched, then enter the node's cache.
+A node binds a request's prefix when its prefill starts, as a live prefill worker does
+(services/prefill/admission.py), with the worker's rules (shared/prefill/prefix.py): its
+own cache first; then, unless the placement says to recompute, the longest run the pool
+holds beyond it, or the peer the placement names when that one holds more (all or
+nothing). So a queued request uses the blocks its predecessors added to the node's cache
+or the pool while it waited. It is busy while it fetches the remote blocks (the cost
+model's transfer time) and then computes the rest (the cost model's prefill time), as the
+conductor predicts. Its KV streams to the decode node layer by layer while it computes, so
+the KV has landed when both the compute and the transfer of the prompt's KV are done (the
+last layer's share of the transfer is not added); the blocks the decode node held already
+are not streamed. The prompt's full blocks, computed or
+fetched, then enter the node's cache.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from shared.engine.stats import EngineStats, tokens_to_compute
 from shared.messages import Heartbeat
 from shared.prefill.load import tokens_left
 from shared.prefill.prefix import KVSTORE, PrefixPlan, after_fetch, plan_prefix, usable_blocks
+from shared.prefill.worth import worth_loading
 from shared.worker_core import load_heartbeat
 
 BLOCK_SIZE = TRACE_BLOCK_SIZE
@@ -47,10 +48,16 @@ def local_plan(job: Job, cache: BlockCache) -> PrefixPlan:
 
 
 def job_prefix_plan(
-    job: Job, cache: BlockCache, pool: BlockPool | None, peers: Mapping[str, BlockCache]
+    job: Job,
+    cache: BlockCache,
+    pool: BlockPool | None,
+    peers: Mapping[str, BlockCache],
+    cost: CostModel | None = None,
 ) -> PrefixPlan:
     """Where the job's prefix comes from, as PrefixLoader.prepare decides it; the fetch is
-    simulated: the pool sends the run it holds, a peer sends all or nothing."""
+    simulated: the pool sends the run it holds, a peer sends all or nothing. With `cost`,
+    a fetch is made only where the cost model says loading beats computing, as a live
+    worker decides by its measured rates (shared/prefill/worth.py)."""
     local = local_plan(job, cache)
     placement = job.placement
     if placement is None or not placement.load_prefix:
@@ -60,7 +67,19 @@ def job_prefix_plan(
     plan = plan_prefix(
         usable, have, pool_blocks, placement.prefix_peer, placement.prefix_peer_blocks
     )
+    if cost is not None and plan.fetched_blocks and not _worth_loading(cost, job, plan):
+        return local
     return after_fetch(plan, _fetch_starts(plan, hashes, peers))
+
+
+def _worth_loading(cost: CostModel, job: Job, plan: PrefixPlan) -> bool:
+    # NOTE: against the fetched blocks' compute only, not the whole rest as live: a node
+    # here fetches, then computes (no overlap), so the rest costs the same either way
+    load = estimate.transfer_time(cost, plan.fetched_blocks, BLOCK_SIZE)
+    n = job.num_prompt_tokens
+    computing = estimate.prefill_time(cost, n, plan.local_blocks * BLOCK_SIZE)
+    compute = computing - estimate.prefill_time(cost, n, plan.blocks * BLOCK_SIZE)
+    return worth_loading(load, compute)
 
 
 def _fetch_starts(plan: PrefixPlan, hashes: Sequence[int], peers: Mapping[str, BlockCache]) -> bool:
@@ -173,7 +192,8 @@ class PrefillNode:
 
     def kv_landed(self, job: Job) -> float:
         """When the job's KV is all on its decode node (streamed while computing)."""
-        stream = self.cost.transfer_time(job.num_prompt_tokens * self.cost.kv_bytes_per_token)
+        streamed = job.num_prompt_tokens - job.held_blocks * BLOCK_SIZE  # decode lacks these
+        stream = self.cost.transfer_time(streamed * self.cost.kv_bytes_per_token)
         return job.prefill_start + job.fetch_seconds + max(job.compute_seconds, stream)
 
     def queue_seconds(self, now: float) -> float:

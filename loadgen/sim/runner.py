@@ -172,27 +172,23 @@ class Simulation:
         if self.config.colocated:
             self.cluster.colocated[job.prefill_id].arrive(job, self.now)
             return
+        self.cluster.decode[job.decode_id].hold(job)  # the prefill worker reserves first
         node = self.cluster.prefill[job.prefill_id]
-        job.plan = self._plan(node, job)
-        node.enqueue(job, job.plan)
+        node.enqueue(job, self._plan(node, job))  # what its load report expects
         if node.current is None:
             self._start_prefill(node)
 
-    def _plan(self, node: PrefillNode, job: Job):
+    def _plan(self, node: PrefillNode, job: Job) -> PrefixPlan:
+        """The job's prefix plan from what `node`'s cache, the pool and the peers hold now.
+        Made on arrival for the load `node` reports, and again when the prefill starts,
+        which is when a live worker binds it (it plans and starts the fetch when its
+        engine can take the prompt): blocks that arrived while the job queued are used."""
         if not self.config.remote_prefix:
             return local_plan(job, node.cache)
-        return job_prefix_plan(job, node.cache, self.cluster.pool, self.cluster.caches)
-
-    def _plan_at_start(self, node: PrefillNode, job: Job) -> PrefixPlan:
-        """As a live worker: a fetch is planned (and started) when the request arrives
-        (PrefixLoader.prepare); without one, the engine matches its own cache when the
-        prefill starts, and finds what the prompts before it added."""
-        if job.plan.fetched_blocks:
-            return job.plan
-        return local_plan(job, node.cache)
+        return job_prefix_plan(job, node.cache, self.cluster.pool, self.cluster.caches, node.cost)
 
     def _start_prefill(self, node: PrefillNode) -> None:
-        node.start_next(self.now, self._plan_at_start(node, node.queue[0]))
+        node.start_next(self.now, self._plan(node, node.queue[0]))
         self._at(node.busy_until, PREFILLED, self._prefilled, node)
 
     def _prefilled(self, node: PrefillNode) -> None:

@@ -20,6 +20,7 @@ from shared.decode.admission import (
     reattach_needed,
     reservation_refusal,
     reservation_size,
+    reusable_blocks,
 )
 from shared.decode.commit import CommitVerdict, commit_verdict, current_tbt, holds_kv_for_pool
 from shared.decode.tokens import TokenSequencer
@@ -29,6 +30,7 @@ from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
 from shared.errors import KvstackError
+from shared.hashing import block_hashes
 from shared.heartbeats import subscribe_heartbeats
 from shared.kv_inbox import KVInbox
 from shared.kv_pool import KVPool
@@ -274,20 +276,29 @@ class DecodeService(Service):
         refusal = self._refusal(msg)
         if refusal is not None:
             return self._refuse(msg, refusal)
-        num_tokens, headroom = reservation_size(len(msg.prompt_token_ids), msg.params.max_tokens)
-        block_ids = await self.engine_loop.call(
-            lambda e: e.reserve(msg.request_id, num_tokens, headroom)
+        prompt = msg.prompt_token_ids
+        num_tokens, headroom = reservation_size(len(prompt), msg.params.max_tokens)
+        reusable = reusable_blocks(len(prompt), msg.block_size, self.group is not None)
+        reserved = await self.engine_loop.call(
+            lambda e: e.reserve_reusing(
+                msg.request_id, num_tokens, headroom, _hashes(msg, reusable * msg.block_size)
+            )
         )
-        if block_ids is None:
+        if reserved is None:
             return self._refuse(msg, KV_FULL)
-        problem = await self.incoming.expect(msg.request_id, block_ids, RESERVATION_TTL, msg)
+        num_held, block_ids = reserved
+        # NOTE: frames may land in the new blocks only: the held ones are shared
+        new_blocks = block_ids[num_held:]
+        problem = await self.incoming.expect(msg.request_id, new_blocks, RESERVATION_TTL, msg)
         if problem:
             await self.engine_loop.call(lambda e: e.release(msg.request_id))
             if reattach_needed(problem, self.reattaching):  # a shard died or restarted
                 self.tasks.spawn(self._reattach(problem), "re-forming the attention group")
             return self._refuse(msg, attention_refusal(problem))
         shards = self.group.shards if self.group is not None else ()
-        return KVReservation(msg.request_id, True, tuple(block_ids), self.data_addr, shards=shards)
+        return KVReservation(
+            msg.request_id, True, tuple(block_ids), self.data_addr, shards=shards, num_held=num_held
+        )
 
     def _refusal(self, msg: KVReserve) -> Refusal | None:
         same_layout = (
@@ -478,3 +489,8 @@ def _span_attributes(req: KVReserve, commit: KVCommit) -> dict:
         "kvstack.cached_tokens": commit.num_cached_tokens,
         "kvstack.prefill_id": req.prefill_id,
     }
+
+
+def _hashes(msg: KVReserve, num_tokens: int) -> list[int]:
+    """The block hashes of the prompt's first `num_tokens` tokens (engine thread)."""
+    return block_hashes(msg.prompt_token_ids[:num_tokens], msg.block_size, msg.namespace)

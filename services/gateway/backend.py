@@ -216,7 +216,7 @@ class Backend:
             time.time() + self.timeouts.first_token,
             placement.prefix_peer,
             placement.prefix_peer_blocks,
-            placement.load_prefix,
+            placement.load_prefix and not progress.recompute_prefix,
             placement.stage_tbt_slo,
         )
         try:

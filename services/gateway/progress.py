@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from services.gateway.errors import ApiError, service_unavailable
 from services.gateway.protocol import GenerateRequest
 from shared.engine.sampling_params import SamplingParams
+from shared.errors import is_prefix_load_failure
 from shared.messages import Placement, PrefillTiming, TokenEvent
 
 Worker = tuple[str, str]  # (worker id, instance): one process behind an id
@@ -47,6 +48,8 @@ class Progress:
     placement_seconds: float | None = None  # asking for the placement that gave a token
     prefill_timing: PrefillTiming | None = None  # the first token's prefill worker's
     decode_wait: float = 0.0  # adoption to the first decoded token, on the decode worker
+    # a prefix fetch failed or stalled: later attempts compute the prefix, not load it
+    recompute_prefix: bool = False
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
@@ -89,6 +92,7 @@ class Progress:
         """Count the failure; an ApiError when no attempt is left."""
         self.lost_workers += failure.workers
         self.lost_at = time.monotonic()
+        self.recompute_prefix |= is_prefix_load_failure(str(failure))
         if not self.token_ids:
             if self.attempts >= self.max_attempts:
                 raise _gave_up(f"request failed after {self.attempts} attempts: {failure}")

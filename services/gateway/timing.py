@@ -15,8 +15,8 @@ from shared.messages import PrefillTiming
 TTFT_STAGES = (
     "conductor",  # the gateway asking where to run it (the conductor's queue included)
     "decode_reserve",  # the decode worker reserving blocks for the KV
-    "prefix_plan",  # the prefill worker planning prefix reuse
-    "prefill_queue",  # in the prefill engine before its first step
+    "prefix_plan",  # the prefill worker binding the prompt's prefix (lookups, fetch start)
+    "prefill_queue",  # in the prefill worker's queue and its engine's, before the first step
     "prefill_compute",  # its first prefill step to its first token
     "kv_transfer",  # the KV stream's end until the decode worker adopted it
     "network",  # the rest: messages between services, the gateway's own work
@@ -51,6 +51,8 @@ def ttft_breakdown(
         "decode_first_token": decode_wait,
         "cached_tokens": cached,
         "prefix_load": prefix_load(prefill),
+        # NOTE: streamed layer by layer while it computes: its cost shows in prefill_compute
+        "kv_handoff": {"bytes": prefill.handoff_bytes, "held_by_decode": prefill.held_decode},
     }
 
 

@@ -64,14 +64,11 @@ class BlockRef:
     layout: BlockLayout
     buffer: np.ndarray
     writable: bool
-    views: tuple[memoryview, ...] = ()  # `view`'s answers, made once (layer_views)
+    views: tuple[memoryview, ...]  # `view`'s answers, made once (layer_views)
 
     def view(self, layer: int, half: int) -> memoryview:
         """Layer `layer`'s K (half 0) or V (half 1) bytes, `layout.half_bytes` long."""
-        if self.views:
-            return self.views[2 * layer + half]
-        start = self.layout.offset(layer, half)
-        return self._sliced(start, start + self.layout.half_bytes)
+        return self.views[2 * layer + half]
 
     def layer_views(self, layer: int) -> tuple[memoryview, memoryview]:
         return self.view(layer, 0), self.view(layer, 1)

@@ -2,8 +2,10 @@
 a peer prefill worker. Remote blocks are fetched into blocks reserved for the request,
 layer by layer, while the engine computes: before each layer the gate waits until that
 layer of every fetched block has landed intact, so loading layer l + 1 overlaps
-computing layer l. A fetch that fails mid-step invalidates the request (its KV is never
-used or named) and the attempt fails as retryable.
+computing layer l. A fetch that fails mid-step, or stalls past its bound
+(shared/prefill/worth.py: stall_bound), invalidates the request (its KV is never used or
+named) and the attempt fails as retryable; the gateway's retry recomputes the prefix. A
+prefix is fetched only where the worker's measured rates say loading beats computing.
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ from shared.prefill.prefix import (
     source_kind,
     usable_blocks,
 )
+from shared.prefill.worth import (
+    Rates,
+    after_load,
+    after_prefill,
+    seconds,
+    stall_bound,
+    worth_loading,
+)
 from shared.tasks import Tasks
 
 log = logging.getLogger("kvstack.prefill")
@@ -48,6 +58,7 @@ class PrefixLoad:
     failed: bool = False
     nbytes: int = 0  # the fetched blocks' KV bytes
     began: float = 0.0  # time.monotonic() when the fetch was asked for
+    deadline: float = float("inf")  # time.monotonic() past which it has stalled
 
     def measured(self) -> tuple[int, float]:
         """(bytes, seconds) of the fetch, from its start until the last of its layers
@@ -79,18 +90,27 @@ class PrefixLoader:
         self.loads: dict[str, PrefixLoad] = {}  # fetches in flight, or failed (until forget)
         self.landed: dict[str, PrefixLoad] = {}  # fetches that landed whole (until forget)
         self.blocks_loaded = {KVSTORE: 0, "peer": 0}
+        self.rates = Rates()  # the service adds its prefills' (after_prefill)
+        self.declined = 0  # prefixes computed: predicted faster than loading them
+        self.stalled = 0  # fetches given up past their bound
+
+    async def plan(self, req: PrefillRequest, hashes: list[int]) -> PrefixPlan:
+        """Where the prompt's prefix would come from now; nothing reserved or fetched."""
+        block_size = self.pool.layout.block_size
+        usable = usable_blocks(len(req.prompt_token_ids), len(hashes), block_size)
+        local = await self.engine_loop.call(lambda e: e.cached_prefix_blocks(hashes, usable))
+        if not req.load_prefix:  # the conductor found recomputing cheaper than loading
+            return PrefixPlan(local)
+        pool_blocks = await self._pool_blocks(hashes[local:usable])
+        return plan_prefix(usable, local, pool_blocks, req.prefix_peer, req.prefix_peer_blocks)
 
     async def prepare(self, req: PrefillRequest, hashes: list[int]) -> PrefixPlan:
         """Reserve and start fetching what is cached elsewhere; returns the plan, whose
         blocks need no compute (NO_PREFIX: nothing remote, the engine matches locally)."""
-        if not req.load_prefix:  # the conductor found recomputing cheaper than loading
+        if not req.load_prefix:
             return NO_PREFIX
-        block_size = self.pool.layout.block_size
-        usable = usable_blocks(len(req.prompt_token_ids), len(hashes), block_size)
-        local = await self.engine_loop.call(lambda e: e.cached_prefix_blocks(hashes, usable))
-        pool_blocks = await self._pool_blocks(hashes[local:usable])
-        plan = plan_prefix(usable, local, pool_blocks, req.prefix_peer, req.prefix_peer_blocks)
-        if not plan.fetched_blocks:
+        plan = await self.plan(req, hashes)
+        if not plan.fetched_blocks or not self._worth_loading(plan, len(req.prompt_token_ids)):
             return NO_PREFIX
         reserved = await self.engine_loop.call(
             lambda e: e.reserve_prefix(req.request_id, hashes, plan.blocks)
@@ -101,10 +121,14 @@ class PrefixLoader:
         plan = after_reserve(plan, num_local)
         fetched = hashes[num_local : plan.blocks]
         nbytes = len(fetched) * self.pool.layout.block_bytes
+        began = time.monotonic()
+        bound = stall_bound(self.rates, nbytes, len(req.prompt_token_ids), self.layer_timeout)
         load = PrefixLoad(
-            req.request_id, num_local, fetched, plan.source, nbytes=nbytes, began=time.monotonic()
+            req.request_id, num_local, fetched, plan.source, nbytes=nbytes, began=began
         )
         started = await self._fetch(req, load, new_ids)
+        # NOTE: from here, not from asking: asking ran before the prompt could compute
+        load.deadline = time.monotonic() + bound
         plan = after_fetch(plan, started)
         log.info(
             "request %s: %d prefix blocks local, %d from %s%s",
@@ -118,6 +142,21 @@ class PrefixLoader:
             self.loads[req.request_id] = load
             self.tasks.spawn(self._settle(load), f"settling the prefix load of {req.request_id}")
         return plan
+
+    def _worth_loading(self, plan: PrefixPlan, num_prompt_tokens: int) -> bool:
+        """Whether loading beats computing: the load overlaps computing the rest of the
+        prompt layer by layer, so it is weighed against computing all the prompt past its
+        local prefix, what this prefill computes without it."""
+        layout = self.pool.layout
+        load = seconds(plan.fetched_blocks * layout.block_bytes, self.rates.load_bytes_per_s)
+        without = num_prompt_tokens - plan.local_blocks * layout.block_size
+        compute = seconds(without, self.rates.prefill_tokens_per_s)
+        if worth_loading(load, compute):
+            return True
+        self.declined += 1
+        log.info("prefix of %d blocks: computing (%.3fs) beats loading (%.3fs)",
+                 plan.fetched_blocks, compute, load)  # fmt: skip
+        return False
 
     async def _pool_blocks(self, hashes: list[int]) -> int:
         """How many of `hashes`, from the first, the kvstore pool holds (0: no pool)."""
@@ -145,8 +184,13 @@ class PrefixLoader:
         if any(e.verdict() for e in load.expectations):
             return
         self.blocks_loaded[source_kind(load.source)] += len(load.fetched_hashes)
+        self.rates = after_load(self.rates, *load.measured())
         if self.loads.pop(load.request_id, None) is not None:
             self.landed[load.request_id] = load
+
+    def prefilled(self, num_computed: int, compute_seconds: float) -> None:
+        """A prompt that fetched nothing computed `num_computed` tokens in that time."""
+        self.rates = after_prefill(self.rates, num_computed, compute_seconds)
 
     def forget(self, request_id: str) -> PrefixLoad | None:
         """The request ended: its load, failed or not, is of no more use here; returned
@@ -166,9 +210,23 @@ class PrefixLoader:
             if load is None or load.failed:
                 continue
             for expected in load.expectations:
-                if not self.inbox.wait_layer(expected, layer, self.layer_timeout):
-                    why = load_failure(expected.error, layer)
-                    log.warning("request %s: %s", load.request_id, why)
-                    engine.invalidate(chunk.request_id, why)
-                    load.failed = True
+                wait = min(self.layer_timeout, load.deadline - time.monotonic())
+                if not self.inbox.wait_layer(expected, layer, max(0.0, wait)):
+                    self._give_up(engine, chunk, load, expected, layer)
                     break
+
+    def _give_up(
+        self,
+        engine: EngineInterface,
+        chunk: SeqChunk,
+        load: PrefixLoad,
+        expected: Expected,
+        layer: int,
+    ) -> None:
+        stalled = not expected.error and time.monotonic() >= load.deadline
+        error = f"stalled past {load.deadline - load.began:.3f}s" if stalled else expected.error
+        why = load_failure(error, layer)
+        log.warning("request %s: %s", load.request_id, why)
+        engine.invalidate(chunk.request_id, why)
+        load.failed = True
+        self.stalled += stalled

@@ -8,9 +8,16 @@ import dataclasses
 import logging
 import time
 
+from services.prefill.admission import Admission
 from services.prefill.prefix import PrefixLoader
 from services.prefill.sharing import EVENT_INTERVAL, CacheSharing
-from services.prefill.streaming import Target, layer_spans
+from services.prefill.streaming import (
+    Target,
+    held_tokens,
+    kv_handoff,
+    layer_spans,
+    spans_nbytes,
+)
 from shared import subjects, tracing
 from shared.block_fetch import BlockFetcher
 from shared.bus import Bus, ServiceUnavailable
@@ -20,6 +27,8 @@ from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
 from shared.engine.runner import SeqChunk
+from shared.engine.stats import tokens_to_compute
+from shared.errors import is_prefix_load_failure
 from shared.hashing import block_hashes
 from shared.heartbeats import subscribe_heartbeats
 from shared.kv_inbox import KVInbox
@@ -40,6 +49,7 @@ from shared.messages import (
     TokenEvent,
     WorkerStats,
 )
+from shared.prefill.admission import engine_can_take
 from shared.prefill.load import prefill_load
 from shared.prefill.metrics import PrefixCounters
 from shared.prefill.outcome import (
@@ -50,6 +60,7 @@ from shared.prefill.outcome import (
 )
 from shared.prefill.prefix import PrefixPlan, source_kind
 from shared.prefill.timing import (
+    ADMITTED,
     ADOPTED,
     COMPUTED,
     COMPUTING,
@@ -58,6 +69,7 @@ from shared.prefill.timing import (
     RESERVED,
     cached_by_tier,
     prefill_timing,
+    seconds_between,
 )
 from shared.service import Service
 from shared.transfer.address import advertised
@@ -82,7 +94,8 @@ class PrefillService(Service):
         # debug logs of its stages.
         self.marks: dict[str, dict[str, float]] = {}
         self.requests: dict[str, PrefillRequest] = {}
-        # accepted, not in the engine yet (reserving on decode, loading a prefix): tokens
+        # accepted, not in the engine yet (reserving on decode, queued, binding a prefix):
+        # tokens to compute, as expected
         self.arriving: dict[str, int] = {}
         self.plans: dict[str, PrefixPlan] = {}  # where each prompt's prefix comes from
         self.num_done = 0
@@ -120,6 +133,9 @@ class PrefillService(Service):
             bus, self.inbox, self.pool.layout, self.data_addr, self.config.request_timeout
         )
         self.loader = PrefixLoader(self.engine_loop, self.pool, peers, self.inbox, tasks=self.tasks)
+        step_tokens = self.config.max_num_batched_tokens
+        self.admission = Admission(lambda: engine_can_take(self.engine.stats(), step_tokens))
+        self.engine_loop.on_step = self._stepped
         self.sharing = CacheSharing(self.worker_id, bus, self.engine_loop, self.sender)
         self.engine_loop.on_broken = lambda reason: self.fail(f"engine broken: {reason}")
         self.engine_loop.start()
@@ -138,6 +154,7 @@ class PrefillService(Service):
         self.tasks.every(EVENT_INTERVAL, self.sharing.publish_events, "publishing KV events")
         self.tasks.every(self.config.heartbeat_interval, self.pool.report, "reporting the pool")
         self._data_plane_metrics()
+        self._load_or_compute_metrics()
 
     def _data_plane_metrics(self) -> None:
         m = self.metrics
@@ -155,6 +172,19 @@ class PrefillService(Service):
             "data_received_bytes",
             "data-plane bytes received: prefix blocks from the pool and peers",
             lambda: self.receiver.bytes_received,
+        )
+
+    def _load_or_compute_metrics(self) -> None:
+        m = self.metrics
+        m.counter_of(
+            "prefix_load_declined",
+            "prefixes computed where loading them was predicted slower (shared/prefill/worth.py)",
+            lambda: self.loader.declined,
+        )
+        m.counter_of(
+            "prefix_load_stalled",
+            "prefix fetches given up past their bound: the prompt's own prefill time",
+            lambda: self.loader.stalled,
         )
 
     async def _on_heartbeat(self, hb: Heartbeat) -> None:
@@ -228,14 +258,32 @@ class PrefillService(Service):
         self._trace(req.request_id, "decode reserved blocks")
         if req.request_id not in self.requests:  # aborted while reserving
             if reservation.ok:
-                await self._tell_decode(
-                    req.decode_id, KVCommit(req.request_id, False, reason="aborted")
-                )
+                await self._cancel_reservation(req)
             return
         if not reservation.ok:
             return await self._fail(req, reservation.reason, reservation.code)
         hashes = self._block_hashes(req)
-        self.targets[req.request_id] = _targets(req, reservation)
+        self.targets[req.request_id] = _targets(req, reservation, self.config.block_size)
+        if self.admission.must_wait():  # in the background: it queues meanwhile
+            self.tasks.spawn(self._expect(req, hashes), f"sizing queued {req.request_id}")
+        async with self.admission.turn(req.request_id) as admitted:
+            if not admitted or req.request_id not in self.requests:  # aborted or failed
+                self.targets.pop(req.request_id, None)
+                return await self._cancel_reservation(req)
+            self._mark(req.request_id, ADMITTED)
+            await self._bind_and_add(req, hashes)
+
+    async def _expect(self, req: PrefillRequest, hashes: list[int]) -> None:
+        """While it queues, the prompt counts in the worker's load by the tokens it would
+        compute with the prefix found now (its plan is made again when it leaves)."""
+        plan = await self.loader.plan(req, hashes)
+        if req.request_id in self.arriving:  # not ended meanwhile
+            num_prefix = plan.blocks * self.config.block_size
+            self.arriving[req.request_id] = tokens_to_compute(len(req.prompt_token_ids), num_prefix)
+
+    async def _bind_and_add(self, req: PrefillRequest, hashes: list[int]) -> None:
+        """Bind the prompt's prefix as it stands now (own cache, pool, peers) and add it to
+        the engine."""
         plan = await self.loader.prepare(req, hashes)
         self.plans[req.request_id] = plan
         self._mark(req.request_id, PLANNED)
@@ -256,6 +304,14 @@ class PrefillService(Service):
             self.arriving.pop(req.request_id, None)  # the engine counts it from here
 
         await self.engine_loop.call(add)
+
+    def _stepped(self, _step_seconds: float) -> None:
+        """Engine thread, after each step: the engine may take a queued prompt now."""
+        if len(self.admission):
+            self.engine_loop.loop.call_soon_threadsafe(self.admission.wake)
+
+    async def _cancel_reservation(self, req: PrefillRequest) -> None:
+        await self._tell_decode(req.decode_id, KVCommit(req.request_id, False, reason="aborted"))
 
     async def _reserve(self, req: PrefillRequest) -> KVReservation:
         message = KVReserve(
@@ -287,29 +343,63 @@ class PrefillService(Service):
     # -- engine thread ----------------------------------------------------------------
 
     def _step(self, engine: EngineInterface) -> list[RequestOutput]:
-        return engine.step(
-            layer_hook=self._send_layer,
-            layer_gate=lambda layer, chunks: self.loader.gate(engine, layer, chunks),
-        )
+        return engine.step(layer_hook=self._send_layer, layer_gate=self._before_layer)
+
+    def _before_layer(self, layer: int, chunks: list[SeqChunk]) -> None:
+        if layer == 0:  # its compute starts (a prefix load overlaps it from here)
+            for chunk in chunks:  # engine thread: a dict's setdefault is atomic under the GIL
+                self.marks.get(chunk.request_id, {}).setdefault(COMPUTING, time.monotonic())
+        self.loader.gate(self.engine, layer, chunks)
 
     def _send_layer(self, layer: int, chunks: list[SeqChunk]) -> None:
         last_layer = layer == self.engine.info.model.num_layers - 1
         for chunk in chunks:
-            if layer == 0:  # engine thread: a dict's setdefault is atomic under the GIL
-                self.marks.get(chunk.request_id, {}).setdefault(COMPUTING, time.monotonic())
             for target in self.targets.get(chunk.request_id, ()):
                 spans = layer_spans(self.engine.kv_storage, layer, chunk, target)
                 if spans:
                     self._stream(target).send(target.peer, target.request_id, layer, spans)
-                if last_layer:
-                    target.sent_upto = chunk.context_len
+                    target.bytes_sent += spans_nbytes(spans)
+                if last_layer:  # (a chunk may end inside the blocks decode holds)
+                    target.sent_upto = max(target.sent_upto, chunk.context_len)
 
     # -- back on the event loop ---------------------------------------------------------
 
     def _on_outputs(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
-            if out.finished and out.request_id in self.targets:
+            if not (out.finished and out.request_id in self.targets):
+                continue
+            if not self._recompute_in_place(out):
                 self._finish_transfer(self.targets[out.request_id], out)
+
+    def _recompute_in_place(self, out: RequestOutput) -> bool:
+        """A prompt whose prefix fetch failed or stalled computes that prefix here, at once:
+        its decode reservation and KV streams stay, where a retry through the gateway would
+        be placed and queued anew. Once only: a prompt that loads nothing cannot fail so."""
+        req = self.requests.get(out.request_id)
+        failed_load = out.finish_reason == "error" and is_prefix_load_failure(str(out.stop_reason))
+        if req is None or not req.load_prefix or not failed_load:
+            return False
+        computing = dataclasses.replace(req, load_prefix=False)
+        self.requests[req.request_id] = computing
+        self.tasks.spawn(
+            self._recompute(computing, self.targets[req.request_id]),
+            f"computing the prefix of {req.request_id}",
+            on_error=lambda e: self._crashed(computing, e),
+        )
+        return True
+
+    async def _recompute(self, req: PrefillRequest, targets: list[Target]) -> None:
+        rid = req.request_id
+        log.info("request %s: its prefix did not load; computing it here", rid)
+        self.loader.forget(rid)
+        self.plans.pop(rid, None)
+        self.marks.get(rid, {}).pop(COMPUTING, None)  # its compute starts again
+        await self.engine_loop.call(lambda e: e.release(rid))
+        for target in targets:  # what went out was computed over a bad prefix: all again
+            target.sent_upto = target.held
+        if rid not in self.requests:  # aborted meanwhile (the engine no longer held it)
+            return self._finish_transfer(targets, None)
+        await self._bind_and_add(req, self._block_hashes(req))
 
     def _finish_transfer(self, targets: list[Target], out: RequestOutput | None) -> None:
         """End the request's streams of frames; commit (or cancel) once all are sent."""
@@ -343,7 +433,7 @@ class PrefillService(Service):
         self, out: RequestOutput | None, target: Target, sent: bool, num_frames: int, error: str
     ) -> None:
         rid = target.request_id
-        self.targets.pop(rid, None)
+        handoff = kv_handoff(self.targets.pop(rid, [target]))
         plan = self.plans.pop(rid, None)
         load = self.loader.forget(rid)
         whole = out is not None and kv_is_whole(out.finish_reason, sent)
@@ -366,11 +456,16 @@ class PrefillService(Service):
             await self._fail(req, f"prefill failed: {error or out.stop_reason}", code)
         else:
             cached = cached_by_tier(out.num_cached_tokens, plan, self.config.block_size)
-            loaded = load.measured() if load is not None else (0, 0.0)
             self.prefix_hits.count(out.num_prompt_tokens, cached)
-            if load is not None:
+            if load is None:  # its compute did not wait for a fetch: the engine's rate
+                loaded = (0, 0.0)
+                computed = out.num_prompt_tokens - out.num_cached_tokens
+                marks = self.marks.get(rid, {})
+                self.loader.prefilled(computed, seconds_between(marks, COMPUTING, COMPUTED))
+            else:
+                loaded = load.measured()
                 self.prefix_hits.loaded(source_kind(load.source), *loaded)
-            await self._hand_over(req, out, target, num_frames, cached, loaded)
+            await self._hand_over(req, out, target, num_frames, cached, (loaded, handoff))
 
     async def _hand_over(
         self,
@@ -379,11 +474,11 @@ class PrefillService(Service):
         target: Target,
         num_frames: int,
         cached: dict[str, int],
-        loaded: tuple[int, float],
+        moved: tuple[tuple[int, float], tuple[int, int]],
     ) -> None:
         """The KV is whole on the decode worker: it adopts the request (unless the first
-        token ends it), and the first token goes out; `loaded`: its prefix fetch's bytes
-        and seconds."""
+        token ends it), and the first token goes out; `moved`: its prefix fetch's bytes
+        and seconds, and its hand-off's (KV bytes sent, prompt tokens decode held)."""
         rid = req.request_id
         token = out.new_token_ids[0]
         logprob = out.new_logprobs[0] if out.new_logprobs else None
@@ -406,7 +501,7 @@ class PrefillService(Service):
         if not done_here and not reply.ok:
             reason = reply.error or "decode worker refused the KV"
             return await self._fail(req, reason, refused_code(reply.code))
-        timing = prefill_timing(self.marks.get(rid, {}), cached, loaded)
+        timing = prefill_timing(self.marks.get(rid, {}), cached, *moved)
         await self._emit_first(req, out, token, logprob, done_here, timing)
 
     async def _write_back(self, rid: str, target: Target) -> None:
@@ -462,6 +557,7 @@ class PrefillService(Service):
 
     def _done(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
+        self.admission.leave(request_id)
         self.plans.pop(request_id, None)
         self.arriving.pop(request_id, None)
         self.marks.pop(request_id, None)
@@ -480,6 +576,7 @@ class PrefillService(Service):
 
     async def _on_abort(self, msg: Abort) -> None:
         self.arriving.pop(msg.request_id, None)
+        self.admission.leave(msg.request_id)
         self.spans.close(msg.request_id, error=f"aborted: {msg.reason}")
         if self.requests.pop(msg.request_id, None) is None:
             return
@@ -513,10 +610,12 @@ def _prefilled(out: RequestOutput) -> dict:
     }
 
 
-def _targets(req: PrefillRequest, reservation: KVReservation) -> list[Target]:
+def _targets(req: PrefillRequest, reservation: KVReservation, block_size: int) -> list[Target]:
     """One stream to the decode worker, or one per KV shard of its attention group."""
     if not reservation.shards:
-        return [Target(req.request_id, reservation.data_addr, req.decode_id, reservation.block_ids)]
+        held = held_tokens(reservation, len(req.prompt_token_ids), block_size)
+        addr, block_ids = reservation.data_addr, reservation.block_ids
+        return [Target(req.request_id, addr, req.decode_id, block_ids, held, held=held)]
     return [
         Target(
             req.request_id,

@@ -8,7 +8,9 @@ import torch
 
 from shared.engine.runner import SeqChunk
 from shared.kvcache.storage import KVStorage
+from shared.messages import KVReservation
 from shared.transfer.base import BlockSpan, SpanBytes, coalesce
+from shared.transfer.common.frames import pieces, size
 from shared.transfer.tensor_bytes import tensor_bytes
 
 
@@ -21,10 +23,19 @@ class Target:
     peer: str
     decode_id: str
     block_ids: tuple[int, ...]
-    sent_upto: int = 0  # tokens whose KV went out in every layer
+    sent_upto: int = 0  # tokens whose KV went out in every layer (or decode held already)
+    held: int = 0  # the prompt's first tokens whose KV the decode worker held (not sent)
+    bytes_sent: int = 0  # KV bytes queued for it so far
     kv_heads: tuple[int, int] | None = None
     # Copies of head slices queued for sending: the sender needs them alive until the end.
     staged: list[torch.Tensor] = field(default_factory=list)
+
+
+def held_tokens(reservation: KVReservation, num_prompt_tokens: int, block_size: int) -> int:
+    """The prompt's first tokens whose KV the decode worker holds already (not sent); at
+    least the last token's KV always goes (a reply claiming more is held to that)."""
+    held = min(reservation.num_held, len(reservation.block_ids)) * block_size
+    return max(0, min(held, num_prompt_tokens - 1))
 
 
 def layer_spans(storage: KVStorage, layer: int, chunk: SeqChunk, target: Target) -> list[SpanBytes]:
@@ -66,3 +77,12 @@ def _source(
         target.staged.append(staged)
         views.append(tensor_bytes(staged))
     return views
+
+
+def kv_handoff(targets: list[Target]) -> tuple[int, int]:
+    """(KV bytes sent to the decode side, prompt tokens whose KV it held already)."""
+    return sum(t.bytes_sent for t in targets), targets[0].held
+
+
+def spans_nbytes(spans: list[SpanBytes]) -> int:
+    return sum(size(pieces(k)) + size(pieces(v)) for _, k, v in spans)

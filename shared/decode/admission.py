@@ -38,6 +38,14 @@ def reservation_size(num_prompt_tokens: int, max_tokens: int) -> tuple[int, int]
     return num_prompt_tokens + 1, min(max_tokens, ADMISSION_HEADROOM_TOKENS)
 
 
+def reusable_blocks(num_prompt_tokens: int, block_size: int, offloaded: bool) -> int:
+    """How many of a prompt's first blocks the worker may take from its own prefix cache
+    rather than receive: its full blocks but the one holding the last token (so some KV
+    always arrives, every layer of it), none when attention runs on attention workers (the
+    KV lives there, not in this worker's cache)."""
+    return 0 if offloaded else (num_prompt_tokens - 1) // block_size
+
+
 def attention_refusal(problem: str) -> Refusal:
     """The attention group could not take the request's KV (a shard died or restarted)."""
     return Refusal("attention", problem, 503)

@@ -198,12 +198,23 @@ class LLMEngine:
         Only granted when `headroom` more tokens would still fit, so admitted requests
         can grow without preempting each other at once.
         """
+        reserved = self.reserve_reusing(request_id, num_tokens, headroom, ())
+        return None if reserved is None else reserved[1]
+
+    def reserve_reusing(
+        self, request_id: str, num_tokens: int, headroom: int, block_hashes: Seq[int]
+    ) -> tuple[int, list[int]] | None:
+        """`reserve`, with the head of the table taken from the local prefix cache where it
+        holds the first of `block_hashes` (a decode worker that decoded an earlier turn of
+        the conversation): their KV need not arrive. Returns (number of those blocks, the
+        whole table)."""
         if request_id in self._kv.block_tables:
             return None
-        if not self._kv.can_allocate(request_id, num_tokens + headroom):
+        cached = self._kv.match_prefix(list(block_hashes))
+        if not self._kv.can_allocate(request_id, num_tokens + headroom, cached):
             return None
-        self._kv.allocate_slots(request_id, num_tokens)
-        return self._kv.block_ids(request_id)
+        self._kv.allocate_slots(request_id, num_tokens, cached)
+        return len(cached), self._kv.block_ids(request_id)
 
     def reserve_prefix(
         self, request_id: str, block_hashes: Seq[int], num_blocks: int

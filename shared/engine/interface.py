@@ -144,6 +144,14 @@ class EngineInterface(Protocol):
         `install` or `release` it. Engine thread."""
         ...
 
+    def reserve_reusing(
+        self, request_id: str, num_tokens: int, headroom: int, block_hashes: Sequence[int]
+    ) -> tuple[int, list[int]] | None:
+        """`reserve`, with the head of the table taken from the local prefix cache where
+        it holds the first of `block_hashes`: their KV need not arrive. (number of such
+        blocks, the whole table), or None. Engine thread."""
+        ...
+
     def install(
         self,
         request_id: str,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.errors import PREFIX_LOAD_FAILED
+
 KVSTORE = "kvstore"  # the source named for the pool; any other source is a peer's worker id
 
 
@@ -67,4 +69,4 @@ def load_failure(error: str, layer: int) -> str:
     """Why a request is invalidated when a layer of its fetched prefix did not land intact
     before that layer computes: its KV cannot be trusted, and the step ends it with an error
     worth retrying elsewhere. Its later layers are not waited for."""
-    return f"loading the prefix failed: {error or f'layer {layer} did not arrive in time'}"
+    return f"{PREFIX_LOAD_FAILED}: {error or f'layer {layer} did not arrive in time'}"

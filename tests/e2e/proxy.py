@@ -62,10 +62,13 @@ class CorruptingProxy:
 
 class CuttingProxy:
     """Forwards 127.0.0.1:<port> to `target`; after `cut_after` bytes of the first link it
-    calls `on_cut` (e.g. kill the sender) and closes the link: a source dying mid-transfer."""
+    calls `on_cut` (e.g. kill the sender) and closes the link: a source dying mid-transfer.
+    With `hold`, the link stays open and silent instead until `close`: a stalled source."""
 
-    def __init__(self, target_port: int, cut_after: int, on_cut) -> None:
+    def __init__(self, target_port: int, cut_after: int, on_cut, hold: bool = False) -> None:
         self.target_port, self.cut_after, self.on_cut = target_port, cut_after, on_cut
+        self.hold = hold
+        self.closed = threading.Event()
         self.cut = False
         self.error: Exception | None = None
         self.links = 0
@@ -95,6 +98,8 @@ class CuttingProxy:
                     dst.sendall(data[: max(0, self.cut_after - seen)])
                     self.cut = True
                     self.on_cut()
+                    if self.hold:
+                        self.closed.wait()
                     break
                 seen += len(data)
                 dst.sendall(data)
@@ -108,4 +113,5 @@ class CuttingProxy:
                     pass
 
     def close(self) -> None:
+        self.closed.set()
         self.listener.close()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import time
+
 import openai
 import pytest
 
@@ -78,6 +81,26 @@ def test_a_prefix_computed_on_one_worker_is_loaded_by_another(stack_with_pool, r
     )[0]
     assert second.choices[0].text == want.text
     assert first.usage.prompt_tokens_details.cached_tokens == 0
+    # the one decode worker decoded the first: it holds the story's blocks, so the second's
+    # hand-off sends only the rest of its KV (and its answer is still the reference's)
+    sent = [a.usage.model_extra["timing"]["kv_handoff"] for a in (first, second)]
+    assert sent[0]["held_by_decode"] == 0 and sent[1]["held_by_decode"] > 300
+    token_bytes = sent[0]["bytes"] // first.usage.prompt_tokens
+    assert sent[1]["bytes"] == token_bytes * (
+        second.usage.prompt_tokens - sent[1]["held_by_decode"]
+    )
+
+
+def uncached_behind(proxy, data_port: int) -> tuple[str, ...]:
+    """A prefill worker's flags: no prefix cache of its own, its data port reached through
+    `proxy` (what the pool sends it crosses the proxy)."""
+    return (
+        "--no-prefix-cache",
+        "--data-port",
+        str(data_port),
+        "--advertise-data-addr",
+        f"127.0.0.1:{proxy.port}",
+    )
 
 
 def test_a_kvstore_killed_mid_transfer_means_recompute_not_failure(tmp_path, reference):
@@ -92,13 +115,7 @@ def test_a_kvstore_killed_mid_transfer_means_recompute_not_failure(tmp_path, ref
         p for p in stack_ref["s"].processes if p.name == "kvstore-0"
     ).popen.send_signal(signal.SIGKILL)
     proxy = CuttingProxy(data_port, cut_after=200_000, on_cut=kill)
-    prefill_args = (
-        "--no-prefix-cache",
-        "--data-port",
-        str(data_port),
-        "--advertise-data-addr",
-        f"127.0.0.1:{proxy.port}",
-    )
+    prefill_args = uncached_behind(proxy, data_port)
     with running_stack(tmp_path, num_kvstore=1, prefill_args=prefill_args) as stack:
         stack_ref["s"] = stack
         first = ask(stack, STORY + " Question one: what did he count?")
@@ -157,3 +174,79 @@ def test_a_peer_prefill_worker_serves_its_cache_when_no_pool_has_it(tmp_path, re
         [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
     )[0]
     assert second.choices[0].text == want.text
+
+
+def test_a_queued_prompt_uses_the_prefix_that_reached_the_pool_while_it_waited(tmp_path, reference):
+    """Round-robin over two prefill workers: a long prompt keeps one busy for many steps
+    (of 256 tokens here); D, a document, goes to the other; B, the same document and a
+    question, queues behind the long one. D's blocks reach the pool while B waits: B
+    binds its prefix when it leaves the queue, so it loads them instead of computing the
+    document again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tokens = lambda text: len(reference.info.tokenizer.encode(text))
+    filler = " ".join(f"ledger line {i} balanced." for i in range(500))
+    document = " ".join(f"Harbor note {i}: the tide turned at dusk." for i in range(40))
+    from shared.prefill.admission import LEAD_STEPS
+
+    # B waits until the long prompt has less than LEAD_STEPS steps of 256 tokens left
+    assert tokens(filler) > (LEAD_STEPS + 4) * 256 and tokens(document) > 256
+    with (
+        running_stack(
+            tmp_path,
+            num_prefill=2,
+            num_kvstore=1,
+            conductor_args=("--policy", "round-robin"),
+            prefill_args=("--max-num-batched-tokens", "256"),
+        ) as stack,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        long_one = pool.submit(ask, stack, filler)
+        time.sleep(0.3)  # placed first: B queues behind it for four steps or more
+        d = pool.submit(timed_ask, stack, document + " Summarize.")
+        time.sleep(0.05)
+        b_sent = time.monotonic()
+        b = ask(stack, document + " What turned at dusk?")
+        d_answer, d_done = d.result()
+        long_one.result()
+    assert d_done > b_sent, "D's blocks were in the pool before B arrived: nothing to show"
+    timing = b.usage.model_extra["timing"]
+    assert timing["prefill_queue"] > 0
+    assert timing["cached_tokens"]["kvstore"] >= full_blocks(tokens(document)) * 16 - 16
+    assert d_answer.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def timed_ask(stack, prompt: str) -> tuple[openai.types.Completion, float]:
+    answer = ask(stack, prompt)
+    return answer, time.monotonic()
+
+
+def test_a_pool_fetch_that_stalls_is_given_up_and_the_prefix_computed(tmp_path, reference):
+    """The link from the kvstore goes silent mid-fetch (kept open): the prefill worker
+    waits no longer than the prompt's own prefill would take (its measured rate), gives
+    the fetch up and computes the prefix itself, at once (no retry through the gateway)."""
+    from tests.e2e.conftest import free_port
+    from tests.e2e.proxy import CuttingProxy
+
+    data_port = free_port()
+    proxy = CuttingProxy(data_port, cut_after=200_000, on_cut=lambda: None, hold=True)
+    prefill_args = uncached_behind(proxy, data_port)
+    try:
+        with running_stack(tmp_path, num_kvstore=1, prefill_args=prefill_args) as stack:
+            first = ask(stack, STORY + " Question one: what did he count?")  # measures
+            wait_until_pooled(stack, first)
+            prompt = STORY + " Question two: what answered him?"
+            second = ask(stack, prompt)
+            assert proxy.cut and proxy.error is None, proxy.error  # it stalled mid-fetch
+    finally:
+        proxy.close()
+    log = (tmp_path / "prefill-0.log").read_text()
+    stalled = re.search(r"loading the prefix failed: stalled past ([\d.]+)s", log)
+    assert stalled and float(stalled[1]) < 10.0  # its own prefill's time, not the ceiling
+    want = reference.generate(
+        [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
+    )[0]
+    assert second.choices[0].text == want.text
+    assert second.usage.prompt_tokens_details.cached_tokens == 0  # computed, not loaded
+    assert "its prefix did not load; computing it here" in log
+    assert "retrying" not in (tmp_path / "gateway-0.log").read_text()

@@ -84,8 +84,9 @@ def checked_frame(
     for span, k, v in frame.spans:
         if not gather and max(len(k), len(v)) > 1:
             raise ValueError(f"{span}: this transport sends each half as one buffer")
-        if size(k) != size(v) or size(k) > MAX_HALF_BYTES or size(k) % layers:
-            raise ValueError(f"{span}: K has {size(k)} bytes, V has {size(v)}")
+        k_bytes, v_bytes = size(k), size(v)
+        if k_bytes != v_bytes or k_bytes > MAX_HALF_BYTES or k_bytes % layers:
+            raise ValueError(f"{span}: K has {k_bytes} bytes, V has {v_bytes}")
         if not (
             max(span.block_id, span.offset, span.num_tokens) < U32
             and span.block_hash < U64

@@ -8,13 +8,13 @@ import logging
 import socket
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from shared.errors import KvstackError
 from shared.transfer.base import BlockSpan, KVReceiver, KVSink
 from shared.transfer.common.counters import Counters
-from shared.transfer.common.frames import Pieces, ProtocolError, as_bytes, pieces, size
+from shared.transfer.common.frames import Pieces, ProtocolError, pieces, size
 from shared.transfer.common.limits import ConnectionLimits, ThrottledWarning
 from shared.transfer.common.sockets import shut_down, tune
 
@@ -47,16 +47,11 @@ FrameT = TypeVar("FrameT", bound=OpenFrame)  # its frame in progress
 
 def writable(dest: object, nbytes: int) -> tuple[memoryview, memoryview] | None:
     """The sink's (K, V) destination as flat byte views, or None unless both are writable
-    buffers of exactly `nbytes`."""
-    if not isinstance(dest, Iterable):
+    buffers of exactly `nbytes` (one piece each: for a transport that cannot scatter)."""
+    halves = scattered(dest, nbytes)
+    if halves is None or len(halves[0]) != 1 or len(halves[1]) != 1:
         return None
-    try:
-        k, v = (as_bytes(d) for d in dest)
-    except (TypeError, ValueError):  # None, or not a pair of contiguous buffers
-        return None
-    if k.nbytes != nbytes or v.nbytes != nbytes or k.readonly or v.readonly:
-        return None
-    return k, v
+    return halves[0][0], halves[1][0]
 
 
 def scattered(dest: object, nbytes: int) -> tuple[Pieces, Pieces] | None:

@@ -68,3 +68,14 @@ def test_a_node_runs_its_queue_in_order_and_caches_what_it_prefilled():
     assert node.queue_seconds(0.5) == pytest.approx(node.busy_until - 0.5 + second_seconds)
     assert node.finish() is first and 4 in node.cache and 5 not in node.cache
     assert node.kv_landed(first) == pytest.approx(COST.prefill_time(2200, 0))
+
+
+def test_with_a_cost_model_a_prefix_loads_only_where_loading_beats_computing(caches):
+    """The worker's rule (shared/prefill/worth.py) with the node's cost model: the same
+    fetch on a link a million times slower is computed instead."""
+    import dataclasses
+
+    mine, pool, peers = caches
+    assert job_prefix_plan(job(), mine, pool, peers, COST) == PrefixPlan(1, 2, "kvstore")
+    slow = dataclasses.replace(COST, link_bw=1e3)
+    assert job_prefix_plan(job(), mine, pool, peers, slow) == PrefixPlan(1)

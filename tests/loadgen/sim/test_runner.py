@@ -4,6 +4,7 @@ admission under overload, and the conductor's own decisions."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from types import SimpleNamespace
 from typing import ClassVar
 
@@ -78,6 +79,22 @@ def test_a_second_request_on_a_shared_prefix_hits_the_local_cache():
     assert first.cached_tokens == 0
     assert run.jobs[1].compute_seconds == pytest.approx(COST.prefill_time(3000 - 2560, 2560))
     assert second.ttft < first.ttft
+
+
+def test_a_follow_up_decoded_where_its_prefix_was_streams_only_the_rest():
+    """B shares A's five full blocks and decodes on the node that decoded A: the node
+    reserves them from its cache, as a live decode worker does, and only the rest of B's
+    KV streams there (a slow link: the stream, not the compute, sets the TTFT)."""
+    slow = dataclasses.replace(COST, link_bw=5e7)
+    a = row(0.0, 3000, 2, 1)
+    b = row(50.0, 3000, 2, 200, prefix=a.hash_ids[:5])
+    first, second = simulate([a, b], config(1, 1), cost=slow).jobs
+    assert (first.held_blocks, second.held_blocks) == (0, 5)
+    whole = slow.transfer_time(3000 * slow.kv_bytes_per_token)
+    rest = slow.transfer_time((3000 - 5 * BLOCK) * slow.kv_bytes_per_token)
+    assert record_of(first).ttft == pytest.approx(max(first.compute_seconds, whole))
+    assert record_of(second).ttft == pytest.approx(max(second.compute_seconds, rest))
+    assert rest > second.compute_seconds  # so the held blocks made the difference
 
 
 def overload(admission: str):
@@ -221,12 +238,11 @@ def _behind_its_predecessor(policy: str):
     return run.jobs[3]
 
 
-def test_a_fetch_is_planned_when_the_request_arrives_as_a_live_worker_plans_it():
+def test_a_prefix_is_bound_when_the_prefill_starts_as_a_live_worker_binds_it():
     """round-robin: X and A (X's three blocks and five more) on prefill-00, a long C and
-    then B (A's eight blocks and more) on prefill-01. B's worker plans its fetch on
-    arrival, from what the pool holds then (X's three blocks), and keeps that plan when it
-    starts after C, although A's eight blocks are in the pool by then: a live worker
-    reserves and starts the transfer on arrival."""
+    then B (A's eight blocks and more) on prefill-01. On arrival the pool holds X's three
+    blocks only; by the time B starts, after C, A's eight are there, and B loads all
+    eight: a live worker binds the prefix when its engine can take the prompt."""
     x = row(0.0, 2000, 2, 1)
     c = row(50.0, 20000, 2, 100)
     a = row(50.001, 4500, 2, 200, prefix=x.hash_ids[:3])
@@ -235,7 +251,8 @@ def test_a_fetch_is_planned_when_the_request_arrives_as_a_live_worker_plans_it()
     job_a, job_b = run.jobs[2], run.jobs[3]
     assert (job_a.prefill_id, job_b.prefill_id) == ("prefill-00", "prefill-01")
     assert job_a.first_token < job_b.prefill_start  # A's blocks were there when B started
-    assert (job_b.plan.local_blocks, job_b.plan.fetched_blocks) == (0, 3)
+    assert (job_b.plan.local_blocks, job_b.plan.fetched_blocks) == (0, 8)
+    assert job_b.plan.source == "kvstore"
 
 
 def test_a_prompt_counting_on_its_workers_cache_fetches_nothing_and_finds_it_there():

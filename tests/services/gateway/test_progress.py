@@ -81,3 +81,15 @@ def test_workers_that_lost_a_request_are_welcome_back_only_once_heard_since_and_
     gateway = SimpleNamespace(liveness=live)
     assert Backend._avoided(gateway, p) == ("d0", "d1", "d2")  # type: ignore[arg-type]
     assert Backend._avoided(gateway, p, welcome_back=True) == ("d1", "d2")  # type: ignore[arg-type]
+
+
+def test_after_a_prefix_load_failed_the_next_attempts_compute_the_prefix() -> None:
+    from shared.prefill.prefix import load_failure
+
+    p = progress()
+    p.next_attempt()
+    p.lost(WorkerLost("no responder"))
+    assert not p.recompute_prefix  # another failure: the retry may load it
+    p.next_attempt()
+    p.lost(WorkerLost(f"prefill failed: {load_failure('stalled past 1.000s', 3)}"))
+    assert p.recompute_prefix

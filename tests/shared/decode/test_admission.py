@@ -9,6 +9,7 @@ from shared.decode.admission import (
     reattach_needed,
     reservation_refusal,
     reservation_size,
+    reusable_blocks,
 )
 
 
@@ -43,3 +44,11 @@ def test_a_lost_shard_re_forms_the_group_once():
     assert reattach_needed("attention worker a0 stopped", reattaching=False)
     assert not reattach_needed("attention worker a0 stopped", reattaching=True)
     assert not reattach_needed("", reattaching=False)
+
+
+def test_the_held_prefix_stops_before_the_block_of_the_last_token():
+    # NOTE: some KV must arrive in every layer: the last token's always does
+    assert reusable_blocks(32, 16, offloaded=False) == 1
+    assert reusable_blocks(33, 16, offloaded=False) == 2
+    assert reusable_blocks(16, 16, offloaded=False) == 0
+    assert reusable_blocks(1000, 16, offloaded=True) == 0  # the KV is on attention workers

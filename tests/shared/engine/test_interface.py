@@ -111,6 +111,25 @@ def test_reserve_prefix_gives_local_hits_and_new_blocks(engine) -> None:
     assert engine.stats().free_blocks == 32
 
 
+def test_reserve_reusing_heads_the_table_with_the_cached_prefix(engine) -> None:
+    """A decode worker that holds a prompt's first blocks (an earlier turn) reserves them
+    in place: only the rest of the KV needs to arrive."""
+    hashes = block_hashes(PROMPT, 4, engine.info.namespace)
+    engine.generate([PROMPT[:9]], FIRST_TOKEN)  # caches the first two blocks
+    cached = engine.pin_cached_blocks(hashes[:2])
+    engine.unpin_blocks(cached)
+    reserved = engine.reserve_reusing("r", len(PROMPT) + 1, 0, hashes[:3])
+    assert reserved is not None
+    num_held, block_ids = reserved
+    assert num_held == 2 and block_ids[:2] == cached and len(block_ids) == 4  # 14 tokens
+    assert engine.reserve_reusing("r", 4, 0, hashes) is None  # it holds blocks already
+    missed = engine.reserve_reusing("s", 4, 0, [12345])  # a prefix it does not hold
+    assert missed is not None and missed[0] == 0 and len(missed[1]) == 1
+    engine.release("r")
+    engine.release("s")
+    assert engine.stats().free_blocks == 32
+
+
 def test_use_runner_replaces_the_model_runner(engine) -> None:
     class Counting(ModelRunner):
         steps = 0
