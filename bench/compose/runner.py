@@ -46,6 +46,9 @@ class Phase:
     long_tpot_s: float | None = None
     # a long prompt no worker has seen, sent once in the phase: (TTFT, KV transfer) seconds
     probe: tuple[float, float] | None = None
+    # requests begun once the stack was back after the fault (and before the next fault) that
+    # ended with an error, in whatever phase they ended: the stack must serve them all
+    errored_after_heal: int = 0
 
 
 @dataclass
@@ -85,7 +88,14 @@ def run_compose_chaos(
     say("stopping the load")
     load.stop()
     phases = [replace(_phase("warmup", load.outcomes, cases, None, None, None), probe=warm_probe)]
-    phases += [_phase(name, load.outcomes, cases, *hit) for name, *hit in hits]
+    ats = [at for _, _, (at, _), *_ in hits] + [float("inf")]
+    phases += [
+        replace(
+            _phase(name, load.outcomes, cases, *hit),
+            errored_after_heal=_errored_between(load.outcomes, healed, ats[i + 1]),
+        )
+        for i, (name, healed, *hit) in enumerate(hits)
+    ]
     phases.append(_phase("after", load.outcomes, cases, None, None, None))
     return ComposeChaosReport(phases, first_errors(load.outcomes))
 
@@ -98,10 +108,15 @@ def _apply(stack: ComposeStack, load: SteadyLoad, fault: Fault, config, say) -> 
     measured = probe(stack, config.model, load.cases) if fault.action == "slow-link" else None
     heal(injected)
     back = _wait_back(stack, injected, fault, config.recover_timeout)
+    healed = time.monotonic()  # and back (or given up on)
     say(f"{fault.name}: hit {injected.victim.name} ({in_flight} in flight); back after "
         f"{'-' if back is None else f'{back:.1f}s'}")  # fmt: skip
     time.sleep(max(0.0, at + config.phase_seconds - time.monotonic()))
-    return fault.name, (at, back), in_flight, injected, measured
+    return fault.name, healed, (at, back), in_flight, injected, measured
+
+
+def _errored_between(outcomes: list[Outcome], begin: float, end: float) -> int:
+    return sum(bool(o.error) and begin <= o.started < end for o in outcomes)
 
 
 def _until_in_flight(load: SteadyLoad, timeout: float = 60) -> None:

@@ -39,12 +39,12 @@ def test_a_decode_worker_whose_attention_runs_on_an_attention_worker_serves(stac
 
 
 def test_a_nats_node_cut_off_under_load_loses_nothing(stack, cases, root) -> None:
-    """The node with the most clients cut off for 20 s: nothing lost or hung; at most the
-    requests in flight when it was cut end with a clear error, whenever they end (a decode
+    """The node with the most clients cut off for 20 s: nothing lost or hung; the requests
+    in flight at the cut, and ones begun during it, may end with a clear error (a decode
     worker whose attention worker was on that node re-forms its group and turns requests
-    away meanwhile, and a request may use up its migrations; tokens a worker published into
-    the cut node are lost, and its stream waits for the gateway's no-token timeout before it
-    moves); the stack serves again after."""
+    away meanwhile, so a request may use up its attempts or its migrations; tokens a worker
+    published into the cut node are lost, and its stream waits for the gateway's no-token
+    timeout before it moves); every request begun after the cut is served."""
     config = ComposeChaosConfig(
         (Fault.parse("partition:nats-node"),), concurrency=3, max_tokens=MAX_TOKENS,
         phase_seconds=20, settle_seconds=5,
@@ -54,8 +54,13 @@ def test_a_nats_node_cut_off_under_load_loses_nothing(stack, cases, root) -> Non
         assert phase.row.lost == 0 and phase.row.hung == 0, phase
     warmup, cut, after = report.phases
     assert cut.in_flight >= 1 and cut.row.back_s is not None, cut
-    # NOTE: a request counts in the phase it ends in: one in flight at the cut may end after
-    errored = cut.row.errored + after.row.errored
-    assert warmup.row.errored == 0 and errored <= cut.in_flight, report.errors
-    assert all(e.startswith("error event:") for e in report.errors), report.errors
+    assert warmup.row.errored == 0, report.errors
+    # NOTE: a request counts in the phase it ends in: one begun during the cut may end after
+    assert cut.errored_after_heal == 0, report.errors
+    assert all(_clear(e) for e in report.errors), report.errors
     assert after.row.completed > 0, report.errors
+
+
+def _clear(error: str) -> bool:
+    """A stream's error event or an HTTP 503 that says why (never a broken connection)."""
+    return error.startswith(("error event:", "HTTP 503: "))
