@@ -61,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="kvstack-bench-"))
-    rows = [row for tier in ("dram", "ssd") for row in measure_tier(work, tier, args.blocks)]
+    rows = [row for tier in TIERS for row in measure_tier(work, tier, args.blocks)]
     if not args.skip_mooncake:
         rows += measure_mooncake(work, args.blocks)
     report: dict[str, Any] = {"throughput": rows, "references": references(args.blocks)}
@@ -90,7 +90,14 @@ def progress(message: str) -> None:
 class PoolClient:
     """A worker's side of the pool without a model: a KV tensor and the data plane."""
 
-    def __init__(self, bus: Bus, num_blocks: int, token: str | None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        num_blocks: int,
+        token: str | None,
+        seed: int = 0,
+        shared_memory: bool = True,
+    ) -> None:
         self.storage = KVStorage(
             LAYOUT["num_layers"],
             num_blocks,
@@ -104,7 +111,7 @@ class PoolClient:
         )
         self.inbox = KVInbox(self.storage, asyncio.get_running_loop())
         self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0, auth_token=token)
-        self.sender = TcpKVSender(auth_token=token)
+        self.sender = TcpKVSender(auth_token=token, shared_memory=shared_memory)
         self.pool: KVPool = KvstorePool(
             bus, self.sender, self.storage, self.inbox, self.receiver.start()
         )
@@ -142,12 +149,16 @@ BLOCK_BYTES = 2 * LAYOUT["num_layers"] * LAYOUT["block_size"] * LAYOUT["num_kv_h
 BATCHES = (1, PUT_BLOCKS)  # blocks per call: one block, one 256-token request's
 
 
+# a kvstore's tiers; "socket": DRAM with KV over the socket only (no shared-memory ring)
+TIERS = ("dram", "socket", "ssd")
+
+
 def measure_tier(work: Path, tier: str, num_blocks: int) -> list[dict]:
-    progress(f"kvstore, {tier} tier: {num_blocks} blocks")
+    progress(f"kvstore, {tier}: {num_blocks} blocks")
     gib = len(BATCHES) * num_blocks * BLOCK_BYTES / (1 << 30)  # every run's blocks
     args = (
-        ("--dram-gib", str(gib + 0.01))
-        if tier == "dram"
+        ("--dram-gib", str(gib + 0.01), *(("--no-shared-memory",) if tier == "socket" else ()))
+        if tier != "ssd"
         else (
             "--dram-gib",
             str(gib / 8),
@@ -178,7 +189,7 @@ def measure_tier(work: Path, tier: str, num_blocks: int) -> list[dict]:
 
 async def _kvstore_runs(stack: Stack, tier: str, num_blocks: int) -> list[dict]:
     bus = await stack.bus("bench-kvstore")
-    client = PoolClient(bus, num_blocks, stack.data_token)
+    client = PoolClient(bus, num_blocks, stack.data_token, shared_memory=tier != "socket")
     await client.join(bus, 1)
     rows = [await _round_trip(client, f"kvstore {tier}", num_blocks, n) for n in BATCHES]
     await client.close()

@@ -3,9 +3,12 @@
 Both sides move the same bytes from this process to a child process over loopback TCP
 into a preallocated tensor, one transfer at a time, timed until the child has them all:
 - kvstack: TcpKVSender -> TcpKVReceiver, one frame per layer, one span per block,
-  checksums computed and verified;
+  checksums computed and verified; the child is on this host, so the payload goes through
+  the shared-memory ring (`shared.transfer.tcp.ring`), as it does between workers here;
+- socket: the same with the ring off (`--no-shared-memory`): every byte over the socket;
 - encrypted (with `--encrypt`): the same under `--data-encrypt` (AES-256-GCM), beside it;
 - raw: one `socket.sendall` of the whole region into `recv_into` of the buffer;
+- memcpy: the same bytes copied once within this process (the ring's ceiling);
 - mooncake (when `mooncake.engine` imports): MooncakeKVSender -> MooncakeKVReceiver, the same
   frames written by the Transfer Engine (`tcp` protocol) into the child's registered tensor,
   checksums computed and verified.
@@ -25,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 import torch
 
@@ -82,9 +86,11 @@ def run(args: argparse.Namespace) -> int:
     layouts = [Layout.of(float(s), args.block_kib) for s in args.sizes.split(",")]
     capacity = max(layout.nbytes for layout in layouts)
     source = tensor_bytes(torch.randint(0, 256, (capacity,), dtype=torch.uint8))
-    sides: dict[str, KvstackSide | RawSide] = {
+    sides: dict[str, KvstackSide | RawSide | CopySide] = {
         "kvstack": KvstackSide(capacity, args.auth_token),
+        "socket": KvstackSide(capacity, args.auth_token, shared_memory=False),
         "raw": RawSide(capacity),
+        "memcpy": CopySide(capacity),
     }
     if args.encrypt:  # encryption is keyed by the token: a made-up one when none is given
         token = args.auth_token or secrets.token_urlsafe(32)
@@ -113,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(
-    layout: Layout, source: memoryview, sides: dict[str, KvstackSide | RawSide], repeats: int
+    layout: Layout,
+    source: memoryview,
+    sides: dict[str, KvstackSide | RawSide | CopySide],
+    repeats: int,
 ) -> dict:
     progress(f"{layout.nbytes / 2**20:.1f} MiB: {layout.layers} frames x {layout.blocks} blocks")
     times: dict[str, list[float]] = {name: [] for name in sides}
@@ -128,13 +137,16 @@ def measure(
         "frames": layout.layers,
         "spans_per_frame": layout.blocks,
         "kvstack_gb_s": round(rate["kvstack"], 3),
+        "memcpy_gb_s": round(rate["memcpy"], 3),
+        "of_memcpy": round(rate["kvstack"] / rate["memcpy"], 3),
+        "socket_gb_s": round(rate["socket"], 3),
         "raw_gb_s": round(rate["raw"], 3),
-        "ratio": round(rate["kvstack"] / rate["raw"], 3),
+        "ratio": round(rate["socket"] / rate["raw"], 3),
     }
     if "encrypted" in rate:
         row |= {
             "encrypted_gb_s": round(rate["encrypted"], 3),
-            "encrypted_ratio": round(rate["encrypted"] / rate["kvstack"], 3),
+            "encrypted_ratio": round(rate["encrypted"] / rate["socket"], 3),
         }
     if "mooncake" in rate:
         row |= {
@@ -156,9 +168,12 @@ def format_table(report: dict) -> str:
             f"loopback TCP to a child process, {report['cpus']} CPUs; block {report['block_kib']}"
             f" KiB (K+V of a layer); auth {'on' if report['auth'] else 'off'}; median of "
             f"{report['repeats']}"
-            + ("; encrypted: AES-256-GCM, authenticated, vs plain kvstack" if sealed else "")
+            + ("; encrypted: AES-256-GCM, authenticated, vs the socket's" if sealed else "")
+            + "; kvstack: through the shared-memory ring, x of memcpy; socket: kvstack over"
+            " the socket, ratio to raw"
         ),
-        f"{'MiB':>8}{'frames':>8}{'spans/fr':>10}{'kvstack GB/s':>14}"
+        f"{'MiB':>8}{'frames':>8}{'spans/fr':>10}{'kvstack GB/s':>14}{'memcpy':>8}{'x':>6}"
+        f"{'socket GB/s':>13}"
         + (f"{'encrypted GB/s':>16}{'vs plain':>10}" if sealed else "")
         + f"{'raw GB/s':>10}{'ratio':>7}"
         + (f"{'mooncake GB/s':>15}{'ratio':>7}" if moon else ""),
@@ -166,6 +181,7 @@ def format_table(report: dict) -> str:
     for r in report["rows"]:
         lines.append(
             f"{r['mib']:>8}{r['frames']:>8}{r['spans_per_frame']:>10}{r['kvstack_gb_s']:>14}"
+            f"{r['memcpy_gb_s']:>8}{r['of_memcpy']:>6}{r['socket_gb_s']:>13}"
             + (f"{r['encrypted_gb_s']:>16}{r['encrypted_ratio']:>10}" if sealed else "")
             + f"{r['raw_gb_s']:>10}{r['ratio']:>7}"
             + (f"{r['mooncake_gb_s']:>15}{r['mooncake_ratio']:>7}" if moon else "")
@@ -206,13 +222,18 @@ class _Child:
 
 class KvstackSide:
     def __init__(
-        self, capacity: int, auth_token: str | None, transport: str = "tcp", encrypt: bool = False
+        self,
+        capacity: int,
+        auth_token: str | None,
+        transport: str = "tcp",
+        encrypt: bool = False,
+        shared_memory: bool = True,
     ) -> None:
         self.child = _Child(serve_kvstack, capacity, auth_token, transport, encrypt)
         self.sender = (
             mooncake.MooncakeKVSender(auth_token=auth_token)
             if transport == "mooncake"
-            else TcpKVSender(auth_token=auth_token, encrypt=encrypt)
+            else TcpKVSender(auth_token=auth_token, encrypt=encrypt, shared_memory=shared_memory)
         )
         self.count = 0
 
@@ -247,6 +268,23 @@ def frame(layout: Layout, source: memoryview, layer: int) -> list:
         )
         for b in range(layout.blocks)
     ]
+
+
+class CopySide:
+    """memcpy of a transfer's bytes into a buffer of this process: no peer at all."""
+
+    def __init__(self, capacity: int) -> None:
+        self.buffer = torch.zeros(capacity, dtype=torch.uint8)
+        self.buffer.fill_(1)  # its pages mapped before any timing
+
+    def transfer(self, layout: Layout, source: memoryview) -> float:
+        into = np.frombuffer(tensor_bytes(self.buffer)[: layout.nbytes], np.uint8)
+        start = time.perf_counter()
+        np.copyto(into, np.frombuffer(source[: layout.nbytes], np.uint8))
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        pass
 
 
 class RawSide:

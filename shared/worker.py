@@ -45,6 +45,7 @@ class WorkerConfig(ServiceConfig):
     advertise_data_addr: str = ""  # what peers should dial, if not the bound address
     data_token: str = ""  # shared secret of the data plane (KVSTACK_DATA_TOKEN)
     data_encrypt: bool = False  # encrypt KV bytes on the tcp data plane (needs data_token)
+    shared_memory: bool = True  # a ring in /dev/shm to a peer on this host (tcp.ring)
     transport: str = "tcp"  # prefill -> decode KV stream: "tcp" or "mooncake"
     request_timeout: float = 10.0  # one control round trip (reserve, commit)
     attention_workers: tuple[str, ...] = ()  # decode: offload attention to this group

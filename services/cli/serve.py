@@ -103,6 +103,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         transport=args.transport,
         data_token=data_token(args),
         data_encrypt=args.data_encrypt,
+        shared_memory=not args.no_shared_memory,
         mooncake=mooncake_config(args),
         **engine_options(args),
     )
@@ -258,6 +259,7 @@ def run_kvstore(args: argparse.Namespace) -> int:
         advertise_data_addr=args.advertise_data_addr,
         data_token=data_token(args),
         data_encrypt=args.data_encrypt,
+        shared_memory=not args.no_shared_memory,
     )
     return run(KvstoreService(config))
 

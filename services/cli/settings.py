@@ -203,6 +203,14 @@ SETTINGS: dict[str, Setting] = {
         env="KVSTACK_DATA_ENCRYPT",
         switch=True,
     ),
+    "no_shared_memory": Setting(
+        "--no-shared-memory",
+        "KV bytes to and from peers on this host over the socket too, never through a ring "
+        "in /dev/shm (by default used wherever both ends see it: same host, same /dev/shm, "
+        "same user; never under --data-encrypt; docs/security.md)",
+        switch=True,
+        default=False,
+    ),
     "transport": Setting(
         "--transport",
         "data plane of the prefill -> decode KV stream",
@@ -454,7 +462,7 @@ COMMON = (
 )
 SECURITY = ("nats_creds", "nats_tls_ca", "data_token_file", "insecure")
 ENGINE = ("engine", "mock_model", "mock_hardware", "mock_kv_scale", "max_model_len")
-DATA_PLANE = ("data_host", "data_port", "advertise_data_addr", "data_encrypt")
+DATA_PLANE = ("data_host", "data_port", "advertise_data_addr", "data_encrypt", "no_shared_memory")
 KV_POOL = ("kv_pool", "mooncake_segment_gib", "mooncake_replicas")
 WORKER = (
     *COMMON,

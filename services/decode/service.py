@@ -100,7 +100,9 @@ class DecodeService(Service):
     async def start(self, bus: Bus) -> None:
         loop = asyncio.get_running_loop()
         token = self.config.data_token or None
-        self.sender = TcpKVSender(auth_token=token, encrypt=self.config.data_encrypt)
+        self.sender = TcpKVSender(
+            token, encrypt=self.config.data_encrypt, shared_memory=self.config.shared_memory
+        )
         self.reattaching = False
         self.engine_thread = EngineThread()  # built where it steps: engine_thread.py
         if self.config.attention_workers:
@@ -160,6 +162,7 @@ class DecodeService(Service):
             token,
             memory=[storage.host()],  # where frames land: the KV, or its host mirror
             encrypt=self.config.data_encrypt,
+            ring=self.config.shared_memory,
         )
         bound = receiver.start()
         self.receiver = receiver

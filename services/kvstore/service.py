@@ -55,6 +55,7 @@ class KvstoreConfig(ServiceConfig):
     advertise_data_addr: str = ""
     data_token: str = ""
     data_encrypt: bool = False  # encrypt KV bytes on the data plane (needs data_token)
+    shared_memory: bool = True  # a ring in /dev/shm to a peer on this host (tcp.ring)
 
     def __post_init__(self) -> None:
         require_token(self.data_token, self.data_encrypt)
@@ -82,12 +83,18 @@ class KvstoreService(Service):
 
     async def start(self, bus: Bus) -> None:
         token, encrypt = self.config.data_token or None, self.config.data_encrypt
+        ring = self.config.shared_memory
         self.receiver = TcpKVReceiver(
-            self.inbox, self.config.data_host, self.config.data_port, token, encrypt=encrypt
+            self.inbox,
+            self.config.data_host,
+            self.config.data_port,
+            token,
+            encrypt=encrypt,
+            shared_memory=ring,
         )
         bound = self.receiver.start()  # listen even when peers dial another address
         self.data_addr = advertised(bound, self.config.advertise_data_addr)
-        self.sender = TcpKVSender(auth_token=token, encrypt=encrypt)
+        self.sender = TcpKVSender(token, encrypt=encrypt, shared_memory=ring)
         for op, handler, kind in (
             ("lookup", self._lookup, BlockLookup),
             ("get", self._get, BlockGet),
@@ -192,9 +199,11 @@ class KvstoreService(Service):
         )
 
     async def _put(self, msg: BlockPut) -> PutSlots:
-        refs = await asyncio.to_thread(
-            lambda: [self.store.reserve(h, msg.layout) for h in msg.block_hashes]
-        )
+        refs = self.store.reserve_in_room(msg.block_hashes, msg.layout)
+        if refs is None:  # room must be made: evicting may write files
+            refs = await asyncio.to_thread(
+                lambda: [self.store.reserve(h, msg.layout) for h in msg.block_hashes]
+            )
         self.inbox.open(msg.request_id, refs, PUT_TTL)
         slots = tuple(slot if ref is not None else -1 for slot, ref in enumerate(refs))
         return PutSlots(msg.request_id, True, slots, self.data_addr)

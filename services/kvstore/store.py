@@ -134,12 +134,28 @@ class BlockStore:
         files when demoting: call it off the event loop.
         """
         block = self._make_room(block_hash, layout, BlockState.RESERVED)
-        if block is None:
-            return None
-        block.buffer = buffer = new_buffer(layout.block_bytes)
-        return BlockRef(
-            block_hash, layout, buffer, True, layer_views(buffer, layout, writable=True)
-        )
+        return None if block is None else _writable(block, block_hash, layout)
+
+    def reserve_in_room(
+        self, block_hashes: Sequence[int], layout: BlockLayout
+    ) -> list[BlockRef | None] | None:
+        """`reserve` of every hash without evicting anything, or None (nothing reserved)
+        unless DRAM has room for them all now. No I/O and no waiting beyond the lock: a put
+        that fits needs no worker thread."""
+        tiers = self._tiers
+        with self._cond:
+            if tiers.dram.free_bytes < len(block_hashes) * layout.block_bytes:
+                return None
+            blocks = [
+                None
+                if tiers.taken(block_hash, BlockState.RESERVED)
+                else tiers.dram.try_add(block_hash, layout, BlockState.RESERVED)
+                for block_hash in block_hashes
+            ]
+        return [
+            None if block is None else _writable(block, block_hash, layout)
+            for block, block_hash in zip(blocks, block_hashes)
+        ]
 
     def commit(self, ref: BlockRef) -> bool:
         """Make a reservation visible, unpinned (the caller verified every layer). False when
@@ -327,3 +343,9 @@ class BlockStore:
         if block is None or block.buffer is not ref.buffer or block.state is not state:
             return None
         return block
+
+
+def _writable(block: DramBlock, block_hash: int, layout: BlockLayout) -> BlockRef:
+    """A reserved block's new buffer, as the writable ref its receiver fills."""
+    block.buffer = buffer = new_buffer(layout.block_bytes)
+    return BlockRef(block_hash, layout, buffer, True, layer_views(buffer, layout, writable=True))

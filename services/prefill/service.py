@@ -114,11 +114,17 @@ class PrefillService(Service):
         )
         show_engine(self.metrics, self.engine.info)
         token, encrypt = self.config.data_token or None, self.config.data_encrypt
-        self.sender = TcpKVSender(auth_token=token, encrypt=encrypt)  # pool and peers
-        self.kv_out = make_sender(self.config.transport, token, encrypt=encrypt)  # to decode
+        ring = self.config.shared_memory
+        self.sender = TcpKVSender(token, encrypt=encrypt, shared_memory=ring)  # pool and peers
+        self.kv_out = make_sender(self.config.transport, token, encrypt=encrypt, ring=ring)
         self.inbox = KVInbox(self.engine.kv_storage, loop)
         self.receiver = TcpKVReceiver(
-            self.inbox, self.config.data_host, self.config.data_port, token, encrypt=encrypt
+            self.inbox,
+            self.config.data_host,
+            self.config.data_port,
+            token,
+            encrypt=encrypt,
+            shared_memory=ring,
         )
         bound = self.receiver.start()  # listen even when peers dial another address
         self.data_addr = advertised(bound, self.config.advertise_data_addr)

@@ -19,12 +19,17 @@ TRANSPORTS = ("tcp", "mooncake")
 
 
 def make_sender(
-    kind: str, auth_token: str | None, protocol: str = "tcp", encrypt: bool = False
+    kind: str,
+    auth_token: str | None,
+    protocol: str = "tcp",
+    encrypt: bool = False,
+    ring: bool = True,
 ) -> KVSender:
+    """`ring`: tcp's payload through shared memory to a receiver on this host (`tcp.ring`)."""
     if kind == "mooncake":
         refuse_encryption(encrypt, "--transport mooncake")
         return _mooncake().MooncakeKVSender(auth_token=auth_token, protocol=protocol)
-    return TcpKVSender(auth_token=auth_token, encrypt=encrypt)
+    return TcpKVSender(auth_token=auth_token, encrypt=encrypt, shared_memory=ring)
 
 
 def make_receiver(
@@ -37,16 +42,20 @@ def make_receiver(
     protocol: str = "tcp",
     limits: ConnectionLimits = ConnectionLimits(),
     encrypt: bool = False,
+    ring: bool = True,
 ) -> KVReceiver:
     """`memory`: what the sink hands out destinations in (registered up front by engines
     that write one-sidedly into registered memory); `limits`: connections at once and how
-    long each may keep the receiver waiting; `encrypt`: take only encrypted frames."""
+    long each may keep the receiver waiting; `encrypt`: take only encrypted frames; `ring`:
+    take tcp's payload through the shared memory a sender on this host offers."""
     if kind == "mooncake":
         refuse_encryption(encrypt, "--transport mooncake")
         return _mooncake().MooncakeKVReceiver(
             sink, host, port, auth_token, protocol=protocol, memory=memory, limits=limits
         )
-    return TcpKVReceiver(sink, host, port, auth_token, limits=limits, encrypt=encrypt)
+    return TcpKVReceiver(
+        sink, host, port, auth_token, limits=limits, encrypt=encrypt, shared_memory=ring
+    )
 
 
 def refuse_encryption(encrypt: bool, what: str) -> None:

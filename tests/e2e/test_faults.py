@@ -16,7 +16,8 @@ MESSAGES = [{"role": "user", "content": "Write a haiku about the sea."}]
 def stack_behind(proxy: CorruptingProxy, data_port: int, log_dir):
     return running_stack(
         log_dir,
-        decode_args=(
+        decode_args=(  # NOTE: KV crosses the proxy, as over a network: no shared memory
+            "--no-shared-memory",
             "--data-port",
             str(data_port),
             "--advertise-data-addr",

@@ -93,9 +93,11 @@ def test_a_prefix_computed_on_one_worker_is_loaded_by_another(stack_with_pool, r
 
 def uncached_behind(proxy, data_port: int) -> tuple[str, ...]:
     """A prefill worker's flags: no prefix cache of its own, its data port reached through
-    `proxy` (what the pool sends it crosses the proxy)."""
+    `proxy` (what the pool sends it crosses the proxy, as over a network: no shared-memory
+    ring on this host)."""
     return (
         "--no-prefix-cache",
+        "--no-shared-memory",
         "--data-port",
         str(data_port),
         "--advertise-data-addr",

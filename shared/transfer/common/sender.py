@@ -142,10 +142,11 @@ class PeerChannel(Generic[WireT]):
     def _stale(self) -> bool:
         """Whether the connection should not take a new request: the receiver has closed it
         (idle, restarted), or it has idled long enough that the receiver may be closing it."""
+        return self._idle_too_long() or (self.sock is not None and peer_closed(self.sock))
+
+    def _idle_too_long(self) -> bool:
         idle_s = time.monotonic() - self.last_write
-        return (not self.frames and idle_s > self.sender.max_idle_s) or (
-            self.sock is not None and peer_closed(self.sock)
-        )
+        return not self.frames and idle_s > self.sender.max_idle_s
 
     def _write(self, request_id: str, data: WireT) -> bool:
         try:

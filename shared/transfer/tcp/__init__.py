@@ -8,6 +8,10 @@ bytes) and a body of `body bytes`:
     KV, KV_MORE  request id, `count` SPAN records (each with xxh3_64 of its K then V bytes),
                  then each span's K bytes and V bytes
     END          request id; `count` is the number of KV frames of the request
+    RING         a sender on this host offers its shared-memory ring (`ring`); after it,
+                 each KV part's payload travels in the ring and the socket carries its
+                 header, span table and ring position (the receiver answers with how far
+                 it has read)
 
 `layers` names the first layer a frame carries (low 16 bits) and how many more follow it
 (high 16): a span of a frame of several layers holds its K of each layer in turn, then its
@@ -31,7 +35,8 @@ handshake deadline, a read timeout inside a frame and an idle timeout between fr
 from `common`; see `ConnectionLimits`).
 
 Modules: `wire` (frame format, encoding, decoding), `sockets` (scatter/gather I/O), `sealing`
-(the same frames encrypted), `sender`, `receiver`.
+(the same frames encrypted), `ring` (the same frames' payload through shared memory, same
+host), `sender`, `receiver`.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from shared.transfer.tcp.wire import (
     KIND_END,
     KIND_KV,
     KIND_KV_MORE,
+    KIND_RING,
     MAGIC,
     MAX_SPANS,
     PART_BYTES,
@@ -62,6 +68,7 @@ __all__ = [
     "KIND_END",
     "KIND_KV",
     "KIND_KV_MORE",
+    "KIND_RING",
     "MAGIC",
     "MAX_SPANS",
     "PART_BYTES",

@@ -16,6 +16,7 @@ from shared.transfer.common.handshake import challenge
 from shared.transfer.common.limits import ConnectionLimits
 from shared.transfer.common.receiver import Connection, ListeningReceiver, call_sink, scattered
 from shared.transfer.common.sockets import recv_exact
+from shared.transfer.tcp import ring
 from shared.transfer.tcp.sealing import Opener
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, Landing, recv_hashed
 from shared.transfer.tcp.wire import (
@@ -23,6 +24,7 @@ from shared.transfer.tcp.wire import (
     HEADER,
     KIND_END,
     KIND_KV,
+    KIND_RING,
     SPAN,
     check_header,
     parse_spans,
@@ -75,6 +77,7 @@ class _Connection(Connection[bytes, _Partial]):
     def __init__(self, sock: socket.socket, receiver: TcpKVReceiver) -> None:
         super().__init__(sock, receiver)
         self.opener: Opener | None = None  # under encryption, from the handshake
+        self.ring: ring.RingReader | None = None  # same host: the sender's shared memory
 
     @cached_property
     def scratch(self) -> memoryview:
@@ -93,6 +96,8 @@ class _Connection(Connection[bytes, _Partial]):
 
     def _handle(self, raw: bytes) -> None:
         kind, rid_len, layers, count, body = check_header(raw)
+        if kind == KIND_RING:
+            return self._take_ring(body)
         num_spans = 0 if kind == KIND_END else count
         meta = self._read_meta(raw, rid_len + num_spans * SPAN.size)  # id and span table
         request_id = meta[:rid_len].decode(errors="replace")
@@ -104,14 +109,43 @@ class _Connection(Connection[bytes, _Partial]):
                 raw, kind, request_id, unpack_layers(layers), spans, body - len(meta)
             )
 
+    def _take_ring(self, body: int) -> None:
+        """A sender on this host offers its ring: take it if this process sees it too (and
+        takes rings at all)."""
+        if self.opener is not None or self.ring is not None or self.frame is not None:
+            raise ProtocolError("a ring offered under encryption, twice or inside a frame")
+        if body != ring.OFFER.size:
+            raise ProtocolError(f"a ring offer of {body} bytes")
+        offer = recv_exact(self.sock, body)
+        if self.receiver.shared_memory:
+            self.ring = ring.accept(self.sock, offer)
+        else:
+            self.sock.sendall(ring.NO)
+
+    def _closed(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+        super()._closed()
+
     def _read_meta(self, header: bytes, nbytes: int) -> bytes:
         if self.opener is None:
             return recv_exact(self.sock, nbytes)
         return self.opener.read_meta(self.sock, header, nbytes)
 
-    def _land(self, header: bytes, landings: list[Landing]) -> None:
-        """Read the payload into `landings`, hashing each piece as it lands."""
-        if self.opener is None:
+    def _land(self, header: bytes, landings: list[Landing], payload: int) -> None:
+        """Read the payload into `landings`, hashing each piece as it lands: from the ring
+        where the sender placed it there, else from the socket."""
+        start = ring.NOT_IN_RING
+        if self.ring is not None:
+            start = ring.POSITION.unpack(recv_exact(self.sock, ring.POSITION.size))[0]
+        if start != ring.NOT_IN_RING and self.ring is not None:
+            try:
+                offset = self.ring.check(start, payload)
+            except ValueError as e:
+                raise ProtocolError(str(e)) from e
+            self.ring.land(offset, landings)
+            self.ring.consumed(self.sock, start + payload)
+        elif self.opener is None:
             recv_hashed(self.sock, landings)
         else:
             self.opener.receive(self.sock, header, landings)
@@ -136,7 +170,7 @@ class _Connection(Connection[bytes, _Partial]):
             raise ProtocolError(f"a span's bytes do not split into {len(layers)} layers")
         frame = self._frame_of(request_id, layers)
         targets = [self._target(request_id, layers, *s) for s in spans]
-        self._land(header, [landing for t in targets for landing in t.landings()])
+        self._land(header, [landing for t in targets for landing in t.landings()], payload)
         frame.error = frame.error or verify(targets)
         frame.spans += (span for span, _, _ in spans)
         self.receiver.counters.add(bytes=payload)
@@ -189,7 +223,8 @@ class _Connection(Connection[bytes, _Partial]):
 
 class TcpKVReceiver(ListeningReceiver):
     """Listens for senders and writes their KV frames where `sink` says, within `limits`;
-    with `encrypt`, only from senders that encrypt them (which needs `auth_token`)."""
+    with `encrypt`, only from senders that encrypt them (which needs `auth_token`); with
+    `shared_memory`, their payload through the ring a sender on this host offers."""
 
     connection_class = _Connection
 
@@ -202,11 +237,13 @@ class TcpKVReceiver(ListeningReceiver):
         socket_buffer_bytes: int | None = SOCKET_BUFFER_BYTES,
         limits: ConnectionLimits = ConnectionLimits(),
         encrypt: bool = False,
+        shared_memory: bool = True,
     ) -> None:
         require_token(auth_token, encrypt)
         super().__init__(sink, host, port, auth_token, limits)
         self.socket_buffer_bytes = socket_buffer_bytes
         self.encrypt = encrypt
+        self.shared_memory = shared_memory
 
     def _listen(self) -> socket.socket:
         listener = super()._listen()

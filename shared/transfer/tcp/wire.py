@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from shared.transfer.base import BlockSpan
 from shared.transfer.common.frames import (
@@ -19,11 +20,12 @@ from shared.transfer.common.frames import (
 from shared.transfer.common.handshake import Greeting
 
 MAGIC = 0x5453564B  # b"KVST" read as little endian
-VERSION = 2  # 2: a frame may carry several layers
-KIND_KV, KIND_KV_MORE, KIND_END = 1, 2, 3
+VERSION = 3  # 2: a frame may carry several layers; 3: a ring in shared memory (`ring`)
+KIND_KV, KIND_KV_MORE, KIND_END, KIND_RING = 1, 2, 3, 4
 HEADER = struct.Struct("<IBBHIIQ")  # magic, version, kind, id length, layers, count, body bytes
 SPAN = struct.Struct("<IIIQQQ")  # block id, offset, tokens, bytes per half, block hash, checksum
 GREETING = Greeting(MAGIC, VERSION, f"kvstack v{VERSION}")
+KINDS = (KIND_KV, KIND_KV_MORE, KIND_END, KIND_RING)
 
 PART_BYTES = 1 << 20  # payload per wire part: hashed, then sent while still in L2
 # NOTE: limits that make garbage fail fast (common.frames has those both transports share).
@@ -59,22 +61,47 @@ def runs_of(spans: Sequence[SpanPieces], part_bytes: int) -> list[Sequence[SpanP
     return runs + [spans[start:]] if start < len(spans) or not runs else runs
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One wire part of a frame, not yet encoded: its header fields and its spans."""
+
+    kind: int
+    rid: bytes
+    layers: int  # as `pack_layers` makes it (a layer's number, for a frame of one)
+    spans: Sequence[SpanPieces]
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(size(k) + size(v) for _, k, v in self.spans)
+
+
+def parts_of(frame: Frame, part_bytes: int = PART_BYTES) -> list[Part]:
+    """The wire parts of a frame; each is encoded (and hashed) only when the sender is
+    ready to send it, so its bytes are still in cache when they are copied."""
+    rid = frame.request_id.encode()
+    runs = runs_of(frame.spans, part_bytes)
+    layers = pack_layers(frame.layer, frame.layers)
+    return [
+        Part(KIND_KV if i == len(runs) - 1 else KIND_KV_MORE, rid, layers, run)
+        for i, run in enumerate(runs)
+    ]
+
+
 def encode_part(
-    kind: int, rid: bytes, layers: int, spans: Sequence[SpanPieces]
+    kind: int,
+    rid: bytes,
+    layers: int,
+    spans: Sequence[SpanPieces],
+    digests: Sequence[int] | None = None,
 ) -> list[memoryview]:
-    """Header, span table and payload views of one wire part, checksums computed now;
-    `layers` as `pack_layers` makes it (a layer's number, for a frame of one)."""
+    """Header, span table and payload views of one wire part, checksums computed now
+    unless `digests` has them (a ring's sender hashes its copy of the spans)."""
+    if digests is None:
+        digests = [checksum(k, v) for _, k, v in spans]
     table, payload = [rid], list[memoryview]()
-    for span, k, v in spans:
+    for (span, k, v), digest in zip(spans, digests, strict=True):
         table.append(
-            SPAN.pack(
-                span.block_id,
-                span.offset,
-                span.num_tokens,
-                size(k),
-                span.block_hash,
-                checksum(k, v),
-            )
+            SPAN.pack(span.block_id, span.offset, span.num_tokens, size(k), span.block_hash, digest)
         )
         payload += (*k, *v)
     body = len(rid) + len(spans) * SPAN.size + sum(b.nbytes for b in payload)
@@ -83,13 +110,14 @@ def encode_part(
 
 
 def encode_kv(frame: Frame, part_bytes: int = PART_BYTES) -> Iterator[list[memoryview]]:
-    """The wire parts of a frame, lazily: each is hashed only when the sender is ready
-    to send it, so its bytes are still in cache when `sendmsg` copies them."""
-    rid = frame.request_id.encode()
-    runs = runs_of(frame.spans, part_bytes)
-    layers = pack_layers(frame.layer, frame.layers)
-    for i, run in enumerate(runs):
-        yield encode_part(KIND_KV if i == len(runs) - 1 else KIND_KV_MORE, rid, layers, run)
+    """The wire parts of a frame, encoded lazily (`parts_of`)."""
+    for part in parts_of(frame, part_bytes):
+        yield encode_part(part.kind, part.rid, part.layers, part.spans)
+
+
+def encode_ring_offer(offer_bytes: int) -> bytes:
+    """The header of a RING message (its body, `offer_bytes` long, is `ring.OFFER`)."""
+    return HEADER.pack(MAGIC, VERSION, KIND_RING, 0, 0, 0, offer_bytes)
 
 
 def encode_end(request_id: str, num_frames: int) -> list[memoryview]:
@@ -105,9 +133,9 @@ def encode_end(request_id: str, num_frames: int) -> list[memoryview]:
 def check_header(raw: bytes) -> tuple[int, int, int, int, int]:
     """(kind, request-id length, layer, count, body bytes) of a header that makes sense."""
     magic, version, kind, rid_len, layer, count, body = HEADER.unpack(raw)
-    if magic != MAGIC or version != VERSION or kind not in (KIND_KV, KIND_KV_MORE, KIND_END):
+    if magic != MAGIC or version != VERSION or kind not in KINDS:
         raise ProtocolError(f"bad frame header {raw.hex()}")
-    spans = 0 if kind == KIND_END else count
+    spans = count if kind in (KIND_KV, KIND_KV_MORE) else 0
     if (
         rid_len > MAX_REQUEST_ID
         or spans > MAX_SPANS

@@ -176,3 +176,17 @@ def test_pin_resident_pins_what_dram_holds_and_leaves_the_rest_to_acquire():
     store.release(refs)
     assert read(store, 1) == content(1)
     assert store.stats()["dram_misses"] == 1  # block 2, counted once
+
+
+def test_reserve_in_room_reserves_all_or_nothing_and_evicts_nothing():
+    store = BlockStore(dram_bytes=5 * BLOCK)
+    put(store, 1)
+    put(store, 2)
+    assert store.reserve_in_room([3, 4, 5, 6], LAYOUT) is None  # room for 3: none reserved
+    assert store.stats()["dram_blocks"] == 2 and store.lookup([1, 2]) == [True, True]
+    refs = store.reserve_in_room([2, 3, 3], LAYOUT)  # 2 is stored, 3 asked twice
+    assert refs is not None and refs[0] is None and refs[2] is None
+    fill(refs[1], content(3))
+    assert store.lookup([3]) == [False]  # invisible until committed, as reserve's
+    store.commit(refs[1])
+    assert read(store, 3) == content(3) and store.lookup([1, 2, 3]) == [True, True, True]

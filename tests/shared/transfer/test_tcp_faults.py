@@ -18,10 +18,13 @@ from shared.transfer.tcp import (
     HEADER,
     HELLO,
     KIND_KV,
+    KIND_KV_MORE,
+    KIND_RING,
     MAGIC,
     MAX_SPANS,
     SPAN,
     VERSION,
+    ring,
 )
 from tests.shared.transfer.sinks import ONE_BLOCK, Done, RecordingSink, random_storage, send_request
 from tests.shared.transfer.transports import stalled_receiver
@@ -90,6 +93,11 @@ GARBAGE = {
     "absurd span size": kv_header(b"x", 1, 1 + SPAN.size + 100) + SPAN.pack(0, 0, 4, 1 << 40, 0, 0),
     "body disagrees with spans": kv_header(b"x", 1, 1 + SPAN.size + 3)
     + SPAN.pack(0, 0, 4, SPAN_HALF_BYTES, 0, 0),
+    "a ring offer of the wrong size": HEADER.pack(MAGIC, VERSION, KIND_RING, 0, 0, 0, 9) + bytes(9),
+    "a ring offer inside a frame": HEADER.pack(MAGIC, VERSION, KIND_KV_MORE, 1, 0, 0, 1)
+    + b"x"
+    + HEADER.pack(MAGIC, VERSION, KIND_RING, 0, 0, 0, ring.OFFER.size)
+    + bytes(ring.OFFER.size),
 }
 
 

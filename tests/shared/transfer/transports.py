@@ -27,6 +27,8 @@ def new_receiver(transport: str, sink: KVSink, **kwargs) -> KVReceiver:
 
 
 def new_sender(transport: str, **kwargs) -> KVSender:
+    if transport == "tcp":  # NOTE: the socket's path; test_ring.py has shared memory's
+        kwargs.setdefault("shared_memory", False)
     return SENDERS[transport](**kwargs)
 
 

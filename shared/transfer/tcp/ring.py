@@ -1,0 +1,249 @@
+"""Same host: a connection's KV payload through a ring in shared memory, not the socket.
+
+Right after the handshake a sender offers a ring (one RING message: a file it made in
+/dev/shm, a random cookie written at its start, its size). A receiver that can open that
+file (same host, same /dev/shm, same user: containers apart have their own) and finds the
+cookie in it answers yes, and the sender unlinks the file either way: the two mappings are
+all that is left of it, and it vanishes with the later of the two processes. From then on
+each KV part's header and span table still go over the socket, followed by the part's
+position in the ring (or NOT_IN_RING, for a part larger than half the ring); its payload
+is copied into the ring. The receiver copies each span out into the memory its sink names,
+hashing it there, and answers with the position it has consumed up to, which is all the
+sender waits for when the ring is full. So every promise of the socket path stays: the
+checksums of the span table are checked on what landed, sizes and refusals as before, and
+only an authenticated sender (the handshake came first) can offer a ring.
+
+Under --data-encrypt no ring is offered: KV bytes go sealed over the socket, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+import secrets
+import socket
+import stat
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+import xxhash
+
+from shared.transfer.common.frames import Pieces, size
+from shared.transfer.common.sockets import recv_exact
+
+log = logging.getLogger(__name__)
+
+SHM_DIR = "/dev/shm"
+RING_BYTES = 32 << 20  # a connection's ring; a part of more than half of it uses the socket
+PREAMBLE = 64  # the cookie, before the ring's bytes
+OFFER = struct.Struct("<32s16sQ")  # file name's random part (hex), cookie, ring bytes
+POSITION = struct.Struct("<Q")  # a part's start in the ring; the receiver's consumed-up-to
+NOT_IN_RING = (1 << 64) - 1  # the part's payload follows on the socket
+YES, NO = b"\x01", b"\x00"
+# NOTE: the pages mapped at once, not faulted in one by one by the first pass of copies
+MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+_NAME = re.compile(rb"[0-9a-f]{32}")
+
+
+def _path(name: bytes) -> str:
+    return os.path.join(SHM_DIR, f"kvstack-ring-{name.decode()}")
+
+
+def copy_into(dst: memoryview, src: memoryview) -> None:
+    """memcpy of equal-sized byte views; numpy lets go of the GIL for big ones, so the event
+    loop of the process runs meanwhile, as it does while a socket's kernel copy runs."""
+    np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
+
+
+class RingWriter:
+    """The sender's side: where the next part goes, and how far the receiver has read."""
+
+    def __init__(self, ring: mmap.mmap, size: int) -> None:
+        self.mapping = ring
+        self.data = memoryview(ring)[PREAMBLE:]
+        self.size = size
+        self.head = 0  # bytes placed so far (positions only grow)
+        self.tail = 0  # bytes the receiver has consumed
+        self.pending = b""  # a consumed-up-to answer that arrived in part
+
+    def place(
+        self, sock: socket.socket, spans: Sequence[tuple[object, Pieces, Pieces]]
+    ) -> tuple[int, list[int] | None]:
+        """Copy the spans' K and V pieces into the ring once the receiver has made room,
+        hashing each piece's copy while it is in cache: (the part's position, each span's
+        checksum); (NOT_IN_RING, None) for a part too big for the ring, which then goes
+        over the socket."""
+        nbytes = sum(size(k) + size(v) for _, k, v in spans)
+        if nbytes > self.size // 2:
+            return NOT_IN_RING, None
+        offset = self.head % self.size
+        start = self.head if offset + nbytes <= self.size else self.head + self.size - offset
+        while start + nbytes - self.tail > self.size:
+            self._consumed(recv_exact(sock, POSITION.size - len(self.pending)))
+        offset, digests = start % self.size, []
+        for _, k, v in spans:
+            hasher = xxhash.xxh3_64()
+            for piece in (*k, *v):
+                copy = self.data[offset : offset + piece.nbytes]
+                copy_into(copy, piece)
+                hasher.update(copy)
+                offset += piece.nbytes
+            digests.append(hasher.intdigest())
+        self.head = start + nbytes
+        return start, digests
+
+    def drained(self, sock: socket.socket) -> bool:
+        """Take the receiver's answers that have arrived, without waiting; False when the
+        receiver has closed the connection (anything else it sends is an answer)."""
+        while True:
+            try:
+                got = sock.recv(64 << 10, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not got:
+                return False
+            self._consumed(got)
+
+    def _consumed(self, answer: bytes) -> None:
+        answer, self.pending = self.pending + answer, b""
+        whole = len(answer) - len(answer) % POSITION.size
+        self.pending = answer[whole:]
+        for (position,) in POSITION.iter_unpack(answer[:whole]):
+            if not self.tail <= position <= self.head:
+                raise ConnectionError(f"the receiver says it read the ring up to {position}")
+            self.tail = position
+
+    def close(self) -> None:
+        _unmap(self.mapping, self.data)
+
+
+class RingReader:
+    """The receiver's side: where each part's payload is, checked, and the answers."""
+
+    def __init__(self, ring: mmap.mmap, size: int) -> None:
+        self.mapping = ring
+        self.data = memoryview(ring)[PREAMBLE:]
+        self.size = size
+        self.next = 0  # a part starts here or later
+
+    def check(self, start: int, nbytes: int) -> int:
+        """The offset of a part at `start`; ProtocolError-worthy (ValueError) when it lies
+        outside the ring or before what was read already."""
+        offset = start % self.size
+        if start < self.next or offset + nbytes > self.size:
+            raise ValueError(f"a part of {nbytes} bytes at ring position {start}")
+        return offset
+
+    def land(
+        self, offset: int, landings: Sequence[tuple[memoryview, xxhash.xxh3_64 | None]]
+    ) -> None:
+        """Copy the part out into its landings, hashing each where it landed."""
+        for view, hasher in landings:
+            copy_into(view, self.data[offset : offset + view.nbytes])
+            if hasher is not None:
+                hasher.update(view)
+            offset += view.nbytes
+
+    def consumed(self, sock: socket.socket, end: int) -> None:
+        self.next = end
+        sock.sendall(POSITION.pack(end))
+
+    def close(self) -> None:
+        _unmap(self.mapping, self.data)
+
+
+def offer(sock: socket.socket, send: bytes) -> RingWriter | None:
+    """The sender's offer, made right after the handshake (`send` is the RING message's
+    header); the ring when the receiver took it, None when it cannot (other host, no
+    /dev/shm, no room in it)."""
+    name = secrets.token_hex(16).encode()
+    cookie = secrets.token_bytes(16)
+    ring = _create(_path(name), cookie)
+    if ring is None:
+        return None
+    try:
+        sock.sendall(send + OFFER.pack(name, cookie, RING_BYTES))
+        taken = recv_exact(sock, 1) == YES
+    finally:
+        _unlink(_path(name))
+    if not taken:
+        _unmap(ring)
+        return None
+    return RingWriter(ring, RING_BYTES)
+
+
+def accept(sock: socket.socket, body: bytes) -> RingReader | None:
+    """The receiver's answer to a RING message's `body`: the ring when it opened the file
+    and found the cookie (then YES was sent), else None (NO was sent)."""
+    name, cookie, size = OFFER.unpack(body)
+    ring = _open(name, cookie, size) if _NAME.fullmatch(name) else None
+    sock.sendall(YES if ring is not None else NO)
+    return None if ring is None else RingReader(ring, size)
+
+
+def _create(path: str, cookie: bytes) -> mmap.mmap | None:
+    """A new ring file with the cookie in its preamble; None when /dev/shm cannot hold it
+    (its pages are allocated now: a full tmpfs fails here, never with a SIGBUS later)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return None
+    try:
+        os.posix_fallocate(fd, 0, PREAMBLE + RING_BYTES)
+        ring = mmap.mmap(fd, PREAMBLE + RING_BYTES, flags=MAP_FLAGS)
+    except OSError as e:
+        log.info("no shared-memory ring (%s): KV goes over the socket", e)
+        _unlink(path)
+        return None
+    finally:
+        os.close(fd)
+    ring[: len(cookie)] = cookie
+    return ring
+
+
+def _open(name: bytes, cookie: bytes, size: int) -> mmap.mmap | None:
+    """The sender's ring, if this process sees that very file: a regular file of ours
+    (same user), of the size offered, with the cookie in it."""
+    try:  # NOTE: never blocks on a FIFO, never follows a link
+        fd = os.open(_path(name), os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if (
+            not stat.S_ISREG(info.st_mode)
+            or info.st_uid != os.getuid()
+            or info.st_size != PREAMBLE + size
+            or size < 2
+        ):
+            return None
+        ring = mmap.mmap(fd, PREAMBLE + size, flags=MAP_FLAGS)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if ring[: len(cookie)] != cookie:
+        _unmap(ring)
+        return None
+    return ring
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _unmap(ring: mmap.mmap, *views: memoryview) -> None:
+    try:
+        for view in views:
+            view.release()
+        ring.close()
+    except BufferError:  # a view of it still lives: unmapped when the last one goes
+        pass

@@ -1,0 +1,240 @@
+"""Same host: KV payload through a ring in shared memory. It lands byte-exact (the ring
+wrapping around many times), the socket carries no payload byte, a damaged byte in the ring
+is a bad frame, a ring the receiver cannot see or that is not the sender's is refused (then
+the socket carries the payload), and a receiver that dies leaves no request hanging."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import secrets
+import signal
+import time
+
+import pytest
+import torch
+
+from shared.kvcache.storage import KVStorage
+from shared.transfer.tcp import TcpKVReceiver, TcpKVSender, ring
+from tests.shared.transfer.proxy import FlipProxy
+from tests.shared.transfer.sinks import (
+    MOVES,
+    TWO_BLOCKS,
+    Done,
+    RecordingSink,
+    random_storage,
+    send_request,
+    source_spans,
+)
+from tests.shared.transfer.test_roundtrip import as_ints
+from tests.shared.transfer.transports import stalled_receiver
+
+needs_shm = pytest.mark.skipif(not os.path.isdir(ring.SHM_DIR), reason="no /dev/shm here")
+pytestmark = needs_shm
+
+
+@pytest.fixture
+def pair():
+    """`pair(sink, **sender_options)`: a receiver for `sink` and a sender, both stopped after."""
+    made = []
+
+    def make(sink, **options):
+        receiver = TcpKVReceiver(sink, host="127.0.0.1")
+        sender = TcpKVSender(**options)
+        made.append((receiver, sender))
+        return receiver, sender, receiver.start()
+
+    yield make
+    for receiver, sender in made:
+        sender.close()
+        receiver.stop()
+
+
+def _rings() -> set[str]:
+    return {name for name in os.listdir(ring.SHM_DIR) if name.startswith("kvstack-ring-")}
+
+
+def _lands_exactly(sink: RecordingSink, source: KVStorage, rid: str, moves) -> None:
+    for src, span in moves:
+        tokens = slice(span.offset, span.offset + span.num_tokens)
+        assert torch.equal(
+            as_ints(sink.storage.kv[:, :, span.block_id, tokens]),
+            as_ints(source.kv[:, :, src, tokens]),
+        )
+    assert all(frame[4] for frame in sink.frames(rid)), sink.frames(rid)
+
+
+def test_many_requests_land_byte_exact_through_a_ring_that_wraps(pair, monkeypatch) -> None:
+    monkeypatch.setattr(ring, "RING_BYTES", 4096)  # a few parts fill it: it wraps
+    before = _rings()
+    source = random_storage(torch.float32)
+    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
+    receiver, sender, address = pair(sink, part_bytes=64)
+    proxy = FlipProxy(address)  # flips nothing: it only counts what the socket carried
+    done = Done()
+    for round_ in range(20):
+        for rid, moves in MOVES.items():
+            for layer in range(3):
+                sender.send(
+                    proxy.address, f"{rid}-{round_}", layer, source_spans(source, layer, moves)
+                )
+            sender.finish(proxy.address, f"{rid}-{round_}", done.callback(f"{rid}-{round_}"))
+    rids = [f"{rid}-{round_}" for round_ in range(20) for rid in MOVES]
+    sink.wait_ends(*rids)
+    for rid in rids:
+        assert done.wait(rid) == (True, 3, "")
+        _lands_exactly(sink, source, rid, MOVES[rid.rsplit("-", 1)[0]])
+    assert receiver.bytes_received == sender.bytes_sent > 10 * 4096
+    assert len(proxy.sent) < sender.bytes_sent / 4  # headers and span tables only
+    assert _rings() == before  # the file went at once; the mappings hold the ring
+    proxy.close()
+
+
+def test_a_part_bigger_than_half_the_ring_goes_over_the_socket(pair, monkeypatch) -> None:
+    monkeypatch.setattr(ring, "RING_BYTES", 512)
+    source = random_storage(torch.float32)
+    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
+    _, sender, address = pair(sink)
+    proxy = FlipProxy(address)
+    done = send_request(sender, proxy.address, source, "big", TWO_BLOCKS)
+    sink.wait_ends("big")
+    assert done.wait("big") == (True, 3, "")
+    _lands_exactly(sink, source, "big", TWO_BLOCKS)
+    assert len(proxy.sent) > sender.bytes_sent  # every payload byte went over the socket
+    proxy.close()
+
+
+def test_a_byte_damaged_in_the_ring_is_a_bad_frame(pair, monkeypatch) -> None:
+    real_place = ring.RingWriter.place
+
+    def place_then_damage(self, sock, spans):
+        start, digests = real_place(self, sock, spans)
+        if not place_then_damage.done:  # after the sender hashed it
+            place_then_damage.done = True
+            self.data[start % self.size + 77] ^= 0xFF
+        return start, digests
+
+    place_then_damage.done = False
+    monkeypatch.setattr(ring.RingWriter, "place", place_then_damage)
+    source = random_storage(torch.float32)
+    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
+    receiver, sender, address = pair(sink)
+    done = send_request(sender, address, source, "req", TWO_BLOCKS)
+    sink.wait_ends("req")
+    assert [f[4] for f in sink.frames("req")] == [False, True, True]
+    assert sink.frames("req")[0][5] == "checksum mismatch"
+    assert receiver.frames_rejected == 1 and done.wait("req") == (True, 3, "")
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["another host", "a foreign file", "another size"],
+)
+def test_a_ring_the_receiver_cannot_trust_is_refused_and_the_socket_carries_kv(
+    pair, monkeypatch, why
+) -> None:
+    real_open = ring._open
+    if why == "another host":  # its /dev/shm holds no such file
+        monkeypatch.setattr(ring, "_open", lambda name, cookie, size: None)
+    elif why == "a foreign file":  # the same name, not the sender's cookie in it
+        monkeypatch.setattr(
+            ring, "_open", lambda name, cookie, size: real_open(name, bytes(16), size)
+        )
+    else:
+        monkeypatch.setattr(
+            ring, "_open", lambda name, cookie, size: real_open(name, cookie, size + 4096)
+        )
+    source = random_storage(torch.float32)
+    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
+    _, sender, address = pair(sink)
+    proxy = FlipProxy(address)
+    done = send_request(sender, proxy.address, source, "req", TWO_BLOCKS)
+    sink.wait_ends("req")
+    assert done.wait("req") == (True, 3, "")
+    _lands_exactly(sink, source, "req", TWO_BLOCKS)
+    assert len(proxy.sent) > sender.bytes_sent
+    proxy.close()
+
+
+def test_an_encrypting_sender_offers_no_ring(monkeypatch) -> None:
+    offered = []
+    monkeypatch.setattr(ring, "offer", lambda *args: offered.append(args))
+    source = random_storage(torch.float32)
+    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
+    receiver = TcpKVReceiver(sink, host="127.0.0.1", auth_token="t" * 32, encrypt=True)
+    sender = TcpKVSender(auth_token="t" * 32, encrypt=True)
+    try:
+        done = send_request(sender, receiver.start(), source, "req", TWO_BLOCKS)
+        sink.wait_ends("req")
+        assert done.wait("req") == (True, 3, "")
+        _lands_exactly(sink, source, "req", TWO_BLOCKS)
+    finally:
+        sender.close()
+        receiver.stop()
+    assert offered == []
+
+
+def test_a_receiver_killed_while_the_sender_waits_for_room_fails_the_request(
+    monkeypatch,
+) -> None:
+    """The receiver takes the ring, then never reads (its sink stalls): the sender fills the
+    ring and waits for room; SIGKILL of the receiver ends that wait with an error."""
+    monkeypatch.setattr(ring, "RING_BYTES", 2048)  # 4 of the request's 6 parts fill it
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=stalled_receiver, args=(child, "tcp"), daemon=True)
+    process.start()
+    address = parent.recv()
+    source = random_storage(torch.float32)
+    sender = TcpKVSender(part_bytes=64)
+    try:
+        done = send_request(sender, address, source, "stuck", TWO_BLOCKS)
+        deadline = time.monotonic() + 10
+        while sender.bytes_sent < 2048 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert sender.bytes_sent == 2048 and "stuck" not in done.results  # waiting for room
+        os.kill(process.pid, signal.SIGKILL)
+        ok, _, error = done.wait("stuck")
+        assert not ok and error, error
+    finally:
+        sender.close()
+        process.join(10)
+
+
+def test_only_the_senders_own_regular_file_opens_as_its_ring() -> None:
+    cookie = bytes(range(16))
+    real, link, fifo = (secrets.token_hex(16).encode() for _ in range(3))
+    mapping = ring._create(ring._path(real), cookie)
+    assert mapping is not None
+    try:
+        os.symlink(ring._path(real), ring._path(link))
+        os.mkfifo(ring._path(fifo), 0o600)
+        assert ring._open(link, cookie, ring.RING_BYTES) is None  # a link: not followed
+        assert ring._open(fifo, cookie, ring.RING_BYTES) is None  # not a regular file
+        assert ring._open(real, bytes(16), ring.RING_BYTES) is None  # another cookie
+        opened = ring._open(real, cookie, ring.RING_BYTES)
+        assert opened is not None
+        opened.close()
+    finally:
+        mapping.close()
+        for name in (real, link, fifo):
+            ring._unlink(ring._path(name))
+
+
+def test_a_receiver_that_takes_no_rings_gets_the_kv_over_the_socket() -> None:
+    source = random_storage(torch.float32)
+    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
+    receiver = TcpKVReceiver(sink, host="127.0.0.1", shared_memory=False)
+    sender = TcpKVSender()
+    proxy = FlipProxy(receiver.start())
+    try:
+        done = send_request(sender, proxy.address, source, "req", TWO_BLOCKS)
+        sink.wait_ends("req")
+        assert done.wait("req") == (True, 3, "")
+        _lands_exactly(sink, source, "req", TWO_BLOCKS)
+        assert len(proxy.sent) > sender.bytes_sent
+    finally:
+        proxy.close()
+        sender.close()
+        receiver.stop()
