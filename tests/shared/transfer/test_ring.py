@@ -35,11 +35,12 @@ pytestmark = needs_shm
 
 @pytest.fixture
 def pair():
-    """`pair(sink, **sender_options)`: a receiver for `sink` and a sender, both stopped after."""
+    """`pair(sink, shared_memory, **sender_options)`: a receiver for `sink` (taking rings or
+    not) and a sender, both stopped after."""
     made = []
 
-    def make(sink, **options):
-        receiver = TcpKVReceiver(sink, host="127.0.0.1")
+    def make(sink, shared_memory=True, **options):
+        receiver = TcpKVReceiver(sink, host="127.0.0.1", shared_memory=shared_memory)
         sender = TcpKVSender(**options)
         made.append((receiver, sender))
         return receiver, sender, receiver.start()
@@ -92,16 +93,7 @@ def test_many_requests_land_byte_exact_through_a_ring_that_wraps(pair, monkeypat
 
 def test_a_part_bigger_than_half_the_ring_goes_over_the_socket(pair, monkeypatch) -> None:
     monkeypatch.setattr(ring, "RING_BYTES", 512)
-    source = random_storage(torch.float32)
-    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
-    _, sender, address = pair(sink)
-    proxy = FlipProxy(address)
-    done = send_request(sender, proxy.address, source, "big", TWO_BLOCKS)
-    sink.wait_ends("big")
-    assert done.wait("big") == (True, 3, "")
-    _lands_exactly(sink, source, "big", TWO_BLOCKS)
-    assert len(proxy.sent) > sender.bytes_sent  # every payload byte went over the socket
-    proxy.close()
+    _lands_over_the_socket(pair)
 
 
 def test_a_byte_damaged_in_the_ring_is_a_bad_frame(pair, monkeypatch) -> None:
@@ -144,16 +136,7 @@ def test_a_ring_the_receiver_cannot_trust_is_refused_and_the_socket_carries_kv(
         monkeypatch.setattr(
             ring, "_open", lambda name, cookie, size: real_open(name, cookie, size + 4096)
         )
-    source = random_storage(torch.float32)
-    sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
-    _, sender, address = pair(sink)
-    proxy = FlipProxy(address)
-    done = send_request(sender, proxy.address, source, "req", TWO_BLOCKS)
-    sink.wait_ends("req")
-    assert done.wait("req") == (True, 3, "")
-    _lands_exactly(sink, source, "req", TWO_BLOCKS)
-    assert len(proxy.sent) > sender.bytes_sent
-    proxy.close()
+    _lands_over_the_socket(pair)
 
 
 def test_an_encrypting_sender_offers_no_ring(monkeypatch) -> None:
@@ -222,12 +205,16 @@ def test_only_the_senders_own_regular_file_opens_as_its_ring() -> None:
             ring._unlink(ring._path(name))
 
 
-def test_a_receiver_that_takes_no_rings_gets_the_kv_over_the_socket() -> None:
+def test_a_receiver_that_takes_no_rings_gets_the_kv_over_the_socket(pair) -> None:
+    _lands_over_the_socket(pair, shared_memory=False)
+
+
+def _lands_over_the_socket(pair, **receiver_options) -> None:
+    """A request lands byte-exact with every payload byte over the socket (none in a ring)."""
     source = random_storage(torch.float32)
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
-    receiver = TcpKVReceiver(sink, host="127.0.0.1", shared_memory=False)
-    sender = TcpKVSender()
-    proxy = FlipProxy(receiver.start())
+    _, sender, address = pair(sink, **receiver_options)
+    proxy = FlipProxy(address)
     try:
         done = send_request(sender, proxy.address, source, "req", TWO_BLOCKS)
         sink.wait_ends("req")
@@ -236,5 +223,3 @@ def test_a_receiver_that_takes_no_rings_gets_the_kv_over_the_socket() -> None:
         assert len(proxy.sent) > sender.bytes_sent
     finally:
         proxy.close()
-        sender.close()
-        receiver.stop()
