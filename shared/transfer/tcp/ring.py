@@ -39,18 +39,48 @@ log = logging.getLogger(__name__)
 SHM_DIR = "/dev/shm"
 RING_BYTES = 32 << 20  # a connection's ring; a part of more than half of it uses the socket
 PREAMBLE = 64  # the cookie, before the ring's bytes
-OFFER = struct.Struct("<32s16sQ")  # file name's random part (hex), cookie, ring bytes
+OFFER = struct.Struct("<48s16sQ")  # file name's own part (NUL-padded), cookie, ring bytes
 POSITION = struct.Struct("<Q")  # a part's start in the ring; the receiver's consumed-up-to
 NOT_IN_RING = (1 << 64) - 1  # the part's payload follows on the socket
 YES, NO = b"\x01", b"\x00"
 GIL_FREE_BYTES = 128 << 10  # copies this big or bigger let go of the GIL
 # NOTE: the pages mapped at once, not faulted in one by one by the first pass of copies
 MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-_NAME = re.compile(rb"[0-9a-f]{32}")
+PREFIX = "kvstack-ring-"
+_NAME = re.compile(rb"([0-9]{1,10})-[0-9a-f]{32}")  # the creator's pid, then random
 
 
 def _path(name: bytes) -> str:
-    return os.path.join(SHM_DIR, f"kvstack-ring-{name.decode()}")
+    return os.path.join(SHM_DIR, PREFIX + name.decode())
+
+
+def _new_name() -> bytes:
+    return f"{os.getpid()}-{secrets.token_hex(16)}".encode()
+
+
+def sweep() -> None:
+    """Remove ring files whose creator is gone. A file lives one round trip (it is unlinked
+    once the offer is answered) unless its sender died in between, as under SIGKILL; a
+    file taken for another namespace's (its pid unknown here) only turns that one offer
+    down, and its payload goes over the socket."""
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        match = _NAME.fullmatch(name[len(PREFIX) :].encode())
+        if match is not None and not _alive(int(match[1])):
+            _unlink(os.path.join(SHM_DIR, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive, and not ours to remove anyway
+        return True
+    return True
 
 
 def copy_into(dst: memoryview, src: memoryview) -> None:
@@ -167,8 +197,8 @@ def offer(sock: socket.socket, send: bytes) -> RingWriter | None:
     """The sender's offer, made right after the handshake (`send` is the RING message's
     header); the ring when the receiver took it, None when it cannot (other host, no
     /dev/shm, no room in it)."""
-    name = secrets.token_hex(16).encode()
-    cookie = secrets.token_bytes(16)
+    sweep()
+    name, cookie = _new_name(), secrets.token_bytes(16)
     ring = _create(_path(name), cookie)
     if ring is None:
         return None
@@ -186,7 +216,8 @@ def offer(sock: socket.socket, send: bytes) -> RingWriter | None:
 def accept(sock: socket.socket, body: bytes) -> RingReader | None:
     """The receiver's answer to a RING message's `body`: the ring when it opened the file
     and found the cookie (then YES was sent), else None (NO was sent)."""
-    name, cookie, size = OFFER.unpack(body)
+    padded, cookie, size = OFFER.unpack(body)
+    name = padded.rstrip(b"\0")
     ring = _open(name, cookie, size) if _NAME.fullmatch(name) else None
     sock.sendall(YES if ring is not None else NO)
     return None if ring is None else RingReader(ring, size)

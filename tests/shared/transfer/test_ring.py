@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import secrets
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -187,7 +188,7 @@ def test_a_receiver_killed_while_the_sender_waits_for_room_fails_the_request(
 
 def test_only_the_senders_own_regular_file_opens_as_its_ring() -> None:
     cookie = bytes(range(16))
-    real, link, fifo = (secrets.token_hex(16).encode() for _ in range(3))
+    real, link, fifo = (ring._new_name() for _ in range(3))
     mapping = ring._create(ring._path(real), cookie)
     assert mapping is not None
     try:
@@ -223,3 +224,21 @@ def _lands_over_the_socket(pair, **receiver_options) -> None:
         assert len(proxy.sent) > sender.bytes_sent
     finally:
         proxy.close()
+
+
+def test_a_ring_file_left_by_a_dead_sender_is_swept_and_a_live_ones_is_not() -> None:
+    """A sender killed between making its file and the answer leaves the file behind; the
+    next offer on this host removes it (a live process's file stays)."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead = f"{int(gone.stdout)}-{'0' * 32}".encode()
+    live = ring._new_name()
+    for name in (dead, live):
+        with open(ring._path(name), "wb") as f:
+            f.write(bytes(64))
+    try:
+        ring.sweep()
+        assert not os.path.exists(ring._path(dead)) and os.path.exists(ring._path(live))
+    finally:
+        for name in (dead, live):
+            ring._unlink(ring._path(name))
