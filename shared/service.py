@@ -366,9 +366,13 @@ async def _hear_own_beats(service: Service) -> None:
     back through NATS, when its peers hear it too (shared/heartbeats.py: BusLease)."""
 
     async def on_beat(beat: Heartbeat) -> None:
-        if beat.instance == service.instance:
-            service.lease.renew(time.monotonic())
-            service.fenced = False
+        if beat.instance != service.instance:
+            return
+        # NOTE: as of when it was sent (this process's own clock): a beat that reached
+        # NATS just before a freeze and waited it out in this socket's buffer says
+        # nothing about now, and must not unfence a worker thawed past its lease
+        service.lease.renew(time.monotonic() - max(0.0, time.time() - beat.time))
+        service.fenced = service.fenced and service.lease.expired()
 
     subject = subjects.heartbeat(service.name, service.worker_id)
     await service.live_bus.subscribe(subject, on_beat, expected=Heartbeat)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 import urllib.request
 
 import pytest
@@ -177,6 +178,30 @@ async def test_a_lease_run_out_gives_the_work_up_once_until_a_beat_renews_it(
     await service.check_lease()
     assert len(service.lost) == 1 and service.lost[0] > 4.9
     while service.fenced:  # the next beat that reaches NATS renews it
+        await asyncio.sleep(0.02)
+    assert not service.lease.expired()
+    service.stopped.set()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_an_own_beat_that_waited_out_a_freeze_renews_no_lease(nats_url, admin) -> None:
+    """A beat reaches NATS just before SIGSTOP and waits in the frozen process's socket;
+    read after the thaw, it counts as of when it was sent, so the lease stays run out."""
+    config = ServiceConfig(nats_url=nats_url, worker_id="fenced-2", nats_auth=admin)
+    service = Fenced(dataclasses.replace(config, heartbeat_interval=5.0))
+    task = asyncio.ensure_future(serve(service))
+    while service.lease.renewed_at is None:
+        await asyncio.sleep(0.02)
+    service.lease.renewed_at -= 30.0  # frozen for 30 s
+    await service.check_lease()
+    beat = dataclasses.replace(service.heartbeat(), instance=service.instance)
+    subject = subjects.heartbeat(service.name, service.worker_id)
+    await service.live_bus.publish(subject, dataclasses.replace(beat, time=time.time() - 29.0))
+    await service.live_bus.nc.flush()
+    await asyncio.sleep(0.3)
+    assert service.lease.expired() and service.fenced and len(service.lost) == 1
+    await service.live_bus.publish(subject, dataclasses.replace(beat, time=time.time()))
+    while service.fenced:  # a beat sent now renews it
         await asyncio.sleep(0.02)
     assert not service.lease.expired()
     service.stopped.set()
