@@ -10,8 +10,8 @@ model's transfer time) and then computes the rest (the cost model's prefill time
 conductor predicts. Its KV streams to the decode node layer by layer while it computes, so
 the KV has landed when both the compute and the transfer of the prompt's KV are done (the
 last layer's share of the transfer is not added); the blocks the decode node held already
-are not streamed. The prompt's full blocks, computed or
-fetched, then enter the node's cache.
+are not streamed. The prompt's full blocks, computed or fetched, then enter the node's
+cache.
 """
 
 from __future__ import annotations

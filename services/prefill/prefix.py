@@ -4,7 +4,7 @@ layer by layer, while the engine computes: before each layer the gate waits unti
 layer of every fetched block has landed intact, so loading layer l + 1 overlaps
 computing layer l. A fetch that fails mid-step, or stalls past its bound
 (shared/prefill/worth.py: stall_bound), invalidates the request (its KV is never used or
-named) and the attempt fails as retryable; the gateway's retry recomputes the prefix. A
+named), and the worker computes the prefix in its place (PrefillService._recompute). A
 prefix is fetched only where the worker's measured rates say loading beats computing.
 """
 

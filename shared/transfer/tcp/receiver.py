@@ -135,20 +135,24 @@ class _Connection(Connection[bytes, _Partial]):
     def _land(self, header: bytes, landings: list[Landing], payload: int) -> None:
         """Read the payload into `landings`, hashing each piece as it lands: from the ring
         where the sender placed it there, else from the socket."""
-        start = ring.NOT_IN_RING
         if self.ring is not None:
             start = ring.POSITION.unpack(recv_exact(self.sock, ring.POSITION.size))[0]
-        if start != ring.NOT_IN_RING and self.ring is not None:
-            try:
-                offset = self.ring.check(start, payload)
-            except ValueError as e:
-                raise ProtocolError(str(e)) from e
-            self.ring.land(offset, landings)
-            self.ring.consumed(self.sock, start + payload)
-        elif self.opener is None:
+            if start != ring.NOT_IN_RING:
+                return self._land_from_ring(self.ring, start, landings, payload)
+        if self.opener is None:
             recv_hashed(self.sock, landings)
         else:
             self.opener.receive(self.sock, header, landings)
+
+    def _land_from_ring(
+        self, shared: ring.RingReader, start: int, landings: list[Landing], payload: int
+    ) -> None:
+        try:
+            offset = shared.check(start, payload)
+        except ValueError as e:
+            raise ProtocolError(str(e)) from e
+        shared.land(offset, landings)
+        shared.consumed(self.sock, start + payload)
 
     def _end_of(self, request_id: str, num_frames: int, extra: int) -> None:
         if extra or self.frame is not None:

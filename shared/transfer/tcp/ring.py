@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
-from shared.transfer.common.frames import Pieces, size
+from shared.transfer.common.frames import Pieces
 from shared.transfer.common.sockets import recv_exact
 
 log = logging.getLogger(__name__)
@@ -106,13 +106,12 @@ class RingWriter:
         self.pending = b""  # a consumed-up-to answer that arrived in part
 
     def place(
-        self, sock: socket.socket, spans: Sequence[tuple[object, Pieces, Pieces]]
+        self, sock: socket.socket, spans: Sequence[tuple[object, Pieces, Pieces]], nbytes: int
     ) -> tuple[int, list[int] | None]:
-        """Copy the spans' K and V pieces into the ring once the receiver has made room,
-        hashing each piece's copy while it is in cache: (the part's position, each span's
-        checksum); (NOT_IN_RING, None) for a part too big for the ring, which then goes
-        over the socket."""
-        nbytes = sum(size(k) + size(v) for _, k, v in spans)
+        """Copy the spans' K and V pieces (`nbytes` in all) into the ring once the receiver
+        has made room, hashing each piece's copy while it is in cache: (the part's
+        position, each span's checksum); (NOT_IN_RING, None) for a part too big for the
+        ring, which then goes over the socket."""
         if nbytes > self.size // 2:
             return NOT_IN_RING, None
         offset = self.head % self.size

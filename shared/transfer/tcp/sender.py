@@ -69,16 +69,16 @@ class _PeerChannel(PeerChannel[Part | list[memoryview]]):
         one too big for the ring goes whole over the socket after the position."""
         if self.ring is None:
             return encode_part(part.kind, part.rid, part.layers, part.spans)
-        start, digests = self.ring.place(sock, part.spans)
+        start, digests = self.ring.place(sock, part.spans, part.payload_bytes)
         parts = encode_part(part.kind, part.rid, part.layers, part.spans, digests)
         position = memoryview(ring.POSITION.pack(start))
         return [parts[0], position, *(parts[1:] if start == ring.NOT_IN_RING else ())]
 
     def _stale(self) -> bool:
         """The receiver answers on a ring's connection: an answer is not a close."""
-        if self.ring is not None and self.sock is not None and not self.ring.drained(self.sock):
-            return True
-        return super()._stale() if self.ring is None else self._idle_too_long()
+        if self.ring is None:
+            return super()._stale()
+        return self._idle_too_long() or (self.sock is not None and not self.ring.drained(self.sock))
 
     def _close_socket(self) -> None:
         super()._close_socket()

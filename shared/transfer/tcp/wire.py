@@ -49,16 +49,16 @@ def unpack_layers(field: int) -> range:
 SpanPieces = tuple[BlockSpan, Pieces, Pieces]
 
 
-def runs_of(spans: Sequence[SpanPieces], part_bytes: int) -> list[Sequence[SpanPieces]]:
-    """Consecutive runs of spans, each closed once it holds `part_bytes` or MAX_SPANS spans
-    (one run at least, maybe empty)."""
+def runs_of(spans: Sequence[SpanPieces], part_bytes: int) -> list[tuple[Sequence[SpanPieces], int]]:
+    """Consecutive runs of spans and their payload bytes, each closed once it holds
+    `part_bytes` or MAX_SPANS spans (one run at least, maybe empty)."""
     runs, start, nbytes = [], 0, 0
     for i, (_, k, v) in enumerate(spans):
         nbytes += size(k) + size(v)
         if nbytes >= part_bytes or i + 1 - start == MAX_SPANS:
-            runs.append(spans[start : i + 1])
+            runs.append((spans[start : i + 1], nbytes))
             start, nbytes = i + 1, 0
-    return runs + [spans[start:]] if start < len(spans) or not runs else runs
+    return runs + [(spans[start:], nbytes)] if start < len(spans) or not runs else runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +69,7 @@ class Part:
     rid: bytes
     layers: int  # as `pack_layers` makes it (a layer's number, for a frame of one)
     spans: Sequence[SpanPieces]
-
-    @property
-    def payload_bytes(self) -> int:
-        return sum(size(k) + size(v) for _, k, v in self.spans)
+    payload_bytes: int  # its spans' K and V bytes (counted once, by `runs_of`)
 
 
 def parts_of(frame: Frame, part_bytes: int = PART_BYTES) -> list[Part]:
@@ -82,8 +79,8 @@ def parts_of(frame: Frame, part_bytes: int = PART_BYTES) -> list[Part]:
     runs = runs_of(frame.spans, part_bytes)
     layers = pack_layers(frame.layer, frame.layers)
     return [
-        Part(KIND_KV if i == len(runs) - 1 else KIND_KV_MORE, rid, layers, run)
-        for i, run in enumerate(runs)
+        Part(KIND_KV if i == len(runs) - 1 else KIND_KV_MORE, rid, layers, run, nbytes)
+        for i, (run, nbytes) in enumerate(runs)
     ]
 
 

@@ -100,8 +100,8 @@ def test_a_part_bigger_than_half_the_ring_goes_over_the_socket(pair, monkeypatch
 def test_a_byte_damaged_in_the_ring_is_a_bad_frame(pair, monkeypatch) -> None:
     real_place = ring.RingWriter.place
 
-    def place_then_damage(self, sock, spans):
-        start, digests = real_place(self, sock, spans)
+    def place_then_damage(self, sock, spans, nbytes):
+        start, digests = real_place(self, sock, spans, nbytes)
         if not place_then_damage.done:  # after the sender hashed it
             place_then_damage.done = True
             self.data[start % self.size + 77] ^= 0xFF
