@@ -431,11 +431,16 @@ class DecodeService(Service):
                 self._count_tokens(event)
                 if event.finished:
                     self._close_span(out, event.error)
-                self.tasks.spawn(
-                    self.bus.publish(subjects.tokens(rid), event), f"publishing tokens of {rid}"
-                )
+                self.tasks.spawn(self._publish(event), f"publishing tokens of {rid}")
             if out.finished and self.pool is not None:  # held only when a pool exists
                 self._write_back(self.pool, rid)
+
+    async def _publish(self, event: TokenEvent) -> None:
+        """Send a step's event, unless the lease ran out since the step: a freeze (SIGSTOP)
+        between the step and this task outlasted it, and the request is another worker's."""
+        if self.lease.expired():
+            return
+        await self.bus.publish(subjects.tokens(event.request_id), event)
 
     def _write_back(self, pool: KVPool, request_id: str) -> None:
         """Offer a finished request's blocks to the pool (it keeps what it lacks); they are
