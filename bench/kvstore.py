@@ -29,6 +29,7 @@ from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.kv_inbox import KVInbox
 from shared.kv_pool import KVPool
+from shared.kv_pool_factory import asker_for
 from shared.kvcache.storage import KVStorage
 from shared.kvstore_client import KvstorePool
 from shared.messages import Heartbeat
@@ -97,6 +98,7 @@ class PoolClient:
         token: str | None,
         seed: int = 0,
         shared_memory: bool = True,
+        ask: bool = True,
     ) -> None:
         self.storage = KVStorage(
             LAYOUT["num_layers"],
@@ -112,8 +114,10 @@ class PoolClient:
         self.inbox = KVInbox(self.storage, asyncio.get_running_loop())
         self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0, auth_token=token)
         self.sender = TcpKVSender(auth_token=token, shared_memory=shared_memory)
+        data_addr = self.receiver.start()
+        asker = asker_for(self.receiver, 10.0) if ask else None
         self.pool: KVPool = KvstorePool(
-            bus, self.sender, self.storage, self.inbox, self.receiver.start()
+            bus, self.sender, self.storage, self.inbox, data_addr, asker=asker
         )
 
     async def join(self, bus: Bus, num_stores: int) -> None:
@@ -149,8 +153,10 @@ BLOCK_BYTES = 2 * LAYOUT["num_layers"] * LAYOUT["block_size"] * LAYOUT["num_kv_h
 BATCHES = (1, PUT_BLOCKS)  # blocks per call: one block, one 256-token request's
 
 
-# a kvstore's tiers; "socket": DRAM with KV over the socket only (no shared-memory ring)
-TIERS = ("dram", "socket", "ssd")
+# a kvstore's tiers; "socket": DRAM with KV over the socket only (no shared-memory ring);
+# "bus": DRAM with each get asked over the bus (the blocks then come on a connection of the
+# kvstore's), not on the worker's data connection
+TIERS = ("dram", "socket", "bus", "ssd")
 
 
 def measure_tier(work: Path, tier: str, num_blocks: int) -> list[dict]:
@@ -189,7 +195,9 @@ def measure_tier(work: Path, tier: str, num_blocks: int) -> list[dict]:
 
 async def _kvstore_runs(stack: Stack, tier: str, num_blocks: int) -> list[dict]:
     bus = await stack.bus("bench-kvstore")
-    client = PoolClient(bus, num_blocks, stack.data_token, shared_memory=tier != "socket")
+    client = PoolClient(
+        bus, num_blocks, stack.data_token, shared_memory=tier != "socket", ask=tier != "bus"
+    )
     await client.join(bus, 1)
     rows = [await _round_trip(client, f"kvstore {tier}", num_blocks, n) for n in BATCHES]
     await client.close()

@@ -10,10 +10,11 @@ import time
 from collections.abc import Sequence
 
 from shared.bus import Bus, ServiceUnavailable
-from shared.codec import MessageError
+from shared.codec import MessageError, decode, encode
 from shared.kv_inbox import Expected, KVInbox
 from shared.kvblocks import BlockLayout
 from shared.messages import Ack, BlockGet
+from shared.transfer.tcp.asker import Asker
 
 log = logging.getLogger("kvstack.block_fetch")
 
@@ -61,3 +62,68 @@ class BlockFetcher:
                 await asyncio.wait_for(expected.idle.wait(), self.timeout)
             except TimeoutError:
                 log.error("fetch %s: a frame never finished landing", expected.transfer_id)
+
+
+class AskingFetcher:
+    """Asking a kvstore on its data connection (`tcp.asking`): the get goes out on a
+    connection of this worker's and the blocks come back on it, with no bus round trip.
+    The same contract as `BlockFetcher`: an expectation gates each layer; None, a miss."""
+
+    def __init__(self, asker: Asker, inbox: KVInbox, layout: BlockLayout, timeout: float) -> None:
+        self.asker, self.inbox, self.layout = asker, inbox, layout
+        self.timeout = timeout
+
+    async def fetch(
+        self,
+        data_addr: str,
+        transfer_id: str,
+        block_hashes: Sequence[int],
+        dest_block_ids: Sequence[int],
+    ) -> Expected | None:
+        """Ask the kvstore at `data_addr` for blocks; None: it does not have them all, or
+        did not answer."""
+        expected = self.inbox.expect(
+            transfer_id, list(dest_block_ids), self.layout.num_layers, self.timeout
+        )
+        question = BlockGet(
+            transfer_id,
+            tuple(block_hashes),
+            tuple(dest_block_ids),
+            self.layout,
+            "",  # the asking connection
+            time.time() + self.timeout,
+        )
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[bytes | None] = loop.create_future()
+
+        def on_answer(reply: bytes | None) -> None:  # from the asker's thread
+            loop.call_soon_threadsafe(_settle, answered, reply)
+
+        self.asker.submit(data_addr, transfer_id, encode(question), on_answer)
+        if not _accepted(await answered):
+            await self.cancel(expected)
+            return None
+        return expected
+
+    async def cancel(self, expected: Expected) -> None:
+        """Stop accepting bytes for a fetch, cut its connection, wait until none lands."""
+        if self.inbox.retire(expected.transfer_id) is not None:
+            self.asker.abort(expected.transfer_id)
+            try:
+                await asyncio.wait_for(expected.idle.wait(), self.timeout)
+            except TimeoutError:
+                log.error("fetch %s: a frame never finished landing", expected.transfer_id)
+
+
+def _settle(future: asyncio.Future, value: object) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _accepted(reply: bytes | None) -> bool:
+    if reply is None:
+        return False
+    try:
+        return decode(reply, expected=Ack).ok
+    except MessageError:
+        return False

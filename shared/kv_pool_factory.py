@@ -7,7 +7,9 @@ from shared.kv_inbox import KVInbox
 from shared.kv_pool import KVPool
 from shared.kvcache.storage import KVStorage
 from shared.kvstore_client import KvstorePool
-from shared.transfer.base import KVSender
+from shared.transfer.base import KVReceiver, KVSender
+from shared.transfer.tcp import TcpKVReceiver
+from shared.transfer.tcp.asker import Asker
 from shared.worker import WorkerConfig
 
 
@@ -19,11 +21,22 @@ async def open_kv_pool(
     storage: KVStorage,
     inbox: KVInbox,
     data_addr: str,
+    receiver: KVReceiver | None = None,
 ) -> KVPool:
     if config.mooncake is None:
-        return KvstorePool(bus, sender, storage, inbox, data_addr, config.request_timeout)
+        timeout = config.request_timeout
+        asker = asker_for(receiver, timeout)
+        return KvstorePool(bus, sender, storage, inbox, data_addr, timeout, asker)
     from shared.mooncake_pool import MooncakePool  # NOTE: only where it is used
 
     return await MooncakePool.open(
         bus, storage, inbox, config.mooncake, worker_id, config.heartbeat_interval
     )
+
+
+def asker_for(receiver: KVReceiver | None, timeout: float) -> Asker | None:
+    """Gets on the kvstores' data connections, read by the worker's own TCP receiver; not
+    under --data-encrypt (those asks go over the bus) nor over another transport."""
+    if not isinstance(receiver, TcpKVReceiver) or receiver.encrypt:
+        return None
+    return Asker(receiver, read_timeout_s=timeout)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shared import subjects
-from shared.block_fetch import BlockFetcher
+from shared.block_fetch import AskingFetcher, BlockFetcher
 from shared.bus import Bus, ServiceUnavailable
 from shared.codec import MessageError
 from shared.engine.loop import EngineLoop
@@ -26,6 +26,7 @@ from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
 from shared.messages import BlockLookup, BlockPresence, BlockPut, Heartbeat, PutSlots
 from shared.transfer.base import BlockSpan, KVSender, coalesce, layer_groups
+from shared.transfer.tcp.asker import Asker
 
 log = logging.getLogger("kvstack.kvstore_client")
 MISSED_BEATS = 3
@@ -48,11 +49,19 @@ class KvstorePool:
         inbox: KVInbox,
         data_addr: str,
         timeout: float = 10.0,
+        asker: Asker | None = None,
     ) -> None:
+        """With an `asker`, gets go out on the kvstores' data connections (`tcp.asking`),
+        else over the bus with the blocks sent to `data_addr`."""
         self.bus, self.sender, self.storage, self.inbox = bus, sender, storage, inbox
         self.layout = BlockLayout.of(storage)
         self.timeout = timeout
-        self.fetcher = BlockFetcher(bus, inbox, self.layout, data_addr, timeout)
+        self.asker = asker
+        self.fetcher: AskingFetcher | BlockFetcher = (
+            AskingFetcher(asker, inbox, self.layout, timeout)
+            if asker is not None
+            else BlockFetcher(bus, inbox, self.layout, data_addr, timeout)
+        )
         self._members: dict[str, _Member] = {}
         self._ring = HashRing()
 
@@ -80,7 +89,9 @@ class KvstorePool:
         """Nothing to say: each kvstore instance beats and publishes its own KV events."""
 
     async def close(self) -> None:
-        """Nothing held: requests go over the worker's bus and sender."""
+        """The asker's connections; the rest goes over the worker's bus and sender."""
+        if self.asker is not None:
+            self.asker.close()
 
     # -- lookup ------------------------------------------------------------------------
 
@@ -111,11 +122,10 @@ class KvstorePool:
         """Start fetching from each owner; the expectations gate each layer. None: a miss."""
         groups = self.ring().group(block_hashes)
         dest = dict(zip(block_hashes, dest_block_ids))
-        subject = lambda worker: subjects.kvstore_op(worker, "get")
         fetch = self.fetcher.fetch
         started = await asyncio.gather(
             *(
-                fetch(subject(worker), f"{transfer_id}:{i}", hashes, [dest[h] for h in hashes])
+                fetch(self._source(worker), f"{transfer_id}:{i}", hashes, [dest[h] for h in hashes])
                 for i, (worker, hashes) in enumerate(groups.items())
             )
         )
@@ -123,6 +133,12 @@ class KvstorePool:
             await asyncio.gather(*(self.fetcher.cancel(e) for e in started if e is not None))
             return None
         return [e for e in started if e is not None]
+
+    def _source(self, worker_id: str) -> str:
+        """Where a get goes: the kvstore's data address (asked there), or its bus subject."""
+        if self.asker is not None:
+            return self._members[worker_id].data_addr
+        return subjects.kvstore_op(worker_id, "get")
 
     # -- put: my blocks out to their owners ----------------------------------------------
 

@@ -171,7 +171,7 @@ class DecodeService(Service):
             inbox, self.engine.info.model.num_layers, self.config.request_timeout
         )
         self.pool = await open_kv_pool(
-            self.config, self.worker_id, bus, self.sender, storage, inbox, self.data_addr
+            self.config, self.worker_id, bus, self.sender, storage, inbox, self.data_addr, receiver
         )
         self.tasks.every(self.config.heartbeat_interval, self.pool.report, "reporting the pool")
 

@@ -1,8 +1,10 @@
 """The kvstore service: a content-addressed pool of KV blocks in DRAM and on SSD.
 
-Control over NATS (lookup, get, put); bytes over the data plane; KV events so the
-conductor knows which blocks live here. Several instances split the blocks by
-consistent hashing (shared/hash_ring.py), which their clients compute.
+Control over NATS (lookup, put, and the gets of askers that encrypt); bytes over the data
+plane, where a get asked on a worker's own connection is answered on it
+(shared/transfer/tcp/asking.py); KV events so the conductor knows which blocks live here.
+Several instances split the blocks by consistent hashing (shared/hash_ring.py), which
+their clients compute.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.kvstore.gets import Gets
 from services.kvstore.inbox import PutInbox
-from services.kvstore.runs import get_spans
 from services.kvstore.store import BlockStore
 from shared import subjects
 from shared.bus import Bus
@@ -34,7 +36,6 @@ from shared.messages import (
 )
 from shared.service import Service, ServiceConfig
 from shared.transfer.address import advertised
-from shared.transfer.base import layer_groups
 from shared.transfer.common.encryption import require_token
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 
@@ -70,8 +71,8 @@ class KvstoreService(Service):
         disk_dir = Path(config.disk_dir) if config.disk_dir else None
         self.store = BlockStore(config.dram_bytes, disk_dir, config.disk_bytes, config.compress)
         self.inbox = PutInbox(self.store)
-        self.num_gets = self.num_get_misses = 0
-        self.served_bytes = self.metrics.counter("served_bytes", "block bytes sent to clients")
+        served_bytes = self.metrics.counter("served_bytes", "block bytes sent to clients")
+        self.gets = Gets(self.store, served_bytes)
         self.stored_bytes = self.metrics.gauge("stored_bytes", "block bytes held", ("tier",))
         self.metrics.counter_of("block_queries", "blocks clients asked to get", self._queries)
         self.metrics.counter_of(
@@ -91,6 +92,7 @@ class KvstoreService(Service):
             token,
             encrypt=encrypt,
             shared_memory=ring,
+            server=self.gets,  # gets asked on a data connection go back on it
         )
         bound = self.receiver.start()  # listen even when peers dial another address
         self.data_addr = advertised(bound, self.config.advertise_data_addr)
@@ -107,7 +109,9 @@ class KvstoreService(Service):
         await bus.subscribe(subjects.kv_resync(), self._resync, expected=KVResync)
         self.tasks.every(EVENT_INTERVAL, self._housekeeping, "housekeeping")
         self.metrics.counter_of(
-            "data_sent_bytes", "data-plane bytes sent (gets)", lambda: self.sender.bytes_sent
+            "data_sent_bytes",
+            "data-plane bytes sent (gets)",
+            lambda: self.sender.bytes_sent + self.gets.asked_bytes,
         )
         self.metrics.counter_of(
             "data_received_bytes",
@@ -164,36 +168,29 @@ class KvstoreService(Service):
             s["dram_bytes"],
             s["disk_bytes"],
             s["dram_hits"] + s["disk_hits"],
-            self.num_get_misses,
+            self.gets.num_misses,
         )
 
     async def _lookup(self, msg: BlockLookup) -> BlockPresence:
         return BlockPresence(tuple(self.store.lookup(msg.block_hashes)))
 
     async def _get(self, msg: BlockGet) -> Ack:
-        if len(msg.block_hashes) != len(msg.dest_block_ids):
-            return Ack(
-                msg.request_id, False, "block_hashes and dest_block_ids differ in length", 400
-            )
+        """A get over the bus: the blocks go to the asker's data address."""
+        refused = self.gets.refused(msg)
+        if refused is not None:
+            return refused
         refs = self.store.pin_resident(msg.block_hashes, msg.layout)
         if None in refs:  # on SSD, or missing: promoting reads files
             refs = await asyncio.to_thread(self.store.acquire, msg.block_hashes, msg.layout, refs)
-        self.num_gets += 1
-        if any(ref is None for ref in refs):
-            self.store.release([ref for ref in refs if ref is not None])
-            self.num_get_misses += 1
-            return Ack(msg.request_id, False, "some blocks are not here (any more)", 404)
-        self._send(msg, refs)
-        return Ack(msg.request_id, True)
+        ack = self.gets.counted(msg, refs)
+        if ack.ok:
+            self._send(msg, refs)
+        return ack
 
     def _send(self, msg: BlockGet, refs: list) -> None:
-        """A few layers a frame (`layer_groups`): a big get's first layers are usable while
-        the rest are on the way."""
-        layout = msg.layout
-        for layers in layer_groups(layout.num_layers, 2 * layout.half_bytes * len(refs)):
-            spans = get_spans(layers, msg.dest_block_ids, refs, layout)
-            self.sender.send(msg.dest_addr, msg.request_id, layers.start, spans, len(layers))
-        self.served_bytes.inc(layout.block_bytes * len(refs))
+        for frame in self.gets.frames(msg, refs):
+            spans = frame.spans
+            self.sender.send(msg.dest_addr, msg.request_id, frame.layer, spans, frame.layers)
         self.sender.finish(
             msg.dest_addr, msg.request_id, lambda ok, frames, error: self.store.release(refs)
         )

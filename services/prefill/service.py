@@ -133,7 +133,14 @@ class PrefillService(Service):
         )
         storage = self.engine.kv_storage
         self.pool = await open_kv_pool(
-            self.config, self.worker_id, bus, self.sender, storage, self.inbox, self.data_addr
+            self.config,
+            self.worker_id,
+            bus,
+            self.sender,
+            storage,
+            self.inbox,
+            self.data_addr,
+            self.receiver,
         )
         peers = BlockFetcher(
             bus, self.inbox, self.pool.layout, self.data_addr, self.config.request_timeout

@@ -63,11 +63,16 @@ class CorruptingProxy:
 class CuttingProxy:
     """Forwards 127.0.0.1:<port> to `target`; after `cut_after` bytes of the first link it
     calls `on_cut` (e.g. kill the sender) and closes the link: a source dying mid-transfer.
-    With `hold`, the link stays open and silent instead until `close`: a stalled source."""
+    With `hold`, the link stays open and silent instead until `close`: a stalled source.
+    With `answers`, the bytes counted are those the target sends back, on whichever link
+    first passes `cut_after` (a kvstore answering a get on the connection it came on)."""
 
-    def __init__(self, target_port: int, cut_after: int, on_cut, hold: bool = False) -> None:
+    def __init__(
+        self, target_port: int, cut_after: int, on_cut, hold: bool = False, answers: bool = False
+    ) -> None:
         self.target_port, self.cut_after, self.on_cut = target_port, cut_after, on_cut
-        self.hold = hold
+        self.hold, self.answers = hold, answers
+        self._once = threading.Lock()
         self.closed = threading.Event()
         self.cut = False
         self.error: Exception | None = None
@@ -84,17 +89,19 @@ class CuttingProxy:
                 return
             server = socket.create_connection(("127.0.0.1", self.target_port))
             self.links += 1
-            cut_this = self.links == 1
+            cut_this = self.links == 1 and not self.answers
             threading.Thread(
                 target=self._pump, args=(client, server, cut_this), daemon=True
             ).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+            threading.Thread(
+                target=self._pump, args=(server, client, self.answers), daemon=True
+            ).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, cut_this: bool) -> None:
         seen = 0
         try:
             while data := src.recv(1 << 14):
-                if cut_this and seen + len(data) >= self.cut_after:
+                if cut_this and seen + len(data) >= self.cut_after and self._once.acquire(False):
                     dst.sendall(data[: max(0, self.cut_after - seen)])
                     self.cut = True
                     self.on_cut()

@@ -91,18 +91,19 @@ def test_a_prefix_computed_on_one_worker_is_loaded_by_another(stack_with_pool, r
     )
 
 
-def uncached_behind(proxy, data_port: int) -> tuple[str, ...]:
-    """A prefill worker's flags: no prefix cache of its own, its data port reached through
-    `proxy` (what the pool sends it crosses the proxy, as over a network: no shared-memory
-    ring on this host)."""
+def kvstore_behind(proxy, data_port: int) -> tuple[str, ...]:
+    """A kvstore's flags: its data port reached through `proxy` (what it answers a get with
+    crosses the proxy, as over a network: no shared-memory ring on this host)."""
     return (
-        "--no-prefix-cache",
         "--no-shared-memory",
         "--data-port",
         str(data_port),
         "--advertise-data-addr",
         f"127.0.0.1:{proxy.port}",
     )
+
+
+UNCACHED = ("--no-prefix-cache",)  # the second ask's prefix comes from the pool, or computes
 
 
 def test_a_kvstore_killed_mid_transfer_means_recompute_not_failure(tmp_path, reference):
@@ -116,9 +117,11 @@ def test_a_kvstore_killed_mid_transfer_means_recompute_not_failure(tmp_path, ref
     kill = lambda: next(
         p for p in stack_ref["s"].processes if p.name == "kvstore-0"
     ).popen.send_signal(signal.SIGKILL)
-    proxy = CuttingProxy(data_port, cut_after=200_000, on_cut=kill)
-    prefill_args = uncached_behind(proxy, data_port)
-    with running_stack(tmp_path, num_kvstore=1, prefill_args=prefill_args) as stack:
+    proxy = CuttingProxy(data_port, cut_after=200_000, on_cut=kill, answers=True)
+    kvstore_args = kvstore_behind(proxy, data_port)
+    with running_stack(
+        tmp_path, num_kvstore=1, prefill_args=UNCACHED, kvstore_args=kvstore_args
+    ) as stack:
         stack_ref["s"] = stack
         first = ask(stack, STORY + " Question one: what did he count?")
         wait_until_pooled(stack, first)
@@ -231,10 +234,12 @@ def test_a_pool_fetch_that_stalls_is_given_up_and_the_prefix_computed(tmp_path, 
     from tests.e2e.proxy import CuttingProxy
 
     data_port = free_port()
-    proxy = CuttingProxy(data_port, cut_after=200_000, on_cut=lambda: None, hold=True)
-    prefill_args = uncached_behind(proxy, data_port)
+    proxy = CuttingProxy(data_port, cut_after=200_000, on_cut=lambda: None, hold=True, answers=True)
+    kvstore_args = kvstore_behind(proxy, data_port)
     try:
-        with running_stack(tmp_path, num_kvstore=1, prefill_args=prefill_args) as stack:
+        with running_stack(
+            tmp_path, num_kvstore=1, prefill_args=UNCACHED, kvstore_args=kvstore_args
+        ) as stack:
             first = ask(stack, STORY + " Question one: what did he count?")  # measures
             wait_until_pooled(stack, first)
             prompt = STORY + " Question two: what answered him?"

@@ -62,12 +62,16 @@ def deadline_of(sock: socket.socket) -> float | None:
 def peer_closed(sock: socket.socket) -> bool:
     """Whether the receiver has closed an idle connection: it never sends between frames,
     so anything readable (an EOF, a reset, stray bytes) means it is gone."""
+    timeout = sock.gettimeout()
+    sock.setblocking(False)  # NOTE: with a timeout set, recv would wait for it first
     try:
-        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        sock.recv(1, socket.MSG_PEEK)
     except BlockingIOError:
         return False
     except OSError:
         pass
+    finally:
+        sock.settimeout(timeout)
     return True
 
 

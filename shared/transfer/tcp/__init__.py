@@ -12,6 +12,9 @@ bytes) and a body of `body bytes`:
                  each KV part's payload travels in the ring and the socket carries its
                  header, span table and ring position (the receiver answers with how far
                  it has read)
+    ASK, ANSWER  a question from the peer that dialed (a worker asking a kvstore for blocks)
+                 and the receiver's reply, in the bus's message encoding; a get's KV frames
+                 and END follow the reply on the same connection (`asking`, `asker`)
 
 `layers` names the first layer a frame carries (low 16 bits) and how many more follow it
 (high 16): a span of a frame of several layers holds its K of each layer in turn, then its
@@ -36,7 +39,8 @@ from `common`; see `ConnectionLimits`).
 
 Modules: `wire` (frame format, encoding, decoding), `sockets` (scatter/gather I/O), `sealing`
 (the same frames encrypted), `ring` (the same frames' payload through shared memory, same
-host), `sender`, `receiver`.
+host), `sender`, `receiver`, `asking` (answers on an accepted connection), `asker` (asks on
+connections of one's own).
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ from shared.transfer.tcp.sender import TcpKVSender
 from shared.transfer.tcp.sockets import IOV_MAX, SOCKET_BUFFER_BYTES, send_all
 from shared.transfer.tcp.wire import (
     HEADER,
+    KIND_ANSWER,
+    KIND_ASK,
     KIND_END,
     KIND_KV,
     KIND_KV_MORE,
@@ -65,6 +71,8 @@ __all__ = [
     "HEADER",
     "HELLO",
     "IOV_MAX",
+    "KIND_ANSWER",
+    "KIND_ASK",
     "KIND_END",
     "KIND_KV",
     "KIND_KV_MORE",

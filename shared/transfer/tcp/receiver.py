@@ -17,11 +17,14 @@ from shared.transfer.common.limits import ConnectionLimits
 from shared.transfer.common.receiver import Connection, ListeningReceiver, call_sink, scattered
 from shared.transfer.common.sockets import recv_exact
 from shared.transfer.tcp import ring
+from shared.transfer.tcp.asking import Answer, AskServer, write_answer
 from shared.transfer.tcp.sealing import Opener
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, Landing, recv_hashed
 from shared.transfer.tcp.wire import (
     GREETING,
     HEADER,
+    KIND_ANSWER,
+    KIND_ASK,
     KIND_END,
     KIND_KV,
     KIND_RING,
@@ -98,6 +101,8 @@ class _Connection(Connection[bytes, _Partial]):
         kind, rid_len, layers, count, body = check_header(raw)
         if kind == KIND_RING:
             return self._take_ring(body)
+        if kind in (KIND_ASK, KIND_ANSWER):
+            return self._answer(kind, body)
         num_spans = 0 if kind == KIND_END else count
         meta = self._read_meta(raw, rid_len + num_spans * SPAN.size)  # id and span table
         request_id = meta[:rid_len].decode(errors="replace")
@@ -121,6 +126,16 @@ class _Connection(Connection[bytes, _Partial]):
             self.ring = ring.accept(self.sock, offer)
         else:
             self.sock.sendall(ring.NO)
+
+    def _answer(self, kind: int, body: int) -> None:
+        """An ask from the peer that dialed (`asking`): answered on this connection."""
+        server = self.receiver.server
+        if kind != KIND_ASK or server is None or self.opener is not None or self.frame:
+            raise ProtocolError("an answer, or an ask where none is served or mid-frame")
+        answer = call_sink(server.answer, recv_exact(self.sock, body))
+        if not isinstance(answer, Answer):  # the server failed (and logged why)
+            raise ProtocolError("an ask the server could not answer")
+        write_answer(self.sock, answer)
 
     def _closed(self) -> None:
         if self.ring is not None:
@@ -228,7 +243,8 @@ class _Connection(Connection[bytes, _Partial]):
 class TcpKVReceiver(ListeningReceiver):
     """Listens for senders and writes their KV frames where `sink` says, within `limits`;
     with `encrypt`, only from senders that encrypt them (which needs `auth_token`); with
-    `shared_memory`, their payload through the ring a sender on this host offers."""
+    `shared_memory`, their payload through the ring a sender on this host offers; with a
+    `server`, asks on a connection answered on it (`asking`)."""
 
     connection_class = _Connection
 
@@ -242,9 +258,11 @@ class TcpKVReceiver(ListeningReceiver):
         limits: ConnectionLimits = ConnectionLimits(),
         encrypt: bool = False,
         shared_memory: bool = True,
+        server: AskServer | None = None,
     ) -> None:
         require_token(auth_token, encrypt)
         super().__init__(sink, host, port, auth_token, limits)
+        self.server = server  # answers asks on the data connection (`asking`), if any
         self.socket_buffer_bytes = socket_buffer_bytes
         self.encrypt = encrypt
         self.shared_memory = shared_memory

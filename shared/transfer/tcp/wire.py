@@ -20,17 +20,21 @@ from shared.transfer.common.frames import (
 from shared.transfer.common.handshake import Greeting
 
 MAGIC = 0x5453564B  # b"KVST" read as little endian
-VERSION = 3  # 2: a frame may carry several layers; 3: a ring in shared memory (`ring`)
-KIND_KV, KIND_KV_MORE, KIND_END, KIND_RING = 1, 2, 3, 4
+# 2: a frame may carry several layers; 3: a ring in shared memory (`ring`); 4: asks and
+# answers on the data connection (`asking`)
+VERSION = 4
+KIND_KV, KIND_KV_MORE, KIND_END, KIND_RING, KIND_ASK, KIND_ANSWER = 1, 2, 3, 4, 5, 6
 HEADER = struct.Struct("<IBBHIIQ")  # magic, version, kind, id length, layers, count, body bytes
 SPAN = struct.Struct("<IIIQQQ")  # block id, offset, tokens, bytes per half, block hash, checksum
 GREETING = Greeting(MAGIC, VERSION, f"kvstack v{VERSION}")
-KINDS = (KIND_KV, KIND_KV_MORE, KIND_END, KIND_RING)
+KINDS = (KIND_KV, KIND_KV_MORE, KIND_END, KIND_RING, KIND_ASK, KIND_ANSWER)
+NOTES = (KIND_ASK, KIND_ANSWER)  # a body of a peer's own encoding; no request id, no spans
 
 PART_BYTES = 1 << 20  # payload per wire part: hashed, then sent while still in L2
 # NOTE: limits that make garbage fail fast (common.frames has those both transports share).
 MAX_SPANS = 1 << 16
 MAX_BODY_BYTES = 1 << 32
+MAX_NOTE_BYTES = 1 << 24  # an ask's or an answer's body (a get of 65,536 blocks is 2 MB)
 LAYER_BITS = 16  # the header's layers field: the first layer, then how many more above it
 
 
@@ -117,6 +121,14 @@ def encode_ring_offer(offer_bytes: int) -> bytes:
     return HEADER.pack(MAGIC, VERSION, KIND_RING, 0, 0, 0, offer_bytes)
 
 
+def encode_note(kind: int, body: bytes, frames_follow: bool = False) -> list[memoryview]:
+    """An ASK or an ANSWER; an answer's `count` says whether a request's frames and its
+    END follow it on the same connection."""
+    return [
+        memoryview(HEADER.pack(MAGIC, VERSION, kind, 0, 0, int(frames_follow), len(body)) + body)
+    ]
+
+
 def encode_end(request_id: str, num_frames: int) -> list[memoryview]:
     rid = request_id.encode()
     return [
@@ -133,6 +145,8 @@ def check_header(raw: bytes) -> tuple[int, int, int, int, int]:
     if magic != MAGIC or version != VERSION or kind not in KINDS:
         raise ProtocolError(f"bad frame header {raw.hex()}")
     spans = count if kind in (KIND_KV, KIND_KV_MORE) else 0
+    if kind in NOTES and (rid_len or count > 1 or layer or body > MAX_NOTE_BYTES):
+        raise ProtocolError(f"absurd ask or answer header {raw.hex()}")
     if (
         rid_len > MAX_REQUEST_ID
         or spans > MAX_SPANS

@@ -13,6 +13,7 @@ from services.cli.stack import Stack, StackConfig
 from shared import subjects
 from shared.bus import Bus
 from shared.kv_inbox import KVInbox
+from shared.kv_pool_factory import asker_for
 from shared.kvcache.storage import KVStorage
 from shared.kvstore_client import KvstorePool
 from shared.messages import Heartbeat, StatsRequest, StoreStats
@@ -49,9 +50,15 @@ class Client:
         self.inbox = KVInbox(self.storage, asyncio.get_running_loop())
         self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0, token, encrypt=encrypt)
         self.sender = TcpKVSender(auth_token=token, encrypt=encrypt)
-        self.pool = KvstorePool(bus, self.sender, self.storage, self.inbox, self.receiver.start())
+        data_addr = self.receiver.start()
+        # gets asked on the stores' data connections, as workers do (over the bus under
+        # encryption: asker_for gives none)
+        asker = asker_for(self.receiver, 10.0)
+        self.pool = KvstorePool(bus, self.sender, self.storage, self.inbox, data_addr, asker=asker)
 
     def close(self) -> None:
+        if self.pool.asker is not None:
+            self.pool.asker.close()
         self.receiver.stop()
         self.sender.close()
 

@@ -8,12 +8,14 @@ import threading
 
 class FlipProxy:
     """Forwards 127.0.0.1:port to `upstream`; XORs the sender's byte at stream offset
-    `flip_at` (None: flips nothing) and keeps a copy of everything the sender wrote."""
+    `flip_at` (None: flips nothing) and keeps a copy of everything the sender wrote. With
+    `answers`, the same for what `upstream` writes back (a receiver answering an ask)."""
 
-    def __init__(self, upstream: str, flip_at: int | None = None) -> None:
+    def __init__(self, upstream: str, flip_at: int | None = None, answers: bool = False) -> None:
         host, port = upstream.rsplit(":", 1)
         self.upstream = (host, int(port))
         self.flip_at = flip_at
+        self.answers = answers
         self.sent = bytearray()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.sockets: list[socket.socket] = [self.listener]
@@ -38,13 +40,14 @@ class FlipProxy:
             return
         server = socket.create_connection(self.upstream)
         self.sockets += [client, server]
-        threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-        threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+        up, down = (False, True) if self.answers else (True, False)
+        threading.Thread(target=self._pump, args=(client, server, up), daemon=True).start()
+        threading.Thread(target=self._pump, args=(server, client, down), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, from_sender: bool) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, tampered: bool) -> None:
         try:
             while data := src.recv(1 << 16):
-                if from_sender:
+                if tampered:
                     data = self._tamper(bytearray(data))
                 dst.sendall(data)
         except OSError:

@@ -17,6 +17,8 @@ from shared.transfer.base import BlockSpan
 from shared.transfer.tcp import (
     HEADER,
     HELLO,
+    KIND_ANSWER,
+    KIND_ASK,
     KIND_KV,
     KIND_KV_MORE,
     KIND_RING,
@@ -98,6 +100,10 @@ GARBAGE = {
     + b"x"
     + HEADER.pack(MAGIC, VERSION, KIND_RING, 0, 0, 0, ring.OFFER.size)
     + bytes(ring.OFFER.size),
+    "an ask where none is served": HEADER.pack(MAGIC, VERSION, KIND_ASK, 0, 0, 0, 3) + b"get",
+    "an answer sent to a receiver": HEADER.pack(MAGIC, VERSION, KIND_ANSWER, 0, 0, 0, 3) + b"yes",
+    "an ask with a request id": HEADER.pack(MAGIC, VERSION, KIND_ASK, 1, 0, 0, 4) + b"xget",
+    "an absurd ask": HEADER.pack(MAGIC, VERSION, KIND_ASK, 0, 0, 0, 1 << 30),
 }
 
 

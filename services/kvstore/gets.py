@@ -1,0 +1,84 @@
+"""A get of blocks: checked, pinned, counted and cut into frames, whichever way it came:
+over the bus (the blocks then go to the asker's data address) or on a data connection
+(`shared/transfer/tcp/asking.py`: they go back on that connection)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import Counter
+
+from services.kvstore.dram import BlockRef
+from services.kvstore.runs import get_spans
+from services.kvstore.store import BlockStore
+from shared.codec import MessageError, decode, encode
+from shared.messages import Ack, BlockGet
+from shared.transfer.base import layer_groups
+from shared.transfer.common.frames import Frame, checked_frame
+from shared.transfer.tcp.asking import Answer
+
+
+class Gets:
+    def __init__(self, store: BlockStore, served_bytes: Counter) -> None:
+        self.store = store
+        self.served_bytes = served_bytes  # block bytes sent to clients
+        self.num_gets = self.num_misses = 0
+        self.asked_bytes = 0  # block bytes sent back on data connections (not by the sender)
+
+    @staticmethod
+    def refused(msg: BlockGet) -> Ack | None:
+        """Why a get cannot be served as asked, before anything is pinned."""
+        if len(msg.block_hashes) != len(msg.dest_block_ids):
+            return Ack(
+                msg.request_id, False, "block_hashes and dest_block_ids differ in length", 400
+            )
+        return None
+
+    def counted(self, msg: BlockGet, refs: list[BlockRef | None]) -> Ack:
+        """All pinned, or a miss (what was pinned is let go)."""
+        self.num_gets += 1
+        if any(ref is None for ref in refs):
+            self.store.release([ref for ref in refs if ref is not None])
+            self.num_misses += 1
+            return Ack(msg.request_id, False, "some blocks are not here (any more)", 404)
+        self.served_bytes.inc(msg.layout.block_bytes * len(refs))
+        return Ack(msg.request_id, True)
+
+    @staticmethod
+    def frames(msg: BlockGet, refs: Sequence[BlockRef]) -> list[Frame]:
+        """A few layers a frame (`layer_groups`): a big get's first layers are usable while
+        the rest are on the way."""
+        layout = msg.layout
+        return [
+            checked_frame(
+                msg.request_id,
+                layers.start,
+                get_spans(layers, msg.dest_block_ids, refs, layout),
+                layers=len(layers),
+            )
+            for layers in layer_groups(layout.num_layers, 2 * layout.half_bytes * len(refs))
+        ]
+
+    def answer(self, question: bytes) -> Answer:
+        """A get asked on a data connection (its thread: promoting from SSD may read files)."""
+        try:
+            msg = decode(question, expected=BlockGet)
+        except MessageError as e:
+            return Answer(encode(Ack("", False, f"not a get: {e}", 400)))
+        ack = self.refused(msg)
+        if ack is not None:
+            return Answer(encode(ack))
+        refs = self.store.pin_resident(msg.block_hashes, msg.layout)
+        if None in refs:
+            refs = self.store.acquire(msg.block_hashes, msg.layout, refs)
+        ack = self.counted(msg, refs)
+        if not ack.ok:
+            return Answer(encode(ack))
+        pinned = [ref for ref in refs if ref is not None]
+        self.asked_bytes += msg.layout.block_bytes * len(pinned)
+        return Answer(
+            encode(ack),
+            msg.request_id,
+            self.frames(msg, pinned),
+            lambda ok: self.store.release(pinned),
+        )

@@ -1,0 +1,193 @@
+"""Asks on the data connection, the asking side (`asking` has the protocol): connections
+this worker dialed to the receivers it asks (kvstores), one ask at a time each, a few kept
+open between asks. An answer's frames are read with the receiving side's own code into
+this worker's receiver's sink, as if that receiver had accepted them: the same checks,
+the same expectations, the same counters."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from shared.transfer.common.frames import ProtocolError
+from shared.transfer.common.handshake import answer_hello
+from shared.transfer.common.receiver import call_sink
+from shared.transfer.common.sender import MAX_IDLE_S
+from shared.transfer.common.sockets import peer_closed, recv_exact, shut_down, split_peer, tune
+from shared.transfer.tcp.receiver import TcpKVReceiver, _Connection
+from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, send_all
+from shared.transfer.tcp.wire import (
+    GREETING,
+    HEADER,
+    KIND_ANSWER,
+    KIND_ASK,
+    check_header,
+    encode_note,
+)
+
+log = logging.getLogger(__name__)
+KEEP_PER_PEER = 4  # idle connections kept per receiver; more asks at once dial more
+ASK_THREADS = 8
+
+Answered = Callable[[bytes | None], None]  # the reply, or None when none came
+
+
+class _AskingConnection(_Connection):
+    """A connection this side dialed: it answers the receiver's handshake, sends asks and
+    reads what comes back as the receiving side reads a sender's frames."""
+
+    def __init__(self, sock: socket.socket, receiver: TcpKVReceiver) -> None:
+        super().__init__(sock, receiver)
+        self.ended = ""  # the request whose END came last
+        self.last_used = time.monotonic()
+
+    def _handshake(self) -> None:
+        answer_hello(self.sock, self.receiver.auth_token, GREETING, encrypt=False)
+
+    def _take_ring(self, body: int) -> None:
+        raise ProtocolError("a ring offered to an asker")
+
+    def _end(self, request_id: str, num_frames: int) -> None:
+        super()._end(request_id, num_frames)
+        self.ended = request_id
+
+    def exchange(self, question: bytes, request_id: str, answered: Answered) -> None:
+        """Ask, hand the reply to `answered`, then read the frames that follow it (if any)
+        into the sink until the request's END."""
+        send_all(self.sock, encode_note(KIND_ASK, question))
+        kind, _, _, frames_follow, body = check_header(recv_exact(self.sock, HEADER.size))
+        if kind != KIND_ANSWER:
+            raise ProtocolError(f"kind {kind} where an answer was due")
+        reply = recv_exact(self.sock, body)
+        if frames_follow:  # NOTE: before `answered`, so a drop from here on reaches the sink
+            self.open_requests[request_id] = None
+        answered(reply)
+        while request_id in self.open_requests:
+            self._handle(recv_exact(self.sock, HEADER.size))
+        self.last_used = time.monotonic()
+
+    def fail(self, error: str) -> None:
+        """Close; requests whose frames were due are lost to the sink."""
+        self.sock.close()
+        if self.open_requests:
+            call_sink(self.sink.on_lost, list(self.open_requests), error)
+            self.open_requests.clear()
+
+
+class Asker:
+    """Asks receivers on connections of its own and reads what comes back into `receiver`'s
+    sink. `ask` blocks: it runs on the asker's threads (`submit`)."""
+
+    def __init__(
+        self,
+        receiver: TcpKVReceiver,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 30.0,
+        max_idle_s: float = MAX_IDLE_S,
+    ) -> None:
+        self.receiver = receiver
+        self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
+        self.max_idle_s = max_idle_s
+        self.threads = ThreadPoolExecutor(ASK_THREADS, thread_name_prefix="kv-ask")
+        self._idle: dict[str, list[_AskingConnection]] = {}
+        self._busy: dict[str, _AskingConnection] = {}  # request id -> its connection
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def submit(self, peer: str, request_id: str, question: bytes, answered: Answered) -> None:
+        self.threads.submit(self.ask, peer, request_id, question, answered)
+
+    def ask(self, peer: str, request_id: str, question: bytes, answered: Answered) -> None:
+        """Ask `peer`; `answered` gets the reply, or None when none came. A kept connection
+        that fails before the answer (the receiver restarted, or closed it idle) is
+        replaced by a fresh one once."""
+        replied: list[bytes] = []
+
+        def reply(data: bytes) -> None:
+            replied.append(data)
+            answered(data)
+
+        try:
+            kept = self._kept(peer)
+            if kept is not None and self._exchange(peer, kept, request_id, question, reply):
+                return
+            if replied:  # it failed after the answer: the sink has heard its frames lost
+                return
+            fresh = self._dial(peer)
+            if not self._exchange(peer, fresh, request_id, question, reply) and not replied:
+                answered(None)
+        except (OSError, ProtocolError) as e:  # cannot connect, or refused at the handshake
+            log.warning("cannot ask %s: %s", peer, e)
+            answered(None)
+        except Exception:  # the owner of this thread's work: log it, end the ask
+            log.exception("asking %s failed", peer)
+            if not replied:
+                answered(None)
+
+    def abort(self, request_id: str) -> None:
+        """Cut the connection an ask is reading on (its frames are then lost)."""
+        with self._lock:
+            conn = self._busy.get(request_id)
+        if conn is not None:
+            shut_down(conn.sock)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            conns = [c for idle in self._idle.values() for c in idle] + [*self._busy.values()]
+            self._idle.clear()
+        for conn in conns:
+            shut_down(conn.sock)
+        self.threads.shutdown(wait=False, cancel_futures=True)
+
+    def _exchange(
+        self, peer: str, conn: _AskingConnection, request_id: str, question: bytes, reply
+    ) -> bool:
+        with self._lock:
+            self._busy[request_id] = conn
+        try:
+            conn.exchange(question, request_id, reply)
+        except (OSError, ProtocolError) as e:
+            conn.fail(str(e) or type(e).__name__)
+            return False
+        finally:
+            with self._lock:
+                self._busy.pop(request_id, None)
+        self._keep(peer, conn)
+        return True
+
+    def _dial(self, peer: str) -> _AskingConnection:
+        sock = socket.create_connection(split_peer(peer), self.connect_timeout_s)
+        try:
+            tune(sock, SOCKET_BUFFER_BYTES)
+            conn = _AskingConnection(sock, self.receiver)
+            conn._handshake()
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(self.read_timeout_s)
+        return conn
+
+    def _kept(self, peer: str) -> _AskingConnection | None:
+        """An idle connection to `peer` still fit to ask on, if one is kept."""
+        while True:
+            with self._lock:
+                idle = self._idle.get(peer)
+                conn = idle.pop() if idle else None
+            if conn is None:
+                return None
+            if time.monotonic() - conn.last_used < self.max_idle_s and not peer_closed(conn.sock):
+                return conn
+            conn.sock.close()
+
+    def _keep(self, peer: str, conn: _AskingConnection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(peer, [])
+            if not self.closed and len(idle) < KEEP_PER_PEER:
+                idle.append(conn)
+                return
+        conn.sock.close()

@@ -1,0 +1,56 @@
+"""Asks on the data connection, the answering side: a peer that dialed a receiver (a
+worker dialing a kvstore) asks it for something in the bus's own message encoding (a
+get of blocks), and the receiver answers on the same connection, the frames it sends
+back following its answer. A get costs no bus round trip and no second connection: the
+bytes come back on the socket the question went out on, straight into the asker's KV.
+
+    asker -> receiver   ASK      body: the question (shared/codec)
+    receiver -> asker   ANSWER   body: the reply; `count` 1: the request's KV frames and
+                                 its END follow on this connection, 0: nothing follows
+
+A receiver answers only when it has an `AskServer`, and never under encryption (askers
+that encrypt ask over the bus).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from shared.transfer.common.frames import Frame
+from shared.transfer.tcp.sockets import send_all
+from shared.transfer.tcp.wire import KIND_ANSWER, encode_end, encode_note, encode_part, parts_of
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A reply, and the frames of `request_id` that follow it (none without a request id);
+    `done(ok)` runs once they are all out (ok) or the connection failed (not ok)."""
+
+    reply: bytes
+    request_id: str = ""
+    frames: Sequence[Frame] = ()
+    done: Callable[[bool], None] = lambda ok: None
+
+
+class AskServer(Protocol):
+    def answer(self, question: bytes) -> Answer:
+        """The answer to one ask (on the receiver's connection thread: it may block)."""
+
+
+def write_answer(sock: socket.socket, answer: Answer) -> None:
+    """The answer, then its frames and their END."""
+    ok = False
+    try:
+        send_all(sock, encode_note(KIND_ANSWER, answer.reply, bool(answer.request_id)))
+        for frame in answer.frames:
+            for part in parts_of(frame):
+                send_all(sock, encode_part(part.kind, part.rid, part.layers, part.spans))
+        if answer.request_id:
+            num_frames = sum(frame.layers for frame in answer.frames)  # as the reader counts
+            send_all(sock, encode_end(answer.request_id, num_frames))
+        ok = True
+    finally:
+        answer.done(ok)
