@@ -97,7 +97,6 @@ class PoolClient:
         num_blocks: int,
         token: str | None,
         seed: int = 0,
-        shared_memory: bool = True,
         ask: bool = True,
     ) -> None:
         self.storage = KVStorage(
@@ -113,7 +112,7 @@ class PoolClient:
         )
         self.inbox = KVInbox(self.storage, asyncio.get_running_loop())
         self.receiver = TcpKVReceiver(self.inbox, "127.0.0.1", 0, auth_token=token)
-        self.sender = TcpKVSender(auth_token=token, shared_memory=shared_memory)
+        self.sender = TcpKVSender(auth_token=token)
         data_addr = self.receiver.start()
         asker = asker_for(self.receiver, 10.0) if ask else None
         self.pool: KVPool = KvstorePool(
@@ -153,17 +152,18 @@ BLOCK_BYTES = 2 * LAYOUT["num_layers"] * LAYOUT["block_size"] * LAYOUT["num_kv_h
 BATCHES = (1, PUT_BLOCKS)  # blocks per call: one block, one 256-token request's
 
 
-# a kvstore's tiers; "socket": DRAM with KV over the socket only (no shared-memory ring);
-# "bus": DRAM with each get asked over the bus (the blocks then come on a connection of the
-# kvstore's), not on the worker's data connection
-TIERS = ("dram", "socket", "bus", "ssd")
+# a kvstore's tiers, each get and put asked on the worker's own connection to the kvstore
+# (tcp.asking), over its socket; "bus": DRAM with each get and put asked over the bus
+# instead (as under --data-encrypt), the blocks on connections of their senders, through
+# the shared-memory ring
+TIERS = ("dram", "bus", "ssd")
 
 
 def measure_tier(work: Path, tier: str, num_blocks: int) -> list[dict]:
     progress(f"kvstore, {tier}: {num_blocks} blocks")
     gib = len(BATCHES) * num_blocks * BLOCK_BYTES / (1 << 30)  # every run's blocks
     args = (
-        ("--dram-gib", str(gib + 0.01), *(("--no-shared-memory",) if tier == "socket" else ()))
+        ("--dram-gib", str(gib + 0.01))
         if tier != "ssd"
         else (
             "--dram-gib",
@@ -195,9 +195,7 @@ def measure_tier(work: Path, tier: str, num_blocks: int) -> list[dict]:
 
 async def _kvstore_runs(stack: Stack, tier: str, num_blocks: int) -> list[dict]:
     bus = await stack.bus("bench-kvstore")
-    client = PoolClient(
-        bus, num_blocks, stack.data_token, shared_memory=tier != "socket", ask=tier != "bus"
-    )
+    client = PoolClient(bus, num_blocks, stack.data_token, ask=tier != "bus")
     await client.join(bus, 1)
     rows = [await _round_trip(client, f"kvstore {tier}", num_blocks, n) for n in BATCHES]
     await client.close()

@@ -97,7 +97,8 @@ class AskingFetcher:
         answered: asyncio.Future[bytes | None] = loop.create_future()
 
         def on_answer(reply: bytes | None) -> None:  # from the asker's thread
-            loop.call_soon_threadsafe(_settle, answered, reply)
+            loop.call_soon_threadsafe(settle, answered, reply)
+            return None  # nothing to send: a get's frames come from the kvstore
 
         self.asker.submit(data_addr, transfer_id, encode(question), on_answer)
         if not _accepted(await answered):
@@ -115,7 +116,8 @@ class AskingFetcher:
                 log.error("fetch %s: a frame never finished landing", expected.transfer_id)
 
 
-def _settle(future: asyncio.Future, value: object) -> None:
+def settle(future: asyncio.Future, value: object) -> None:
+    """Resolve `future` unless it is done (call on its loop)."""
     if not future.done():
         future.set_result(value)
 

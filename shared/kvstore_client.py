@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shared import subjects
-from shared.block_fetch import AskingFetcher, BlockFetcher
+from shared.block_fetch import AskingFetcher, BlockFetcher, settle
 from shared.bus import Bus, ServiceUnavailable
-from shared.codec import MessageError
+from shared.codec import MessageError, decode, encode
 from shared.engine.loop import EngineLoop
 from shared.hash_ring import HashRing
 from shared.kv_inbox import Expected, KVInbox
@@ -26,6 +26,7 @@ from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
 from shared.messages import BlockLookup, BlockPresence, BlockPut, Heartbeat, PutSlots
 from shared.transfer.base import BlockSpan, KVSender, coalesce, layer_groups
+from shared.transfer.common.frames import Frame, checked_frame
 from shared.transfer.tcp.asker import Asker
 
 log = logging.getLogger("kvstack.kvstore_client")
@@ -150,6 +151,15 @@ class KvstorePool:
         Returns how many blocks are being sent."""
         groups = self.ring().group(block_hashes)
         src = dict(zip(block_hashes, block_ids))
+        if self.asker is not None:
+            done = _Countdown(len(groups), on_sent)
+            counts = await asyncio.gather(
+                *(
+                    self._put_asking(w, f"{transfer_id}:{i}", hs, src, done.tick)
+                    for i, (w, hs) in enumerate(groups.items())
+                )
+            )
+            return sum(counts)
         plans = await asyncio.gather(
             *(self._slots(w, f"{transfer_id}:{i}", hs) for i, (w, hs) in enumerate(groups.items()))
         )
@@ -164,12 +174,40 @@ class KvstorePool:
             self._send_blocks(reply.data_addr, reply.request_id, blocks, done.tick)
         return sum(len(blocks) for _, blocks in sends)
 
+    async def _put_asking(
+        self,
+        worker_id: str,
+        transfer_id: str,
+        block_hashes: list[int],
+        src: dict[int, int],
+        finished: Callable[[], None],
+    ) -> int:
+        """Ask the owner for slots on its data connection and send the blocks it lacks on
+        the same connection, from the asker's thread; `finished` runs when that is over
+        (whatever happened). Returns how many blocks are being sent."""
+        loop = asyncio.get_running_loop()
+        sending: asyncio.Future[int] = loop.create_future()
+
+        def answered(reply: bytes | None) -> list[Frame] | None:  # the asker's thread
+            blocks = _slotted(reply, block_hashes, src)
+            loop.call_soon_threadsafe(settle, sending, len(blocks or ()))
+            if blocks is None:
+                return None
+            return block_frames(self.storage, transfer_id, [(s, i, h) for h, i, s in blocks])
+
+        message = self._put_message(transfer_id, block_hashes)
+        data_addr = self._members[worker_id].data_addr
+        asked = self.asker.submit(data_addr, transfer_id, encode(message), answered)  # type: ignore[union-attr]
+        asked.add_done_callback(lambda _: finished())
+        return await sending
+
+    def _put_message(self, transfer_id: str, block_hashes: list[int]) -> BlockPut:
+        return BlockPut(transfer_id, tuple(block_hashes), self.layout, time.time() + self.timeout)
+
     async def _slots(
         self, worker_id: str, transfer_id: str, block_hashes: list[int]
     ) -> PutSlots | None:
-        message = BlockPut(
-            transfer_id, tuple(block_hashes), self.layout, time.time() + self.timeout
-        )
+        message = self._put_message(transfer_id, block_hashes)
         try:
             reply = await self.bus.request(
                 subjects.kvstore_op(worker_id, "put"), message, self.timeout, expected=PutSlots
@@ -204,6 +242,15 @@ def send_blocks(
     on_done,
     runs: bool = True,
 ) -> None:
+    """Whole blocks of `storage` through `sender` (`block_frames`), then their END."""
+    for frame in block_frames(storage, transfer_id, blocks, runs):
+        sender.send(peer, transfer_id, frame.layer, frame.spans, frame.layers)
+    sender.finish(peer, transfer_id, on_done)
+
+
+def block_frames(
+    storage: KVStorage, transfer_id: str, blocks: Sequence[tuple[int, int, int]], runs: bool = True
+) -> list[Frame]:
     """Whole blocks of `storage`, a few layers a frame (`layer_groups`): blocks are (dest
     id, source id, hash).
 
@@ -214,19 +261,34 @@ def send_blocks(
     pieces = coalesce(pieces, block_size) if runs else pieces
     hashes = {dest: block_hash for dest, _, block_hash in blocks}
     layout = BlockLayout.of(storage)
+    frames = []
     for layers in layer_groups(layout.num_layers, 2 * layout.half_bytes * len(blocks)):
         spans = []
         for dest, src, _, n in pieces:
             halves = [_host_span(storage, layer, src, n) for layer in layers]
             span = BlockSpan(dest, 0, n, hashes[dest] if n == block_size else 0)
             spans.append((span, tuple(k for k, _ in halves), tuple(v for _, v in halves)))
-        sender.send(peer, transfer_id, layers.start, spans, len(layers))
-    sender.finish(peer, transfer_id, on_done)
+        frames.append(checked_frame(transfer_id, layers.start, spans, layers=len(layers)))
+    return frames
 
 
 def _host_span(storage: KVStorage, layer: int, block_id: int, num_tokens: int):
     storage.to_host(layer, block_id, 0, num_tokens)  # from a GPU, where the KV is there
     return storage.span_bytes(layer, block_id, 0, num_tokens)
+
+
+def _slotted(
+    reply: bytes | None, block_hashes: list[int], src: dict[int, int]
+) -> list[tuple[int, int, int]] | None:
+    """(hash, source block, slot) of each block a put's reply wants sent; None when the
+    reply is no put's slots (nothing is sent, not even an END)."""
+    try:
+        slots = decode(reply, expected=PutSlots) if reply is not None else None
+    except MessageError:
+        return None
+    if slots is None or not slots.ok or len(slots.slots) != len(block_hashes):
+        return None
+    return [(h, src[h], slot) for h, slot in zip(block_hashes, slots.slots) if slot >= 0]
 
 
 class _Countdown:

@@ -11,7 +11,7 @@ from prometheus_client import Counter
 from services.kvstore.dram import BlockRef
 from services.kvstore.runs import get_spans
 from services.kvstore.store import BlockStore
-from shared.codec import MessageError, decode, encode
+from shared.codec import encode
 from shared.messages import Ack, BlockGet
 from shared.transfer.base import layer_groups
 from shared.transfer.common.frames import Frame, checked_frame
@@ -59,12 +59,8 @@ class Gets:
             for layers in layer_groups(layout.num_layers, 2 * layout.half_bytes * len(refs))
         ]
 
-    def answer(self, question: bytes) -> Answer:
+    def answer(self, msg: BlockGet) -> Answer:
         """A get asked on a data connection (its thread: promoting from SSD may read files)."""
-        try:
-            msg = decode(question, expected=BlockGet)
-        except MessageError as e:
-            return Answer(encode(Ack("", False, f"not a get: {e}", 400)))
         ack = self.refused(msg)
         if ack is not None:
             return Answer(encode(ack))

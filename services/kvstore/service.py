@@ -18,9 +18,10 @@ from pathlib import Path
 
 from services.kvstore.gets import Gets
 from services.kvstore.inbox import PutInbox
-from services.kvstore.store import BlockStore
+from services.kvstore.store import BlockRef, BlockStore
 from shared import subjects
 from shared.bus import Bus
+from shared.codec import MessageError, decode, encode
 from shared.kv_events import publish_kv_events
 from shared.messages import (
     Ack,
@@ -38,6 +39,7 @@ from shared.service import Service, ServiceConfig
 from shared.transfer.address import advertised
 from shared.transfer.common.encryption import require_token
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
+from shared.transfer.tcp.asking import Answer
 
 log = logging.getLogger("kvstack.kvstore")
 PUT_TTL = 30.0
@@ -92,7 +94,7 @@ class KvstoreService(Service):
             token,
             encrypt=encrypt,
             shared_memory=ring,
-            server=self.gets,  # gets asked on a data connection go back on it
+            server=self,  # asks on a data connection: `answer`
         )
         bound = self.receiver.start()  # listen even when peers dial another address
         self.data_addr = advertised(bound, self.config.advertise_data_addr)
@@ -196,14 +198,33 @@ class KvstoreService(Service):
         )
 
     async def _put(self, msg: BlockPut) -> PutSlots:
+        """A put over the bus: its blocks come on a connection of the worker's sender."""
         refs = self.store.reserve_in_room(msg.block_hashes, msg.layout)
         if refs is None:  # room must be made: evicting may write files
-            refs = await asyncio.to_thread(
-                lambda: [self.store.reserve(h, msg.layout) for h in msg.block_hashes]
-            )
+            refs = await asyncio.to_thread(self._reserve, msg)
+        return self._slots(msg, refs, self.data_addr)
+
+    def _reserve(self, msg: BlockPut) -> list[BlockRef | None]:
+        return [self.store.reserve(h, msg.layout) for h in msg.block_hashes]
+
+    def _slots(self, msg: BlockPut, refs: list[BlockRef | None], data_addr: str) -> PutSlots:
         self.inbox.open(msg.request_id, refs, PUT_TTL)
         slots = tuple(slot if ref is not None else -1 for slot, ref in enumerate(refs))
-        return PutSlots(msg.request_id, True, slots, self.data_addr)
+        return PutSlots(msg.request_id, True, slots, data_addr)
+
+    def answer(self, question: bytes) -> Answer:
+        """A get or a put asked on a data connection (shared/transfer/tcp/asking.py), on its
+        thread: promoting or evicting may read or write files. A get's blocks go back on
+        that connection; a put's come on it after the slots."""
+        try:
+            msg = decode(question, expected=(BlockGet, BlockPut))
+        except MessageError as e:
+            return Answer(encode(Ack("", False, f"neither a get nor a put: {e}", 400)))
+        if isinstance(msg, BlockGet):
+            return self.gets.answer(msg)
+        refs = self.store.reserve_in_room(msg.block_hashes, msg.layout)
+        slots = self._slots(msg, self._reserve(msg) if refs is None else refs, "")
+        return Answer(encode(slots))
 
     async def _housekeeping(self) -> None:
         self.inbox.expire(time.time())

@@ -87,7 +87,11 @@ class CuttingProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(("127.0.0.1", self.target_port))
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:  # the target is gone (killed): so is this link
+                client.close()
+                continue
             self.links += 1
             cut_this = self.links == 1 and not self.answers
             threading.Thread(

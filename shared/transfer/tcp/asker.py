@@ -10,14 +10,15 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
-from shared.transfer.common.frames import ProtocolError
+from shared.transfer.common.frames import Frame, ProtocolError
 from shared.transfer.common.handshake import answer_hello
 from shared.transfer.common.receiver import call_sink
 from shared.transfer.common.sender import MAX_IDLE_S
 from shared.transfer.common.sockets import peer_closed, recv_exact, shut_down, split_peer, tune
+from shared.transfer.tcp.asking import write_frames
 from shared.transfer.tcp.receiver import TcpKVReceiver, _Connection
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, send_all
 from shared.transfer.tcp.wire import (
@@ -33,7 +34,9 @@ log = logging.getLogger(__name__)
 KEEP_PER_PEER = 4  # idle connections kept per receiver; more asks at once dial more
 ASK_THREADS = 8
 
-Answered = Callable[[bytes | None], None]  # the reply, or None when none came
+# Takes the reply, or None when none came; returns the frames to send on the connection
+# next (a put's blocks: then their END follows), or None
+Answered = Callable[[bytes | None], Sequence[Frame] | None]
 
 
 class _AskingConnection(_Connection):
@@ -56,8 +59,9 @@ class _AskingConnection(_Connection):
         self.ended = request_id
 
     def exchange(self, question: bytes, request_id: str, answered: Answered) -> None:
-        """Ask, hand the reply to `answered`, then read the frames that follow it (if any)
-        into the sink until the request's END."""
+        """Ask, hand the reply to `answered` and send the frames it gives back (if any),
+        then read the frames that follow the reply (if any) into the sink until the
+        request's END."""
         send_all(self.sock, encode_note(KIND_ASK, question))
         kind, _, _, frames_follow, body = check_header(recv_exact(self.sock, HEADER.size))
         if kind != KIND_ANSWER:
@@ -65,7 +69,9 @@ class _AskingConnection(_Connection):
         reply = recv_exact(self.sock, body)
         if frames_follow:  # NOTE: before `answered`, so a drop from here on reaches the sink
             self.open_requests[request_id] = None
-        answered(reply)
+        frames = answered(reply)
+        if frames is not None:
+            write_frames(self.sock, request_id, frames)
         while request_id in self.open_requests:
             self._handle(recv_exact(self.sock, HEADER.size))
         self.last_used = time.monotonic()
@@ -98,35 +104,38 @@ class Asker:
         self._lock = threading.Lock()
         self.closed = False
 
-    def submit(self, peer: str, request_id: str, question: bytes, answered: Answered) -> None:
-        self.threads.submit(self.ask, peer, request_id, question, answered)
+    def submit(
+        self, peer: str, request_id: str, question: bytes, answered: Answered
+    ) -> Future[bool]:
+        return self.threads.submit(self.ask, peer, request_id, question, answered)
 
-    def ask(self, peer: str, request_id: str, question: bytes, answered: Answered) -> None:
-        """Ask `peer`; `answered` gets the reply, or None when none came. A kept connection
+    def ask(self, peer: str, request_id: str, question: bytes, answered: Answered) -> bool:
+        """Ask `peer`; `answered` gets the reply, or None when none came. True once all is
+        done: what `answered` gave sent, what followed the reply read. A kept connection
         that fails before the answer (the receiver restarted, or closed it idle) is
         replaced by a fresh one once."""
         replied: list[bytes] = []
 
-        def reply(data: bytes) -> None:
+        def reply(data: bytes) -> Sequence[Frame] | None:
             replied.append(data)
-            answered(data)
+            return answered(data)
 
         try:
             kept = self._kept(peer)
             if kept is not None and self._exchange(peer, kept, request_id, question, reply):
-                return
+                return True
             if replied:  # it failed after the answer: the sink has heard its frames lost
-                return
+                return False
             fresh = self._dial(peer)
-            if not self._exchange(peer, fresh, request_id, question, reply) and not replied:
-                answered(None)
+            if self._exchange(peer, fresh, request_id, question, reply):
+                return True
         except (OSError, ProtocolError) as e:  # cannot connect, or refused at the handshake
             log.warning("cannot ask %s: %s", peer, e)
-            answered(None)
         except Exception:  # the owner of this thread's work: log it, end the ask
             log.exception("asking %s failed", peer)
-            if not replied:
-                answered(None)
+        if not replied:
+            answered(None)
+        return False
 
     def abort(self, request_id: str) -> None:
         """Cut the connection an ask is reading on (its frames are then lost)."""
@@ -154,6 +163,9 @@ class Asker:
         except (OSError, ProtocolError) as e:
             conn.fail(str(e) or type(e).__name__)
             return False
+        except Exception as e:  # e.g. `answered` failed: the connection's state is unknown
+            conn.fail(f"internal error: {e!r}")
+            raise
         finally:
             with self._lock:
                 self._busy.pop(request_id, None)

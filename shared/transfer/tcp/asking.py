@@ -1,12 +1,15 @@
 """Asks on the data connection, the answering side: a peer that dialed a receiver (a
 worker dialing a kvstore) asks it for something in the bus's own message encoding (a
-get of blocks), and the receiver answers on the same connection, the frames it sends
-back following its answer. A get costs no bus round trip and no second connection: the
-bytes come back on the socket the question went out on, straight into the asker's KV.
+get of blocks, slots for a put), and the receiver answers on the same connection: a
+get's frames follow the answer, a put's follow it from the asker. Neither costs a bus
+round trip or a second connection, and a get's bytes come back on the socket the
+question went out on, straight into the asker's KV.
 
     asker -> receiver   ASK      body: the question (shared/codec)
     receiver -> asker   ANSWER   body: the reply; `count` 1: the request's KV frames and
                                  its END follow on this connection, 0: nothing follows
+    asker -> receiver   KV..END  what the reply asked for, if anything (a put's blocks,
+                                 into the slots the reply named)
 
 A receiver answers only when it has an `AskServer`, and never under encryption (askers
 that encrypt ask over the bus).
@@ -45,12 +48,17 @@ def write_answer(sock: socket.socket, answer: Answer) -> None:
     ok = False
     try:
         send_all(sock, encode_note(KIND_ANSWER, answer.reply, bool(answer.request_id)))
-        for frame in answer.frames:
-            for part in parts_of(frame):
-                send_all(sock, encode_part(part.kind, part.rid, part.layers, part.spans))
         if answer.request_id:
-            num_frames = sum(frame.layers for frame in answer.frames)  # as the reader counts
-            send_all(sock, encode_end(answer.request_id, num_frames))
+            write_frames(sock, answer.request_id, answer.frames)
         ok = True
     finally:
         answer.done(ok)
+
+
+def write_frames(sock: socket.socket, request_id: str, frames: Sequence[Frame]) -> None:
+    """A request's frames, hashed a part at a time right before it goes, then its END."""
+    for frame in frames:
+        for part in parts_of(frame):
+            send_all(sock, encode_part(part.kind, part.rid, part.layers, part.spans))
+    num_frames = sum(frame.layers for frame in frames)  # as the reader counts them
+    send_all(sock, encode_end(request_id, num_frames))

@@ -17,7 +17,10 @@ from shared.kv_pool_factory import asker_for
 from shared.kvcache.storage import KVStorage
 from shared.kvstore_client import KvstorePool
 from shared.messages import Heartbeat, StatsRequest, StoreStats
-from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
+from shared.transfer.common.handshake import PROOF_BYTES
+from shared.transfer.tcp import HEADER, KIND_KV, SPAN, TcpKVReceiver, TcpKVSender
+from tests.e2e.conftest import free_port
+from tests.shared.transfer.proxy import FlipProxy
 
 NUM_BLOCKS = 48
 
@@ -192,3 +195,42 @@ async def test_a_store_started_with_data_encrypt_serves_clients_that_encrypt(tmp
     finally:
         await disconnect(bus, clients)
         stack.stop()
+
+
+async def test_a_put_damaged_on_the_data_connection_is_not_kept_and_a_clean_one_is(tmp_path):
+    """Puts go out on the worker's own connection to the kvstore (asked: slots, then the
+    blocks); a byte flipped on the way keeps the damaged blocks out, and the same put
+    again, undamaged, is stored and read back intact."""
+    data_port = free_port()
+    proxy = FlipProxy(f"127.0.0.1:{data_port}", flip_at=2_000)  # in the first put's payload
+    args = ("--no-shared-memory", "--data-port", str(data_port))
+    args += ("--advertise-data-addr", proxy.address)
+    stack = await asyncio.to_thread(start_stores, tmp_path, 1, args)
+    bus, clients = await connect(stack)
+    writer = clients[0]  # NOTE: the proxy serves one connection: the writer's, both ways
+    try:
+        assert writer.pool.asker is not None
+        hashes = [random.Random(200 + i).getrandbits(64) for i in range(2)]
+        await put_all(writer, hashes, batch=2)
+        assert await writer.pool.longest_prefix(hashes) == 0  # one span: both blocks bad
+        assert in_first_payload(bytes(proxy.sent), 2_000)  # not in the ask: in the KV
+        await put_all(writer, hashes, batch=2)
+        assert await writer.pool.longest_prefix(hashes) == 2
+        loads = await writer.pool.get("get-back", hashes, [10, 11])
+        for expected in loads:
+            await asyncio.wait_for(expected.settled.wait(), 10)
+            assert not expected.verdict()
+        assert torch.equal(writer.storage.kv[:, :, 10:12], writer.storage.kv[:, :, 0:2])
+    finally:
+        await disconnect(bus, clients)
+        stack.stop()
+        proxy.close()
+
+
+def in_first_payload(stream: bytes, offset: int) -> bool:
+    """Whether `offset` of an asker's stream (its proof in the handshake, an ASK, then a
+    KV frame) is in the frame's payload, past its header and span table."""
+    ask = PROOF_BYTES + HEADER.size + HEADER.unpack_from(stream, PROOF_BYTES)[6]
+    _, _, kind, rid_len, _, count, body = HEADER.unpack_from(stream, ask)
+    payload = ask + HEADER.size + rid_len + count * SPAN.size
+    return kind == KIND_KV and payload <= offset < ask + HEADER.size + body
