@@ -363,11 +363,17 @@ def _ms(seconds) -> float:
     return round(statistics.median(seconds) * 1000, 1)
 
 
+# usage.timing's stages of a TTFT, in order (docs/observability.md)
+STAGES = ("conductor", "decode_reserve", "prefix_plan", "prefill_queue", "prefill_compute")
+STAGES += ("kv_transfer", "network")
+
+
 def _parts(timings: list[dict]) -> dict:
-    """Medians of where the case's TTFT went: its compute and its KV hand-off to decode."""
+    """Medians of where the case's TTFT went: each stage, its KV hand-off to decode."""
     return {
         "gateway_ttft_ms": _ms(t["ttft"] for t in timings),  # the client's less HTTP and SSE
         "prefill_compute_ms": _ms(t["prefill_compute"] for t in timings),
+        "stages_ms": {stage: _ms(t.get(stage, 0.0) for t in timings) for stage in STAGES},
         "handoff_mb": round(statistics.median(t["kv_handoff"]["bytes"] for t in timings) / 1e6, 1),
         "held_by_decode": statistics.median(t["kv_handoff"]["held_by_decode"] for t in timings),
     }
@@ -478,4 +484,8 @@ def _ttft_lines(t: dict, title: str) -> list[str]:
             f"{case:14}{parts['gateway_ttft_ms']:>17}{parts['prefill_compute_ms']:>20}"
             f"{parts['handoff_mb']:>17}{parts['held_by_decode']:>16}"
         )
+    lines.append("usage.timing's stages, median ms: " + " ".join(STAGES))
+    for case, parts in t["parts"].items():
+        stages = parts.get("stages_ms", {})
+        lines.append(f"{case:14}" + "".join(f"{stages.get(s, '-'):>9}" for s in STAGES))
     return lines
