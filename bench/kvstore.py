@@ -364,8 +364,15 @@ def _ms(seconds) -> float:
 
 
 # usage.timing's stages of a TTFT, in order (docs/observability.md)
-STAGES = ("conductor", "decode_reserve", "prefix_plan", "prefill_queue", "prefill_compute")
-STAGES += ("kv_transfer", "network")
+STAGES = (
+    "conductor",
+    "decode_reserve",
+    "prefix_plan",
+    "prefill_queue",
+    "prefill_compute",
+    "kv_transfer",
+    "network",
+)
 
 
 def _parts(timings: list[dict]) -> dict:

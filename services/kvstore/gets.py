@@ -4,7 +4,7 @@ over the bus (the blocks then go to the asker's data address) or on a data conne
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import Counter
 
@@ -45,19 +45,13 @@ class Gets:
         return Ack(msg.request_id, True)
 
     @staticmethod
-    def frames(msg: BlockGet, refs: Sequence[BlockRef]) -> list[Frame]:
+    def frames(msg: BlockGet, refs: Sequence[BlockRef]) -> Iterator[Frame]:
         """A few layers a frame (`layer_groups`): a big get's first layers are usable while
-        the rest are on the way."""
+        the rest are on the way (each frame made as it is due)."""
         layout = msg.layout
-        return [
-            checked_frame(
-                msg.request_id,
-                layers.start,
-                get_spans(layers, msg.dest_block_ids, refs, layout),
-                layers=len(layers),
-            )
-            for layers in layer_groups(layout.num_layers, 2 * layout.half_bytes * len(refs))
-        ]
+        for layers in layer_groups(layout.num_layers, 2 * layout.half_bytes * len(refs)):
+            spans = get_spans(layers, msg.dest_block_ids, refs, layout)
+            yield checked_frame(msg.request_id, layers.start, spans, layers=len(layers))
 
     def answer(self, msg: BlockGet) -> Answer:
         """A get asked on a data connection (its thread: promoting from SSD may read files)."""

@@ -18,7 +18,7 @@ that encrypt ask over the bus).
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,12 +29,13 @@ from shared.transfer.tcp.wire import KIND_ANSWER, encode_end, encode_note, encod
 
 @dataclass(frozen=True)
 class Answer:
-    """A reply, and the frames of `request_id` that follow it (none without a request id);
-    `done(ok)` runs once they are all out (ok) or the connection failed (not ok)."""
+    """A reply, and the frames of `request_id` that follow it (none without a request id),
+    made one at a time as they go, so the reply leaves before any is made; `done(ok)` runs
+    once they are all out (ok) or the connection failed (not ok)."""
 
     reply: bytes
     request_id: str = ""
-    frames: Sequence[Frame] = ()
+    frames: Iterable[Frame] = ()
     done: Callable[[bool], None] = lambda ok: None
 
 
@@ -55,10 +56,11 @@ def write_answer(sock: socket.socket, answer: Answer) -> None:
         answer.done(ok)
 
 
-def write_frames(sock: socket.socket, request_id: str, frames: Sequence[Frame]) -> None:
+def write_frames(sock: socket.socket, request_id: str, frames: Iterable[Frame]) -> None:
     """A request's frames, hashed a part at a time right before it goes, then its END."""
+    num_frames = 0
     for frame in frames:
         for part in parts_of(frame):
             send_all(sock, encode_part(part.kind, part.rid, part.layers, part.spans))
-    num_frames = sum(frame.layers for frame in frames)  # as the reader counts them
+        num_frames += frame.layers  # as the reader counts them
     send_all(sock, encode_end(request_id, num_frames))
