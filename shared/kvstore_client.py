@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shared import subjects
-from shared.block_fetch import AskingFetcher, BlockFetcher, settle
+from shared.block_fetch import AskingFetcher, BlockFetcher, answer_within, settle
 from shared.bus import Bus, ServiceUnavailable
 from shared.codec import MessageError, decode, encode
 from shared.engine.loop import EngineLoop
@@ -199,7 +199,7 @@ class KvstorePool:
         data_addr = self._members[worker_id].data_addr
         asked = self.asker.submit(data_addr, transfer_id, encode(message), answered)  # type: ignore[union-attr]
         asked.add_done_callback(lambda _: finished())
-        return await sending
+        return await answer_within(sending, self.timeout) or 0
 
     def _put_message(self, transfer_id: str, block_hashes: list[int]) -> BlockPut:
         return BlockPut(transfer_id, tuple(block_hashes), self.layout, time.time() + self.timeout)
