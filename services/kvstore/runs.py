@@ -12,7 +12,7 @@ from services.kvstore.dram import BlockRef
 from shared.kvblocks import BlockLayout
 from shared.transfer.base import BlockSpan
 from shared.transfer.common.frames import Pieces
-from shared.transfer.tcp.wire import PART_BYTES
+from shared.transfer.tcp.wire import blocks_per_part
 
 
 def consecutive(ids: Sequence[int]) -> list[tuple[int, int]]:
@@ -32,20 +32,15 @@ def get_spans(
     """A frame of a get: a span per run of consecutive destination blocks, its K (and V)
     every layer of `layers` in turn."""
     spans: list[tuple[BlockSpan, Pieces, Pieces]] = []
-    for start, length in runs_within(consecutive(dest_ids), part_blocks(layers, layout)):
+    for start, length in runs_within(
+        consecutive(dest_ids), blocks_per_part(len(layers), layout.half_bytes)
+    ):
         run = refs[start : start + length]
         tokens = length * layout.block_size
         span = BlockSpan(dest_ids[start], 0, tokens, run[0].block_hash if length == 1 else 0)
         k, v = (tuple(p for layer in layers for p in halves(run, layer, h)) for h in (0, 1))
         spans.append((span, k, v))
     return spans
-
-
-def part_blocks(layers: range, layout: BlockLayout) -> int:
-    """Blocks a span of `layers` may hold and still fit one wire part (PART_BYTES): a part
-    is hashed whole right before it is sent, so it should still be in cache when the
-    send copies it (a run of 16 blocks is 4 MB a frame)."""
-    return max(1, PART_BYTES // (2 * len(layers) * layout.half_bytes))
 
 
 def runs_within(runs: list[tuple[int, int]], most: int) -> list[tuple[int, int]]:

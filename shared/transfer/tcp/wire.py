@@ -38,6 +38,13 @@ MAX_NOTE_BYTES = 1 << 24  # an ask's or an answer's body (a get of 65,536 blocks
 LAYER_BITS = 16  # the header's layers field: the first layer, then how many more above it
 
 
+def blocks_per_part(layers: int, half_bytes: int) -> int:
+    """Whole blocks (K and V of `layers` layers, `half_bytes` each) that fit one wire part:
+    a span no longer is hashed whole right before it is sent, so it is still in cache when
+    the send copies it (runs_of cannot cut a span)."""
+    return max(1, PART_BYTES // (2 * layers * half_bytes))
+
+
 def pack_layers(first: int, count: int) -> int:
     return first | (count - 1) << LAYER_BITS
 

@@ -3,10 +3,10 @@ part (hashed, then sent while still in cache)."""
 
 from __future__ import annotations
 
-from services.kvstore.runs import get_spans, part_blocks
+from services.kvstore.runs import get_spans
 from services.kvstore.store import BlockStore
 from shared.kvblocks import BlockLayout
-from shared.transfer.tcp.wire import PART_BYTES
+from shared.transfer.tcp.wire import PART_BYTES, blocks_per_part
 
 LAYOUT = BlockLayout(num_layers=30, block_size=16, half_bytes=6144)  # SmolLM2's, bf16
 
@@ -21,7 +21,7 @@ def test_a_long_run_travels_as_spans_of_at_most_a_part_each() -> None:
     refs = pinned(BlockStore(1 << 26, None, 0, False), list(range(1, 17)))
     layers = range(0, 11)
     spans = get_spans(layers, list(range(100, 116)), refs, LAYOUT)
-    most = part_blocks(layers, LAYOUT)
+    most = blocks_per_part(len(layers), LAYOUT.half_bytes)
     assert 1 < most < 16 and len(spans) == -(-16 // most)
     assert [s.block_id for s, _, _ in spans] == list(range(100, 116, most))
     assert sum(s.num_tokens for s, _, _ in spans) == 16 * LAYOUT.block_size
