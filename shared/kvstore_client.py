@@ -25,7 +25,7 @@ from shared.kv_pool import Done, KVPool
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
 from shared.messages import BlockLookup, BlockPresence, BlockPut, Heartbeat, PutSlots
-from shared.transfer.base import BlockSpan, KVSender, coalesce, layer_groups
+from shared.transfer.base import BlockSpan, KVSender, SpanBytes, coalesce, layer_groups
 from shared.transfer.common.frames import Frame, checked_frame
 from shared.transfer.tcp.asker import Asker
 
@@ -242,17 +242,27 @@ def send_blocks(
     on_done,
     runs: bool = True,
 ) -> None:
-    """Whole blocks of `storage` through `sender` (`block_frames`), then their END."""
-    for frame in block_frames(storage, transfer_id, blocks, runs):
-        sender.send(peer, transfer_id, frame.layer, frame.spans, frame.layers)
+    """Whole blocks of `storage` through `sender` (`block_spans`), then their END."""
+    for layers, spans in block_spans(storage, blocks, runs):
+        sender.send(peer, transfer_id, layers.start, spans, len(layers))
     sender.finish(peer, transfer_id, on_done)
 
 
 def block_frames(
-    storage: KVStorage, transfer_id: str, blocks: Sequence[tuple[int, int, int]], runs: bool = True
+    storage: KVStorage, transfer_id: str, blocks: Sequence[tuple[int, int, int]]
 ) -> list[Frame]:
-    """Whole blocks of `storage`, a few layers a frame (`layer_groups`): blocks are (dest
-    id, source id, hash).
+    """The frames of `block_spans`, checked, for a connection written without a sender."""
+    return [
+        checked_frame(transfer_id, layers.start, spans, layers=len(layers))
+        for layers, spans in block_spans(storage, blocks)
+    ]
+
+
+def block_spans(
+    storage: KVStorage, blocks: Sequence[tuple[int, int, int]], runs: bool = True
+) -> list[tuple[range, list[SpanBytes]]]:
+    """Whole blocks of `storage`, a few layers a frame (`layer_groups`): each frame's
+    layers and spans; blocks are (dest id, source id, hash).
 
     With `runs`, consecutive blocks on both sides travel as one span (a worker's KVInbox
     and a kvstore's put slots both take such spans)."""
@@ -263,12 +273,12 @@ def block_frames(
     layout = BlockLayout.of(storage)
     frames = []
     for layers in layer_groups(layout.num_layers, 2 * layout.half_bytes * len(blocks)):
-        spans = []
+        spans: list[SpanBytes] = []
         for dest, src, _, n in pieces:
             halves = [_host_span(storage, layer, src, n) for layer in layers]
             span = BlockSpan(dest, 0, n, hashes[dest] if n == block_size else 0)
             spans.append((span, tuple(k for k, _ in halves), tuple(v for _, v in halves)))
-        frames.append(checked_frame(transfer_id, layers.start, spans, layers=len(layers)))
+        frames.append((layers, spans))
     return frames
 
 

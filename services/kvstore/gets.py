@@ -22,7 +22,7 @@ class Gets:
     def __init__(self, store: BlockStore, served_bytes: Counter) -> None:
         self.store = store
         self.served_bytes = served_bytes  # block bytes sent to clients
-        self.num_gets = self.num_misses = 0
+        self.num_misses = 0
         self.asked_bytes = 0  # block bytes sent back on data connections (not by the sender)
 
     @staticmethod
@@ -36,7 +36,6 @@ class Gets:
 
     def counted(self, msg: BlockGet, refs: list[BlockRef | None]) -> Ack:
         """All pinned, or a miss (what was pinned is let go)."""
-        self.num_gets += 1
         if any(ref is None for ref in refs):
             self.store.release([ref for ref in refs if ref is not None])
             self.num_misses += 1

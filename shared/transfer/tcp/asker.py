@@ -45,7 +45,6 @@ class _AskingConnection(_Connection):
 
     def __init__(self, sock: socket.socket, receiver: TcpKVReceiver) -> None:
         super().__init__(sock, receiver)
-        self.ended = ""  # the request whose END came last
         self.last_used = time.monotonic()
 
     def _handshake(self) -> None:
@@ -53,10 +52,6 @@ class _AskingConnection(_Connection):
 
     def _take_ring(self, body: int) -> None:
         raise ProtocolError("a ring offered to an asker")
-
-    def _end(self, request_id: str, num_frames: int) -> None:
-        super()._end(request_id, num_frames)
-        self.ended = request_id
 
     def exchange(self, question: bytes, request_id: str, answered: Answered) -> None:
         """Ask, hand the reply to `answered` and send the frames it gives back (if any),
