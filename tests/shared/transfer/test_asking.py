@@ -6,6 +6,7 @@ receiver closed is replaced; a receiver that serves no asks drops the connection
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -88,6 +89,13 @@ def asking():
         asker.close()
 
 
+def eventually(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
 def landed(sink: RecordingSink, server: Server) -> bool:
     dest = [span for _, span in TWO_BLOCKS]
     src = [src for src, _ in TWO_BLOCKS]
@@ -105,7 +113,8 @@ def test_an_answer_lands_its_frames_in_the_askers_sink(served, asking) -> None:
     assert replies.got == [b"yes"]
     assert [(e[2], e[4]) for e in sink.frames("r1")] == [(layer, True) for layer in LAYERS]
     assert ("end", "r1", len(LAYERS)) in sink.events
-    assert landed(sink, server) and server.sent == [True]
+    assert landed(sink, server)
+    eventually(lambda: server.sent == [True])  # `done` runs on the kvstore's thread after END
     assert own.bytes_received == len(LAYERS) * 2 * sum(s.num_tokens for _, s in TWO_BLOCKS) * 64
 
 
