@@ -125,6 +125,13 @@ class KVInbox:
     def destination(
         self, request_id: str, layer: int, span: BlockSpan, nbytes: int
     ) -> tuple[memoryview, memoryview] | None:
+        found = self.destinations(request_id, range(layer, layer + 1), span, nbytes)
+        return None if found is None else found[0]
+
+    def destinations(
+        self, request_id: str, layers: range, span: BlockSpan, nbytes: int
+    ) -> list[tuple[memoryview, memoryview]] | None:
+        """Where a span lands in each of `layers` (one check for all of them)."""
         covered = span.block_ids(self.storage.block_size)
         if len(covered) > 1 and span.offset:
             return None  # a run of blocks starts at a block's first slot
@@ -135,7 +142,7 @@ class KVInbox:
             if not all(block in expected.block_ids for block in covered):
                 return None
             expected.writing = True
-        return self.storage.span_bytes(layer, span.block_id, span.offset, span.num_tokens)
+        return self.storage.spans_of_layers(layers, span.block_id, span.offset, span.num_tokens)
 
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str

@@ -69,6 +69,13 @@ class PutInbox:
         self, request_id: str, layer: int, span: BlockSpan, nbytes: int
     ) -> tuple[Pieces, Pieces] | None:
         """The blocks' own buffers: a run's bytes are scattered into them as they land."""
+        found = self.destinations(request_id, range(layer, layer + 1), span, nbytes)
+        return None if found is None else found[0]
+
+    def destinations(
+        self, request_id: str, layers: range, span: BlockSpan, nbytes: int
+    ) -> list[tuple[Pieces, Pieces]] | None:
+        """`destination` in each of `layers` (one check for all of them)."""
         with self._lock:
             put = self._puts.get(request_id)
             if put is None:
@@ -76,9 +83,9 @@ class PutInbox:
             refs = put.run(span)
         if refs is None or nbytes != len(refs) * refs[0].layout.half_bytes:
             return None
-        if not 0 <= layer < refs[0].layout.num_layers:
+        if not (layers and layers.start >= 0 and layers.stop <= refs[0].layout.num_layers):
             return None
-        return halves(refs, layer, 0), halves(refs, layer, 1)
+        return [(halves(refs, layer, 0), halves(refs, layer, 1)) for layer in layers]
 
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str

@@ -7,6 +7,7 @@ on the way."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 from services.kvstore.dram import BlockRef
 from shared.kvblocks import BlockLayout
@@ -38,9 +39,18 @@ def get_spans(
         run = refs[start : start + length]
         tokens = length * layout.block_size
         span = BlockSpan(dest_ids[start], 0, tokens, run[0].block_hash if length == 1 else 0)
-        k, v = (tuple(p for layer in layers for p in halves(run, layer, h)) for h in (0, 1))
-        spans.append((span, k, v))
+        spans.append((span, *run_halves(run, layers)))
     return spans
+
+
+def run_halves(run: Sequence[BlockRef], layers: range) -> tuple[Pieces, Pieces]:
+    """A run's K and V pieces over `layers`: each layer's K of every block in turn, then the
+    same of V (made by C loops: a 16-block get has 960 pieces)."""
+    k_of = [ref.views[2 * layers.start : 2 * layers.stop : 2] for ref in run]
+    v_of = [ref.views[2 * layers.start + 1 : 2 * layers.stop : 2] for ref in run]
+    if len(run) == 1:
+        return k_of[0], v_of[0]
+    return tuple(chain.from_iterable(zip(*k_of))), tuple(chain.from_iterable(zip(*v_of)))
 
 
 def runs_within(runs: list[tuple[int, int]], most: int) -> list[tuple[int, int]]:

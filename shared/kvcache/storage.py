@@ -64,12 +64,22 @@ class KVStorage:
         Plain arithmetic on one memoryview of the whole tensor: the data plane asks for
         thousands of these per request, and tensor indexing would cost 30x more.
         """
+        return self.spans_of_layers(range(layer, layer + 1), block_id, offset, num_tokens)[0]
+
+    def spans_of_layers(
+        self, layers: range, block_id: int, offset: int, num_tokens: int
+    ) -> list[tuple[memoryview, memoryview]]:
+        """`span_bytes` of each of `layers`, in order (what a frame of many layers lands in)."""
         flat = self.flat_bytes()
         half = self.block_size * self.token_bytes
-        k = ((layer * 2) * self.num_blocks + block_id) * half + offset * self.token_bytes
-        v = k + self.num_blocks * half
+        step = 2 * self.num_blocks * half  # from one layer's K to the next's
+        first = layers.start * step + block_id * half + offset * self.token_bytes
+        to_v = self.num_blocks * half
         n = num_tokens * self.token_bytes
-        return flat[k : k + n], flat[v : v + n]
+        return [
+            (flat[k : k + n], flat[k + to_v : k + to_v + n])
+            for k in range(first, first + len(layers) * step, step)
+        ]
 
     def flat_bytes(self) -> memoryview:
         if self._bytes is None:

@@ -90,6 +90,11 @@ class KVSink(Protocol):
         pieces in order; None refuses the span (its bytes are read and dropped, and the
         frame is reported bad)."""
 
+    # A sink may also answer for many layers at once (the TCP receiver then asks once a
+    # span, not once a layer of it):
+    #   destinations(request_id, layers: range, span, nbytes) -> [destination per layer]
+    # each as `destination` answers, all None (or None for the whole) refusing the span.
+
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str
     ) -> None:

@@ -3,8 +3,10 @@ queued, and the checksum both send along."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import xxhash
 
@@ -22,6 +24,7 @@ class ProtocolError(Exception):
 
 
 Pieces = tuple[memoryview, ...]  # a half as flat byte views, in order
+_NBYTES = attrgetter("nbytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +50,7 @@ def pieces(half: Half) -> Pieces:
 
 
 def size(half: Pieces) -> int:
-    return sum(piece.nbytes for piece in half)
+    return sum(map(_NBYTES, half))  # NOTE: a C loop; a kvstore get of 16 blocks has 960
 
 
 def contiguous(frame: Frame) -> list[tuple[BlockSpan, memoryview, memoryview]]:
@@ -60,10 +63,9 @@ def checksum(k: Half, v: Half) -> int:
     """xxh3_64 of K then V, whatever pieces they are in (the same as of the joined bytes)."""
     digest = xxhash.xxh3_64()
     for half in (k, v):
-        # NOTE: any contiguous buffer hashes as its bytes: no flat views made for it (a
-        # kvstore get of 16 blocks hashes 960 pieces)
-        for piece in half if isinstance(half, (tuple, list)) else (half,):
-            digest.update(piece)
+        # NOTE: any contiguous buffer hashes as its bytes: no flat views made for it; and
+        # the pieces are fed in a C loop (a kvstore get of 16 blocks hashes 960 of them)
+        deque(map(digest.update, half if isinstance(half, (tuple, list)) else (half,)), 0)
     return digest.intdigest()
 
 

@@ -14,7 +14,12 @@ from shared.transfer.common.encryption import require_token
 from shared.transfer.common.frames import ProtocolError
 from shared.transfer.common.handshake import challenge
 from shared.transfer.common.limits import ConnectionLimits
-from shared.transfer.common.receiver import Connection, ListeningReceiver, call_sink, scattered
+from shared.transfer.common.receiver import (
+    Connection,
+    ListeningReceiver,
+    call_sink,
+    layer_destinations,
+)
 from shared.transfer.common.sockets import recv_exact
 from shared.transfer.tcp import ring
 from shared.transfer.tcp.asking import Answer, AskServer, write_answer
@@ -213,10 +218,7 @@ class _Connection(Connection[bytes, _Partial]):
         as the sink names (its K of every layer, then its V of every layer); nowhere when
         the sink refuses any layer of it."""
         per_layer = nbytes // len(layers)
-        dests = [
-            scattered(call_sink(self.sink.destination, request_id, i, span, per_layer), per_layer)
-            for i in layers
-        ]
+        dests = layer_destinations(self.sink, request_id, layers, span, per_layer)
         found = [dest for dest in dests if dest is not None]
         if len(found) != len(dests):
             return _Target(self._discard(2 * nbytes), None, digest)

@@ -106,13 +106,16 @@ def encode_part(
     unless `digests` has them (a ring's sender hashes its copy of the spans)."""
     if digests is None:
         digests = [checksum(k, v) for _, k, v in spans]
-    table, payload = [rid], list[memoryview]()
+    table, payload, nbytes = [rid], list[memoryview](), 0
     for (span, k, v), digest in zip(spans, digests, strict=True):
+        half = size(k)
         table.append(
-            SPAN.pack(span.block_id, span.offset, span.num_tokens, size(k), span.block_hash, digest)
+            SPAN.pack(span.block_id, span.offset, span.num_tokens, half, span.block_hash, digest)
         )
-        payload += (*k, *v)
-    body = len(rid) + len(spans) * SPAN.size + sum(b.nbytes for b in payload)
+        payload += k
+        payload += v
+        nbytes += half + size(v)
+    body = len(rid) + len(spans) * SPAN.size + nbytes
     header = HEADER.pack(MAGIC, VERSION, kind, len(rid), layers, len(spans), body)
     return [memoryview(header + b"".join(table)), *payload]
 

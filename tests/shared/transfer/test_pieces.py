@@ -114,18 +114,53 @@ class RefusesLayerOne(PieceSink):
         return None if layer == 1 else super().destination(request_id, layer, span, nbytes)
 
 
+class NamesManyLayers(PieceSink):
+    """Answers for every layer of a span in one call (`destinations`), as workers do."""
+
+    def __init__(self, storage: KVStorage, blocks: tuple[int, ...]) -> None:
+        super().__init__(storage, blocks)
+        self.calls: list[range] = []
+
+    def destination(self, request_id, layer, span, nbytes):
+        raise AssertionError("asked a layer at a time")
+
+    def destinations(self, request_id, layers, span, nbytes):
+        self.calls.append(layers)
+        return [PieceSink.destination(self, request_id, i, span, nbytes) for i in layers]
+
+
+class ManyRefusesLayerOne(NamesManyLayers):
+    def destinations(self, request_id, layers, span, nbytes):
+        found = super().destinations(request_id, layers, span, nbytes)
+        return [None if i == 1 else dest for i, dest in zip(layers, found, strict=True)]
+
+
+class ManyAnswersTooFew(NamesManyLayers):
+    def destinations(self, request_id, layers, span, nbytes):
+        return super().destinations(request_id, layers, span, nbytes)[:-1]
+
+
+WHOLE = (PieceSink, NamesManyLayers)
+
+
 @pytest.mark.parametrize("sealed", [{}, SEALED], ids=["plain", "encrypted"])
-@pytest.mark.parametrize("sink_class", [PieceSink, RefusesLayerOne])
+@pytest.mark.parametrize(
+    "sink_class",
+    [PieceSink, RefusesLayerOne, NamesManyLayers, ManyRefusesLayerOne, ManyAnswersTooFew],
+)
 def test_a_frame_of_every_layer_reaches_the_sink_as_a_frame_per_layer(
     make_receiver, make_sender, sink_class, sealed
 ) -> None:
-    """Whole, or refused whole when the sink refuses any layer of it (nothing written)."""
+    """Whole, or refused whole when the sink refuses any layer of it (nothing written); a
+    sink that names many layers at once is asked once for the span's 3 layers."""
     source = random_storage(torch.float32)
     sink = sink_class(KVStorage(3, 8, 4, 2, 8, torch.float32), DEST_BLOCKS)
     _, address = make_receiver(sink, **sealed)
     assert send_every_layer(make_sender, address, source, **sealed) == (True, 3, "")
     sink.wait_ends("all")
-    whole = sink_class is PieceSink
+    if isinstance(sink, NamesManyLayers):
+        assert sink.calls == [range(0, 3)]
+    whole = sink_class in WHOLE
     assert [(f[2], f[4]) for f in sink.frames("all")] == [(0, whole), (1, whole), (2, whole)]
     assert [e[2] for e in sink.events if e[0] == "end"] == [3]
     for src, dest in zip(SOURCE_BLOCKS, DEST_BLOCKS, strict=True):

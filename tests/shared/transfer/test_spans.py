@@ -28,6 +28,9 @@ def test_a_run_span_lands_in_every_block_it_covers() -> None:
         assert bytes(storage.span_bytes(1, 4, 0, 4)[0]) == bytes(range(64, 96))  # third block
         assert inbox.destination("r", 1, BlockSpan(3, 0, 12), 0) is None  # block 5 not its
         assert inbox.destination("r", 1, BlockSpan(2, 1, 6), 0) is None  # runs start at 0
+        many = inbox.destinations("r", range(0, 2), BlockSpan(2, 0, 12), 0)
+        assert many == [inbox.destination("r", i, BlockSpan(2, 0, 12), 0) for i in (0, 1)]
+        assert inbox.destinations("r", range(0, 2), BlockSpan(3, 0, 12), 0) is None
 
     asyncio.run(scenario())
 
