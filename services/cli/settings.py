@@ -547,6 +547,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "num_kvstore",
         "kvstore_dram_gib",
         *KV_POOL,
+        "no_shared_memory",
         "mooncake_master_args",
         "attention_group_size",
         "micro_batches",
@@ -711,8 +712,9 @@ WORKER_TUNING = (
 )
 FORWARDED_BY_UP: dict[str, tuple[str, ...]] = {
     "conductor": ("model", "policy", "admission", "slo_ttft", "slo_tbt"),
-    "prefill": (*WORKER_TUNING, *KV_POOL),
-    "decode": (*WORKER_TUNING, *KV_POOL),
+    "prefill": (*WORKER_TUNING, *KV_POOL, "no_shared_memory"),
+    "decode": (*WORKER_TUNING, *KV_POOL, "no_shared_memory"),
+    "kvstore": ("no_shared_memory",),
     "attention-worker": ("kv_cache_gib", "threads"),
     "gateway": (
         "dtype",

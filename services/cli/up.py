@@ -104,7 +104,7 @@ def stack_config(args: argparse.Namespace, mooncake_master: str = "") -> StackCo
         num_prefill=args.prefill,
         num_decode=args.decode,
         num_kvstore=0 if mooncake else args.kvstore,  # NOTE: the store is the pool
-        kvstore_args=tuple(flags(dram_gib=args.kvstore_dram_gib)),
+        kvstore_args=(*flags(dram_gib=args.kvstore_dram_gib), *forwarded["kvstore"]),
         num_attention=args.attention_workers,
         attention_args=forwarded["attention-worker"],
         decode_args=tuple(offload),
