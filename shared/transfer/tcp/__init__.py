@@ -11,7 +11,9 @@ bytes) and a body of `body bytes`:
     RING         a sender on this host offers its shared-memory ring (`ring`); after it,
                  each KV part's payload travels in the ring and the socket carries its
                  header, span table and ring position (the receiver answers with how far
-                 it has read)
+                 it has read). With `count` 1 an asker offers the receiver it dialed a
+                 ring for its answers: the receiver writes the payload of the frames that
+                 follow its replies there, and the asker answers how far it has read
     ASK, ANSWER  a question from the peer that dialed (a worker asking a kvstore for blocks)
                  and the receiver's reply, in the bus's message encoding; a get's KV frames
                  and END follow the reply on the same connection (`asking`, `asker`)

@@ -18,6 +18,7 @@ from shared.transfer.common.handshake import answer_hello
 from shared.transfer.common.receiver import call_sink
 from shared.transfer.common.sender import MAX_IDLE_S
 from shared.transfer.common.sockets import peer_closed, recv_exact, shut_down, split_peer, tune
+from shared.transfer.tcp import ring
 from shared.transfer.tcp.asking import write_frames
 from shared.transfer.tcp.receiver import TcpKVReceiver, _Connection
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, send_all
@@ -28,6 +29,7 @@ from shared.transfer.tcp.wire import (
     KIND_ASK,
     check_header,
     encode_note,
+    encode_ring_offer,
 )
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ class _AskingConnection(_Connection):
     def _handshake(self) -> None:
         answer_hello(self.sock, self.receiver.auth_token, GREETING, encrypt=False)
 
-    def _take_ring(self, body: int) -> None:
+    def _take_ring(self, body: int, for_answers: bool) -> None:
         raise ProtocolError("a ring offered to an asker")
 
     def exchange(self, question: bytes, request_id: str, answered: Answered) -> None:
@@ -71,9 +73,21 @@ class _AskingConnection(_Connection):
             self._handle(recv_exact(self.sock, HEADER.size))
         self.last_used = time.monotonic()
 
+    def offer_ring(self, timeout_s: float) -> None:
+        """Offer the receiver a ring for its answers' payload (same host: `ring`)."""
+        self.sock.settimeout(timeout_s)
+        self.ring = ring.offer_for_answers(
+            self.sock, encode_ring_offer(ring.OFFER.size, for_answers=True)
+        )
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.ring is not None:
+            self.ring.close()
+
     def fail(self, error: str) -> None:
         """Close; requests whose frames were due are lost to the sink."""
-        self.sock.close()
+        self.close()
         if self.open_requests:
             call_sink(self.sink.on_lost, list(self.open_requests), error)
             self.open_requests.clear()
@@ -140,11 +154,15 @@ class Asker:
             shut_down(conn.sock)
 
     def close(self) -> None:
+        """Close the idle connections; cut the busy ones (their threads close them)."""
         with self._lock:
             self.closed = True
-            conns = [c for idle in self._idle.values() for c in idle] + [*self._busy.values()]
+            idle = [c for kept in self._idle.values() for c in kept]
+            busy = [*self._busy.values()]
             self._idle.clear()
-        for conn in conns:
+        for conn in idle:
+            conn.close()
+        for conn in busy:
             shut_down(conn.sock)
         self.threads.shutdown(wait=False, cancel_futures=True)
 
@@ -173,6 +191,8 @@ class Asker:
             tune(sock, SOCKET_BUFFER_BYTES)
             conn = _AskingConnection(sock, self.receiver)
             conn._handshake()
+            if self.receiver.shared_memory:
+                conn.offer_ring(self.connect_timeout_s)
         except BaseException:
             sock.close()
             raise
@@ -189,7 +209,7 @@ class Asker:
                 return None
             if time.monotonic() - conn.last_used < self.max_idle_s and not peer_closed(conn.sock):
                 return conn
-            conn.sock.close()
+            conn.close()
 
     def _keep(self, peer: str, conn: _AskingConnection) -> None:
         with self._lock:
@@ -197,4 +217,4 @@ class Asker:
             if not self.closed and len(idle) < KEEP_PER_PEER:
                 idle.append(conn)
                 return
-        conn.sock.close()
+        conn.close()

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from shared.transfer.common.frames import Frame
+from shared.transfer.tcp import ring
 from shared.transfer.tcp.sockets import send_all
-from shared.transfer.tcp.wire import KIND_ANSWER, encode_end, encode_note, encode_part, parts_of
+from shared.transfer.tcp.wire import KIND_ANSWER, encode_end, encode_note, parts_of
 
 
 @dataclass(frozen=True)
@@ -44,23 +45,34 @@ class AskServer(Protocol):
         """The answer to one ask (on the receiver's connection thread: it may block)."""
 
 
-def write_answer(sock: socket.socket, answer: Answer) -> None:
-    """The answer, then its frames and their END."""
+def write_answer(
+    sock: socket.socket, answer: Answer, shared: ring.RingWriter | None = None
+) -> None:
+    """The answer, then its frames and their END: their payload through the asker's ring
+    where it offered one (`shared`), and then every placed part read by the asker before
+    anything else is read from it."""
     ok = False
     try:
         send_all(sock, encode_note(KIND_ANSWER, answer.reply, bool(answer.request_id)))
         if answer.request_id:
-            write_frames(sock, answer.request_id, answer.frames)
+            write_frames(sock, answer.request_id, answer.frames, shared)
+            if shared is not None:
+                shared.settle(sock)
         ok = True
     finally:
         answer.done(ok)
 
 
-def write_frames(sock: socket.socket, request_id: str, frames: Iterable[Frame]) -> None:
+def write_frames(
+    sock: socket.socket,
+    request_id: str,
+    frames: Iterable[Frame],
+    shared: ring.RingWriter | None = None,
+) -> None:
     """A request's frames, hashed a part at a time right before it goes, then its END."""
     num_frames = 0
     for frame in frames:
         for part in parts_of(frame):
-            send_all(sock, encode_part(part.kind, part.rid, part.layers, part.spans))
+            send_all(sock, ring.wire_part(sock, shared, part))
         num_frames += frame.layers  # as the reader counts them
     send_all(sock, encode_end(request_id, num_frames))

@@ -86,6 +86,7 @@ class _Connection(Connection[bytes, _Partial]):
         super().__init__(sock, receiver)
         self.opener: Opener | None = None  # under encryption, from the handshake
         self.ring: ring.RingReader | None = None  # same host: the sender's shared memory
+        self.answer_ring: ring.RingWriter | None = None  # same host: an asker's, for answers
 
     @cached_property
     def scratch(self) -> memoryview:
@@ -105,7 +106,7 @@ class _Connection(Connection[bytes, _Partial]):
     def _handle(self, raw: bytes) -> None:
         kind, rid_len, layers, count, body = check_header(raw)
         if kind == KIND_RING:
-            return self._take_ring(body)
+            return self._take_ring(body, for_answers=bool(count))
         if kind in (KIND_ASK, KIND_ANSWER):
             return self._answer(kind, body)
         num_spans = 0 if kind == KIND_END else count
@@ -119,18 +120,22 @@ class _Connection(Connection[bytes, _Partial]):
                 raw, kind, request_id, unpack_layers(layers), spans, body - len(meta)
             )
 
-    def _take_ring(self, body: int) -> None:
-        """A sender on this host offers its ring: take it if this process sees it too (and
-        takes rings at all)."""
-        if self.opener is not None or self.ring is not None or self.frame is not None:
+    def _take_ring(self, body: int, for_answers: bool) -> None:
+        """A peer on this host offers its ring: a sender's to read its frames from, or an
+        asker's to write this side's answers into; taken if this process sees it too (and
+        takes rings at all, and answers asks for an asker's)."""
+        taken = self.answer_ring if for_answers else self.ring
+        if self.opener is not None or taken is not None or self.frame is not None:
             raise ProtocolError("a ring offered under encryption, twice or inside a frame")
         if body != ring.OFFER.size:
             raise ProtocolError(f"a ring offer of {body} bytes")
         offer = recv_exact(self.sock, body)
-        if self.receiver.shared_memory:
-            self.ring = ring.accept(self.sock, offer)
-        else:
+        if not self.receiver.shared_memory or (for_answers and self.receiver.server is None):
             self.sock.sendall(ring.NO)
+        elif for_answers:
+            self.answer_ring = ring.accept_for_answers(self.sock, offer)
+        else:
+            self.ring = ring.accept(self.sock, offer)
 
     def _answer(self, kind: int, body: int) -> None:
         """An ask from the peer that dialed (`asking`): answered on this connection."""
@@ -140,11 +145,12 @@ class _Connection(Connection[bytes, _Partial]):
         answer = call_sink(server.answer, recv_exact(self.sock, body))
         if not isinstance(answer, Answer):  # the server failed (and logged why)
             raise ProtocolError("an ask the server could not answer")
-        write_answer(self.sock, answer)
+        write_answer(self.sock, answer, self.answer_ring)
 
     def _closed(self) -> None:
-        if self.ring is not None:
-            self.ring.close()
+        for shared in (self.ring, self.answer_ring):
+            if shared is not None:
+                shared.close()
         super()._closed()
 
     def _read_meta(self, header: bytes, nbytes: int) -> bytes:

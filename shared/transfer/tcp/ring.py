@@ -33,11 +33,15 @@ import xxhash
 
 from shared.transfer.common.frames import Pieces
 from shared.transfer.common.sockets import recv_exact
+from shared.transfer.tcp.wire import Part, encode_part
 
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 RING_BYTES = 32 << 20  # a connection's ring; a part of more than half of it uses the socket
+# NOTE: an asking connection's answers are parts of at most a megabyte, and a worker keeps
+# up to a few such connections to each kvstore
+ANSWER_RING_BYTES = 8 << 20
 PREAMBLE = 64  # the cookie, before the ring's bytes
 OFFER = struct.Struct("<48s16sQ")  # file name's own part (NUL-padded), cookie, ring bytes
 POSITION = struct.Struct("<Q")  # a part's start in the ring; the receiver's consumed-up-to
@@ -130,6 +134,12 @@ class RingWriter:
         self.head = start + nbytes
         return start, digests
 
+    def settle(self, sock: socket.socket) -> None:
+        """Wait until the receiver has read every part placed (before the connection carries
+        anything else the other way: its answers then stop)."""
+        while self.tail < self.head:
+            self._consumed(recv_exact(sock, POSITION.size - len(self.pending)))
+
     def drained(self, sock: socket.socket) -> bool:
         """Take the receiver's answers that have arrived, without waiting; False when the
         receiver has closed the connection (anything else it sends is an answer)."""
@@ -192,37 +202,72 @@ class RingReader:
         _unmap(self.mapping, self.data)
 
 
+def wire_part(sock: socket.socket, shared: RingWriter | None, part: Part) -> list[memoryview]:
+    """A part's wire data, hashed now: with a ring, its payload is copied into the ring
+    first (and hashed there, still in cache) and its position follows the span table; one
+    too big for the ring goes whole over the socket after the position."""
+    if shared is None:
+        return encode_part(part.kind, part.rid, part.layers, part.spans)
+    start, digests = shared.place(sock, part.spans, part.payload_bytes)
+    parts = encode_part(part.kind, part.rid, part.layers, part.spans, digests)
+    position = memoryview(POSITION.pack(start))
+    return [parts[0], position, *(parts[1:] if start == NOT_IN_RING else ())]
+
+
 def offer(sock: socket.socket, send: bytes) -> RingWriter | None:
     """The sender's offer, made right after the handshake (`send` is the RING message's
     header); the ring when the receiver took it, None when it cannot (other host, no
     /dev/shm, no room in it)."""
+    ring = _offered(sock, send, RING_BYTES)
+    return None if ring is None else RingWriter(ring, RING_BYTES)
+
+
+def offer_for_answers(sock: socket.socket, send: bytes) -> RingReader | None:
+    """An asker's offer on its own connection (`asking`): the same, but the one who takes
+    the ring writes its answers' payload into it and the asker reads them."""
+    ring = _offered(sock, send, ANSWER_RING_BYTES)
+    return None if ring is None else RingReader(ring, ANSWER_RING_BYTES)
+
+
+def _offered(sock: socket.socket, send: bytes, size: int) -> mmap.mmap | None:
     sweep()
     name, cookie = _new_name(), secrets.token_bytes(16)
-    ring = _create(_path(name), cookie)
+    ring = _create(_path(name), cookie, size)
     if ring is None:
         return None
     try:
-        sock.sendall(send + OFFER.pack(name, cookie, RING_BYTES))
+        sock.sendall(send + OFFER.pack(name, cookie, size))
         taken = recv_exact(sock, 1) == YES
     finally:
         _unlink(_path(name))
     if not taken:
         _unmap(ring)
         return None
-    return RingWriter(ring, RING_BYTES)
+    return ring
 
 
 def accept(sock: socket.socket, body: bytes) -> RingReader | None:
     """The receiver's answer to a RING message's `body`: the ring when it opened the file
     and found the cookie (then YES was sent), else None (NO was sent)."""
+    ring, size = _accepted(sock, body)
+    return None if ring is None else RingReader(ring, size)
+
+
+def accept_for_answers(sock: socket.socket, body: bytes) -> RingWriter | None:
+    """`accept` of an asker's offer: this side writes its answers' payload into the ring."""
+    ring, size = _accepted(sock, body)
+    return None if ring is None else RingWriter(ring, size)
+
+
+def _accepted(sock: socket.socket, body: bytes) -> tuple[mmap.mmap | None, int]:
     padded, cookie, size = OFFER.unpack(body)
     name = padded.rstrip(b"\0")
     ring = _open(name, cookie, size) if _NAME.fullmatch(name) else None
     sock.sendall(YES if ring is not None else NO)
-    return None if ring is None else RingReader(ring, size)
+    return ring, size
 
 
-def _create(path: str, cookie: bytes) -> mmap.mmap | None:
+def _create(path: str, cookie: bytes, size: int) -> mmap.mmap | None:
     """A new ring file with the cookie in its preamble; None when /dev/shm cannot hold it
     (its pages are allocated now: a full tmpfs fails here, never with a SIGBUS later)."""
     try:
@@ -230,8 +275,8 @@ def _create(path: str, cookie: bytes) -> mmap.mmap | None:
     except OSError:
         return None
     try:
-        os.posix_fallocate(fd, 0, PREAMBLE + RING_BYTES)
-        ring = mmap.mmap(fd, PREAMBLE + RING_BYTES, flags=MAP_FLAGS)
+        os.posix_fallocate(fd, 0, PREAMBLE + size)
+        ring = mmap.mmap(fd, PREAMBLE + size, flags=MAP_FLAGS)
     except OSError as e:
         log.info("no shared-memory ring (%s): KV goes over the socket", e)
         _unlink(path)

@@ -18,7 +18,6 @@ from shared.transfer.tcp.wire import (
     PART_BYTES,
     Part,
     encode_end,
-    encode_part,
     encode_ring_offer,
     parts_of,
 )
@@ -64,15 +63,7 @@ class _PeerChannel(PeerChannel[Part | list[memoryview]]):
             self.sealer.send(sock, data)
 
     def _encoded(self, sock: socket.socket, part: Part) -> list[memoryview]:
-        """A part's wire data, hashed now: with a ring, its payload is copied into the ring
-        first (and hashed there, still in cache) and its position follows the span table;
-        one too big for the ring goes whole over the socket after the position."""
-        if self.ring is None:
-            return encode_part(part.kind, part.rid, part.layers, part.spans)
-        start, digests = self.ring.place(sock, part.spans, part.payload_bytes)
-        parts = encode_part(part.kind, part.rid, part.layers, part.spans, digests)
-        position = memoryview(ring.POSITION.pack(start))
-        return [parts[0], position, *(parts[1:] if start == ring.NOT_IN_RING else ())]
+        return ring.wire_part(sock, self.ring, part)
 
     def _stale(self) -> bool:
         """The receiver answers on a ring's connection: an answer is not a close."""

@@ -21,8 +21,8 @@ from shared.transfer.common.handshake import Greeting
 
 MAGIC = 0x5453564B  # b"KVST" read as little endian
 # 2: a frame may carry several layers; 3: a ring in shared memory (`ring`); 4: asks and
-# answers on the data connection (`asking`)
-VERSION = 4
+# answers on the data connection (`asking`); 5: an asker's ring for its answers
+VERSION = 5
 KIND_KV, KIND_KV_MORE, KIND_END, KIND_RING, KIND_ASK, KIND_ANSWER = 1, 2, 3, 4, 5, 6
 HEADER = struct.Struct("<IBBHIIQ")  # magic, version, kind, id length, layers, count, body bytes
 SPAN = struct.Struct("<IIIQQQ")  # block id, offset, tokens, bytes per half, block hash, checksum
@@ -126,9 +126,11 @@ def encode_kv(frame: Frame, part_bytes: int = PART_BYTES) -> Iterator[list[memor
         yield encode_part(part.kind, part.rid, part.layers, part.spans)
 
 
-def encode_ring_offer(offer_bytes: int) -> bytes:
-    """The header of a RING message (its body, `offer_bytes` long, is `ring.OFFER`)."""
-    return HEADER.pack(MAGIC, VERSION, KIND_RING, 0, 0, 0, offer_bytes)
+def encode_ring_offer(offer_bytes: int, for_answers: bool = False) -> bytes:
+    """The header of a RING message (its body, `offer_bytes` long, is `ring.OFFER`); its
+    `count` says who writes: 0 the one who offers (a sender), 1 the one who takes it (the
+    receiver an asker asks: it writes its answers' payload there)."""
+    return HEADER.pack(MAGIC, VERSION, KIND_RING, 0, 0, int(for_answers), offer_bytes)
 
 
 def encode_note(kind: int, body: bytes, frames_follow: bool = False) -> list[memoryview]:
@@ -157,6 +159,8 @@ def check_header(raw: bytes) -> tuple[int, int, int, int, int]:
     spans = count if kind in (KIND_KV, KIND_KV_MORE) else 0
     if kind in NOTES and (rid_len or count > 1 or layer or body > MAX_NOTE_BYTES):
         raise ProtocolError(f"absurd ask or answer header {raw.hex()}")
+    if kind == KIND_RING and (rid_len or count > 1 or layer):
+        raise ProtocolError(f"absurd ring offer header {raw.hex()}")
     if (
         rid_len > MAX_REQUEST_ID
         or spans > MAX_SPANS

@@ -18,7 +18,7 @@ from shared.kvcache.storage import KVStorage
 from shared.kvstore_client import KvstorePool
 from shared.messages import Heartbeat, StatsRequest, StoreStats
 from shared.transfer.common.handshake import PROOF_BYTES
-from shared.transfer.tcp import HEADER, KIND_KV, SPAN, TcpKVReceiver, TcpKVSender
+from shared.transfer.tcp import HEADER, KIND_KV, KIND_RING, SPAN, TcpKVReceiver, TcpKVSender
 from tests.e2e.conftest import free_port
 from tests.shared.transfer.proxy import FlipProxy
 
@@ -228,9 +228,13 @@ async def test_a_put_damaged_on_the_data_connection_is_not_kept_and_a_clean_one_
 
 
 def in_first_payload(stream: bytes, offset: int) -> bool:
-    """Whether `offset` of an asker's stream (its proof in the handshake, an ASK, then a
-    KV frame) is in the frame's payload, past its header and span table."""
-    ask = PROOF_BYTES + HEADER.size + HEADER.unpack_from(stream, PROOF_BYTES)[6]
+    """Whether `offset` of an asker's stream (its proof in the handshake, maybe its ring
+    offer, an ASK, then a KV frame) is in the frame's payload, past its header and span
+    table."""
+    ask = PROOF_BYTES
+    if HEADER.unpack_from(stream, ask)[2] == KIND_RING:  # refused: the kvstore takes none
+        ask += HEADER.size + HEADER.unpack_from(stream, ask)[6]
+    ask += HEADER.size + HEADER.unpack_from(stream, ask)[6]
     _, _, kind, rid_len, _, count, body = HEADER.unpack_from(stream, ask)
     payload = ask + HEADER.size + rid_len + count * SPAN.size
     return kind == KIND_KV and payload <= offset < ask + HEADER.size + body

@@ -189,7 +189,7 @@ def test_a_receiver_killed_while_the_sender_waits_for_room_fails_the_request(
 def test_only_the_senders_own_regular_file_opens_as_its_ring() -> None:
     cookie = bytes(range(16))
     real, link, fifo = (ring._new_name() for _ in range(3))
-    mapping = ring._create(ring._path(real), cookie)
+    mapping = ring._create(ring._path(real), cookie, ring.RING_BYTES)
     assert mapping is not None
     try:
         os.symlink(ring._path(real), ring._path(link))

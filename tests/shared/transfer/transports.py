@@ -47,3 +47,15 @@ def stalled_receiver(conn, transport: str) -> None:
     """A receiver process's body: sends its address down `conn`, then stalls every sender."""
     conn.send(new_receiver(transport, StalledSink()).start())
     time.sleep(60)
+
+
+def stalled_asker(conn, address: str) -> None:
+    """An asking process's body: asks `address` for `give r1` with a small ring for the
+    answers and a sink that stalls, so the answer waits for room; says "asking" first."""
+    from shared.transfer.tcp import ring
+    from shared.transfer.tcp.asker import Asker
+
+    ring.ANSWER_RING_BYTES = 2048  # two of the answer's parts fill it
+    asker = Asker(TcpKVReceiver(StalledSink(), "127.0.0.1", 0, "tok"))
+    conn.send("asking")
+    asker.ask(address, "r1", b"give r1", lambda reply: None)
