@@ -29,7 +29,7 @@ from tests.shared.transfer.sinks import (
     random_storage,
     source_spans,
 )
-from tests.shared.transfer.transports import stalled_asker
+from tests.shared.transfer.transports import damage_first_placed_part, stalled_asker
 
 LAYERS = range(3)
 needs_shm = pytest.mark.skipif(not os.path.isdir(ring.SHM_DIR), reason="no /dev/shm here")
@@ -263,17 +263,7 @@ def test_a_receiver_that_takes_no_rings_answers_over_the_socket(served, asking) 
 
 @needs_shm
 def test_a_byte_damaged_in_the_answer_ring_is_a_bad_frame(served, asking, monkeypatch) -> None:
-    real_place = ring.RingWriter.place
-
-    def place_then_damage(self, sock, spans, nbytes):
-        start, digests = real_place(self, sock, spans, nbytes)
-        if not place_then_damage.done:  # after the writer hashed it
-            place_then_damage.done = True
-            self.data[start % self.size + 77] ^= 0xFF
-        return start, digests
-
-    place_then_damage.done = False
-    monkeypatch.setattr(ring.RingWriter, "place", place_then_damage)
+    damage_first_placed_part(monkeypatch)
     _, address, _ = served()
     asker, sink, _ = asking()
     asker.ask(address, "r1", b"give r1", Replies())

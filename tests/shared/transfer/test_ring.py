@@ -28,7 +28,7 @@ from tests.shared.transfer.sinks import (
     source_spans,
 )
 from tests.shared.transfer.test_roundtrip import as_ints
-from tests.shared.transfer.transports import stalled_receiver
+from tests.shared.transfer.transports import damage_first_placed_part, stalled_receiver
 
 needs_shm = pytest.mark.skipif(not os.path.isdir(ring.SHM_DIR), reason="no /dev/shm here")
 pytestmark = needs_shm
@@ -98,17 +98,7 @@ def test_a_part_bigger_than_half_the_ring_goes_over_the_socket(pair, monkeypatch
 
 
 def test_a_byte_damaged_in_the_ring_is_a_bad_frame(pair, monkeypatch) -> None:
-    real_place = ring.RingWriter.place
-
-    def place_then_damage(self, sock, spans, nbytes):
-        start, digests = real_place(self, sock, spans, nbytes)
-        if not place_then_damage.done:  # after the sender hashed it
-            place_then_damage.done = True
-            self.data[start % self.size + 77] ^= 0xFF
-        return start, digests
-
-    place_then_damage.done = False
-    monkeypatch.setattr(ring.RingWriter, "place", place_then_damage)
+    damage_first_placed_part(monkeypatch)
     source = random_storage(torch.float32)
     sink = RecordingSink(KVStorage(3, 8, 4, 2, 8))
     receiver, sender, address = pair(sink)

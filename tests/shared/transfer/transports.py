@@ -59,3 +59,20 @@ def stalled_asker(conn, address: str) -> None:
     asker = Asker(TcpKVReceiver(StalledSink(), "127.0.0.1", 0, "tok"))
     conn.send("asking")
     asker.ask(address, "r1", b"give r1", lambda reply: None)
+
+
+def damage_first_placed_part(monkeypatch) -> None:
+    """Flip a byte of the first part a ring's writer places, after the writer hashed it."""
+    from shared.transfer.tcp import ring
+
+    real_place = ring.RingWriter.place
+    damaged: list[int] = []
+
+    def place_then_damage(self, sock, spans, nbytes):
+        start, digests = real_place(self, sock, spans, nbytes)
+        if not damaged:
+            damaged.append(start)
+            self.data[start % self.size + 77] ^= 0xFF
+        return start, digests
+
+    monkeypatch.setattr(ring.RingWriter, "place", place_then_damage)
