@@ -147,9 +147,16 @@ class KVInbox:
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str
     ) -> None:
+        self.on_frames(request_id, range(layer, layer + 1), spans, ok, error)
+
+    def on_frames(
+        self, request_id: str, layers: range, spans: tuple[BlockSpan, ...], ok: bool, error: str
+    ) -> None:
+        """`on_frame` of each of `layers` (a frame of many layers, reported at once)."""
         if ok:  # onto the GPU before the layer counts as landed (no-op on CPU)
-            for span in spans:
-                self.storage.to_device(layer, span.block_id, span.offset, span.num_tokens)
+            for layer in layers:
+                for span in spans:
+                    self.storage.to_device(layer, span.block_id, span.offset, span.num_tokens)
         with self._lock:
             expected = self._table.get(request_id)
             if expected is None:
@@ -157,7 +164,8 @@ class KVInbox:
             expected.writing = False
             if expected.cancelled:
                 return self._settle_retired(expected)
-            self._count_frame(expected, layer, ok, error)
+            for layer in layers:
+                self._count_frame(expected, layer, ok, error)
 
     def on_end(self, request_id: str, num_frames: int) -> None:
         with self._lock:

@@ -90,13 +90,19 @@ class PutInbox:
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str
     ) -> None:
+        self.on_frames(request_id, range(layer, layer + 1), spans, ok, error)
+
+    def on_frames(
+        self, request_id: str, layers: range, spans: tuple[BlockSpan, ...], ok: bool, error: str
+    ) -> None:
+        """`on_frame` of each of `layers` (a frame of many layers, reported at once)."""
         with self._lock:
             put = self._puts.get(request_id)
             if put is None:
                 return
             for span in spans:
                 for slot in put.slots(span):
-                    (put.layers_ok[slot].add(layer) if ok else put.bad.add(slot))
+                    (put.layers_ok[slot].update(layers) if ok else put.bad.add(slot))
 
     def on_end(self, request_id: str, num_frames: int) -> None:
         self._close(request_id, committed=True)

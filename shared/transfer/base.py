@@ -91,9 +91,10 @@ class KVSink(Protocol):
         frame is reported bad)."""
 
     # A sink may also answer for many layers at once (the TCP receiver then asks once a
-    # span, not once a layer of it):
+    # span, not once a layer of it, and reports a frame of many layers in one call):
     #   destinations(request_id, layers: range, span, nbytes) -> [destination per layer]
-    # each as `destination` answers, all None (or None for the whole) refusing the span.
+    # each as `destination` answers, all None (or None for the whole) refusing the span;
+    #   on_frames(request_id, layers: range, spans, ok, error): `on_frame` of each layer.
 
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str

@@ -65,3 +65,7 @@ def test_a_put_names_its_blocks_own_buffers_in_each_layer_asked_and_no_other() -
     assert inbox.destinations("put", range(29, 31), run, 2 * LAYOUT.half_bytes) is None
     assert inbox.destinations("put", range(0, 2), run, LAYOUT.half_bytes) is None  # size
     assert inbox.destinations("other", range(0, 2), run, 2 * LAYOUT.half_bytes) is None
+    inbox.on_frames("put", range(3, 5), (run,), True, "")
+    inbox.on_frames("put", range(5, 6), (BlockSpan(1, 0, LAYOUT.block_size),), False, "bad")
+    put = inbox._puts["put"]
+    assert put.layers_ok == [{3, 4}, {3, 4}] and put.bad == {1}

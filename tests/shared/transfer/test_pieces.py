@@ -120,6 +120,7 @@ class NamesManyLayers(PieceSink):
     def __init__(self, storage: KVStorage, blocks: tuple[int, ...]) -> None:
         super().__init__(storage, blocks)
         self.calls: list[range] = []
+        self.reports: list[range] = []
 
     def destination(self, request_id, layer, span, nbytes):
         raise AssertionError("asked a layer at a time")
@@ -127,6 +128,11 @@ class NamesManyLayers(PieceSink):
     def destinations(self, request_id, layers, span, nbytes):
         self.calls.append(layers)
         return [PieceSink.destination(self, request_id, i, span, nbytes) for i in layers]
+
+    def on_frames(self, request_id, layers, spans, ok, error):
+        self.reports.append(layers)
+        for layer in layers:
+            self.on_frame(request_id, layer, spans, ok, error)
 
 
 class ManyRefusesLayerOne(NamesManyLayers):
@@ -152,14 +158,15 @@ def test_a_frame_of_every_layer_reaches_the_sink_as_a_frame_per_layer(
     make_receiver, make_sender, sink_class, sealed
 ) -> None:
     """Whole, or refused whole when the sink refuses any layer of it (nothing written); a
-    sink that names many layers at once is asked once for the span's 3 layers."""
+    sink that names many layers at once is asked once for the span's 3 layers, and hears
+    of the frame once."""
     source = random_storage(torch.float32)
     sink = sink_class(KVStorage(3, 8, 4, 2, 8, torch.float32), DEST_BLOCKS)
     _, address = make_receiver(sink, **sealed)
     assert send_every_layer(make_sender, address, source, **sealed) == (True, 3, "")
     sink.wait_ends("all")
     if isinstance(sink, NamesManyLayers):
-        assert sink.calls == [range(0, 3)]
+        assert sink.calls == [range(0, 3)] and sink.reports == [range(0, 3)]
     whole = sink_class in WHOLE
     assert [(f[2], f[4]) for f in sink.frames("all")] == [(0, whole), (1, whole), (2, whole)]
     assert [e[2] for e in sink.events if e[0] == "end"] == [3]

@@ -31,6 +31,10 @@ def test_a_run_span_lands_in_every_block_it_covers() -> None:
         many = inbox.destinations("r", range(0, 2), BlockSpan(2, 0, 12), 0)
         assert many == [inbox.destination("r", i, BlockSpan(2, 0, 12), 0) for i in (0, 1)]
         assert inbox.destinations("r", range(0, 2), BlockSpan(3, 0, 12), 0) is None
+        inbox.on_frames("r", range(0, 2), (BlockSpan(2, 0, 12),), True, "")
+        expected = inbox.take("r")
+        assert expected is not None and expected.layers_done == {0, 1}
+        assert expected.frames_ok == 2 and not expected.writing
 
     asyncio.run(scenario())
 
