@@ -35,6 +35,9 @@ class OpenFrame(Protocol):
     def layer(self) -> int: ...
 
     @property
+    def layers(self) -> range: ...
+
+    @property
     def spans(self) -> Sequence[BlockSpan]: ...
 
     @property
@@ -97,6 +100,19 @@ def layer_destinations(
     if not isinstance(found, (list, tuple)) or len(found) != len(layers):
         return [None] * len(layers)
     return [scattered(dest, nbytes) for dest in found]
+
+
+def report_frame(
+    sink: KVSink, request_id: str, layers: range, spans: tuple[BlockSpan, ...], error: str
+) -> None:
+    """A landed frame, to the sink: in one call where the sink hears of many layers at once
+    (`on_frames`), else one call a layer."""
+    many = getattr(sink, "on_frames", None) if len(layers) > 1 else None
+    if many is not None:
+        call_sink(many, request_id, layers, spans, not error, error)
+        return
+    for layer in layers:
+        call_sink(sink.on_frame, request_id, layer, spans, not error, error)
 
 
 def call_sink(callback: Callable, *args: object) -> object:
@@ -198,19 +214,14 @@ class Connection(Generic[HeaderT, FrameT]):
         return writable(call_sink(self.sink.destination, request_id, layer, span, nbytes), nbytes)
 
     def _complete(self) -> None:
-        """The frame in progress has been checked to its end: count it, report it."""
+        """The frame in progress has been checked to its end: count it, report it (a frame
+        of several layers counts, and is reported, as a frame of each)."""
         frame, self.frame = self.frame, None
         if frame is None:
             raise RuntimeError("no frame in progress to complete")
-        self.receiver.counters.add(frames=1, rejected=int(bool(frame.error)))
-        call_sink(
-            self.sink.on_frame,
-            frame.request_id,
-            frame.layer,
-            tuple(frame.spans),
-            not frame.error,
-            frame.error,
-        )
+        layers, error = frame.layers, frame.error
+        self.receiver.counters.add(frames=len(layers), rejected=len(layers) * bool(error))
+        report_frame(self.sink, frame.request_id, layers, tuple(frame.spans), error)
 
     def _end(self, request_id: str, num_frames: int) -> None:
         self.open_requests.pop(request_id, None)

@@ -47,6 +47,10 @@ class _Placed:
     checked: int = 0  # spans whose part has landed and been hashed
     error: str = ""
 
+    @property
+    def layers(self) -> range:
+        return range(self.layer, self.layer + 1)  # this transport's frames carry one layer
+
     def expects(self, header: Header) -> bool:
         """Whether `header` is a LANDED of this frame's next spans (all the rest, if last)."""
         end = self.checked + header.count

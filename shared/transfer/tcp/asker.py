@@ -82,8 +82,7 @@ class _AskingConnection(_Connection):
 
     def close(self) -> None:
         self.sock.close()
-        if self.ring is not None:
-            self.ring.close()
+        self._closed()  # its ring, if it has one
 
     def fail(self, error: str) -> None:
         """Close; requests whose frames were due are lost to the sink."""

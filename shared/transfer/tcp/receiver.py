@@ -231,25 +231,6 @@ class _Connection(Connection[bytes, _Partial]):
         views = [view for half in (0, 1) for dest in found for view in dest[half]]
         return _Target(tuple(views), xxhash.xxh3_64(), digest)
 
-    def _complete(self) -> None:
-        """Report a frame once per layer it carries, as frames of one layer each (in one
-        call where the sink takes many layers at once: `on_frames`)."""
-        frame = self.frame
-        if frame is None or len(frame.layers) == 1:
-            return super()._complete()
-        many = getattr(self.sink, "on_frames", None)
-        if many is not None:
-            self.frame, count = None, len(frame.layers)
-            self.receiver.counters.add(frames=count, rejected=count * bool(frame.error))
-            spans = tuple(frame.spans)
-            call_sink(many, frame.request_id, frame.layers, spans, not frame.error, frame.error)
-            return
-        for layer in frame.layers:
-            self.frame = _Partial(
-                frame.request_id, range(layer, layer + 1), frame.spans, frame.error
-            )
-            super()._complete()
-
     def _discard(self, nbytes: int) -> tuple[memoryview, ...]:
         """Views of one scratch buffer that add up to `nbytes` (a refused span's bytes)."""
         full, rest = divmod(nbytes, DISCARD_CHUNK)
