@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from shared.kvcache.storage import KVStorage
     from shared.transfer.base import BlockSpan
 
@@ -135,14 +137,29 @@ class KVInbox:
         covered = span.block_ids(self.storage.block_size)
         if len(covered) > 1 and span.offset:
             return None  # a run of blocks starts at a block's first slot
+        if not self._claim(request_id, covered):
+            return None
+        return self.storage.spans_of_layers(layers, span.block_id, span.offset, span.num_tokens)
+
+    def span_array(self, request_id: str, span: BlockSpan) -> np.ndarray | None:
+        """Where a span of whole blocks lands in every layer, as one array (`tcp.placed`)."""
+        covered = span.block_ids(self.storage.block_size)
+        if span.offset or span.num_tokens != len(covered) * self.storage.block_size:
+            return None
+        if not self._claim(request_id, covered):
+            return None
+        return self.storage.blocks_array(span.block_id, len(covered))
+
+    def _claim(self, request_id: str, blocks: range) -> bool:
+        """Whether a frame of the request may land in `blocks` now (then it is landing)."""
         with self._lock:
             expected = self._table.get(request_id)
             if expected is None or expected.cancelled:
-                return None
-            if not all(block in expected.block_ids for block in covered):
-                return None
+                return False
+            if not all(block in expected.block_ids for block in blocks):
+                return False
             expected.writing = True
-        return self.storage.spans_of_layers(layers, span.block_id, span.offset, span.num_tokens)
+        return True
 
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str
@@ -153,7 +170,7 @@ class KVInbox:
         self, request_id: str, layers: range, spans: tuple[BlockSpan, ...], ok: bool, error: str
     ) -> None:
         """`on_frame` of each of `layers` (a frame of many layers, reported at once)."""
-        if ok:  # onto the GPU before the layer counts as landed (no-op on CPU)
+        if ok and self.storage.mirrored:  # onto the GPU before the layer counts as landed
             for layer in layers:
                 for span in spans:
                     self.storage.to_device(layer, span.block_id, span.offset, span.num_tokens)
@@ -164,8 +181,7 @@ class KVInbox:
             expected.writing = False
             if expected.cancelled:
                 return self._settle_retired(expected)
-            for layer in layers:
-                self._count_frame(expected, layer, ok, error)
+            self._count_frames(expected, layers, ok, error)
 
     def on_end(self, request_id: str, num_frames: int) -> None:
         with self._lock:
@@ -188,16 +204,18 @@ class KVInbox:
                 if expected.cancelled:
                     self._settle_retired(expected)
 
-    def _count_frame(self, expected: Expected, layer: int, ok: bool, error: str) -> None:
+    def _count_frames(self, expected: Expected, layers: range, ok: bool, error: str) -> None:
+        """A frame of each of `layers` landed (one wake-up of the layers' waiters)."""
         if not ok:
-            expected.frames_bad += 1
+            expected.frames_bad += len(layers)
             expected.error = expected.error or f"KV frame refused: {error}"
             return self._fail_layers(expected, expected.error)
-        expected.frames_ok += 1
+        expected.frames_ok += len(layers)
         expected.landed_at = time.monotonic()
-        if 0 <= layer < expected.num_layers and not expected.frames_bad:
+        done = range(max(layers.start, 0), min(layers.stop, expected.num_layers))
+        if done and not expected.frames_bad:
             with expected.landed:
-                expected.layers_done.add(layer)
+                expected.layers_done.update(done)
                 expected.landed.notify_all()
 
     @staticmethod

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.kvstore.arena import BlockArena
 from shared.kvblocks import BlockLayout
 
 UNKNOWN_CHECKSUM = 0  # not taken yet (a real 0 is only taken again)
@@ -36,6 +37,7 @@ class DramBlock:
     checksum: int = UNKNOWN_CHECKSUM  # xxh3_64 of its bytes: from its file, or when written
     evicting: bool = False  # being demoted; its evictor decides its fate
     read_views: tuple[memoryview, ...] = ()  # its layers' K and V, read-only, once read
+    slot: int = -1  # its buffer's slot in the shared arena; -1: private memory
 
     @property
     def filled(self) -> np.ndarray:
@@ -49,7 +51,15 @@ class DramBlock:
         hot block's gets do not slice its buffer again."""
         if not self.read_views:
             self.read_views = layer_views(self.filled, self.layout, writable=False)
-        return BlockRef(self.block_hash, self.layout, self.filled, False, self.read_views)
+        return BlockRef(
+            self.block_hash,
+            self.layout,
+            self.filled,
+            False,
+            self.read_views,
+            self.slot,
+            self.checksum,
+        )
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -65,6 +75,8 @@ class BlockRef:
     buffer: np.ndarray
     writable: bool
     views: tuple[memoryview, ...]  # `view`'s answers, made once (layer_views)
+    slot: int = -1  # where the buffer lies in the shared arena; -1: private memory
+    checksum: int = UNKNOWN_CHECKSUM  # of a committed arena block (a worker checks it)
 
     def view(self, layer: int, half: int) -> memoryview:
         """Layer `layer`'s K (half 0) or V (half 1) bytes, `layout.half_bytes` long."""
@@ -96,10 +108,12 @@ def new_buffer(num_bytes: int) -> np.ndarray:
 
 class DramTier:
     """Blocks in DRAM. `used_bytes` counts every block (reserved, loading, committed,
-    evicting) at `layout.block_bytes` and never exceeds `capacity`."""
+    evicting) at `layout.block_bytes` and never exceeds `capacity`. Buffers come from the
+    shared arena where it has a slot for them, else from private memory."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, arena: BlockArena | None = None) -> None:
         self.capacity = capacity
+        self.arena = arena
         self.used_bytes = 0
         self.num_committed = 0
         self.blocks: dict[int, DramBlock] = {}
@@ -125,6 +139,15 @@ class DramTier:
         self.blocks[block_hash] = block
         self.used_bytes += layout.block_bytes
         return block
+
+    def allocate(self, block: DramBlock) -> np.ndarray:
+        """A buffer for a block just added (outside the lock: the arena locks itself)."""
+        found = None if self.arena is None else self.arena.allocate(block.layout.block_bytes)
+        if found is None:
+            block.buffer = new_buffer(block.layout.block_bytes)
+        else:
+            block.slot, block.buffer = found
+        return block.buffer
 
     def commit(self, block: DramBlock, checksum: int, pins: int) -> None:
         """Make a reserved or loading block visible, keeping `pins` readers on it."""
@@ -154,6 +177,10 @@ class DramTier:
             self._lru[block.block_hash] = None
 
     def drop(self, block: DramBlock) -> None:
+        """Forget a block; its arena slot is free again (nobody may use its buffer now)."""
+        if block.slot >= 0 and self.arena is not None:
+            self.arena.free(block.slot)
+            block.slot = -1
         del self.blocks[block.block_hash]
         self._lru.pop(block.block_hash, None)
         self.used_bytes -= block.layout.block_bytes

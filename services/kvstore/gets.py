@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client import Counter
 
-from services.kvstore.dram import BlockRef
+from services.kvstore.dram import UNKNOWN_CHECKSUM, BlockRef
 from services.kvstore.runs import get_spans
 from services.kvstore.store import BlockStore
 from shared.codec import encode
@@ -16,6 +16,7 @@ from shared.messages import Ack, BlockGet
 from shared.transfer.base import layer_groups
 from shared.transfer.common.frames import Frame, check_request_id
 from shared.transfer.tcp.asking import Answer
+from shared.transfer.tcp.placed import encode_placed
 
 
 class Gets:
@@ -73,4 +74,18 @@ class Gets:
             msg.request_id,
             self.frames(msg, pinned),
             lambda ok: self.store.release(pinned),
+            placed_message(msg, pinned),
         )
+
+
+def placed_message(msg: BlockGet, refs: Sequence[BlockRef]) -> bytes:
+    """The PLACED message of a get whose every block lies in the shared arena, hashed;
+    empty otherwise (its frames go instead). An asker on this host copies them out."""
+    if any(ref.slot < 0 or ref.checksum == UNKNOWN_CHECKSUM for ref in refs):
+        return b""
+    layout = msg.layout
+    check_request_id(msg.request_id)
+    entries = [(dest, ref.slot, ref.checksum) for dest, ref in zip(msg.dest_block_ids, refs)]
+    return encode_placed(
+        msg.request_id, layout.num_layers, layout.block_bytes, layout.block_size, entries
+    )

@@ -2,7 +2,9 @@
 
 A put reserves one store buffer per block (a *slot*); frames land layer by layer; at
 the sender's END each block whose every layer arrived intact is committed, the rest
-abandoned. Nothing half-written ever becomes visible.
+abandoned. Nothing half-written ever becomes visible, and a put that expires while a frame
+is landing in its blocks gives them back only once that frame is over: a block's memory
+may be a slot of the shared arena, soon another block's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class _Put:
     expires: float
     layers_ok: list[set[int]] = field(default_factory=list)
     bad: set[int] = field(default_factory=set)  # slots with a refused or damaged frame
+    writing: bool = False  # a frame is landing in its blocks (between destinations and on_frames)
 
     def slots(self, span: BlockSpan) -> range:
         """The slots a span covers: one, or a run of consecutive ones."""
@@ -46,6 +49,7 @@ class PutInbox:
         self.store = store
         self._lock = threading.Lock()
         self._puts: dict[str, _Put] = {}
+        self._closing: dict[str, _Put] = {}  # dropped while a frame was landing in them
         self.num_committed = 0
         self.num_abandoned = 0
 
@@ -81,6 +85,7 @@ class PutInbox:
             if put is None:
                 return None
             refs = put.run(span)
+            put.writing = put.writing or refs is not None
         if refs is None or nbytes != len(refs) * refs[0].layout.half_bytes:
             return None
         if not (layers and layers.start >= 0 and layers.stop <= refs[0].layout.num_layers):
@@ -97,33 +102,52 @@ class PutInbox:
     ) -> None:
         """`on_frame` of each of `layers` (a frame of many layers, reported at once)."""
         with self._lock:
+            closing = self._closing.pop(request_id, None)
             put = self._puts.get(request_id)
-            if put is None:
-                return
-            for span in spans:
-                for slot in put.slots(span):
-                    (put.layers_ok[slot].update(layers) if ok else put.bad.add(slot))
+            if put is not None:
+                put.writing = False
+                for span in spans:
+                    for slot in put.slots(span):
+                        (put.layers_ok[slot].update(layers) if ok else put.bad.add(slot))
+        if closing is not None:  # expired while this frame landed: given back now
+            self._abandon(closing)
 
     def on_end(self, request_id: str, num_frames: int) -> None:
         self._close(request_id, committed=True)
 
     def on_lost(self, request_ids: list[str], error: str) -> None:
+        """Its connection is gone, so nothing lands any more: every block goes back."""
         for transfer_id in request_ids:
-            self._close(transfer_id, committed=False)
+            with self._lock:
+                put = self._closing.pop(transfer_id, None) or self._puts.pop(transfer_id, None)
+            if put is not None:
+                self._abandon(put)
 
     def _close(self, transfer_id: str, committed: bool) -> int:
         with self._lock:
             put = self._puts.pop(transfer_id, None)
-        if put is None:
-            return 0
+            if put is None:
+                return 0
+            if not committed and put.writing:  # NOTE: given back once the frame is over
+                self._closing[transfer_id] = put
+                return 1
+        if not committed:
+            self._abandon(put)
+            return 1
         for slot, ref in enumerate(put.refs):
             if ref is None:
                 continue
             whole = len(put.layers_ok[slot]) == ref.layout.num_layers and slot not in put.bad
-            if committed and whole:
+            if whole:
                 self.store.commit(ref)
                 self.num_committed += 1
             else:
                 self.store.abandon(ref)
                 self.num_abandoned += 1
         return 1
+
+    def _abandon(self, put: _Put) -> None:
+        for ref in put.refs:
+            if ref is not None:
+                self.store.abandon(ref)
+                self.num_abandoned += 1

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.kvstore.arena import BlockArena
 from services.kvstore.gets import Gets
 from services.kvstore.inbox import PutInbox
 from services.kvstore.store import BlockRef, BlockStore
@@ -40,6 +41,7 @@ from shared.transfer.address import advertised
 from shared.transfer.common.encryption import require_token
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 from shared.transfer.tcp.asking import Answer
+from shared.transfer.tcp.placed import ArenaOffer
 
 log = logging.getLogger("kvstack.kvstore")
 PUT_TTL = 30.0
@@ -71,7 +73,15 @@ class KvstoreService(Service):
         super().__init__(config)
         self.config: KvstoreConfig = config
         disk_dir = Path(config.disk_dir) if config.disk_dir else None
-        self.store = BlockStore(config.dram_bytes, disk_dir, config.disk_bytes, config.compress)
+        # NOTE: shared with workers on this host, who read gets in place (tcp.placed)
+        self.blocks = (
+            BlockArena.create(config.dram_bytes)
+            if config.shared_memory and not config.data_encrypt
+            else None
+        )
+        self.store = BlockStore(
+            config.dram_bytes, disk_dir, config.disk_bytes, config.compress, self.blocks
+        )
         self.inbox = PutInbox(self.store)
         served_bytes = self.metrics.counter("served_bytes", "block bytes sent to clients")
         self.gets = Gets(self.store, served_bytes)
@@ -211,6 +221,10 @@ class KvstoreService(Service):
         self.inbox.open(msg.request_id, refs, PUT_TTL)
         slots = tuple(slot if ref is not None else -1 for slot, ref in enumerate(refs))
         return PutSlots(msg.request_id, True, slots, data_addr)
+
+    def arena(self) -> ArenaOffer | None:
+        """Where the DRAM tier's blocks lie, for askers on this host (tcp.placed)."""
+        return None if self.blocks is None else self.blocks.offer()
 
     def answer(self, question: bytes) -> Answer:
         """A get or a put asked on a data connection (shared/transfer/tcp/asking.py), on its

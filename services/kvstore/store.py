@@ -20,6 +20,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+import xxhash
+
+from services.kvstore.arena import BlockArena
 from services.kvstore.blockfile import BlockHeader, read_block_file
 from services.kvstore.disk import DiskTier
 from services.kvstore.dram import (
@@ -29,7 +32,6 @@ from services.kvstore.dram import (
     DramBlock,
     DramTier,
     layer_views,
-    new_buffer,
 )
 from services.kvstore.tiers import Tiers
 from shared.kvblocks import BlockLayout
@@ -53,6 +55,7 @@ class BlockStore:
         disk_dir: Path | None = None,
         disk_bytes: int = 0,
         compress: bool = False,
+        arena: BlockArena | None = None,
     ) -> None:
         if dram_bytes < 0 or disk_bytes < 0:
             raise ValueError("capacities must not be negative")
@@ -60,7 +63,7 @@ class BlockStore:
             raise ValueError("compress=True needs the lz4 package")
         self._cond = threading.Condition()
         disk = DiskTier(Path(disk_dir), disk_bytes) if disk_dir and disk_bytes else None
-        self._tiers = Tiers(DramTier(dram_bytes), disk, compress)
+        self._tiers = Tiers(DramTier(dram_bytes, arena), disk, compress)
         if disk is not None:
             self._tiers.load_disk()
 
@@ -134,7 +137,7 @@ class BlockStore:
         files when demoting: call it off the event loop.
         """
         block = self._make_room(block_hash, layout, BlockState.RESERVED)
-        return None if block is None else _writable(block, block_hash, layout)
+        return None if block is None else self._writable(block)
 
     def reserve_in_room(
         self, block_hashes: Sequence[int], layout: BlockLayout
@@ -152,20 +155,21 @@ class BlockStore:
                 else tiers.dram.try_add(block_hash, layout, BlockState.RESERVED)
                 for block_hash in block_hashes
             ]
-        return [
-            None if block is None else _writable(block, block_hash, layout)
-            for block, block_hash in zip(blocks, block_hashes)
-        ]
+        return [None if block is None else self._writable(block) for block in blocks]
 
     def commit(self, ref: BlockRef) -> bool:
         """Make a reservation visible, unpinned (the caller verified every layer). False when
-        `ref` is no live reservation. Its checksum for the SSD tier is taken when (if ever)
-        it is demoted: its bytes never change, and a put's receiver has better to do."""
+        `ref` is no live reservation. A block in the shared arena is hashed now (a worker
+        that reads it in place checks it); another's checksum for the SSD tier is taken
+        when (if ever) it is demoted: its bytes never change."""
+        checksum = UNKNOWN_CHECKSUM
+        if ref.slot >= 0:
+            checksum = xxhash.xxh3_64_intdigest(ref.buffer.data)
         with self._cond:
             block = self._owned(ref, BlockState.RESERVED)
             if block is None:
                 return False
-            self._tiers.dram.commit(block, UNKNOWN_CHECKSUM, pins=0)
+            self._tiers.dram.commit(block, checksum, pins=0)
             self._tiers.events.stored([ref.block_hash])
             return True
 
@@ -274,7 +278,7 @@ class BlockStore:
         return ref
 
     def _read_file(self, block: DramBlock, header: BlockHeader) -> bool:
-        block.buffer = buffer = new_buffer(header.layout.block_bytes)
+        buffer = self._tiers.dram.allocate(block)
         path = self._tiers.ssd.path(header.block_hash)
         if not read_block_file(path, header, buffer.data):
             return False
@@ -344,8 +348,8 @@ class BlockStore:
             return None
         return block
 
-
-def _writable(block: DramBlock, block_hash: int, layout: BlockLayout) -> BlockRef:
-    """A reserved block's new buffer, as the writable ref its receiver fills."""
-    block.buffer = buffer = new_buffer(layout.block_bytes)
-    return BlockRef(block_hash, layout, buffer, True, layer_views(buffer, layout, writable=True))
+    def _writable(self, block: DramBlock) -> BlockRef:
+        """A reserved block's new buffer, as the writable ref its receiver fills."""
+        buffer, layout = self._tiers.dram.allocate(block), block.layout
+        views = layer_views(buffer, layout, writable=True)
+        return BlockRef(block.block_hash, layout, buffer, True, views, block.slot)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 
+import numpy as np
 import torch
 
 from shared import huge_pages as host_memory
@@ -46,6 +48,7 @@ class KVStorage:
         )
         self.token_bytes = num_kv_heads * head_dim * self.kv.element_size()
         self._bytes: memoryview | None = None
+        self._blocks: np.ndarray | None = None  # blocks_array's base, made at its first use
         self.mirrored = self.kv.is_cuda or os.environ.get(HOST_MIRROR_ENV) == "1"
         self._mirror: torch.Tensor | None = None
 
@@ -80,6 +83,15 @@ class KVStorage:
             (flat[k : k + n], flat[k + to_v : k + to_v + n])
             for k in range(first, first + len(layers) * step, step)
         ]
+
+    def blocks_array(self, block_id: int, count: int) -> np.ndarray:
+        """Blocks [block_id, block_id + count) as one uint8 array [layer, K or V, block,
+        byte]: a view of the host bytes that the data plane writes, one copy filling all."""
+        if self._blocks is None:
+            kv = self.host()
+            shape = (*kv.shape[:3], math.prod(kv.shape[3:]) * kv.element_size())
+            self._blocks = kv.view(torch.uint8).reshape(shape).numpy()
+        return self._blocks[:, :, block_id : block_id + count]
 
     def flat_bytes(self) -> memoryview:
         if self._bytes is None:

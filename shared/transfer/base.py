@@ -95,6 +95,10 @@ class KVSink(Protocol):
     #   destinations(request_id, layers: range, span, nbytes) -> [destination per layer]
     # each as `destination` answers, all None (or None for the whole) refusing the span;
     #   on_frames(request_id, layers: range, spans, ok, error): `on_frame` of each layer.
+    # And where a span of whole blocks lands in every layer as one array (what a kvstore's
+    # get read in place is copied into with one call, `tcp.placed`):
+    #   span_array(request_id, span) -> numpy uint8 [layer, K or V, block, byte] or None,
+    # then reported through on_frames as a frame of every layer.
 
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str

@@ -256,7 +256,7 @@ class ListeningReceiver(KVReceiver):
         self.host, self.port = host, port
         self.auth_token = auth_token
         self.limits = limits
-        self.counters = Counters("bytes", "frames", "rejected")
+        self.counters = Counters("bytes", "frames", "rejected", "placed")
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._sockets: dict[socket.socket, str] = {}  # open connections -> their peer's IP
@@ -295,6 +295,11 @@ class ListeningReceiver(KVReceiver):
     @property
     def bytes_received(self) -> int:
         return self.counters["bytes"]
+
+    @property
+    def bytes_placed(self) -> int:
+        """Of `bytes_received`, those an asker read where a kvstore placed them (tcp.placed)."""
+        return self.counters["placed"]
 
     @property
     def frames_received(self) -> int:

@@ -17,6 +17,10 @@ bytes) and a body of `body bytes`:
     ASK, ANSWER  a question from the peer that dialed (a worker asking a kvstore for blocks)
                  and the receiver's reply, in the bus's message encoding; a get's KV frames
                  and END follow the reply on the same connection (`asking`, `asker`)
+    PLACED       on one host, instead of a get's KV frames: where the blocks lie in the
+                 kvstore's shared-memory arena, which the asker mapped after its ring was
+                 taken; the asker copies them out, checks each block's checksum there and
+                 answers DONE (`placed`)
 
 `layers` names the first layer a frame carries (low 16 bits) and how many more follow it
 (high 16): a span of a frame of several layers holds its K of each layer in turn, then its
@@ -41,8 +45,9 @@ from `common`; see `ConnectionLimits`).
 
 Modules: `wire` (frame format, encoding, decoding), `sockets` (scatter/gather I/O), `sealing`
 (the same frames encrypted), `ring` (the same frames' payload through shared memory, same
-host), `sender`, `receiver`, `asking` (answers on an accepted connection), `asker` (asks on
-connections of one's own).
+host), `placed` (a kvstore's gets read where the blocks lie, same host), `sender`,
+`receiver`, `asking` (answers on an accepted connection), `asker` (asks on connections of
+one's own).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from shared.transfer.tcp.wire import (
     KIND_END,
     KIND_KV,
     KIND_KV_MORE,
+    KIND_PLACED,
     KIND_RING,
     MAGIC,
     MAX_SPANS,
@@ -78,6 +84,7 @@ __all__ = [
     "KIND_END",
     "KIND_KV",
     "KIND_KV_MORE",
+    "KIND_PLACED",
     "KIND_RING",
     "MAGIC",
     "MAX_SPANS",

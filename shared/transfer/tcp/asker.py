@@ -15,10 +15,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from shared.transfer.common.frames import Frame, ProtocolError
 from shared.transfer.common.handshake import answer_hello
-from shared.transfer.common.receiver import call_sink
+from shared.transfer.common.receiver import call_sink, report_frame
 from shared.transfer.common.sender import MAX_IDLE_S
 from shared.transfer.common.sockets import peer_closed, recv_exact, shut_down, split_peer, tune
-from shared.transfer.tcp import ring
+from shared.transfer.tcp import placed, ring
 from shared.transfer.tcp.asking import write_frames
 from shared.transfer.tcp.receiver import TcpKVReceiver, _Connection
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, send_all
@@ -27,9 +27,11 @@ from shared.transfer.tcp.wire import (
     HEADER,
     KIND_ANSWER,
     KIND_ASK,
+    KIND_PLACED,
     check_header,
     encode_note,
     encode_ring_offer,
+    unpack_layers,
 )
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class _AskingConnection(_Connection):
     def __init__(self, sock: socket.socket, receiver: TcpKVReceiver) -> None:
         super().__init__(sock, receiver)
         self.last_used = time.monotonic()
+        self.arena: placed.ArenaView | None = None  # same host: the receiver's blocks
 
     def _handshake(self) -> None:
         answer_hello(self.sock, self.receiver.auth_token, GREETING, encrypt=False)
@@ -58,31 +61,75 @@ class _AskingConnection(_Connection):
     def exchange(self, question: bytes, request_id: str, answered: Answered) -> None:
         """Ask, hand the reply to `answered` and send the frames it gives back (if any),
         then read the frames that follow the reply (if any) into the sink until the
-        request's END."""
+        request's END. Blocks placed in the mapped arena land before `answered` runs: the
+        asker's loop then wakes once for both."""
         send_all(self.sock, encode_note(KIND_ASK, question))
         kind, _, _, frames_follow, body = check_header(recv_exact(self.sock, HEADER.size))
         if kind != KIND_ANSWER:
             raise ProtocolError(f"kind {kind} where an answer was due")
         reply = recv_exact(self.sock, body)
+        first = None
         if frames_follow:  # NOTE: before `answered`, so a drop from here on reaches the sink
             self.open_requests[request_id] = None
+            if self.arena is not None:  # PLACED, or the first frame's header
+                first = recv_exact(self.sock, HEADER.size)
+                if check_header(first)[0] == KIND_PLACED:
+                    self._read_request(request_id, first)
+                    answered(reply)  # a get's: nothing to send
+                    return
         frames = answered(reply)
         if frames is not None:
             write_frames(self.sock, request_id, frames)
+        self._read_request(request_id, first)
+
+    def _read_request(self, request_id: str, first: bytes | None) -> None:
+        """Read what follows the reply until the request's END (from `first`, a header
+        read already)."""
+        if first is not None:
+            self._handle(first)
         while request_id in self.open_requests:
             self._handle(recv_exact(self.sock, HEADER.size))
         self.last_used = time.monotonic()
 
     def offer_ring(self, timeout_s: float) -> None:
-        """Offer the receiver a ring for its answers' payload (same host: `ring`)."""
+        """Offer the receiver a ring for its answers' payload (same host: `ring`); where it
+        takes it, map the arena it names, if it names one (`placed`)."""
         self.sock.settimeout(timeout_s)
         self.ring = ring.offer_for_answers(
             self.sock, encode_ring_offer(ring.OFFER.size, for_answers=True)
         )
+        if self.ring is not None:
+            self.arena = placed.take_arena(self.sock)
+
+    def _placed(self, raw: bytes) -> None:
+        """A get answered where its blocks lie: copied out into the sink's memory, checked,
+        DONE sent (the receiver may then reuse their memory), counted and reported as one
+        frame of every layer."""
+        _, rid_len, layers, count, body = check_header(raw)
+        placement = placed.parse_placed(
+            recv_exact(self.sock, body), rid_len, unpack_layers(layers), count
+        )
+        if self.arena is None or self.frame is not None:
+            raise ProtocolError("blocks placed in an arena not mapped, or mid-frame")
+        if placement.request_id not in self.open_requests:
+            raise ProtocolError(f"blocks placed for {placement.request_id}, not asked for")
+        spans, error = self.arena.land(self.sink, placement)
+        self.sock.sendall(placed.DONE)
+        num_layers = len(placement.layers)
+        moved = len(placement.entries) * placement.slot_bytes
+        rejected = num_layers * bool(error)
+        self.receiver.counters.add(bytes=moved, placed=moved, frames=num_layers, rejected=rejected)
+        report_frame(self.sink, placement.request_id, placement.layers, tuple(spans), error)
+
+    def _closed(self) -> None:
+        super()._closed()
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
 
     def close(self) -> None:
         self.sock.close()
-        self._closed()  # its ring, if it has one
+        self._closed()  # its ring and arena, if it has them
 
     def fail(self, error: str) -> None:
         """Close; requests whose frames were due are lost to the sink."""

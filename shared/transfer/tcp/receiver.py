@@ -21,7 +21,7 @@ from shared.transfer.common.receiver import (
     layer_destinations,
 )
 from shared.transfer.common.sockets import recv_exact
-from shared.transfer.tcp import ring
+from shared.transfer.tcp import placed, ring
 from shared.transfer.tcp.asking import Answer, AskServer, write_answer
 from shared.transfer.tcp.sealing import Opener
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, Landing, recv_hashed
@@ -32,6 +32,7 @@ from shared.transfer.tcp.wire import (
     KIND_ASK,
     KIND_END,
     KIND_KV,
+    KIND_PLACED,
     KIND_RING,
     SPAN,
     check_header,
@@ -87,6 +88,7 @@ class _Connection(Connection[bytes, _Partial]):
         self.opener: Opener | None = None  # under encryption, from the handshake
         self.ring: ring.RingReader | None = None  # same host: the sender's shared memory
         self.answer_ring: ring.RingWriter | None = None  # same host: an asker's, for answers
+        self.arena_mapped = False  # same host: the asker mapped the server's arena (`placed`)
 
     @cached_property
     def scratch(self) -> memoryview:
@@ -109,6 +111,8 @@ class _Connection(Connection[bytes, _Partial]):
             return self._take_ring(body, for_answers=bool(count))
         if kind in (KIND_ASK, KIND_ANSWER):
             return self._answer(kind, body)
+        if kind == KIND_PLACED:
+            return self._placed(raw)
         num_spans = 0 if kind == KIND_END else count
         meta = self._read_meta(raw, rid_len + num_spans * SPAN.size)  # id and span table
         request_id = meta[:rid_len].decode(errors="replace")
@@ -134,6 +138,9 @@ class _Connection(Connection[bytes, _Partial]):
             self.sock.sendall(ring.NO)
         elif for_answers:
             self.answer_ring = ring.accept_for_answers(self.sock, offer)
+            if self.answer_ring is not None:  # NOTE: same host: where the blocks lie, too
+                arena = self.receiver.server.arena()  # type: ignore[union-attr]
+                self.arena_mapped = placed.offer_arena(self.sock, arena)
         else:
             self.ring = ring.accept(self.sock, offer)
 
@@ -145,7 +152,11 @@ class _Connection(Connection[bytes, _Partial]):
         answer = call_sink(server.answer, recv_exact(self.sock, body))
         if not isinstance(answer, Answer):  # the server failed (and logged why)
             raise ProtocolError("an ask the server could not answer")
-        write_answer(self.sock, answer, self.answer_ring)
+        write_answer(self.sock, answer, self.answer_ring, self.arena_mapped)
+
+    def _placed(self, raw: bytes) -> None:
+        """Blocks placed in shared memory: only an asker reads them (`placed`)."""
+        raise ProtocolError("blocks placed in shared memory where none were asked for")
 
     def _closed(self) -> None:
         for shared in (self.ring, self.answer_ring):

@@ -21,13 +21,15 @@ from shared.transfer.common.handshake import Greeting
 
 MAGIC = 0x5453564B  # b"KVST" read as little endian
 # 2: a frame may carry several layers; 3: a ring in shared memory (`ring`); 4: asks and
-# answers on the data connection (`asking`); 5: an asker's ring for its answers
-VERSION = 5
+# answers on the data connection (`asking`); 5: an asker's ring for its answers; 6: a
+# kvstore's gets answered where the blocks lie in its shared-memory arena (`placed`)
+VERSION = 6
 KIND_KV, KIND_KV_MORE, KIND_END, KIND_RING, KIND_ASK, KIND_ANSWER = 1, 2, 3, 4, 5, 6
+KIND_PLACED = 7
 HEADER = struct.Struct("<IBBHIIQ")  # magic, version, kind, id length, layers, count, body bytes
 SPAN = struct.Struct("<IIIQQQ")  # block id, offset, tokens, bytes per half, block hash, checksum
 GREETING = Greeting(MAGIC, VERSION, f"kvstack v{VERSION}")
-KINDS = (KIND_KV, KIND_KV_MORE, KIND_END, KIND_RING, KIND_ASK, KIND_ANSWER)
+KINDS = (KIND_KV, KIND_KV_MORE, KIND_END, KIND_RING, KIND_ASK, KIND_ANSWER, KIND_PLACED)
 NOTES = (KIND_ASK, KIND_ANSWER)  # a body of a peer's own encoding; no request id, no spans
 
 PART_BYTES = 1 << 20  # payload per wire part: hashed, then sent while still in L2
@@ -161,6 +163,8 @@ def check_header(raw: bytes) -> tuple[int, int, int, int, int]:
         raise ProtocolError(f"absurd ask or answer header {raw.hex()}")
     if kind == KIND_RING and (rid_len or count > 1 or layer):
         raise ProtocolError(f"absurd ring offer header {raw.hex()}")
+    if kind == KIND_PLACED and (not rid_len or not count or body > MAX_NOTE_BYTES):
+        raise ProtocolError(f"absurd placed header {raw.hex()}")
     if (
         rid_len > MAX_REQUEST_ID
         or spans > MAX_SPANS

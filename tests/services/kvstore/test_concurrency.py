@@ -1,11 +1,16 @@
-"""Several threads putting and reading at once: counts stay consistent, bytes stay right."""
+"""Several threads putting and reading at once: counts stay consistent, bytes stay right,
+with blocks in private memory or in the shared arena's recycled slots."""
 
 from __future__ import annotations
 
 import random
 import threading
 
+import pytest
+import xxhash
+
 from services.kvstore import tiers
+from services.kvstore.arena import BlockArena
 from services.kvstore.blockfile import HEADER_SIZE
 from services.kvstore.store import BlockStore
 from tests.services.kvstore.blocks import BLOCK, LAYOUT, content, fill, put
@@ -25,7 +30,13 @@ def worker(store: BlockStore, seed: int, errors: list[str], rounds: int = 150) -
         for ref in refs:
             if ref is not None and bytes(ref.data()) != content(ref.block_hash):
                 errors.append(f"block {ref.block_hash} served wrong bytes")
+            if ref is not None and ref.slot >= 0 and ref.checksum not in (0, _digest(ref)):
+                errors.append(f"block {ref.block_hash} has a stale checksum")
         store.release(refs)
+
+
+def _digest(ref) -> int:
+    return xxhash.xxh3_64_intdigest(content(ref.block_hash))
 
 
 def run_threads(store: BlockStore, num_threads: int = 6) -> list[str]:
@@ -60,8 +71,13 @@ def replay(store: BlockStore, stored: set[int]) -> None:
     stored.update(added)
 
 
-def test_threads_with_dram_only_keep_counts_consistent():
-    store = BlockStore(dram_bytes=10 * BLOCK)
+def arena_of(in_arena: bool, dram_bytes: int) -> BlockArena | None:
+    return BlockArena.create(dram_bytes) if in_arena else None
+
+
+@pytest.mark.parametrize("in_arena", [False, True], ids=["private", "arena"])
+def test_threads_with_dram_only_keep_counts_consistent(in_arena):
+    store = BlockStore(dram_bytes=10 * BLOCK, arena=arena_of(in_arena, 10 * BLOCK))
     assert run_threads(store) == []
     stored: set[int] = set()
     replay(store, stored)
@@ -69,8 +85,14 @@ def test_threads_with_dram_only_keep_counts_consistent():
     assert store.stats()["dram_evictions"] > 0
 
 
-def test_threads_with_an_ssd_keep_counts_consistent(tmp_path):
-    store = BlockStore(dram_bytes=6 * BLOCK, disk_dir=tmp_path, disk_bytes=20 * (BLOCK + 64))
+@pytest.mark.parametrize("in_arena", [False, True], ids=["private", "arena"])
+def test_threads_with_an_ssd_keep_counts_consistent(tmp_path, in_arena):
+    store = BlockStore(
+        dram_bytes=6 * BLOCK,
+        disk_dir=tmp_path,
+        disk_bytes=20 * (BLOCK + 64),
+        arena=arena_of(in_arena, 6 * BLOCK),
+    )
     stored: set[int] = set()
     stop = threading.Event()
 

@@ -19,6 +19,7 @@ from shared.kvstore_client import KvstorePool
 from shared.messages import Heartbeat, StatsRequest, StoreStats
 from shared.transfer.common.handshake import PROOF_BYTES
 from shared.transfer.tcp import HEADER, KIND_KV, KIND_RING, SPAN, TcpKVReceiver, TcpKVSender
+from shared.transfer.tcp.placed import ArenaView
 from tests.e2e.conftest import free_port
 from tests.shared.transfer.proxy import FlipProxy
 
@@ -129,6 +130,10 @@ async def test_blocks_spread_over_three_stores_and_losing_one_loses_only_its_sha
             await asyncio.wait_for(expected.settled.wait(), 10)
             assert not expected.verdict()
         assert torch.equal(reader.storage.kv, writer.storage.kv)
+        # one host: every store's blocks read in place, each store's arena mapped once
+        block_bytes = reader.storage.bytes_per_block(4, 16, 2, 8, torch.bfloat16)
+        assert reader.receiver.bytes_placed == NUM_BLOCKS * block_bytes
+        assert len(ArenaView._mapped) == 3
 
         victim = next(p for p in stack.processes if p.name == "kvstore-1")
         victim.popen.send_signal(signal.SIGKILL)
@@ -142,6 +147,7 @@ async def test_blocks_spread_over_three_stores_and_losing_one_loses_only_its_sha
     finally:
         await disconnect(bus, clients)
         stack.stop()
+    assert not ArenaView._mapped  # gone with the connections: no store's memory kept alive
 
 
 async def test_the_ssd_tier_survives_a_restart(tmp_path):

@@ -48,6 +48,7 @@ async def test_a_load_measures_its_bytes_and_time_once_every_layer_landed() -> N
 
     class NoStorage:
         block_size = 16
+        mirrored = False  # no GPU to copy landed spans to
 
     inbox = KVInbox(NoStorage(), asyncio.get_running_loop())  # type: ignore[arg-type]
     expected = inbox.expect("r:prefix", [0, 1], num_layers=2, ttl=60)

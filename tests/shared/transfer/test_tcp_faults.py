@@ -21,11 +21,13 @@ from shared.transfer.tcp import (
     KIND_ASK,
     KIND_KV,
     KIND_KV_MORE,
+    KIND_PLACED,
     KIND_RING,
     MAGIC,
     MAX_SPANS,
     SPAN,
     VERSION,
+    placed,
     ring,
 )
 from tests.shared.transfer.sinks import ONE_BLOCK, Done, RecordingSink, random_storage, send_request
@@ -104,6 +106,9 @@ GARBAGE = {
     "an answer sent to a receiver": HEADER.pack(MAGIC, VERSION, KIND_ANSWER, 0, 0, 0, 3) + b"yes",
     "an ask with a request id": HEADER.pack(MAGIC, VERSION, KIND_ASK, 1, 0, 0, 4) + b"xget",
     "an absurd ask": HEADER.pack(MAGIC, VERSION, KIND_ASK, 0, 0, 0, 1 << 30),
+    "blocks placed where none were asked for": placed.encode_placed("x", 3, 1536, 4, [(0, 0, 0)]),
+    "a placed message with no blocks": HEADER.pack(MAGIC, VERSION, KIND_PLACED, 1, 0, 0, 13)
+    + bytes(13),
 }
 
 

@@ -1,0 +1,295 @@
+"""Same host: a kvstore's get answered where the blocks lie, in its shared-memory arena.
+
+Right after an asker's ring for answers was taken (`ring`: the two share a host and a
+/dev/shm), the kvstore tells the asker where its DRAM tier lives (an ARENA record: its
+pid, the arena's fd, size and a cookie at its start; all zero when it has none). The asker
+maps /proc/<pid>/fd/<fd> read-only, checks size, owner and cookie, and answers YES or NO.
+
+From then on a get whose blocks all lie in the arena is answered with the answer, one
+PLACED message and the END, with no KV frame:
+
+    PLACED  header: kind PLACED, the request id, layers 0..n-1, count = blocks
+            body:   the request id, PLACED_HEAD (slot bytes, tokens a block),
+                    an ENTRY per block (the asker's block id, the arena slot, xxh3_64 of
+                    the block's bytes, taken by the kvstore when the block was committed)
+
+The asker copies each run of consecutive block ids into the memory its sink names, layer
+by layer, then hashes each block's bytes in the arena and compares: a damaged, short or
+foreign block is a refused frame (a miss), never used. It then sends DONE, and only then
+does the kvstore unpin the blocks: until then no put can reuse their slots. The whole get
+counts as one frame of every layer, as a frame of many layers does on the socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import socket
+import stat
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import xxhash
+
+from shared.transfer.base import BlockSpan, KVSink
+from shared.transfer.common.frames import Pieces, ProtocolError
+from shared.transfer.common.receiver import call_sink, layer_destinations
+from shared.transfer.common.sockets import recv_exact
+from shared.transfer.tcp.wire import HEADER, KIND_PLACED, MAGIC, VERSION, pack_layers
+
+log = logging.getLogger(__name__)
+
+ARENA_BASE = 4096  # the cookie, then (page-aligned) the slots
+ARENA = struct.Struct("<IIQ16s")  # pid, fd, size, cookie; all zero: no arena
+PLACED_HEAD = struct.Struct("<QI")  # slot bytes, tokens a block
+ENTRY = struct.Struct("<IIQ")  # the asker's block id, the arena slot, the block's checksum
+YES, NO = b"\x01", b"\x00"
+DONE = b"\x02"  # the asker has read a PLACED get's blocks: the kvstore may unpin them
+
+
+@dataclass(frozen=True)
+class ArenaOffer:
+    pid: int
+    fd: int
+    size: int
+    cookie: bytes
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A PLACED message, parsed."""
+
+    request_id: str
+    layers: range
+    slot_bytes: int
+    block_tokens: int
+    entries: tuple[tuple[int, int, int], ...]  # (block id, slot, checksum)
+
+    @property
+    def half_bytes(self) -> int:
+        return self.slot_bytes // (2 * len(self.layers))
+
+
+# -- the handshake: after the asker's ring for answers was taken -----------------------------
+
+
+def offer_arena(sock: socket.socket, offer: ArenaOffer | None) -> bool:
+    """The kvstore's side: tell the asker where its arena is; True when it mapped it."""
+    if offer is None:
+        sock.sendall(ARENA.pack(0, 0, 0, bytes(16)))
+        return False
+    sock.sendall(ARENA.pack(offer.pid, offer.fd, offer.size, offer.cookie))
+    answer = recv_exact(sock, 1)
+    if answer not in (YES, NO):
+        raise ProtocolError(f"an arena offer answered {answer!r}")
+    return answer == YES
+
+
+def take_arena(sock: socket.socket) -> ArenaView | None:
+    """The asker's side: map the arena the kvstore names, if this process can see it."""
+    pid, fd, size, cookie = ARENA.unpack(recv_exact(sock, ARENA.size))
+    if not size:
+        return None
+    view = ArenaView.shared(pid, fd, size, cookie)
+    sock.sendall(YES if view is not None else NO)
+    return view
+
+
+class ArenaView:
+    """An asker's read-only mapping of a kvstore's arena: one per arena in a process,
+    shared by its connections to that kvstore (a page is mapped once, not once a
+    connection), unmapped when the last of them closes (a stopped kvstore's memory is not
+    kept alive by it)."""
+
+    _lock = threading.Lock()
+    _mapped: ClassVar[dict[tuple[int, int, bytes], ArenaView]] = {}
+
+    def __init__(self, mapping: mmap.mmap, key: tuple[int, int, bytes]) -> None:
+        self.mapping = mapping
+        self.key = key
+        self.users = 1
+        self.data = memoryview(mapping)
+        self.array = np.frombuffer(mapping, np.uint8)
+
+    @classmethod
+    def shared(cls, pid: int, fd: int, size: int, cookie: bytes) -> ArenaView | None:
+        """This process's mapping of the arena, made now or by another connection."""
+        key = (pid, fd, cookie)
+        with cls._lock:
+            view = cls._mapped.get(key)
+            if view is not None:
+                view.users += 1
+                return view
+        view = cls.open(pid, fd, size, cookie)
+        if view is None:
+            return None
+        with cls._lock:
+            mapped = cls._mapped.setdefault(key, view)
+            if mapped is not view:
+                mapped.users += 1
+        if mapped is not view:  # another connection mapped it meanwhile
+            view._unmap()
+        return mapped
+
+    @classmethod
+    def open(cls, pid: int, fd: int, size: int, cookie: bytes) -> ArenaView | None:
+        """The arena, if /proc/<pid>/fd/<fd> is that very file: a regular file of this
+        user, of the size offered, with the cookie at its start (another pid namespace or
+        another user's process fails one of these)."""
+        if size <= ARENA_BASE:
+            return None
+        try:
+            handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            info = os.fstat(handle)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+                return None
+            if info.st_size != size:
+                return None
+            mapping = mmap.mmap(handle, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        except OSError:
+            return None
+        finally:
+            os.close(handle)
+        if mapping[: len(cookie)] != cookie:
+            mapping.close()
+            return None
+        return cls(mapping, (pid, fd, cookie))
+
+    def slots(self, slot_bytes: int, layers: int) -> np.ndarray:
+        """The arena as [slot, layer's K or V, byte] for blocks of `slot_bytes`."""
+        count = (len(self.array) - ARENA_BASE) // slot_bytes
+        half = slot_bytes // (2 * layers)
+        stop = ARENA_BASE + count * slot_bytes
+        return self.array[ARENA_BASE:stop].reshape(count, 2 * layers, half)
+
+    def land(self, sink: KVSink, placement: Placement) -> tuple[list[BlockSpan], str]:
+        """Copy the placed blocks into the sink's memory, a run at a time (consecutive block
+        ids in consecutive slots), then check each block's checksum in the arena: (the
+        spans, why they must not be used, or "")."""
+        slots = self.slots(placement.slot_bytes, len(placement.layers))
+        if any(slot >= len(slots) for _, slot, _ in placement.entries):
+            raise ProtocolError(f"a block placed outside the arena of {placement.request_id}")
+        spans, error = [], ""
+        for run in _runs(placement.entries):
+            (first_block, first_slot, _), count = run[0], len(run)
+            span = BlockSpan(first_block, 0, count * placement.block_tokens)
+            spans.append(span)
+            if not _copy_run(sink, placement, span, slots[first_slot : first_slot + count]):
+                error = "destination refused or wrong size"
+        return spans, error or self._verify(placement)
+
+    def _verify(self, placement: Placement) -> str:
+        size = placement.slot_bytes
+        for _, slot, digest in placement.entries:
+            at = ARENA_BASE + slot * size
+            if xxhash.xxh3_64_intdigest(self.data[at : at + size]) != digest:
+                return "checksum mismatch"
+        return ""
+
+    def close(self) -> None:
+        """A connection is done with it; the last one unmaps it."""
+        with self._lock:
+            self.users -= 1
+            if self.users or self._mapped.get(self.key) is not self:
+                return
+            del self._mapped[self.key]
+        self._unmap()
+
+    def _unmap(self) -> None:
+        self.data.release()
+        self.array = np.empty(0, np.uint8)
+        try:
+            self.mapping.close()
+        except BufferError:  # a view of it still lives: unmapped when the last one goes
+            pass
+
+
+def _runs(entries: Sequence[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
+    """The entries cut into runs whose block ids and slots are both consecutive: a span of
+    whole blocks, read by slicing the arena (a request's blocks, put together, usually
+    lie in consecutive slots)."""
+    runs: list[list[tuple[int, int, int]]] = []
+    for entry in entries:
+        last = runs[-1][-1] if runs else None
+        if last is not None and entry[0] == last[0] + 1 and entry[1] == last[1] + 1:
+            runs[-1].append(entry)
+        else:
+            runs.append([entry])
+    return runs
+
+
+def _copy_run(sink: KVSink, placement: Placement, span: BlockSpan, blocks: np.ndarray) -> bool:
+    """A run's blocks ([block, layer's K or V, byte]) into the sink's memory for `span`:
+    with one copy where the sink names all of it as one array, else layer by layer."""
+    whole = getattr(sink, "span_array", None)
+    if whole is not None:
+        return _copy_whole(call_sink(whole, placement.request_id, span), blocks)
+    half, layers = placement.half_bytes, placement.layers
+    dests = layer_destinations(sink, placement.request_id, layers, span, len(blocks) * half)
+    if any(dest is None for dest in dests):
+        return False
+    for i, dest in enumerate(dests):
+        for h, pieces in enumerate(dest):  # type: ignore[arg-type]
+            _scatter(blocks[:, 2 * i + h], pieces)
+    return True
+
+
+def _copy_whole(dest: object, blocks: np.ndarray) -> bool:
+    """[block, layer's K or V, byte] into a sink's [layer, K or V, block, byte]."""
+    count, halves, half = blocks.shape
+    source = blocks.transpose(1, 0, 2).reshape(halves // 2, 2, count, half)
+    if not isinstance(dest, np.ndarray) or dest.shape != source.shape or dest.dtype != np.uint8:
+        return False
+    np.copyto(dest, source)
+    return True
+
+
+def _scatter(source: np.ndarray, pieces: Pieces) -> None:
+    """One layer's K or V of a run's blocks ([block, byte]) into `pieces`, in order:
+    straight into one flat piece, else through a copy."""
+    if len(pieces) == 1:
+        np.copyto(np.frombuffer(pieces[0], np.uint8).reshape(source.shape), source)
+        return
+    flat, at = source.reshape(-1), 0
+    for piece in pieces:
+        np.frombuffer(piece, np.uint8)[:] = flat[at : at + piece.nbytes]
+        at += piece.nbytes
+
+
+# -- the PLACED message ----------------------------------------------------------------------
+
+
+def encode_placed(
+    request_id: str,
+    num_layers: int,
+    slot_bytes: int,
+    block_tokens: int,
+    entries: Sequence[tuple[int, int, int]],
+) -> bytes:
+    """A PLACED message: header and body."""
+    rid = request_id.encode()
+    table = b"".join(ENTRY.pack(*entry) for entry in entries)
+    body = rid + PLACED_HEAD.pack(slot_bytes, block_tokens) + table
+    layers = pack_layers(0, num_layers)
+    header = HEADER.pack(MAGIC, VERSION, KIND_PLACED, len(rid), layers, len(entries), len(body))
+    return header + body
+
+
+def parse_placed(body: bytes, rid_len: int, layers: range, count: int) -> Placement:
+    if len(body) != rid_len + PLACED_HEAD.size + count * ENTRY.size or not count:
+        raise ProtocolError(f"a PLACED body of {len(body)} bytes for {count} blocks")
+    slot_bytes, block_tokens = PLACED_HEAD.unpack_from(body, rid_len)
+    if not block_tokens or not slot_bytes or slot_bytes % (2 * len(layers)) or layers.start:
+        raise ProtocolError(f"absurd PLACED head ({slot_bytes} bytes, {block_tokens} tokens)")
+    entries = tuple(ENTRY.iter_unpack(body[rid_len + PLACED_HEAD.size :]))
+    return Placement(
+        body[:rid_len].decode(errors="replace"), layers, slot_bytes, block_tokens, entries
+    )
