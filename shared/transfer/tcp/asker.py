@@ -37,6 +37,9 @@ from shared.transfer.tcp.wire import (
 log = logging.getLogger(__name__)
 KEEP_PER_PEER = 4  # idle connections kept per receiver; more asks at once dial more
 ASK_THREADS = 8
+# NOTE: how often kept connections are checked for a peer that closed them: a stopped
+# kvstore's arena stays in memory while a connection of this process still maps it
+PRUNE_INTERVAL_S = 5.0
 
 # Takes the reply, or None when none came; returns the frames to send on the connection
 # next (a put's blocks: then their END follows), or None
@@ -149,6 +152,7 @@ class Asker:
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 30.0,
         max_idle_s: float = MAX_IDLE_S,
+        prune_interval_s: float = PRUNE_INTERVAL_S,
     ) -> None:
         self.receiver = receiver
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
@@ -158,6 +162,11 @@ class Asker:
         self._busy: dict[str, _AskingConnection] = {}  # request id -> its connection
         self._lock = threading.Lock()
         self.closed = False
+        self._stopping = threading.Event()
+        self._pruner = threading.Thread(
+            target=self._prune_every, args=(prune_interval_s,), name="kv-ask-prune", daemon=True
+        )
+        self._pruner.start()
 
     def submit(
         self, peer: str, request_id: str, question: bytes, answered: Answered
@@ -201,6 +210,7 @@ class Asker:
 
     def close(self) -> None:
         """Close the idle connections; cut the busy ones (their threads close them)."""
+        self._stopping.set()
         with self._lock:
             self.closed = True
             idle = [c for kept in self._idle.values() for c in kept]
@@ -253,9 +263,32 @@ class Asker:
                 conn = idle.pop() if idle else None
             if conn is None:
                 return None
-            if time.monotonic() - conn.last_used < self.max_idle_s and not peer_closed(conn.sock):
+            if not self._stale(conn, time.monotonic()):
                 return conn
             conn.close()
+
+    def _prune_every(self, interval_s: float) -> None:
+        while not self._stopping.wait(interval_s):
+            try:
+                self.prune()
+            except Exception:  # the owner of this thread's work: log it, go on
+                log.exception("pruning kept connections failed")
+
+    def prune(self) -> int:
+        """Close kept connections that their peer closed or that idled too long; returns
+        how many."""
+        now, stale = time.monotonic(), []
+        with self._lock:
+            for peer, kept in self._idle.items():
+                fresh = [c for c in kept if not self._stale(c, now)]
+                stale += [c for c in kept if c not in fresh]
+                self._idle[peer] = fresh
+        for conn in stale:
+            conn.close()
+        return len(stale)
+
+    def _stale(self, conn: _AskingConnection, now: float) -> bool:
+        return now - conn.last_used >= self.max_idle_s or peer_closed(conn.sock)
 
     def _keep(self, peer: str, conn: _AskingConnection) -> None:
         with self._lock:

@@ -248,3 +248,25 @@ def test_one_mapping_per_arena_goes_with_the_last_connection(serve) -> None:
     assert view.users == 1 and ArenaView._mapped
     other.close()
     assert not ArenaView._mapped
+
+
+@needs_shm
+def test_a_stopped_stores_arena_is_unmapped_by_the_pruner_without_another_ask() -> None:
+    storage = new_storage()
+    server = PlacingServer(BlockLayout.of(storage))
+    store = TcpKVReceiver(RecordingSink(new_storage()), "127.0.0.1", 0, "tok", server=server)
+    asker = Asker(
+        TcpKVReceiver(WholeSpanSink(storage), "127.0.0.1", 0, "tok"), prune_interval_s=0.05
+    )
+    try:
+        assert asker.ask(store.start(), "r1", b"give r1", lambda r: None)
+        assert ArenaView._mapped  # kept, with its connection
+        store.stop()  # its connections close
+        for _ in range(200):
+            if not ArenaView._mapped:
+                break
+            threading.Event().wait(0.01)
+        assert not ArenaView._mapped  # no ask came, the mapping went anyway
+    finally:
+        asker.close()
+        store.stop()
