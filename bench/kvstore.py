@@ -160,18 +160,25 @@ TIERS = ("dram", "bus", "ssd")
 
 
 def measure_tier(work: Path, tier: str, num_blocks: int) -> list[dict]:
-    progress(f"kvstore, {tier}: {num_blocks} blocks")
-    gib = len(BATCHES) * num_blocks * BLOCK_BYTES / (1 << 30)  # every run's blocks
+    """A fresh store per call size, so that each run's first puts land in memory the store
+    never used (its DRAM holds one run's blocks; the SSD tier, when there is one, the rest),
+    and its second round of puts in the memory the first one's evicted blocks leave."""
+    return [_store_run(work, tier, num_blocks, batch) for batch in BATCHES]
+
+
+def _store_run(work: Path, tier: str, num_blocks: int, batch: int) -> dict:
+    progress(f"kvstore, {tier}: {num_blocks} blocks, {batch} a call")
+    gib = num_blocks * BLOCK_BYTES / (1 << 30)  # one round's blocks
     args = (
-        ("--dram-gib", str(gib + 0.01))
+        ("--dram-gib", str(gib + 0.001))
         if tier != "ssd"
         else (
             "--dram-gib",
-            str(gib / 8),
+            str(gib / 4),
             "--disk-dir",
-            str(work / "ssd"),
+            str(work / f"ssd-{batch}"),
             "--disk-gib",
-            str(2 * gib + 0.01),  # NOTE: headroom, as the single-run version had
+            str(2 * gib + 0.01),  # both rounds, and headroom
         )
     )
     stack = Stack(
@@ -182,25 +189,25 @@ def measure_tier(work: Path, tier: str, num_blocks: int) -> list[dict]:
             kvstore_args=args,
             with_conductor=False,
             with_gateway=False,
-            log_dir=work / tier,
+            log_dir=work / f"{tier}-{batch}",
         )
     )
     stack.start()
     try:
         stack.wait_ready()
-        return asyncio.run(_kvstore_runs(stack, tier, num_blocks))
+        return asyncio.run(_kvstore_run(stack, tier, num_blocks, batch))
     finally:
         stack.stop()
 
 
-async def _kvstore_runs(stack: Stack, tier: str, num_blocks: int) -> list[dict]:
+async def _kvstore_run(stack: Stack, tier: str, num_blocks: int, batch: int) -> dict:
     bus = await stack.bus("bench-kvstore")
     client = PoolClient(bus, num_blocks, stack.data_token, ask=tier != "bus")
     await client.join(bus, 1)
-    rows = [await _round_trip(client, f"kvstore {tier}", num_blocks, n) for n in BATCHES]
+    row = await _round_trip(client, f"kvstore {tier}", num_blocks, batch, full_store=True)
     await client.close()
     await bus.drain()
-    return rows
+    return row
 
 
 def measure_mooncake(work: Path, num_blocks: int) -> list[dict]:
@@ -222,39 +229,67 @@ async def _mooncake_runs(master: str, num_blocks: int) -> list[dict]:
     return rows
 
 
-async def _round_trip(client: PoolClient, pool: str, num_blocks: int, batch: int) -> dict:
-    """Put `num_blocks` blocks, `batch` per call, until all are committed; then get them
-    back the same way. New hashes per run: a block the pool holds is not sent again."""
-    salt = batch * 0x5BD1E995
-    hashes = [(i * 0x9E3779B97F4A7C15 + 12345 + salt) % (1 << 64) for i in range(num_blocks)]
-    ids = list(range(num_blocks))
-    calls = range(0, num_blocks, batch)
-    start = time.perf_counter()
-    for first in calls:
-        await client.put(
-            f"put-{batch}-{first}", hashes[first : first + batch], ids[first : first + batch]
-        )
-    deadline = time.monotonic() + 60
-    while await client.pool.longest_prefix(hashes) < num_blocks:  # committed, all of them
-        if time.monotonic() > deadline:
-            raise KvstackError(f"{pool} did not store every block (too small?)")
-        await asyncio.sleep(0.005)
-    put_s = time.perf_counter() - start
-    start = time.perf_counter()
-    for first in calls:
-        name = f"get-{batch}-{first}"
-        if not await client.get(name, hashes[first : first + batch], ids[first : first + batch]):
-            raise KvstackError(f"getting blocks {first}.. from {pool} failed")
-    get_s = time.perf_counter() - start
+async def _round_trip(
+    client: PoolClient, pool: str, num_blocks: int, batch: int, full_store: bool = False
+) -> dict:
+    """Put `num_blocks` blocks, `batch` per call, until all are committed; get them back
+    the same way, then again (a hot prefix read once more); with `full_store`, put as many
+    new blocks into the store they fill, which evicts the first ones to make room."""
+    first, again = _hashes(num_blocks, batch, 0), _hashes(num_blocks, batch, 1)
+    put_s = await _put_all(client, pool, first, batch)
+    get_s = await _get_all(client, pool, first, batch, "get")
+    get_again_s = await _get_all(client, pool, first, batch, "again")
     nbytes = num_blocks * BLOCK_BYTES
-    return {
+    row = {
         "pool": pool,
         "blocks_per_call": batch,
         "blocks": num_blocks,
         "bytes": nbytes,
-        "put_gb_s": round(nbytes / put_s / 1e9, 3),
-        "get_gb_s": round(nbytes / get_s / 1e9, 3),
+        "put_gb_s": _gb_s(nbytes, put_s),
+        "get_gb_s": _gb_s(nbytes, get_s),
+        "get_again_gb_s": _gb_s(nbytes, get_again_s),
     }
+    if full_store:
+        row["put_full_gb_s"] = _gb_s(nbytes, await _put_all(client, pool, again, batch))
+    return row
+
+
+def _hashes(num_blocks: int, batch: int, round_: int) -> list[int]:
+    """New hashes per run and round: a block the pool holds is not sent again."""
+    salt = batch * 0x5BD1E995 + round_ * 0x27D4EB2F
+    return [(i * 0x9E3779B97F4A7C15 + 12345 + salt) % (1 << 64) for i in range(num_blocks)]
+
+
+async def _put_all(client: PoolClient, pool: str, hashes: list[int], batch: int) -> float:
+    """Seconds until every block is put and committed."""
+    ids = list(range(len(hashes)))
+    start = time.perf_counter()
+    for first in range(0, len(hashes), batch):
+        await client.put(
+            f"put-{hashes[first]:x}", hashes[first : first + batch], ids[first : first + batch]
+        )
+    deadline = time.monotonic() + 60
+    while await client.pool.longest_prefix(hashes) < len(hashes):  # committed, all of them
+        if time.monotonic() > deadline:
+            raise KvstackError(f"{pool} did not store every block (too small?)")
+        await asyncio.sleep(0.005)
+    return time.perf_counter() - start
+
+
+async def _get_all(
+    client: PoolClient, pool: str, hashes: list[int], batch: int, name: str
+) -> float:
+    ids = list(range(len(hashes)))
+    start = time.perf_counter()
+    for first in range(0, len(hashes), batch):
+        request = f"{name}-{batch}-{first}"
+        if not await client.get(request, hashes[first : first + batch], ids[first : first + batch]):
+            raise KvstackError(f"getting blocks {first}.. from {pool} failed")
+    return time.perf_counter() - start
+
+
+def _gb_s(nbytes: int, seconds: float) -> float:
+    return round(nbytes / seconds / 1e9, 3)
 
 
 # -- what the same calls cost without a pool: a raw socket, memcpy -----------------------
@@ -446,22 +481,30 @@ def format_table(report: dict) -> str:
     refs = {r["blocks_per_call"]: r for r in report["references"]}
     lines = [
         (
-            "KV pool throughput (one store process, one client, loopback TCP; SmolLM2 "
-            "bf16 blocks of 368,640 B); x: of the raw socket's rate in the same calls"
+            "KV pool throughput (one store process, one client, one host; SmolLM2 bf16 "
+            "blocks of 368,640 B), GB/s; x: of the raw socket's rate in the same calls"
         ),
-        f"{'pool':14}{'blocks/call':>12}{'put GB/s':>10}{'x':>6}{'get GB/s':>10}{'x':>6}",
+        (
+            "put: into memory the store never used; full: new blocks into a store they"
+            " fill (evicting); get: each block read once; again: a second time"
+        ),
+        f"{'pool':14}{'blocks/call':>12}"
+        + "".join(f"{name:>9}{'x':>6}" for name in ("put", "full", "get", "again")),
     ]
     for row in report["throughput"]:
         socket_rate = refs[row["blocks_per_call"]]["socket_gb_s"]
+        cells = [row.get(k) for k in ("put_gb_s", "put_full_gb_s", "get_gb_s", "get_again_gb_s")]
         lines.append(
             f"{row['pool']:14}{row['blocks_per_call']:>12}"
-            f"{row['put_gb_s']:>10}{row['put_gb_s'] / socket_rate:>6.2f}"
-            f"{row['get_gb_s']:>10}{row['get_gb_s'] / socket_rate:>6.2f}"
+            + "".join(
+                f"{'-':>9}{'':>6}" if rate is None else f"{rate:>9}{rate / socket_rate:>6.2f}"
+                for rate in cells
+            )
         )
     for batch, ref in refs.items():
         lines.append(
-            f"{'raw socket':14}{batch:>12}{ref['socket_gb_s']:>10}{'':>6}"
-            f"{ref['socket_gb_s']:>10}   (memcpy {ref['memcpy_gb_s']} GB/s)"
+            f"{'raw socket':14}{batch:>12}{ref['socket_gb_s']:>9}"
+            f"   (memcpy {ref['memcpy_gb_s']} GB/s)"
         )
     for key, title in (("ttft", ""), ("ttft_decode_holds_nothing", ", decode holding nothing")):
         if key in report:
