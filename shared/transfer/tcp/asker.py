@@ -6,6 +6,7 @@ the same expectations, the same counters."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from shared.transfer.base import BlockSpan
 from shared.transfer.common.frames import Frame, ProtocolError
 from shared.transfer.common.handshake import answer_hello
 from shared.transfer.common.receiver import call_sink, report_frame
@@ -36,6 +38,10 @@ from shared.transfer.tcp.wire import (
 
 log = logging.getLogger(__name__)
 KEEP_PER_PEER = 4  # idle connections kept per receiver; more asks at once dial more
+# NOTE: a get placed in the arena this small lands before its answer is handed on (the
+# asker's loop then wakes once for both); a bigger one after, so its first layers are in
+# use while the rest copy
+LAND_FIRST_BYTES = 1 << 20
 ASK_THREADS = 8
 # NOTE: how often kept connections are checked for a peer that closed them: a stopped
 # kvstore's arena stays in memory while a connection of this process still maps it
@@ -64,8 +70,7 @@ class _AskingConnection(_Connection):
     def exchange(self, question: bytes, request_id: str, answered: Answered) -> None:
         """Ask, hand the reply to `answered` and send the frames it gives back (if any),
         then read the frames that follow the reply (if any) into the sink until the
-        request's END. Blocks placed in the mapped arena land before `answered` runs: the
-        asker's loop then wakes once for both."""
+        request's END, or land the blocks placed in the mapped arena."""
         send_all(self.sock, encode_note(KIND_ASK, question))
         kind, _, _, frames_follow, body = check_header(recv_exact(self.sock, HEADER.size))
         if kind != KIND_ANSWER:
@@ -77,13 +82,41 @@ class _AskingConnection(_Connection):
             if self.arena is not None:  # PLACED, or the first frame's header
                 first = recv_exact(self.sock, HEADER.size)
                 if check_header(first)[0] == KIND_PLACED:
-                    self._read_request(request_id, first)
-                    answered(reply)  # a get's: nothing to send
-                    return
+                    return self._placed_answer(request_id, first, reply, answered)
         frames = answered(reply)
         if frames is not None:
             write_frames(self.sock, request_id, frames)
         self._read_request(request_id, first)
+
+    def _placed_answer(
+        self, request_id: str, header: bytes, reply: bytes, answered: Answered
+    ) -> None:
+        """A get answered where its blocks lie: landed (`placed`), DONE sent (the receiver
+        may then reuse their memory), its END read; handed on after all that when small,
+        else before (a get's `answered` sends nothing)."""
+        _, rid_len, layers, count, body = check_header(header)
+        placement = placed.parse_placed(
+            recv_exact(self.sock, body), rid_len, unpack_layers(layers), count
+        )
+        if placement.request_id != request_id:
+            raise ProtocolError(f"blocks placed for {placement.request_id}, not {request_id}")
+        small = placement.nbytes <= LAND_FIRST_BYTES
+        if not small:
+            answered(reply)
+        report = functools.partial(self._report_placed, request_id)
+        self.arena.land(self.sink, placement, report)  # type: ignore[union-attr]
+        self.sock.sendall(placed.DONE)
+        self._read_request(request_id, None)
+        if small:
+            answered(reply)
+
+    def _report_placed(
+        self, request_id: str, layers: range, spans: tuple[BlockSpan, ...], moved: int, error: str
+    ) -> None:
+        """A group of layers of a placed get landed: counted and reported as a frame of them."""
+        rejected = len(layers) * bool(error)
+        self.receiver.counters.add(bytes=moved, placed=moved, frames=len(layers), rejected=rejected)
+        report_frame(self.sink, request_id, layers, spans, error)
 
     def _read_request(self, request_id: str, first: bytes | None) -> None:
         """Read what follows the reply until the request's END (from `first`, a header
@@ -103,26 +136,6 @@ class _AskingConnection(_Connection):
         )
         if self.ring is not None:
             self.arena = placed.take_arena(self.sock)
-
-    def _placed(self, raw: bytes) -> None:
-        """A get answered where its blocks lie: copied out into the sink's memory, checked,
-        DONE sent (the receiver may then reuse their memory), counted and reported as one
-        frame of every layer."""
-        _, rid_len, layers, count, body = check_header(raw)
-        placement = placed.parse_placed(
-            recv_exact(self.sock, body), rid_len, unpack_layers(layers), count
-        )
-        if self.arena is None or self.frame is not None:
-            raise ProtocolError("blocks placed in an arena not mapped, or mid-frame")
-        if placement.request_id not in self.open_requests:
-            raise ProtocolError(f"blocks placed for {placement.request_id}, not asked for")
-        spans, error = self.arena.land(self.sink, placement)
-        self.sock.sendall(placed.DONE)
-        num_layers = len(placement.layers)
-        moved = len(placement.entries) * placement.slot_bytes
-        rejected = num_layers * bool(error)
-        self.receiver.counters.add(bytes=moved, placed=moved, frames=num_layers, rejected=rejected)
-        report_frame(self.sink, placement.request_id, placement.layers, tuple(spans), error)
 
     def _closed(self) -> None:
         super()._closed()

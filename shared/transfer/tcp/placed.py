@@ -13,11 +13,12 @@ PLACED message and the END, with no KV frame:
                     an ENTRY per block (the asker's block id, the arena slot, xxh3_64 of
                     the block's bytes, taken by the kvstore when the block was committed)
 
-The asker copies each run of consecutive block ids into the memory its sink names, layer
-by layer, then hashes each block's bytes in the arena and compares: a damaged, short or
-foreign block is a refused frame (a miss), never used. It then sends DONE, and only then
-does the kvstore unpin the blocks: until then no put can reuse their slots. The whole get
-counts as one frame of every layer, as a frame of many layers does on the socket.
+The asker hashes each block's bytes where they lie and compares: a damaged, short or
+foreign block makes the get's frames bad (a miss), never used. It copies each run of
+consecutive block ids into the memory its sink names a group of layers at a time
+(`layer_groups`, as frames carry them), reporting each group as a frame of its layers, so
+a big get's first layers are usable while the rest copy. It then sends DONE, and only
+then does the kvstore unpin the blocks: until then no put can reuse their slots.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ import socket
 import stat
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import xxhash
 
-from shared.transfer.base import BlockSpan, KVSink
+from shared.transfer.base import BlockSpan, KVSink, layer_groups
 from shared.transfer.common.frames import Pieces, ProtocolError
 from shared.transfer.common.receiver import call_sink, layer_destinations
 from shared.transfer.common.sockets import recv_exact
@@ -50,6 +51,11 @@ PLACED_HEAD = struct.Struct("<QI")  # slot bytes, tokens a block
 ENTRY = struct.Struct("<IIQ")  # the asker's block id, the arena slot, the block's checksum
 YES, NO = b"\x01", b"\x00"
 DONE = b"\x02"  # the asker has read a PLACED get's blocks: the kvstore may unpin them
+
+
+# (layers, spans, bytes copied, error): a group of layers of a placed get landed (error
+# "": intact), or not
+Report = Callable[[range, tuple[BlockSpan, ...], int, str], None]
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,10 @@ class Placement:
     @property
     def half_bytes(self) -> int:
         return self.slot_bytes // (2 * len(self.layers))
+
+    @property
+    def nbytes(self) -> int:
+        return self.slot_bytes * len(self.entries)
 
 
 # -- the handshake: after the asker's ring for answers was taken -----------------------------
@@ -170,21 +180,28 @@ class ArenaView:
         stop = ARENA_BASE + count * slot_bytes
         return self.array[ARENA_BASE:stop].reshape(count, 2 * layers, half)
 
-    def land(self, sink: KVSink, placement: Placement) -> tuple[list[BlockSpan], str]:
-        """Copy the placed blocks into the sink's memory, a run at a time (consecutive block
-        ids in consecutive slots), then check each block's checksum in the arena: (the
-        spans, why they must not be used, or "")."""
+    def land(self, sink: KVSink, placement: Placement, report: Report) -> None:
+        """Check each placed block's checksum where it lies, then copy the blocks into the
+        sink's memory a group of layers at a time (a run of consecutive block ids in
+        consecutive slots with one copy where the sink names it as one array), reporting
+        each group as it lands: a big get's first layers are usable while the rest copy.
+        Damaged blocks are copied nowhere; their groups are reported bad."""
         slots = self.slots(placement.slot_bytes, len(placement.layers))
         if any(slot >= len(slots) for _, slot, _ in placement.entries):
             raise ProtocolError(f"a block placed outside the arena of {placement.request_id}")
-        spans, error = [], ""
-        for run in _runs(placement.entries):
-            (first_block, first_slot, _), count = run[0], len(run)
-            span = BlockSpan(first_block, 0, count * placement.block_tokens)
-            spans.append(span)
-            if not _copy_run(sink, placement, span, slots[first_slot : first_slot + count]):
-                error = "destination refused or wrong size"
-        return spans, error or self._verify(placement)
+        runs = [
+            (BlockSpan(run[0][0], 0, len(run) * placement.block_tokens), run[0][1], len(run))
+            for run in _runs(placement.entries)
+        ]
+        spans = tuple(span for span, _, _ in runs)
+        damaged = self._verify(placement)
+        layer_bytes = 2 * placement.half_bytes * len(placement.entries)
+        for layers in layer_groups(len(placement.layers), layer_bytes):
+            error = damaged
+            for span, first, count in runs if not damaged else ():
+                if not _copy_run(sink, placement, span, slots[first : first + count], layers):
+                    error = "destination refused or wrong size"
+            report(layers, spans, 0 if damaged else len(layers) * layer_bytes, error)
 
     def _verify(self, placement: Placement) -> str:
         size = placement.slot_bytes
@@ -226,27 +243,34 @@ def _runs(entries: Sequence[tuple[int, int, int]]) -> list[list[tuple[int, int, 
     return runs
 
 
-def _copy_run(sink: KVSink, placement: Placement, span: BlockSpan, blocks: np.ndarray) -> bool:
-    """A run's blocks ([block, layer's K or V, byte]) into the sink's memory for `span`:
-    with one copy where the sink names all of it as one array, else layer by layer."""
+def _copy_run(
+    sink: KVSink, placement: Placement, span: BlockSpan, blocks: np.ndarray, layers: range
+) -> bool:
+    """`layers` of a run's blocks ([block, layer's K or V, byte]) into the sink's memory
+    for `span`: with one copy where the sink names the span as one array, else layer by
+    layer."""
+    source = blocks[:, 2 * layers.start : 2 * layers.stop]
     whole = getattr(sink, "span_array", None)
     if whole is not None:
-        return _copy_whole(call_sink(whole, placement.request_id, span), blocks)
-    half, layers = placement.half_bytes, placement.layers
+        dest = call_sink(whole, placement.request_id, span)
+        return isinstance(dest, np.ndarray) and _copy_whole(
+            dest[layers.start : layers.stop], source
+        )
+    half = placement.half_bytes
     dests = layer_destinations(sink, placement.request_id, layers, span, len(blocks) * half)
     if any(dest is None for dest in dests):
         return False
     for i, dest in enumerate(dests):
         for h, pieces in enumerate(dest):  # type: ignore[arg-type]
-            _scatter(blocks[:, 2 * i + h], pieces)
+            _scatter(source[:, 2 * i + h], pieces)
     return True
 
 
-def _copy_whole(dest: object, blocks: np.ndarray) -> bool:
+def _copy_whole(dest: np.ndarray, blocks: np.ndarray) -> bool:
     """[block, layer's K or V, byte] into a sink's [layer, K or V, block, byte]."""
     count, halves, half = blocks.shape
     source = blocks.transpose(1, 0, 2).reshape(halves // 2, 2, count, half)
-    if not isinstance(dest, np.ndarray) or dest.shape != source.shape or dest.dtype != np.uint8:
+    if dest.shape != source.shape or dest.dtype != np.uint8:
         return False
     np.copyto(dest, source)
     return True

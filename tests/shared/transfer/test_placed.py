@@ -270,3 +270,22 @@ def test_a_stopped_stores_arena_is_unmapped_by_the_pruner_without_another_ask() 
     finally:
         asker.close()
         store.stop()
+
+
+@needs_shm
+@pytest.mark.parametrize("big", [False, True], ids=["small: landed first", "big: answer first"])
+def test_a_big_get_is_handed_on_before_it_lands_a_small_one_after(serve, monkeypatch, big):
+    from shared.transfer.tcp import asker as asking_side
+
+    if big:  # a get past the bound: its first layers may be in use while the rest copy
+        monkeypatch.setattr(asking_side, "LAND_FIRST_BYTES", 0)
+    storage = new_storage()
+    sink = WholeSpanSink(storage)
+    server = PlacingServer(BlockLayout.of(storage))
+    asker, address = serve(server, sink)
+    frames_when_answered: list[int] = []
+    assert asker.ask(
+        address, "r1", b"give r1", lambda r: frames_when_answered.append(len(sink.events))
+    )
+    assert frames_when_answered == ([0] if big else [len(sink.events)])
+    assert ("end", "r1", 3) in sink.events
