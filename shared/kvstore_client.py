@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from shared import subjects
 from shared.block_fetch import AskingFetcher, BlockFetcher, answer_within, settle
 from shared.bus import Bus, ServiceUnavailable
@@ -28,6 +30,7 @@ from shared.messages import BlockLookup, BlockPresence, BlockPut, Heartbeat, Put
 from shared.transfer.base import BlockSpan, KVSender, SpanBytes, coalesce, layer_groups
 from shared.transfer.common.frames import Frame, checked_frame
 from shared.transfer.tcp.asker import Asker
+from shared.transfer.tcp.placed import BlocksOut
 
 log = logging.getLogger("kvstack.kvstore_client")
 MISSED_BEATS = 3
@@ -188,12 +191,17 @@ class KvstorePool:
         loop = asyncio.get_running_loop()
         sending: asyncio.Future[int] = loop.create_future()
 
-        def answered(reply: bytes | None) -> list[Frame] | None:  # the asker's thread
+        def answered(reply: bytes | None) -> BlocksOut | None:  # the asker's thread
             blocks = _slotted(reply, block_hashes, src)
             loop.call_soon_threadsafe(settle, sending, len(blocks or ()))
             if blocks is None:
                 return None
-            return block_frames(self.storage, transfer_id, [(s, i, h) for h, i, s in blocks])
+            moves = [(s, i, h) for h, i, s in blocks]
+            return BlocksOut(
+                lambda: block_frames(self.storage, transfer_id, moves),
+                whole_runs(self.storage, moves),
+                self.storage.block_size,
+            )
 
         message = self._put_message(transfer_id, block_hashes)
         data_addr = self._members[worker_id].data_addr
@@ -256,6 +264,22 @@ def block_frames(
         checked_frame(transfer_id, layers.start, spans, layers=len(layers))
         for layers, spans in block_spans(storage, blocks)
     ]
+
+
+def whole_runs(
+    storage: KVStorage, blocks: Sequence[tuple[int, int, int]]
+) -> list[tuple[int, np.ndarray]]:
+    """Runs of blocks consecutive on both sides, as (first dest id, the run's bytes as
+    [layer, K or V, block, byte] in `storage`'s host bytes): what a put through a ring
+    copies whole (blocks are (dest id, source id, hash))."""
+    block_size = storage.block_size
+    pieces = coalesce([(dest, src, 0, block_size) for dest, src, _ in blocks], block_size)
+    runs = []
+    for dest, src, _, num_tokens in pieces:
+        for layer in range(storage.kv.shape[0]):
+            storage.to_host(layer, src, 0, num_tokens)  # from a GPU, where the KV is there
+        runs.append((dest, storage.blocks_array(src, num_tokens // block_size)))
+    return runs
 
 
 def block_spans(

@@ -92,6 +92,16 @@ class PutInbox:
             return None
         return [(halves(refs, layer, 0), halves(refs, layer, 1)) for layer in layers]
 
+    def block_buffer(self, request_id: str, slot: int, nbytes: int) -> memoryview | None:
+        """A slot's whole block, where a put's block placed whole lands (`tcp.placed`)."""
+        with self._lock:
+            put = self._puts.get(request_id)
+            ref = put.refs[slot] if put is not None and 0 <= slot < len(put.refs) else None
+            if put is None or ref is None or ref.layout.block_bytes != nbytes:
+                return None
+            put.writing = True
+        return ref.data()
+
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str
     ) -> None:

@@ -98,7 +98,9 @@ class KVSink(Protocol):
     # And where a span of whole blocks lands in every layer as one array (what a kvstore's
     # get read in place is copied into with one call, `tcp.placed`):
     #   span_array(request_id, span) -> numpy uint8 [layer, K or V, block, byte] or None,
-    # then reported through on_frames as a frame of every layer.
+    # then reported through on_frames as a frame of every layer. A sink that keeps blocks
+    # whole (the kvstore's put slots) may name one block's memory, in BlockLayout's order:
+    #   block_buffer(request_id, index, nbytes) -> writable memoryview or None.
 
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str

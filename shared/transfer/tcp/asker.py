@@ -31,6 +31,7 @@ from shared.transfer.tcp.wire import (
     KIND_ASK,
     KIND_PLACED,
     check_header,
+    encode_end,
     encode_note,
     encode_ring_offer,
     unpack_layers,
@@ -47,9 +48,9 @@ ASK_THREADS = 8
 # kvstore's arena stays in memory while a connection of this process still maps it
 PRUNE_INTERVAL_S = 5.0
 
-# Takes the reply, or None when none came; returns the frames to send on the connection
-# next (a put's blocks: then their END follows), or None
-Answered = Callable[[bytes | None], Sequence[Frame] | None]
+# Takes the reply, or None when none came; returns what to send on the connection next (a
+# put's blocks, as frames or whole for the ring: then their END follows), or None
+Answered = Callable[[bytes | None], Sequence[Frame] | placed.BlocksOut | None]
 
 
 class _AskingConnection(_Connection):
@@ -60,6 +61,7 @@ class _AskingConnection(_Connection):
         super().__init__(sock, receiver)
         self.last_used = time.monotonic()
         self.arena: placed.ArenaView | None = None  # same host: the receiver's blocks
+        self.put_writer: ring.RingWriter | None = None  # its own ring, written for puts
 
     def _handshake(self) -> None:
         answer_hello(self.sock, self.receiver.auth_token, GREETING, encrypt=False)
@@ -83,10 +85,28 @@ class _AskingConnection(_Connection):
                 first = recv_exact(self.sock, HEADER.size)
                 if check_header(first)[0] == KIND_PLACED:
                     return self._placed_answer(request_id, first, reply, answered)
-        frames = answered(reply)
-        if frames is not None:
-            write_frames(self.sock, request_id, frames)
+        out = answered(reply)
+        if isinstance(out, placed.BlocksOut):
+            out = self._put_through_ring(request_id, out)
+        if out is not None:
+            write_frames(self.sock, request_id, out)
         self._read_request(request_id, first)
+
+    def _put_through_ring(self, request_id: str, out: placed.BlocksOut) -> Sequence[Frame] | None:
+        """A put's blocks whole through this connection's ring, where the receiver took it
+        (`placed`), then their END, then every part read; else their frames, to send."""
+        if self.ring is None or not out.runs or out.slot_bytes > self.ring.size // 2:
+            return out.frames()
+        if self.put_writer is None:
+            self.put_writer = ring.RingWriter(self.ring.mapping, self.ring.size)
+        writer = self.put_writer
+        writer.head = writer.tail = self.ring.next  # NOTE: the answers' reader's position
+        parts = placed.place_blocks(self.sock, writer, request_id, out)
+        layers = out.runs[0][1].shape[0]
+        send_all(self.sock, encode_end(request_id, parts * layers))
+        writer.settle(self.sock)
+        self.ring.next = writer.head
+        return None
 
     def _placed_answer(
         self, request_id: str, header: bytes, reply: bytes, answered: Answered
@@ -137,8 +157,14 @@ class _AskingConnection(_Connection):
         if self.ring is not None:
             self.arena = placed.take_arena(self.sock)
 
+    def _placed(self, raw: bytes) -> None:
+        raise ProtocolError("blocks placed where no answer was due")
+
     def _closed(self) -> None:
         super()._closed()
+        if self.put_writer is not None:
+            self.put_writer.close()
+            self.put_writer = None
         if self.arena is not None:
             self.arena.close()
             self.arena = None
@@ -193,7 +219,7 @@ class Asker:
         replaced by a fresh one once."""
         replied: list[bytes] = []
 
-        def reply(data: bytes) -> Sequence[Frame] | None:
+        def reply(data: bytes) -> Sequence[Frame] | placed.BlocksOut | None:
             replied.append(data)
             return answered(data)
 

@@ -19,6 +19,7 @@ from shared.transfer.common.receiver import (
     ListeningReceiver,
     call_sink,
     layer_destinations,
+    report_frame,
 )
 from shared.transfer.common.sockets import recv_exact
 from shared.transfer.tcp import placed, ring
@@ -89,6 +90,7 @@ class _Connection(Connection[bytes, _Partial]):
         self.ring: ring.RingReader | None = None  # same host: the sender's shared memory
         self.answer_ring: ring.RingWriter | None = None  # same host: an asker's, for answers
         self.arena_mapped = False  # same host: the asker mapped the server's arena (`placed`)
+        self.put_ring: ring.RingReader | None = None  # the asker's ring, read for its puts
 
     @cached_property
     def scratch(self) -> memoryview:
@@ -139,6 +141,8 @@ class _Connection(Connection[bytes, _Partial]):
         elif for_answers:
             self.answer_ring = ring.accept_for_answers(self.sock, offer)
             if self.answer_ring is not None:  # NOTE: same host: where the blocks lie, too
+                shared = self.answer_ring
+                self.put_ring = ring.RingReader(shared.mapping, shared.size)
                 arena = self.receiver.server.arena()  # type: ignore[union-attr]
                 self.arena_mapped = placed.offer_arena(self.sock, arena)
         else:
@@ -155,11 +159,35 @@ class _Connection(Connection[bytes, _Partial]):
         write_answer(self.sock, answer, self.answer_ring, self.arena_mapped)
 
     def _placed(self, raw: bytes) -> None:
-        """Blocks placed in shared memory: only an asker reads them (`placed`)."""
-        raise ProtocolError("blocks placed in shared memory where none were asked for")
+        """Part of a put's blocks placed whole in the asker's ring (`placed`): copied into
+        the sink's blocks, checked there, reported as a frame of every layer; then how far
+        the ring was read goes back, and this side's answers go on from there."""
+        reader, writer = self.put_ring, self.answer_ring
+        if reader is None or writer is None or self.frame is not None:
+            raise ProtocolError("blocks placed in a ring never offered, or mid-frame")
+        _, rid_len, layers, count, body = check_header(raw)
+        placement = placed.parse_placed(
+            recv_exact(self.sock, body), rid_len, unpack_layers(layers), count
+        )
+        start = ring.POSITION.unpack(recv_exact(self.sock, ring.POSITION.size))[0]
+        reader.next = max(reader.next, writer.head)
+        try:
+            offset = reader.check(start, placement.nbytes)
+        except ValueError as e:
+            raise ProtocolError(str(e)) from e
+        self.open_requests[placement.request_id] = None
+        part = reader.data[offset : offset + placement.nbytes]
+        spans, error = placed.take_blocks(self.sink, placement, part)
+        num_layers = len(placement.layers)
+        self.receiver.counters.add(
+            bytes=placement.nbytes, frames=num_layers, rejected=num_layers * bool(error)
+        )
+        report_frame(self.sink, placement.request_id, placement.layers, spans, error)
+        reader.consumed(self.sock, start + placement.nbytes)
+        writer.head = writer.tail = reader.next
 
     def _closed(self) -> None:
-        for shared in (self.ring, self.answer_ring):
+        for shared in (self.ring, self.answer_ring, self.put_ring):
             if shared is not None:
                 shared.close()
         super()._closed()

@@ -118,10 +118,7 @@ class RingWriter:
         ring, which then goes over the socket."""
         if nbytes > self.size // 2:
             return NOT_IN_RING, None
-        offset = self.head % self.size
-        start = self.head if offset + nbytes <= self.size else self.head + self.size - offset
-        while start + nbytes - self.tail > self.size:
-            self._consumed(recv_exact(sock, POSITION.size - len(self.pending)))
+        start = self.room(sock, nbytes)
         offset, digests = start % self.size, []
         for _, k, v in spans:
             hasher = xxhash.xxh3_64()
@@ -133,6 +130,16 @@ class RingWriter:
             digests.append(hasher.intdigest())
         self.head = start + nbytes
         return start, digests
+
+    def room(self, sock: socket.socket, nbytes: int) -> int:
+        """Where `nbytes` (at most half the ring) go next, in one piece, once the receiver
+        has read far enough to make room for them; the caller fills them and moves `head`
+        past them."""
+        offset = self.head % self.size
+        start = self.head if offset + nbytes <= self.size else self.head + self.size - offset
+        while start + nbytes - self.tail > self.size:
+            self._consumed(recv_exact(sock, POSITION.size - len(self.pending)))
+        return start
 
     def settle(self, sock: socket.socket) -> None:
         """Wait until the receiver has read every part placed (before the connection carries

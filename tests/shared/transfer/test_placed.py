@@ -3,7 +3,9 @@ answering side's arena and copies the blocks out itself, byte for byte, into a s
 names a span of blocks as one array or layer by layer; a block damaged in the arena, or one
 placed outside it, is never used; an arena the asker cannot see (another host, a foreign
 cookie) leaves the answer to its frames; the blocks stay pinned until the asker is done;
-the mapping is shared by an asker's connections and goes with the last of them."""
+the mapping is shared by an asker's connections and goes with the last of them. Puts go
+the other way, whole blocks through the asker's own ring, in parts, each block checked
+where it landed: a bad one is never kept; without a ring, as frames."""
 
 from __future__ import annotations
 
@@ -11,18 +13,22 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 import xxhash
 
 from services.kvstore.arena import BlockArena
+from services.kvstore.inbox import PutInbox
+from services.kvstore.store import BlockStore
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
+from shared.kvstore_client import block_frames, whole_runs
 from shared.transfer.base import BlockSpan
 from shared.transfer.common.frames import checked_frame
-from shared.transfer.tcp import TcpKVReceiver, ring
+from shared.transfer.tcp import TcpKVReceiver, placed, ring
 from shared.transfer.tcp.asker import Asker
 from shared.transfer.tcp.asking import Answer
-from shared.transfer.tcp.placed import ArenaOffer, ArenaView, encode_placed
-from tests.shared.transfer.sinks import RecordingSink
+from shared.transfer.tcp.placed import ArenaOffer, ArenaView, BlocksOut, encode_placed
+from tests.shared.transfer.sinks import RecordingSink, random_storage
 
 DEST_BLOCKS = (4, 5)  # where the asker wants the two blocks: one run of consecutive ids
 APART = (6, 2)  # two runs of one block (the RecordingSink names one block a span)
@@ -289,3 +295,125 @@ def test_a_big_get_is_handed_on_before_it_lands_a_small_one_after(serve, monkeyp
     )
     assert frames_when_answered == ([0] if big else [len(sink.events)])
     assert ("end", "r1", 3) in sink.events
+
+
+# -- puts: the asker's blocks whole through its own ring ---------------------------------------
+
+
+class PutServer:
+    """The kvstore's side of a put: `put <id>` reserves TWO slots in a real store, its
+    PutInbox (the receiver's sink) commits what lands whole at the END."""
+
+    def __init__(self, layout: BlockLayout) -> None:
+        self.layout = layout
+        self.store = BlockStore(
+            8 * layout.block_bytes, arena=BlockArena.create(8 * layout.block_bytes)
+        )
+        self.inbox = PutInbox(self.store)
+
+    def arena(self) -> None:
+        return None
+
+    def answer(self, question: bytes) -> Answer:
+        request_id = question.decode().partition(" ")[2]
+        refs = self.store.reserve_in_room(PUT_HASHES, self.layout)
+        self.inbox.open(request_id, refs, 30.0)
+        return Answer(b"slots")
+
+    def stored(self, block_hash: int) -> np.ndarray | None:
+        (ref,) = self.store.acquire([block_hash], self.layout)
+        if ref is None:
+            return None
+        data = np.frombuffer(ref.data(), np.uint8).copy()
+        self.store.release([ref])
+        return data
+
+
+PUT_HASHES = [0xA1, 0xA2, 0xA3]
+PUT_SOURCES = (5, 6, 2)  # the asker's blocks: a run of two, then one
+
+
+@pytest.fixture
+def put_served():
+    started = []
+
+    def start(shared_memory: bool = True) -> tuple[PutServer, Asker, KVStorage, str]:
+        storage = random_storage(torch.float32)
+        server = PutServer(BlockLayout.of(storage))
+        receiver = TcpKVReceiver(server.inbox, "127.0.0.1", 0, "tok", server=server)
+        own = TcpKVReceiver(
+            RecordingSink(new_storage()), "127.0.0.1", 0, "tok", shared_memory=shared_memory
+        )
+        started.append((receiver, Asker(own, read_timeout_s=5.0)))
+        return server, started[-1][1], storage, receiver.start()
+
+    yield start
+    for receiver, asker in started:
+        asker.close()
+        receiver.stop()
+
+
+def put_blocks(storage: KVStorage, made: list[str]):
+    """What a worker's put answers with: its blocks whole, or frames (noted in `made`)."""
+    moves = [(slot, src, h) for slot, (src, h) in enumerate(zip(PUT_SOURCES, PUT_HASHES))]
+
+    def frames():
+        made.append("frames")
+        return block_frames(storage, "p1", moves)
+
+    return lambda reply: BlocksOut(frames, whole_runs(storage, moves), storage.block_size)
+
+
+def source_block(storage: KVStorage, block: int) -> np.ndarray:
+    return storage.blocks_array(block, 1)[:, :, 0].reshape(-1)
+
+
+def committed(server: PutServer, storage: KVStorage) -> list[bool]:
+    for _ in range(500):
+        if server.store.lookup(PUT_HASHES) == [True] * 3 or not len(server.inbox):
+            break
+        threading.Event().wait(0.01)
+    return [
+        (got := server.stored(h)) is not None and np.array_equal(got, source_block(storage, src))
+        for src, h in zip(PUT_SOURCES, PUT_HASHES)
+    ]
+
+
+@needs_shm
+@pytest.mark.parametrize("ring_bytes", [ring.ANSWER_RING_BYTES, 4096], ids=["one part", "parts"])
+def test_a_put_goes_whole_through_the_askers_ring(put_served, monkeypatch, ring_bytes) -> None:
+    monkeypatch.setattr(ring, "ANSWER_RING_BYTES", ring_bytes)  # 4 KiB: a block a part
+    server, asker, storage, address = put_served()
+    made: list[str] = []
+    for attempt in range(2):  # twice on one connection: the second wraps a small ring
+        assert asker.ask(
+            address, f"p{attempt}", f"put p{attempt}".encode(), put_blocks(storage, made)
+        )
+        assert committed(server, storage) == [True, True, True]
+        server.store = BlockStore(8 * server.layout.block_bytes)  # empty again
+        server.inbox.store = server.store
+    assert made == []  # no frame was made: the blocks went whole
+
+
+@needs_shm
+def test_a_block_that_fails_its_checksum_in_the_ring_is_not_kept(put_served, monkeypatch) -> None:
+    real = placed.encode_placed
+
+    def damaged(request_id, num_layers, slot_bytes, block_tokens, entries):
+        (slot, index, digest), *rest = entries
+        return real(
+            request_id, num_layers, slot_bytes, block_tokens, [(slot, index, digest ^ 1), *rest]
+        )
+
+    monkeypatch.setattr(placed, "encode_placed", damaged)
+    server, asker, storage, address = put_served()
+    assert asker.ask(address, "p1", b"put p1", put_blocks(storage, []))
+    assert committed(server, storage) == [False, False, False]  # the part's blocks: none kept
+    assert server.inbox.num_abandoned == 3
+
+
+def test_without_a_ring_a_put_goes_as_frames(put_served) -> None:
+    server, asker, storage, address = put_served(shared_memory=False)
+    made: list[str] = []
+    assert asker.ask(address, "p1", b"put p1", put_blocks(storage, made))
+    assert committed(server, storage) == [True, True, True] and made == ["frames"]
