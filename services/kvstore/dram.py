@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -47,22 +48,20 @@ class DramBlock:
         return self.buffer
 
     def reader(self) -> BlockRef:
-        """A read-only ref to its bytes; the views are made on its first read and kept, so a
-        hot block's gets do not slice its buffer again."""
-        if not self.read_views:
-            self.read_views = layer_views(self.filled, self.layout, writable=False)
+        """A read-only ref to its bytes (its views made on the first read that needs them
+        and kept, so a hot block's framed gets do not slice its buffer again)."""
         return BlockRef(
-            self.block_hash,
-            self.layout,
-            self.filled,
-            False,
-            self.read_views,
-            self.slot,
-            self.checksum,
+            self.block_hash, self.layout, self.filled, False, self, self.slot, self.checksum
         )
 
+    def layer_views(self) -> tuple[memoryview, ...]:
+        # NOTE: outside the store's lock: two readers may both make them, alike
+        if not self.read_views:
+            self.read_views = layer_views(self.filled, self.layout, writable=False)
+        return self.read_views
 
-@dataclass(frozen=True, slots=True, eq=False)
+
+@dataclass(frozen=True, eq=False)
 class BlockRef:
     """A pinned block's bytes: writable for a reservation, read-only for an acquired block.
 
@@ -74,9 +73,16 @@ class BlockRef:
     layout: BlockLayout
     buffer: np.ndarray
     writable: bool
-    views: tuple[memoryview, ...]  # `view`'s answers, made once (layer_views)
+    block: DramBlock | None = None  # a read ref's block, which keeps its views
     slot: int = -1  # where the buffer lies in the shared arena; -1: private memory
     checksum: int = UNKNOWN_CHECKSUM  # of a committed arena block (a worker checks it)
+
+    @cached_property
+    def views(self) -> tuple[memoryview, ...]:
+        """`view`'s answers, made on first use (a block placed or read in place needs none)."""
+        if self.block is not None:
+            return self.block.layer_views()
+        return layer_views(self.buffer, self.layout, self.writable)
 
     def view(self, layer: int, half: int) -> memoryview:
         """Layer `layer`'s K (half 0) or V (half 1) bytes, `layout.half_bytes` long."""

@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from services.kvstore.dram import UNKNOWN_CHECKSUM
 from services.kvstore.runs import halves
 from services.kvstore.store import BlockRef, BlockStore
 from shared.transfer.base import BlockSpan
@@ -27,6 +28,7 @@ class _Put:
     layers_ok: list[set[int]] = field(default_factory=list)
     bad: set[int] = field(default_factory=set)  # slots with a refused or damaged frame
     writing: bool = False  # a frame is landing in its blocks (between destinations and on_frames)
+    checksums: dict[int, int] = field(default_factory=dict)  # by slot: of blocks placed whole
 
     def slots(self, span: BlockSpan) -> range:
         """The slots a span covers: one, or a run of consecutive ones."""
@@ -92,14 +94,18 @@ class PutInbox:
             return None
         return [(halves(refs, layer, 0), halves(refs, layer, 1)) for layer in layers]
 
-    def block_buffer(self, request_id: str, slot: int, nbytes: int) -> memoryview | None:
-        """A slot's whole block, where a put's block placed whole lands (`tcp.placed`)."""
+    def block_buffer(
+        self, request_id: str, slot: int, nbytes: int, checksum: int
+    ) -> memoryview | None:
+        """A slot's whole block, where a put's block placed whole lands (`tcp.placed`);
+        `checksum` is what it hashes to when it lands intact, kept for its commit."""
         with self._lock:
             put = self._puts.get(request_id)
             ref = put.refs[slot] if put is not None and 0 <= slot < len(put.refs) else None
             if put is None or ref is None or ref.layout.block_bytes != nbytes:
                 return None
             put.writing = True
+            put.checksums[slot] = checksum
         return ref.data()
 
     def on_frame(
@@ -149,7 +155,7 @@ class PutInbox:
                 continue
             whole = len(put.layers_ok[slot]) == ref.layout.num_layers and slot not in put.bad
             if whole:
-                self.store.commit(ref)
+                self.store.commit(ref, put.checksums.get(slot, UNKNOWN_CHECKSUM))
                 self.num_committed += 1
             else:
                 self.store.abandon(ref)

@@ -31,7 +31,6 @@ from services.kvstore.dram import (
     BlockState,
     DramBlock,
     DramTier,
-    layer_views,
 )
 from services.kvstore.tiers import Tiers
 from shared.kvblocks import BlockLayout
@@ -157,13 +156,13 @@ class BlockStore:
             ]
         return [None if block is None else self._writable(block) for block in blocks]
 
-    def commit(self, ref: BlockRef) -> bool:
-        """Make a reservation visible, unpinned (the caller verified every layer). False when
-        `ref` is no live reservation. A block in the shared arena is hashed now (a worker
-        that reads it in place checks it); another's checksum for the SSD tier is taken
-        when (if ever) it is demoted: its bytes never change."""
-        checksum = UNKNOWN_CHECKSUM
-        if ref.slot >= 0:
+    def commit(self, ref: BlockRef, checksum: int = UNKNOWN_CHECKSUM) -> bool:
+        """Make a reservation visible, unpinned (the caller verified every layer, and may
+        know its checksum). False when `ref` is no live reservation. A block in the shared
+        arena is hashed now if its checksum is not known (a worker that reads it in place
+        checks it); another's checksum for the SSD tier is taken when (if ever) it is
+        demoted: its bytes never change."""
+        if ref.slot >= 0 and checksum == UNKNOWN_CHECKSUM:
             checksum = xxhash.xxh3_64_intdigest(ref.buffer.data)
         with self._cond:
             block = self._owned(ref, BlockState.RESERVED)
@@ -350,6 +349,5 @@ class BlockStore:
 
     def _writable(self, block: DramBlock) -> BlockRef:
         """A reserved block's new buffer, as the writable ref its receiver fills."""
-        buffer, layout = self._tiers.dram.allocate(block), block.layout
-        views = layer_views(buffer, layout, writable=True)
-        return BlockRef(block.block_hash, layout, buffer, True, views, block.slot)
+        buffer = self._tiers.dram.allocate(block)
+        return BlockRef(block.block_hash, block.layout, buffer, True, slot=block.slot)

@@ -100,7 +100,8 @@ class KVSink(Protocol):
     #   span_array(request_id, span) -> numpy uint8 [layer, K or V, block, byte] or None,
     # then reported through on_frames as a frame of every layer. A sink that keeps blocks
     # whole (the kvstore's put slots) may name one block's memory, in BlockLayout's order:
-    #   block_buffer(request_id, index, nbytes) -> writable memoryview or None.
+    #   block_buffer(request_id, index, nbytes, checksum) -> writable memoryview or None,
+    # `checksum` (xxh3_64) being what the block hashes to if it lands intact.
 
     def on_frame(
         self, request_id: str, layer: int, spans: tuple[BlockSpan, ...], ok: bool, error: str

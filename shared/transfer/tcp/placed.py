@@ -363,14 +363,15 @@ def take_blocks(
     sink: KVSink, placement: Placement, part: memoryview
 ) -> tuple[tuple[BlockSpan, ...], str]:
     """The receiver's side of a put's PLACED part (`part`: its bytes in the ring): each
-    block copied into the whole-block memory the sink names (`block_buffer`) and hashed
-    there: (the blocks' spans, why they must not be kept, or "")."""
+    block copied into the whole-block memory the sink names (`block_buffer`, told the
+    checksum the block should have) and hashed there: (the blocks' spans, why they must not
+    be kept, or "")."""
     size, error = placement.slot_bytes, ""
     if any(index >= len(placement.entries) for _, index, _ in placement.entries):
         raise ProtocolError(f"a put's block placed outside its part ({placement.request_id})")
     whole = getattr(sink, "block_buffer", None)
     for slot, index, digest in placement.entries:
-        dest = None if whole is None else call_sink(whole, placement.request_id, slot, size)
+        dest = None if whole is None else call_sink(whole, placement.request_id, slot, size, digest)
         if not (isinstance(dest, memoryview) and dest.nbytes == size and not dest.readonly):
             error = error or "destination refused or wrong size"
             continue

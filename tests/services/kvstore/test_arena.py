@@ -115,3 +115,17 @@ def test_an_expired_put_with_nothing_landing_gives_its_slots_back_at_once() -> N
     inbox.open("put", store.reserve_in_room([1, 2], LAYOUT), ttl=30.0)
     assert inbox.expire(math.inf) == 1
     assert store.stats()["dram_pending_blocks"] == 0 and inbox.num_abandoned == 2
+
+
+def test_a_block_placed_whole_is_committed_with_the_checksum_it_was_checked_against() -> None:
+    store = store_in_arena(2)
+    inbox = PutInbox(store)
+    inbox.open("put", store.reserve_in_room([1], LAYOUT), ttl=30.0)
+    buffer = inbox.block_buffer("put", 0, BLOCK, checksum=0x1234)
+    assert buffer is not None and inbox.block_buffer("put", 0, BLOCK - 1, 0) is None
+    buffer[:] = content(1)
+    span = BlockSpan(0, 0, LAYOUT.block_size)
+    inbox.on_frames("put", range(LAYOUT.num_layers), (span,), True, "")
+    inbox.on_end("put", LAYOUT.num_layers)
+    (ref,) = acquired(store, [1])
+    assert ref.checksum == 0x1234  # what the connection checked it against: not hashed again
