@@ -30,7 +30,7 @@ from shared.messages import BlockLookup, BlockPresence, BlockPut, Heartbeat, Put
 from shared.transfer.base import BlockSpan, KVSender, SpanBytes, coalesce, layer_groups
 from shared.transfer.common.frames import Frame, checked_frame
 from shared.transfer.tcp.asker import Asker
-from shared.transfer.tcp.placed import BlocksOut
+from shared.transfer.tcp.placed_puts import BlocksOut
 
 log = logging.getLogger("kvstack.kvstore_client")
 MISSED_BEATS = 3

@@ -45,7 +45,8 @@ from `common`; see `ConnectionLimits`).
 
 Modules: `wire` (frame format, encoding, decoding), `sockets` (scatter/gather I/O), `sealing`
 (the same frames encrypted), `ring` (the same frames' payload through shared memory, same
-host), `placed` (a kvstore's gets read where the blocks lie, same host), `sender`,
+host), `placed` (a kvstore's gets read where the blocks lie, and puts placed whole in the
+asker's ring, same host: `arena_view`, `placed_puts`), `sender`,
 `receiver`, `asking` (answers on an accepted connection), `asker` (asks on connections of
 one's own).
 """

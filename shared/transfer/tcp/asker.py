@@ -20,7 +20,7 @@ from shared.transfer.common.handshake import answer_hello
 from shared.transfer.common.receiver import call_sink, report_frame
 from shared.transfer.common.sender import MAX_IDLE_S
 from shared.transfer.common.sockets import peer_closed, recv_exact, shut_down, split_peer, tune
-from shared.transfer.tcp import placed, ring
+from shared.transfer.tcp import arena_view, placed, placed_puts, ring
 from shared.transfer.tcp.asking import write_frames
 from shared.transfer.tcp.receiver import TcpKVReceiver, _Connection
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, send_all
@@ -50,7 +50,7 @@ PRUNE_INTERVAL_S = 5.0
 
 # Takes the reply, or None when none came; returns what to send on the connection next (a
 # put's blocks, as frames or whole for the ring: then their END follows), or None
-Answered = Callable[[bytes | None], Sequence[Frame] | placed.BlocksOut | None]
+Answered = Callable[[bytes | None], Sequence[Frame] | placed_puts.BlocksOut | None]
 
 
 class _AskingConnection(_Connection):
@@ -60,7 +60,7 @@ class _AskingConnection(_Connection):
     def __init__(self, sock: socket.socket, receiver: TcpKVReceiver) -> None:
         super().__init__(sock, receiver)
         self.last_used = time.monotonic()
-        self.arena: placed.ArenaView | None = None  # same host: the receiver's blocks
+        self.arena: arena_view.ArenaView | None = None  # same host: the receiver's blocks
         self.put_writer: ring.RingWriter | None = None  # its own ring, written for puts
 
     def _handshake(self) -> None:
@@ -86,13 +86,15 @@ class _AskingConnection(_Connection):
                 if check_header(first)[0] == KIND_PLACED:
                     return self._placed_answer(request_id, first, reply, answered)
         out = answered(reply)
-        if isinstance(out, placed.BlocksOut):
+        if isinstance(out, placed_puts.BlocksOut):
             out = self._put_through_ring(request_id, out)
         if out is not None:
             write_frames(self.sock, request_id, out)
         self._read_request(request_id, first)
 
-    def _put_through_ring(self, request_id: str, out: placed.BlocksOut) -> Sequence[Frame] | None:
+    def _put_through_ring(
+        self, request_id: str, out: placed_puts.BlocksOut
+    ) -> Sequence[Frame] | None:
         """A put's blocks whole through this connection's ring, where the receiver took it
         (`placed`), then their END, then every part read; else their frames, to send."""
         if self.ring is None or not out.runs or out.slot_bytes > self.ring.size // 2:
@@ -101,7 +103,7 @@ class _AskingConnection(_Connection):
             self.put_writer = ring.RingWriter(self.ring.mapping, self.ring.size)
         writer = self.put_writer
         writer.head = writer.tail = self.ring.next  # NOTE: the answers' reader's position
-        parts = placed.place_blocks(self.sock, writer, request_id, out)
+        parts = placed_puts.place_blocks(self.sock, writer, request_id, out)
         layers = out.runs[0][1].shape[0]
         send_all(self.sock, encode_end(request_id, parts * layers))
         writer.settle(self.sock)
@@ -155,7 +157,7 @@ class _AskingConnection(_Connection):
             self.sock, encode_ring_offer(ring.OFFER.size, for_answers=True)
         )
         if self.ring is not None:
-            self.arena = placed.take_arena(self.sock)
+            self.arena = arena_view.take_arena(self.sock)
 
     def _placed(self, raw: bytes) -> None:
         raise ProtocolError("blocks placed where no answer was due")
@@ -219,7 +221,7 @@ class Asker:
         replaced by a fresh one once."""
         replied: list[bytes] = []
 
-        def reply(data: bytes) -> Sequence[Frame] | placed.BlocksOut | None:
+        def reply(data: bytes) -> Sequence[Frame] | placed_puts.BlocksOut | None:
             replied.append(data)
             return answered(data)
 

@@ -22,7 +22,7 @@ from shared.transfer.common.receiver import (
     report_frame,
 )
 from shared.transfer.common.sockets import recv_exact
-from shared.transfer.tcp import placed, ring
+from shared.transfer.tcp import placed, placed_puts, ring
 from shared.transfer.tcp.asking import Answer, AskServer, write_answer
 from shared.transfer.tcp.sealing import Opener
 from shared.transfer.tcp.sockets import SOCKET_BUFFER_BYTES, Landing, recv_hashed
@@ -177,7 +177,7 @@ class _Connection(Connection[bytes, _Partial]):
             raise ProtocolError(str(e)) from e
         self.open_requests[placement.request_id] = None
         part = reader.data[offset : offset + placement.nbytes]
-        spans, error = placed.take_blocks(self.sink, placement, part)
+        spans, error = placed_puts.take_blocks(self.sink, placement, part)
         num_layers = len(placement.layers)
         self.receiver.counters.add(
             bytes=placement.nbytes, frames=num_layers, rejected=num_layers * bool(error)

@@ -19,7 +19,7 @@ from shared.kvstore_client import KvstorePool
 from shared.messages import Heartbeat, StatsRequest, StoreStats
 from shared.transfer.common.handshake import PROOF_BYTES
 from shared.transfer.tcp import HEADER, KIND_KV, KIND_RING, SPAN, TcpKVReceiver, TcpKVSender
-from shared.transfer.tcp.placed import ArenaView
+from shared.transfer.tcp.arena_view import ArenaView
 from tests.e2e.conftest import free_port
 from tests.shared.transfer.proxy import FlipProxy
 

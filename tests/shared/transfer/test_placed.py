@@ -24,10 +24,12 @@ from shared.kvcache.storage import KVStorage
 from shared.kvstore_client import block_frames, whole_runs
 from shared.transfer.base import BlockSpan
 from shared.transfer.common.frames import checked_frame
-from shared.transfer.tcp import TcpKVReceiver, placed, ring
+from shared.transfer.tcp import TcpKVReceiver, placed_puts, ring
+from shared.transfer.tcp.arena_view import ArenaView
 from shared.transfer.tcp.asker import Asker
 from shared.transfer.tcp.asking import Answer
-from shared.transfer.tcp.placed import ArenaOffer, ArenaView, BlocksOut, encode_placed
+from shared.transfer.tcp.placed import ArenaOffer, encode_placed
+from shared.transfer.tcp.placed_puts import BlocksOut
 from tests.shared.transfer.sinks import RecordingSink, random_storage
 
 DEST_BLOCKS = (4, 5)  # where the asker wants the two blocks: one run of consecutive ids
@@ -397,7 +399,7 @@ def test_a_put_goes_whole_through_the_askers_ring(put_served, monkeypatch, ring_
 
 @needs_shm
 def test_a_block_that_fails_its_checksum_in_the_ring_is_not_kept(put_served, monkeypatch) -> None:
-    real = placed.encode_placed
+    real = placed_puts.encode_placed
 
     def damaged(request_id, num_layers, slot_bytes, block_tokens, entries):
         (slot, index, digest), *rest = entries
@@ -405,7 +407,7 @@ def test_a_block_that_fails_its_checksum_in_the_ring_is_not_kept(put_served, mon
             request_id, num_layers, slot_bytes, block_tokens, [(slot, index, digest ^ 1), *rest]
         )
 
-    monkeypatch.setattr(placed, "encode_placed", damaged)
+    monkeypatch.setattr(placed_puts, "encode_placed", damaged)
     server, asker, storage, address = put_served()
     assert asker.ask(address, "p1", b"put p1", put_blocks(storage, []))
     assert committed(server, storage) == [False, False, False]  # the part's blocks: none kept
