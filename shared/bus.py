@@ -27,6 +27,7 @@ Handler = Callable[[Any], Awaitable[None]]
 Responder = Callable[[Any], Awaitable[Any]]
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 RECONNECT_WAIT = 0.5  # seconds before a server just tried is tried again
+AUTH_ATTEMPTS, AUTH_RETRY_S = 3, 0.25  # refused credentials: tried again (see _open_retrying)
 PING_INTERVAL_S = 5  # seconds between the client's pings to its server
 MAX_OUTSTANDING_PINGS = 3  # unanswered pings after which the connection is stale
 NO_RESPONDER_GRACE = 1.0  # seconds a request waits for a responder that is reconnecting
@@ -70,7 +71,7 @@ class Bus:
             for callback in bus.on_reconnect:
                 bus.tasks.spawn(callback(), "re-announcing after a reconnection")
 
-        nc = await _open(url, name, auth, connect_timeout, reconnected)
+        nc = await _open_retrying(url, name, auth, connect_timeout, reconnected)
         if not auth.insecure and not nc._server_info.get("auth_required"):
             await nc.close()
             raise KvstackError(
@@ -216,6 +217,26 @@ class Bus:
             self.tasks.spawn(coro, "a message handler")
 
 
+class _CredentialsRefused(KvstackError):
+    """NATS refused the credentials: wrong, or the server was reloading its users."""
+
+
+async def _open_retrying(
+    url: str, name: str, auth: NatsAuth, connect_timeout: float, reconnected
+) -> Client:
+    """`_open`, with refused credentials tried again a few times: a server reloading its
+    users (as `kvstack up` does when it starts a worker of a new identity) refuses, for a
+    moment, clients it knows (nats-server logs an authentication error mid-reload)."""
+    for attempt in range(1, AUTH_ATTEMPTS + 1):
+        try:
+            return await _open(url, name, auth, connect_timeout, reconnected)
+        except _CredentialsRefused:
+            if attempt == AUTH_ATTEMPTS:
+                raise
+            await asyncio.sleep(AUTH_RETRY_S)
+    raise AssertionError("unreachable")
+
+
 async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float, reconnected) -> Client:
     """A connected client. NATS refusing the credentials ends the attempt at once (nats-py
     would retry them forever); an unreachable server is reported as before."""
@@ -252,7 +273,9 @@ async def _open(url: str, name: str, auth: NatsAuth, connect_timeout: float, rec
         connecting.cancel()
         await nc.close()
         user = auth.creds.user if auth.creds is not None else "an anonymous client"
-        raise KvstackError(f"NATS at {url} refused {user}: {_refusal(refused.result())}")
+        reason = _refusal(refused.result())
+        error = _CredentialsRefused if reason.startswith("authorization") else KvstackError
+        raise error(f"NATS at {url} refused {user}: {reason}")
     try:
         connecting.result()
     except Exception as e:
