@@ -196,12 +196,7 @@ class KvstorePool:
             loop.call_soon_threadsafe(settle, sending, len(blocks or ()))
             if blocks is None:
                 return None
-            moves = [(s, i, h) for h, i, s in blocks]
-            return BlocksOut(
-                lambda: block_frames(self.storage, transfer_id, moves),
-                whole_runs(self.storage, moves),
-                self.storage.block_size,
-            )
+            return blocks_out(self.storage, transfer_id, [(s, i, h) for h, i, s in blocks])
 
         message = self._put_message(transfer_id, block_hashes)
         data_addr = self._members[worker_id].data_addr
@@ -264,6 +259,21 @@ def block_frames(
         checked_frame(transfer_id, layers.start, spans, layers=len(layers))
         for layers, spans in block_spans(storage, blocks)
     ]
+
+
+def blocks_out(
+    storage: KVStorage, transfer_id: str, blocks: Sequence[tuple[int, int, int]]
+) -> BlocksOut:
+    """A put's blocks (dest id, source id, hash) as an asker sends them: as frames, or
+    whole through its ring (`tcp.placed_puts`), made only when they go."""
+    layout = BlockLayout.of(storage)
+    return BlocksOut(
+        lambda: block_frames(storage, transfer_id, blocks),
+        lambda: whole_runs(storage, blocks),
+        layout.num_layers,
+        layout.block_bytes,
+        layout.block_size,
+    )
 
 
 def whole_runs(

@@ -219,9 +219,14 @@ class Connection(Generic[HeaderT, FrameT]):
         frame, self.frame = self.frame, None
         if frame is None:
             raise RuntimeError("no frame in progress to complete")
-        layers, error = frame.layers, frame.error
+        self._report(frame.request_id, frame.layers, tuple(frame.spans), frame.error)
+
+    def _report(
+        self, request_id: str, layers: range, spans: tuple[BlockSpan, ...], error: str
+    ) -> None:
+        """A frame of `layers` that landed (or not: `error`), counted and told to the sink."""
         self.receiver.counters.add(frames=len(layers), rejected=len(layers) * bool(error))
-        report_frame(self.sink, frame.request_id, layers, tuple(frame.spans), error)
+        report_frame(self.sink, request_id, layers, spans, error)
 
     def _end(self, request_id: str, num_frames: int) -> None:
         self.open_requests.pop(request_id, None)

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from shared.transfer.base import BlockSpan
 from shared.transfer.common.frames import Frame, ProtocolError
 from shared.transfer.common.handshake import answer_hello
-from shared.transfer.common.receiver import call_sink, report_frame
+from shared.transfer.common.receiver import call_sink
 from shared.transfer.common.sender import MAX_IDLE_S
 from shared.transfer.common.sockets import peer_closed, recv_exact, shut_down, split_peer, tune
 from shared.transfer.tcp import arena_view, placed, placed_puts, ring
@@ -34,7 +34,6 @@ from shared.transfer.tcp.wire import (
     encode_end,
     encode_note,
     encode_ring_offer,
-    unpack_layers,
 )
 
 log = logging.getLogger(__name__)
@@ -97,15 +96,14 @@ class _AskingConnection(_Connection):
     ) -> Sequence[Frame] | None:
         """A put's blocks whole through this connection's ring, where the receiver took it
         (`placed`), then their END, then every part read; else their frames, to send."""
-        if self.ring is None or not out.runs or out.slot_bytes > self.ring.size // 2:
+        if self.ring is None or out.slot_bytes > self.ring.size // 2:
             return out.frames()
         if self.put_writer is None:
             self.put_writer = ring.RingWriter(self.ring.mapping, self.ring.size)
         writer = self.put_writer
         writer.head = writer.tail = self.ring.next  # NOTE: the answers' reader's position
         parts = placed_puts.place_blocks(self.sock, writer, request_id, out)
-        layers = out.runs[0][1].shape[0]
-        send_all(self.sock, encode_end(request_id, parts * layers))
+        send_all(self.sock, encode_end(request_id, parts * out.num_layers))
         writer.settle(self.sock)
         self.ring.next = writer.head
         return None
@@ -116,10 +114,7 @@ class _AskingConnection(_Connection):
         """A get answered where its blocks lie: landed (`placed`), DONE sent (the receiver
         may then reuse their memory), its END read; handed on after all that when small,
         else before (a get's `answered` sends nothing)."""
-        _, rid_len, layers, count, body = check_header(header)
-        placement = placed.parse_placed(
-            recv_exact(self.sock, body), rid_len, unpack_layers(layers), count
-        )
+        placement = placed.read_placed(self.sock, header)
         if placement.request_id != request_id:
             raise ProtocolError(f"blocks placed for {placement.request_id}, not {request_id}")
         small = placement.nbytes <= LAND_FIRST_BYTES
@@ -136,9 +131,8 @@ class _AskingConnection(_Connection):
         self, request_id: str, layers: range, spans: tuple[BlockSpan, ...], moved: int, error: str
     ) -> None:
         """A group of layers of a placed get landed: counted and reported as a frame of them."""
-        rejected = len(layers) * bool(error)
-        self.receiver.counters.add(bytes=moved, placed=moved, frames=len(layers), rejected=rejected)
-        report_frame(self.sink, request_id, layers, spans, error)
+        self.receiver.counters.add(bytes=moved, placed=moved)
+        self._report(request_id, layers, spans, error)
 
     def _read_request(self, request_id: str, first: bytes | None) -> None:
         """Read what follows the reply until the request's END (from `first`, a header

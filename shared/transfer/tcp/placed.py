@@ -39,7 +39,15 @@ from dataclasses import dataclass
 
 from shared.transfer.common.frames import ProtocolError
 from shared.transfer.common.sockets import recv_exact
-from shared.transfer.tcp.wire import HEADER, KIND_PLACED, MAGIC, VERSION, pack_layers
+from shared.transfer.tcp.wire import (
+    HEADER,
+    KIND_PLACED,
+    MAGIC,
+    VERSION,
+    check_header,
+    pack_layers,
+    unpack_layers,
+)
 
 ARENA_BASE = 4096  # the cookie, then (page-aligned) the slots
 ARENA = struct.Struct("<IIQ16s")  # pid, fd, size, cookie; all zero: no arena
@@ -108,6 +116,12 @@ def encode_placed(
     layers = pack_layers(0, num_layers)
     header = HEADER.pack(MAGIC, VERSION, KIND_PLACED, len(rid), layers, len(entries), len(body))
     return header + body
+
+
+def read_placed(sock: socket.socket, header: bytes) -> Placement:
+    """A PLACED message whose header was read: its body read and parsed."""
+    _, rid_len, layers, count, body = check_header(header)
+    return parse_placed(recv_exact(sock, body), rid_len, unpack_layers(layers), count)
 
 
 def parse_placed(body: bytes, rid_len: int, layers: range, count: int) -> Placement:

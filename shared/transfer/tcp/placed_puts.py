@@ -20,23 +20,22 @@ from shared.transfer.tcp.ring import POSITION, RingWriter, copy_into
 @dataclass(frozen=True)
 class BlocksOut:
     """A put's blocks as an asker sends them: whole through its ring where the receiver took
-    it (`place_blocks`), else `frames()` over the socket."""
+    it (`place_blocks`), else `frames()` over the socket. Either is made only when it goes
+    (reading a GPU worker's blocks copies them to the host)."""
 
     frames: Callable[[], Sequence[Frame]]
-    runs: Sequence[tuple[int, np.ndarray]]  # (first slot, the run as [layer, K or V, block, byte])
+    # (first slot, the run as [layer, K or V, block, byte]) of each run
+    runs: Callable[[], Sequence[tuple[int, np.ndarray]]]
+    num_layers: int
+    slot_bytes: int  # a block's bytes
     block_tokens: int
-
-    @property
-    def slot_bytes(self) -> int:
-        layers, halves, _, half = self.runs[0][1].shape
-        return layers * halves * half
 
 
 def place_blocks(sock: socket.socket, writer: RingWriter, request_id: str, out: BlocksOut) -> int:
     """Copy the put's blocks into the ring, whole, a part of at most half the ring at a
     time, and send each part's PLACED message and position; returns how many parts."""
     size = out.slot_bytes
-    parts = _parts(out.runs, max(1, writer.size // 2 // size))
+    parts = _parts(out.runs(), max(1, writer.size // 2 // size))
     ring = np.frombuffer(writer.data, np.uint8)
     for part in parts:
         nbytes = sum(blocks.shape[2] for _, blocks in part) * size
@@ -52,7 +51,7 @@ def place_blocks(sock: socket.socket, writer: RingWriter, request_id: str, out: 
                 entries.append((first_slot + i, len(entries), digest))
             offset += count * size
         writer.head = start + nbytes
-        message = encode_placed(request_id, layers, size, out.block_tokens, entries)
+        message = encode_placed(request_id, out.num_layers, size, out.block_tokens, entries)
         sock.sendall(message + POSITION.pack(start))
     return len(parts)
 

@@ -19,7 +19,6 @@ from shared.transfer.common.receiver import (
     ListeningReceiver,
     call_sink,
     layer_destinations,
-    report_frame,
 )
 from shared.transfer.common.sockets import recv_exact
 from shared.transfer.tcp import placed, placed_puts, ring
@@ -165,10 +164,7 @@ class _Connection(Connection[bytes, _Partial]):
         reader, writer = self.put_ring, self.answer_ring
         if reader is None or writer is None or self.frame is not None:
             raise ProtocolError("blocks placed in a ring never offered, or mid-frame")
-        _, rid_len, layers, count, body = check_header(raw)
-        placement = placed.parse_placed(
-            recv_exact(self.sock, body), rid_len, unpack_layers(layers), count
-        )
+        placement = placed.read_placed(self.sock, raw)
         start = ring.POSITION.unpack(recv_exact(self.sock, ring.POSITION.size))[0]
         reader.next = max(reader.next, writer.head)
         try:
@@ -178,11 +174,8 @@ class _Connection(Connection[bytes, _Partial]):
         self.open_requests[placement.request_id] = None
         part = reader.data[offset : offset + placement.nbytes]
         spans, error = placed_puts.take_blocks(self.sink, placement, part)
-        num_layers = len(placement.layers)
-        self.receiver.counters.add(
-            bytes=placement.nbytes, frames=num_layers, rejected=num_layers * bool(error)
-        )
-        report_frame(self.sink, placement.request_id, placement.layers, spans, error)
+        self.receiver.counters.add(bytes=placement.nbytes)
+        self._report(placement.request_id, placement.layers, spans, error)
         reader.consumed(self.sock, start + placement.nbytes)
         writer.head = writer.tail = reader.next
 

@@ -9,6 +9,7 @@ where it landed: a bad one is never kept; without a ring, as frames."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -21,7 +22,7 @@ from services.kvstore.inbox import PutInbox
 from services.kvstore.store import BlockStore
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
-from shared.kvstore_client import block_frames, whole_runs
+from shared.kvstore_client import blocks_out
 from shared.transfer.base import BlockSpan
 from shared.transfer.common.frames import checked_frame
 from shared.transfer.tcp import TcpKVReceiver, placed_puts, ring
@@ -29,7 +30,6 @@ from shared.transfer.tcp.arena_view import ArenaView
 from shared.transfer.tcp.asker import Asker
 from shared.transfer.tcp.asking import Answer
 from shared.transfer.tcp.placed import ArenaOffer, encode_placed
-from shared.transfer.tcp.placed_puts import BlocksOut
 from tests.shared.transfer.sinks import RecordingSink, random_storage
 
 DEST_BLOCKS = (4, 5)  # where the asker wants the two blocks: one run of consecutive ids
@@ -358,12 +358,13 @@ def put_served():
 def put_blocks(storage: KVStorage, made: list[str]):
     """What a worker's put answers with: its blocks whole, or frames (noted in `made`)."""
     moves = [(slot, src, h) for slot, (src, h) in enumerate(zip(PUT_SOURCES, PUT_HASHES))]
+    out = blocks_out(storage, "p1", moves)
 
     def frames():
         made.append("frames")
-        return block_frames(storage, "p1", moves)
+        return out.frames()
 
-    return lambda reply: BlocksOut(frames, whole_runs(storage, moves), storage.block_size)
+    return lambda reply: dataclasses.replace(out, frames=frames)
 
 
 def source_block(storage: KVStorage, block: int) -> np.ndarray:
