@@ -10,6 +10,9 @@ where it landed: a bad one is never kept; without a ring, as frames."""
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import os
+import signal
 import threading
 
 import numpy as np
@@ -31,6 +34,7 @@ from shared.transfer.tcp.asker import Asker
 from shared.transfer.tcp.asking import Answer
 from shared.transfer.tcp.placed import ArenaOffer, encode_placed
 from tests.shared.transfer.sinks import RecordingSink, random_storage
+from tests.shared.transfer.transports import stalled_asker
 
 DEST_BLOCKS = (4, 5)  # where the asker wants the two blocks: one run of consecutive ids
 APART = (6, 2)  # two runs of one block (the RecordingSink names one block a span)
@@ -61,6 +65,7 @@ class PlacingServer:
         self.checksums = [xxhash.xxh3_64_intdigest(buf.data) for _, buf in self.slots]
         self.offer: ArenaOffer | None = None
         self.done: list[bool] = []
+        self.answered = 0
         self.frames_made = 0
         self.entries_slots: list[int] | None = None  # overrides the slots named
 
@@ -69,6 +74,7 @@ class PlacingServer:
 
     def answer(self, question: bytes) -> Answer:
         request_id = question.decode().partition(" ")[2]
+        self.answered += 1
         slots = self.entries_slots or [slot for slot, _ in self.slots]
         entries = list(zip(self.dest_blocks, slots, self.checksums))
         layout = self.layout
@@ -232,6 +238,34 @@ def test_the_blocks_stay_pinned_until_the_asker_has_copied_them(serve) -> None:
         asking.join(5)
     wait_done(server)
     assert server.done == [True]
+
+
+@needs_shm
+def test_an_asker_killed_mid_copy_lets_its_blocks_go(serve) -> None:
+    """SIGKILL of a real asking process while it copies a placed get (its sink stalls):
+    the blocks stay pinned while it lives, and are let go when it dies."""
+    storage = new_storage()
+    server = PlacingServer(BlockLayout.of(storage))
+    store = TcpKVReceiver(RecordingSink(new_storage()), "127.0.0.1", 0, "tok", server=server)
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=stalled_asker, args=(child, store.start()), daemon=True)
+    process.start()
+    try:
+        assert parent.recv() == "asking"
+        for _ in range(1000):
+            if server.answered:
+                break
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.3)
+        assert server.answered == 1 and server.done == []  # in flight: pinned, no DONE yet
+        os.kill(process.pid, signal.SIGKILL)
+        wait_done(server)
+        assert server.done == [False] and server.frames_made == 0  # it was placed, not framed
+    finally:
+        process.kill()
+        process.join(10)
+        store.stop()
 
 
 @needs_shm
