@@ -38,6 +38,11 @@ from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 # SmolLM2-135M in bfloat16: 30 layers, 3 KV heads of 64, 16-token blocks (368,640 B a block)
 LAYOUT = dict(num_layers=30, block_size=16, num_kv_heads=3, head_dim=64)
 PUT_BLOCKS = 16  # blocks per put: what one 256-token request writes back
+# --handoff-baseline: a decode worker that keeps no prefix takes the pool's, or is sent all
+HANDOFF_BASELINES = {
+    "ttft_decode_from_pool": ("--no-prefix-cache",),
+    "ttft_decode_sent_whole": ("--no-prefix-cache", "--no-pool-prefix"),
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -50,8 +55,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--handoff-baseline",
         action="store_true",
-        help="the TTFT cases again with a decode worker that holds no prefix (--no-prefix-cache):"
-        " every prompt's KV is sent to it whole",
+        help="the TTFT cases again with a decode worker that keeps no prefix (--no-prefix-cache):"
+        " once taking what the pool holds itself, once sent every prompt's KV whole"
+        " (--no-pool-prefix)",
     )
     p.add_argument(
         "--skip-mooncake", action="store_true", help="the kvstore only (no Mooncake Store)"
@@ -70,9 +76,8 @@ def run(args: argparse.Namespace) -> int:
         report["ttft"] = measure_ttft(work, args.trials)
         report["ttft"]["engine_local_hit"] = _engine_hit(args.trials)
     if not args.skip_ttft and args.handoff_baseline:
-        report["ttft_decode_holds_nothing"] = measure_ttft(
-            work, args.trials, ("--no-prefix-cache",)
-        )
+        for key, decode_args in HANDOFF_BASELINES.items():
+            report[key] = measure_ttft(work, args.trials, decode_args)
     print(
         orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
         if args.json
@@ -506,7 +511,9 @@ def format_table(report: dict) -> str:
             f"{'raw socket':14}{batch:>12}{ref['socket_gb_s']:>9}"
             f"   (memcpy {ref['memcpy_gb_s']} GB/s)"
         )
-    for key, title in (("ttft", ""), ("ttft_decode_holds_nothing", ", decode holding nothing")):
+    titles = {"ttft": "", "ttft_decode_from_pool": ", decode keeps no prefix: from the pool"}
+    titles["ttft_decode_sent_whole"] = ", decode keeps no prefix: sent whole"
+    for key, title in titles.items():
         if key in report:
             lines += _ttft_lines(report[key], title)
     return "\n".join(lines)

@@ -227,7 +227,8 @@ class WorkerStats:
     num_reserved: int = 0  # requests holding blocks whose KV is in flight
     num_requests_done: int = 0
     num_transfers_refused: int = 0  # KV that arrived damaged or incomplete, never used
-    blocks_from_kvstore: int = 0  # prefix blocks loaded from the kvstore pool
+    blocks_from_kvstore: int = 0  # prefix blocks loaded from the kvstore pool (decode: its own
+    # gets at reservation, services/decode/pool_prefix.py)
     blocks_from_peers: int = 0  # prefix blocks loaded from peer prefill workers
     blocks_served: int = 0  # blocks of this worker's cache sent to peers
     num_rejected_after_prefill: int = 0  # decode refused at commit (wasted prefill)

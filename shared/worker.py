@@ -48,6 +48,7 @@ class WorkerConfig(ServiceConfig):
     shared_memory: bool = True  # a ring in /dev/shm to a peer on this host (tcp.ring)
     transport: str = "tcp"  # prefill -> decode KV stream: "tcp" or "mooncake"
     request_timeout: float = 10.0  # one control round trip (reserve, commit)
+    take_pool_prefix: bool = True  # decode: a prompt's prefix the KV pool holds, got there
     attention_workers: tuple[str, ...] = ()  # decode: offload attention to this group
     micro_batches: int = 2  # decode, offloaded: staggered micro-batches per step
     attention_recovery_timeout: float = 30.0  # decode: wait this long for a group to re-form

@@ -12,8 +12,9 @@ every node to the time of each event before handling it.
 
 A node keeps the prompt blocks of the requests it decoded in an LRU cache of its KV pool's
 size; as a live decode worker does (`LLMEngine.reserve_reusing`), a request reserved on it
-takes the leading blocks the cache holds (never the last token's block), and their KV is
-not streamed to it.
+takes the leading blocks the cache holds (never the last token's block), then gets the
+next ones the pool holds itself (services/decode/pool_prefix.py); neither is streamed to
+it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from loadgen.sim.cache import BlockCache
+from loadgen.sim.cache import BlockCache, BlockPool
 from loadgen.sim.job import Job
 from loadgen.sim.prefill import BLOCK_SIZE, full_blocks
 from shared.costmodel import CostModel
@@ -124,13 +125,17 @@ class DecodeNode:
             self.done += finished
             self._start_step(end)
 
-    def hold(self, job: Job) -> None:
+    def hold(self, job: Job, pool: BlockPool | None, now: float) -> None:
         """The job's reservation here: the leading blocks this node's cache holds, short of
-        the block of its last token, are `job.held_blocks`."""
+        the block of its last token, are `job.held_blocks`; the next ones the pool holds
+        (if there is one), which this node gets itself from `now`, `job.pool_blocks`."""
         reusable = reusable_blocks(job.num_prompt_tokens, BLOCK_SIZE, offloaded=False)
         reusable = min(len(job.row.hash_ids), reusable)
         job.held_blocks = self.cache.leading(job.row.hash_ids, reusable)
         self.cache.touch(job.row.hash_ids[: job.held_blocks])
+        if pool is not None:
+            job.pool_blocks = pool.leading(job.row.hash_ids, job.held_blocks, reusable)
+        job.reserved_at = now
 
     def arrive(self, job: Job, now: float) -> None:
         """The job's KV landed at `now` (the node was advanced to it)."""

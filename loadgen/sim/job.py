@@ -27,6 +27,8 @@ class Job:
     fetch_seconds: float = 0.0  # loading the remote prefix
     compute_seconds: float = 0.0  # computing the rest of the prompt
     held_blocks: int = 0  # the prompt's first blocks its decode node held: not streamed there
+    pool_blocks: int = 0  # the next ones it got from the pool itself: not streamed either
+    reserved_at: float = 0.0  # when its decode node reserved (and began that get)
     first_token: float | None = None
     join_step: int = -1  # the first decode step it takes part in, on its node
     token_ends: list[float] = field(default_factory=list)  # decode step ends: tokens 2..

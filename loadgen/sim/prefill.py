@@ -10,8 +10,9 @@ model's transfer time) and then computes the rest (the cost model's prefill time
 conductor predicts. Its KV streams to the decode node layer by layer while it computes, so
 the KV has landed when both the compute and the transfer of the prompt's KV are done (the
 last layer's share of the transfer is not added); the blocks the decode node held already
-are not streamed. The prompt's full blocks, computed or fetched, then enter the node's
-cache.
+are not streamed, nor those it got from the pool itself (from its reservation on: the KV
+has landed when that get is over too). The prompt's full blocks, computed or fetched, then
+enter the node's cache.
 """
 
 from __future__ import annotations
@@ -192,9 +193,13 @@ class PrefillNode:
 
     def kv_landed(self, job: Job) -> float:
         """When the job's KV is all on its decode node (streamed while computing)."""
-        streamed = job.num_prompt_tokens - job.held_blocks * BLOCK_SIZE  # decode lacks these
-        stream = self.cost.transfer_time(streamed * self.cost.kv_bytes_per_token)
-        return job.prefill_start + job.fetch_seconds + max(job.compute_seconds, stream)
+        per_token, transfer = self.cost.kv_bytes_per_token, self.cost.transfer_time
+        decode_has = (job.held_blocks + job.pool_blocks) * BLOCK_SIZE
+        stream = transfer((job.num_prompt_tokens - decode_has) * per_token)
+        streamed = job.prefill_start + job.fetch_seconds + max(job.compute_seconds, stream)
+        if not job.pool_blocks:
+            return streamed
+        return max(streamed, job.reserved_at + transfer(job.pool_blocks * BLOCK_SIZE * per_token))
 
     def queue_seconds(self, now: float) -> float:
         """Seconds of prefill queued here: the current one's rest and the waiting ones'."""

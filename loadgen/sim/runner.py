@@ -172,7 +172,8 @@ class Simulation:
         if self.config.colocated:
             self.cluster.colocated[job.prefill_id].arrive(job, self.now)
             return
-        self.cluster.decode[job.decode_id].hold(job)  # the prefill worker reserves first
+        # the prefill worker reserves first
+        self.cluster.decode[job.decode_id].hold(job, self.cluster.pool, self.now)
         node = self.cluster.prefill[job.prefill_id]
         node.enqueue(job, self._plan(node, job))  # what its load report expects
         if node.current is None:

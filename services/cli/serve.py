@@ -42,11 +42,13 @@ def engine_options(args: argparse.Namespace) -> dict:
     return dict(mock=mock, max_model_len=args.max_model_len or None)
 
 
-def offload_config(args: argparse.Namespace) -> dict:
+def decode_config(args: argparse.Namespace) -> dict:
+    """What only a decode worker is configured with: the pool's prefixes, attention offload."""
     if args.micro_batches < 1:
         raise KvstackError(f"--micro-batches must be at least 1, got {args.micro_batches}")
     workers = tuple(w.strip() for w in args.attention_workers.split(",") if w.strip())
     return dict(
+        take_pool_prefix=not args.no_pool_prefix,
         attention_workers=workers,
         micro_batches=args.micro_batches,
         attention_recovery_timeout=args.attention_recovery_timeout,
@@ -219,7 +221,7 @@ def run_decode(args: argparse.Namespace) -> int:
     from services.decode.service import DecodeService
 
     pin_threads(args)
-    config = dataclasses.replace(worker_config(args), **offload_config(args))
+    config = dataclasses.replace(worker_config(args), **decode_config(args))
     return run(DecodeService(config))
 
 

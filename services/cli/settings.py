@@ -279,6 +279,14 @@ SETTINGS: dict[str, Setting] = {
         type=int,
         default=0,
     ),
+    # A decode worker's own.
+    "no_pool_prefix": Setting(
+        "--no-pool-prefix",
+        "do not take a prompt's prefix from the KV pool at reservation: the prefill worker "
+        "sends all of it (for comparison)",
+        switch=True,
+        default=False,
+    ),
     # Attention offload, on a decode worker.
     "attention_workers": Setting(
         "--attention-workers",
@@ -490,6 +498,7 @@ WORKER = (
     *ENGINE,
 )
 OFFLOAD = ("attention_workers", "micro_batches", "attention_recovery_timeout")
+DECODE = ("no_pool_prefix", *OFFLOAD)
 RELIABILITY = ("migration_limit", "placement_wait")
 SCHEDULING = (*SCHEDULING_SETTINGS, "cost_model", "model")
 FAILOVER = ("lease_ttl",)
@@ -498,7 +507,7 @@ FAILOVER = ("lease_ttl",)
 COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     "conductor": (*COMMON, *SECURITY, *SCHEDULING, *FAILOVER),
     "prefill": WORKER,
-    "decode": (*WORKER, *OFFLOAD),
+    "decode": (*WORKER, *DECODE),
     "attention-worker": (
         *COMMON,
         *SECURITY,

@@ -11,6 +11,7 @@ import time
 from services.decode.attention_group import AttentionGroup
 from services.decode.incoming import LocalKV, OffloadedKV
 from services.decode.offload_runner import OffloadRunner
+from services.decode.pool_prefix import PoolPrefix
 from shared import subjects, tracing
 from shared.attention_groups import usable_group_size
 from shared.bus import Bus
@@ -81,6 +82,7 @@ class DecodeService(Service):
         self.group: AttentionGroup | None = None  # offloaded: the attention workers
         self.receiver: KVReceiver | None = None  # local KV: what prefill streams into
         self.pool: KVPool | None = None  # local KV: the KV pool (--kv-pool)
+        self.pool_prefix: PoolPrefix | None = None  # local KV: prefixes it takes from the pool
         self.num_done = 0
         self.num_refused = 0
         self.num_rejected_after_prefill = 0
@@ -174,6 +176,13 @@ class DecodeService(Service):
             self.config, self.worker_id, bus, self.sender, storage, inbox, self.data_addr, receiver
         )
         self.tasks.every(self.config.heartbeat_interval, self.pool.report, "reporting the pool")
+        if self.config.take_pool_prefix:
+            self.pool_prefix = PoolPrefix(self.pool, inbox, self.config.request_timeout)
+        self.metrics.counter_of(
+            "pool_prefix_blocks",
+            "prompt blocks taken from the KV pool at reservation (not sent by prefill)",
+            lambda: self.pool_prefix.blocks_asked if self.pool_prefix else 0,
+        )
 
     async def _start_offloaded(self, bus: Bus, token: str | None) -> None:
         """Attention goes to the group: attach it first, since its pool sizes ours."""
@@ -282,14 +291,20 @@ class DecodeService(Service):
         prompt = msg.prompt_token_ids
         num_tokens, headroom = reservation_size(len(prompt), msg.params.max_tokens)
         reusable = reusable_blocks(len(prompt), msg.block_size, self.group is not None)
-        reserved = await self.engine_loop.call(
-            lambda e: e.reserve_reusing(
-                msg.request_id, num_tokens, headroom, _hashes(msg, reusable * msg.block_size)
-            )
-        )
+        hashes: list[int] = []
+
+        def reserve(engine: EngineInterface) -> tuple[int, list[int]] | None:
+            hashes.extend(_hashes(msg, reusable * msg.block_size))  # here: off the loop
+            return engine.reserve_reusing(msg.request_id, num_tokens, headroom, hashes)
+
+        reserved = await self.engine_loop.call(reserve)
         if reserved is None:
             return self._refuse(msg, KV_FULL)
         num_held, block_ids = reserved
+        if self.pool_prefix is not None:  # what the pool holds past it need not be sent
+            num_held += await self.pool_prefix.fetch(
+                msg.request_id, hashes[num_held:], block_ids[num_held : len(hashes)]
+            )
         # NOTE: frames may land in the new blocks only: the held ones are shared
         new_blocks = block_ids[num_held:]
         problem = await self.incoming.expect(msg.request_id, new_blocks, RESERVATION_TTL, msg)
@@ -322,6 +337,8 @@ class DecodeService(Service):
             await self._release(msg.request_id)
             return Ack(msg.request_id, True)
         problem = await self.incoming.verdict(msg.request_id, msg.num_frames)
+        if not problem and self.pool_prefix is not None:
+            problem = await self.pool_prefix.verdict(msg.request_id)
         self.transfers.labels("refused" if problem else "ok").inc()
         tbt = current_tbt(self.engine_loop.mean_step_seconds, self.engine.has_unfinished)
         verdict = commit_verdict(problem, tbt, req.stage_tbt_slo)
@@ -330,6 +347,8 @@ class DecodeService(Service):
             await self._release(msg.request_id)
             return verdict.ack(msg.request_id)
         self.incoming.take(msg.request_id)
+        if self.pool_prefix is not None:
+            self.pool_prefix.take(msg.request_id)
         self.decoding.adopt(msg.request_id)
         self.adopted_at[msg.request_id] = time.monotonic()
         self.spans.open(msg.request_id, "decode.request", _span_attributes(req, msg))
@@ -356,11 +375,15 @@ class DecodeService(Service):
             self.wasted_prefill.inc(len(req.prompt_token_ids))
 
     async def _release(self, request_id: str) -> None:
-        if await self.incoming.retire(request_id):
+        # NOTE: the pool's get first: its blocks are the reservation's, freed below
+        pool_safe = self.pool_prefix is None or await self.pool_prefix.drop(request_id)
+        if await self.incoming.retire(request_id) and pool_safe:
             await self.engine_loop.call(lambda e: e.release(request_id))
 
     async def _expire_reservations(self) -> None:
         for request_id in self.incoming.expired(time.time()):
+            if self.pool_prefix is not None and self.pool_prefix.owns(request_id):
+                continue  # a get of a reservation's prefix: it goes with the reservation
             log.warning("request %s: KV never committed; releasing its blocks", request_id)
             await self._release(request_id)
 
@@ -486,8 +509,11 @@ class DecodeService(Service):
         stats = worker_stats(
             self.worker_id, self.engine, len(self.incoming), self.num_done, self.num_refused
         )
+        from_pool = self.pool_prefix.blocks_asked if self.pool_prefix is not None else 0
         return dataclasses.replace(
-            stats, num_rejected_after_prefill=self.num_rejected_after_prefill
+            stats,
+            num_rejected_after_prefill=self.num_rejected_after_prefill,
+            blocks_from_kvstore=from_pool,
         )
 
 

@@ -1,5 +1,6 @@
 """`bench kvstore`'s table: each TTFT block with where the hits' time went, and the
-baseline's block (a decode worker holding nothing) beside it when measured."""
+baselines' blocks (a decode worker keeping no prefix: taking the pool's, or sent it all)
+after it when measured."""
 
 from __future__ import annotations
 
@@ -21,15 +22,15 @@ def report(**ttfts) -> dict:
     return {"throughput": rows, "references": refs, **ttfts}
 
 
-def test_the_baseline_block_follows_the_measured_one():
+def test_the_baseline_blocks_follow_the_measured_one():
     text = format_table(
         report(ttft={**ttft(1984, 2.9), "engine_local_hit": 7.5},
-               ttft_decode_holds_nothing=ttft(0, 94.4))
+               ttft_decode_from_pool=ttft(1968, 3.1), ttft_decode_sent_whole=ttft(0, 94.4))
     )  # fmt: skip
-    first, baseline = text.split("TTFT of a 2,048-token prompt")[1:]
-    assert "its floor): 7.5" in first and "floor" not in baseline
-    assert "decode holding nothing" in baseline
-    assert "1984" in first and "94.4" in baseline and "94.4" not in first
+    first, from_pool, whole = text.split("TTFT of a 2,048-token prompt")[1:]
+    assert "its floor): 7.5" in first and "floor" not in from_pool + whole
+    assert "from the pool" in from_pool and "1968" in from_pool
+    assert "sent whole" in whole and "94.4" in whole and "94.4" not in first + from_pool
     assert "0.50" in text  # the put's rate over the socket's
 
 

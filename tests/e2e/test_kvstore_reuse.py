@@ -257,3 +257,71 @@ def test_a_pool_fetch_that_stalls_is_given_up_and_the_prefix_computed(tmp_path, 
     assert second.usage.prompt_tokens_details.cached_tokens == 0  # computed, not loaded
     assert "its prefix did not load; computing it here" in log
     assert "retrying" not in (tmp_path / "gateway-0.log").read_text()
+
+
+def test_a_decode_worker_takes_the_prefix_the_pool_holds_and_prefill_sends_the_rest(
+    tmp_path, reference
+):
+    """The decode worker keeps no prefix cache: at reservation it gets the prompt's blocks
+    that the pool holds itself, and the prefill worker sends it only the rest."""
+    with running_stack(tmp_path, num_kvstore=1, decode_args=UNCACHED) as stack:
+        first = ask(stack, STORY + " Question one: what did he count?")
+        wait_until_pooled(stack, first)
+        prompt = STORY + " Question two: what answered him?"
+        second = ask(stack, prompt)
+        decode = worker_stats(stack, "decode", "decode-0")
+    sent = [a.usage.model_extra["timing"]["kv_handoff"] for a in (first, second)]
+    assert sent[0]["held_by_decode"] == 0 and sent[1]["held_by_decode"] > 300
+    assert decode.blocks_from_kvstore * 16 == sent[1]["held_by_decode"]
+    token_bytes = sent[0]["bytes"] // first.usage.prompt_tokens
+    held = sent[1]["held_by_decode"]
+    assert sent[1]["bytes"] == token_bytes * (second.usage.prompt_tokens - held)
+    want = reference.generate(
+        [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
+    )[0]
+    assert second.choices[0].text == want.text  # the pool's blocks are the prompt's KV
+
+
+def test_a_kvstore_killed_while_decode_gets_a_prefix_means_a_retry_not_a_failure(
+    tmp_path, reference
+):
+    """The kvstore dies half way through the decode worker's get of a prefix (asked at
+    reservation, before the prefill worker's own): the decode worker refuses that KV at
+    commit, the gateway places the request again, and the retry's KV all comes from
+    prefill (the decode worker takes nothing from the pool for a while)."""
+    import signal
+
+    from tests.e2e.conftest import free_port
+    from tests.e2e.proxy import CuttingProxy
+
+    data_port = free_port()
+    stack_ref = {}
+    kill = lambda: next(
+        p for p in stack_ref["s"].processes if p.name == "kvstore-0"
+    ).popen.send_signal(signal.SIGKILL)
+    proxy = CuttingProxy(data_port, cut_after=200_000, on_cut=kill, answers=True)
+    kvstore_args = kvstore_behind(proxy, data_port)
+    with running_stack(
+        tmp_path,
+        num_kvstore=1,
+        decode_args=UNCACHED,
+        prefill_args=UNCACHED,
+        kvstore_args=kvstore_args,
+    ) as stack:
+        stack_ref["s"] = stack
+        first = ask(stack, STORY + " Question one: what did he count?")
+        wait_until_pooled(stack, first)
+        prompt = STORY + " Question two: what answered him?"
+        second = ask(stack, prompt)
+        assert proxy.cut and proxy.error is None, proxy.error  # cut half way, sender killed
+        decode = worker_stats(stack, "decode", "decode-0")
+        stack.processes[:] = [p for p in stack.processes if p.name != "kvstore-0"]
+    proxy.close()
+    # the cut get was the decode worker's, in flight: it refused that KV at commit
+    assert decode.num_transfers_refused == 1 and decode.blocks_from_kvstore > 0
+    want = reference.generate(
+        [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
+    )[0]
+    assert second.choices[0].text == want.text
+    assert second.usage.model_extra["timing"]["kv_handoff"]["held_by_decode"] == 0
+    assert "retrying" in (tmp_path / "gateway-0.log").read_text()

@@ -97,6 +97,22 @@ def test_a_follow_up_decoded_where_its_prefix_was_streams_only_the_rest():
     assert rest > second.compute_seconds  # so the held blocks made the difference
 
 
+def test_a_decode_node_gets_the_prefix_the_pool_holds_and_only_the_rest_streams():
+    """B shares A's five full blocks while A still decodes (its node's cache holds them
+    only once A ends): B's decode node gets them from the pool itself, from its
+    reservation on, as a live decode worker does; only the rest of B's KV streams."""
+    slow = dataclasses.replace(COST, link_bw=5e7)
+    a = row(0.0, 3000, 400, 1)
+    b = row(5.0, 3000, 2, 200, prefix=a.hash_ids[:5])
+    first, second = simulate([a, b], config(1, 1), cost=slow).jobs
+    assert (second.held_blocks, second.pool_blocks) == (0, 5)
+    rest = slow.transfer_time((3000 - 5 * BLOCK) * slow.kv_bytes_per_token)
+    got = slow.transfer_time(5 * BLOCK * slow.kv_bytes_per_token)  # from the reservation on
+    assert record_of(second).ttft == pytest.approx(max(second.compute_seconds, rest, got))
+    without = simulate([a, b], config(1, 1, pool=False), cost=slow).jobs[1]
+    assert without.pool_blocks == 0 and record_of(without).ttft > record_of(second).ttft
+
+
 def overload(admission: str):
     """Prefill keeps up; one decode node cannot hold the TBT SLO for so many requests."""
     rows = [row(i * 0.1, 600, 300, 10 * i) for i in range(60)]

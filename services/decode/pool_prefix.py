@@ -1,0 +1,103 @@
+"""A reservation's prefix that the KV pool holds, fetched by the decode worker itself, so
+the prefill worker does not send it again (issue 52).
+
+At reservation the worker asks the pool how many of the prompt's next blocks (past the
+ones its own prefix cache holds) it has, and starts a get of them into the reserved
+blocks; once the pool answered, those blocks count as held in the reply, and the prefill
+worker sends only the rest. The get lands while the prefill computes. At commit it must
+have landed whole and intact within `LAND_GRACE_S`, or the request is refused like a
+damaged transfer (the gateway places it again) and the worker takes nothing from the pool
+for `PAUSE_S`, so the retry (and the requests after it) get their whole KV from prefill.
+A reservation let go first retires the get before its blocks are freed, so no byte lands
+in a block that is another request's by then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from shared.kv_inbox import Expected, KVInbox
+from shared.kv_pool import KVPool
+
+log = logging.getLogger("kvstack.decode")
+
+# NOTE: the get started at reservation and had the whole prefill to land; at memory or
+# network speed a prompt's prefix takes milliseconds, so a get not over by then is stalled
+LAND_GRACE_S = 2.0
+PAUSE_S = 30.0  # after a get failed or stalled: prefill sends everything meanwhile
+
+
+class PoolPrefix:
+    def __init__(self, pool: KVPool, inbox: KVInbox, timeout: float) -> None:
+        self.pool, self.inbox, self.timeout = pool, inbox, timeout
+        self._gets: dict[str, list[Expected]] = {}  # request id -> its get, by owner
+        self.blocks_asked = 0  # blocks the pool answered for (counted in replies as held)
+        self.num_failed = 0  # gets that failed or stalled (their requests were refused)
+        self._paused_until = 0.0  # time.monotonic(): take nothing from the pool before it
+
+    def owns(self, transfer_id: str) -> bool:
+        """Whether an inbox entry is one of these gets (not a reservation of its own)."""
+        return any(e.transfer_id == transfer_id for gets in self._gets.values() for e in gets)
+
+    async def fetch(self, request_id: str, hashes: list[int], block_ids: list[int]) -> int:
+        """Start getting the longest run of `hashes` the pool holds into `block_ids`; how
+        many blocks it answered for (0: none, or no pool to ask)."""
+        if not hashes or not self.pool.num_members() or time.monotonic() < self._paused_until:
+            return 0
+        num_blocks = await self.pool.longest_prefix(hashes)
+        if num_blocks == 0:
+            return 0
+        started = await self.pool.get(
+            f"{request_id}:pool", hashes[:num_blocks], block_ids[:num_blocks]
+        )
+        if started is None:  # a miss after all (evicted, or its owner went): it is sent
+            return 0
+        self._gets[request_id] = started
+        self.blocks_asked += num_blocks
+        return num_blocks
+
+    async def verdict(self, request_id: str) -> str:
+        """Empty when the request's get (if any) landed whole and intact."""
+        problem = await self._problem(request_id)
+        if problem:
+            self.num_failed += 1
+            self._paused_until = time.monotonic() + PAUSE_S
+            log.warning("request %s: %s; taking nothing from the pool for %.0fs",
+                        request_id, problem, PAUSE_S)  # fmt: skip
+        return problem
+
+    async def _problem(self, request_id: str) -> str:
+        for expected in self._gets.get(request_id, ()):
+            try:
+                await asyncio.wait_for(expected.settled.wait(), LAND_GRACE_S)
+            except TimeoutError:
+                return f"the prefix from the KV pool had not landed {LAND_GRACE_S:.0f}s later"
+            problem = expected.verdict()
+            if problem:
+                return f"the prefix from the KV pool: {problem}"
+        return ""
+
+    def take(self, request_id: str) -> None:
+        """The request was adopted: its get is over."""
+        for expected in self._gets.pop(request_id, ()):
+            self.inbox.take(expected.transfer_id)
+
+    async def drop(self, request_id: str) -> bool:
+        """The reservation is let go: stop its get. True once no byte can land in its
+        blocks any more (False: a frame never finished landing; the blocks must leak)."""
+        safe = True
+        for expected in self._gets.pop(request_id, ()):
+            if self.inbox.retire(expected.transfer_id) is not None:
+                safe = await self._idle(request_id, expected) and safe
+            self.inbox.take(expected.transfer_id)
+        return safe
+
+    async def _idle(self, request_id: str, expected: Expected) -> bool:
+        try:
+            await asyncio.wait_for(expected.idle.wait(), self.timeout)
+        except TimeoutError:
+            log.error("request %s: a pool frame never finished landing", request_id)
+            return False
+        return True
