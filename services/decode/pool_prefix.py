@@ -8,6 +8,8 @@ worker sends only the rest. The get lands while the prefill computes. At commit 
 have landed whole and intact within `LAND_GRACE_S`, or the request is refused like a
 damaged transfer (the gateway places it again) and the worker takes nothing from the pool
 for `PAUSE_S`, so the retry (and the requests after it) get their whole KV from prefill.
+A get the pool does not answer at all holds the reservation up to the pool's own timeout
+(as a prefill worker's fetch waits for its answer) and pauses it too.
 A reservation let go first retires the get before its blocks are freed, so no byte lands
 in a block that is another request's by then.
 """
@@ -41,32 +43,40 @@ class PoolPrefix:
         """Whether an inbox entry is one of these gets (not a reservation of its own)."""
         return any(e.transfer_id == transfer_id for gets in self._gets.values() for e in gets)
 
-    async def fetch(self, request_id: str, hashes: list[int], block_ids: list[int]) -> int:
-        """Start getting the longest run of `hashes` the pool holds into `block_ids`; how
-        many blocks it answered for (0: none, or no pool to ask)."""
+    async def leading(self, hashes: list[int]) -> int:
+        """How many of a prompt's first blocks the pool holds (0: none, no pool to ask, or
+        paused). Asked while the engine reserves, so it adds no round trip of its own."""
         if not hashes or not self.pool.num_members() or time.monotonic() < self._paused_until:
             return 0
-        num_blocks = await self.pool.longest_prefix(hashes)
-        if num_blocks == 0:
+        return await self.pool.longest_prefix(hashes)
+
+    async def fetch(self, request_id: str, hashes: list[int], block_ids: list[int]) -> int:
+        """Start getting the blocks of `hashes` (which the pool was seen to hold) into
+        `block_ids`; how many it answered for: all, or 0 (a miss after all)."""
+        if not hashes:
             return 0
-        started = await self.pool.get(
-            f"{request_id}:pool", hashes[:num_blocks], block_ids[:num_blocks]
-        )
-        if started is None:  # a miss after all (evicted, or its owner went): it is sent
+        asked = time.monotonic()
+        started = await self.pool.get(f"{request_id}:pool", hashes, block_ids)
+        if started is None:  # evicted meanwhile, or its owner went: prefill sends them
+            if time.monotonic() - asked > LAND_GRACE_S:  # no answer for long: a stalled pool
+                self._pause(request_id, "the KV pool did not answer its get")
             return 0
         self._gets[request_id] = started
-        self.blocks_asked += num_blocks
-        return num_blocks
+        self.blocks_asked += len(hashes)
+        return len(hashes)
 
     async def verdict(self, request_id: str) -> str:
         """Empty when the request's get (if any) landed whole and intact."""
         problem = await self._problem(request_id)
         if problem:
             self.num_failed += 1
-            self._paused_until = time.monotonic() + PAUSE_S
-            log.warning("request %s: %s; taking nothing from the pool for %.0fs",
-                        request_id, problem, PAUSE_S)  # fmt: skip
+            self._pause(request_id, problem)
         return problem
+
+    def _pause(self, request_id: str, why: str) -> None:
+        self._paused_until = time.monotonic() + PAUSE_S
+        log.warning("request %s: %s; taking nothing from the pool for %.0fs",
+                    request_id, why, PAUSE_S)  # fmt: skip
 
     async def _problem(self, request_id: str) -> str:
         for expected in self._gets.get(request_id, ()):

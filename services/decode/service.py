@@ -291,19 +291,19 @@ class DecodeService(Service):
         prompt = msg.prompt_token_ids
         num_tokens, headroom = reservation_size(len(prompt), msg.params.max_tokens)
         reusable = reusable_blocks(len(prompt), msg.block_size, self.group is not None)
-        hashes: list[int] = []
-
-        def reserve(engine: EngineInterface) -> tuple[int, list[int]] | None:
-            hashes.extend(_hashes(msg, reusable * msg.block_size))  # here: off the loop
-            return engine.reserve_reusing(msg.request_id, num_tokens, headroom, hashes)
-
-        reserved = await self.engine_loop.call(reserve)
+        hashes = await asyncio.to_thread(_hashes, msg, reusable * msg.block_size)
+        # NOTE: the pool is asked while the engine reserves (at a step's end)
+        in_pool = asyncio.ensure_future(self._pool_holds(hashes))
+        reserved = await self.engine_loop.call(
+            lambda e: e.reserve_reusing(msg.request_id, num_tokens, headroom, hashes)
+        )
+        num_pooled = await in_pool
         if reserved is None:
             return self._refuse(msg, KV_FULL)
         num_held, block_ids = reserved
-        if self.pool_prefix is not None:  # what the pool holds past it need not be sent
+        if num_pooled > num_held and self.pool_prefix is not None:  # then it is not sent
             num_held += await self.pool_prefix.fetch(
-                msg.request_id, hashes[num_held:], block_ids[num_held : len(hashes)]
+                msg.request_id, hashes[num_held:num_pooled], block_ids[num_held:num_pooled]
             )
         # NOTE: frames may land in the new blocks only: the held ones are shared
         new_blocks = block_ids[num_held:]
@@ -317,6 +317,9 @@ class DecodeService(Service):
         return KVReservation(
             msg.request_id, True, tuple(block_ids), self.data_addr, shards=shards, num_held=num_held
         )
+
+    async def _pool_holds(self, hashes: list[int]) -> int:
+        return 0 if self.pool_prefix is None else await self.pool_prefix.leading(hashes)
 
     def _refusal(self, msg: KVReserve) -> Refusal | None:
         same_layout = (
@@ -526,5 +529,5 @@ def _span_attributes(req: KVReserve, commit: KVCommit) -> dict:
 
 
 def _hashes(msg: KVReserve, num_tokens: int) -> list[int]:
-    """The block hashes of the prompt's first `num_tokens` tokens (engine thread)."""
+    """The block hashes of the prompt's first `num_tokens` tokens (off the loop: a thread)."""
     return block_hashes(msg.prompt_token_ids[:num_tokens], msg.block_size, msg.namespace)

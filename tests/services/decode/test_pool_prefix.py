@@ -28,13 +28,16 @@ async def test_the_run_the_pool_holds_lands_in_the_reserved_blocks(tmp_path):
     try:
         await put_all(writer, HASHES[:8])  # from the writer's blocks 0-7
         prefix = PoolPrefix(reader.pool, reader.inbox, 10.0)
-        assert await prefix.fetch("r1", HASHES, RESERVED) == 8  # the pool holds the first 8
+        assert await prefix.leading(HASHES) == 8  # the pool holds the first 8
+        assert await prefix.fetch("r1", HASHES[:8], RESERVED[:8]) == 8
         assert await prefix.verdict("r1") == ""
         assert torch.equal(reader.storage.kv[:, :, 20:28], writer.storage.kv[:, :, :8])
         prefix.take("r1")
         assert len(reader.inbox) == 0
-        assert await prefix.fetch("r2", HASHES[8:], RESERVED) == 0  # it holds none of these
+        assert await prefix.leading(HASHES[8:]) == 0  # it holds none of these
+        assert await prefix.fetch("r2", HASHES[8:], RESERVED[:4]) == 0  # a miss: none taken
         assert prefix.blocks_asked == 8 and prefix.num_failed == 0
+        assert len(reader.inbox) == 0  # the miss left no expectation behind
     finally:
         await disconnect(bus, [writer, reader])
         stack.stop()
@@ -52,13 +55,14 @@ async def test_a_get_that_stalls_is_refused_within_the_grace_and_pauses_the_pool
     try:
         await put_all(writer, HASHES[:8])
         prefix = PoolPrefix(reader.pool, reader.inbox, 10.0)
-        assert await prefix.fetch("r1", HASHES, RESERVED) == 8  # answered, then silent
+        assert await prefix.leading(HASHES) == 8
+        assert await prefix.fetch("r1", HASHES[:8], RESERVED[:8]) == 8  # answered, then silent
         began = time.monotonic()
         problem = await prefix.verdict("r1")
         assert proxy.cut and proxy.error is None, proxy.error  # it stalled mid-get
         assert "had not landed" in problem and time.monotonic() - began < 2.0
         assert prefix.num_failed == 1
-        assert await prefix.fetch("r2", HASHES, RESERVED) == 0  # paused: nothing asked
+        assert await prefix.leading(HASHES) == 0  # paused: nothing asked
         assert prefix.blocks_asked == 8
         assert await prefix.drop("r1")  # retired: no byte lands in its blocks from here
         assert reader.inbox.get("r1:pool:0") is None and len(reader.inbox) == 0
