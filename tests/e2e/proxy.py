@@ -114,6 +114,9 @@ class CuttingProxy:
                     break
                 seen += len(data)
                 dst.sendall(data)
+        except ConnectionError as e:  # once `on_cut` killed the target, its links reset
+            if not self.cut:
+                self.error = e
         except Exception as e:
             self.error = e
         finally:

@@ -76,10 +76,7 @@ def test_a_prefix_computed_on_one_worker_is_loaded_by_another(stack_with_pool, r
     assert cached == stats.blocks_from_kvstore * 16 and cached > 300
     assert_prefix_load(second, stats.blocks_from_kvstore)
     assert first.usage.model_extra["timing"]["prefix_load"]["bytes"] == 0
-    want = reference.generate(
-        [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
-    )[0]
-    assert second.choices[0].text == want.text
+    assert second.choices[0].text == reference_text(reference, prompt)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     # the one decode worker decoded the first: it holds the story's blocks, so the second's
     # hand-off sends only the rest of its KV (and its answer is still the reference's)
@@ -107,6 +104,16 @@ UNCACHED = ("--no-prefix-cache",)  # the second ask's prefix comes from the pool
 
 
 def test_a_kvstore_killed_mid_transfer_means_recompute_not_failure(tmp_path, reference):
+    prompt, second, _ = ask_twice_killing_the_kvstore_mid_get(tmp_path, prefill_args=UNCACHED)
+    assert second.choices[0].text == reference_text(reference, prompt)
+    assert second.usage.prompt_tokens_details.cached_tokens == 0  # recomputed
+
+
+def ask_twice_killing_the_kvstore_mid_get(tmp_path, **stack_args):
+    """A stack whose kvstore answers gets through a proxy that SIGKILLs it once 200 KB of an
+    answer crossed: one question on the story (its prefix then goes to the pool), then
+    another on the same story, whose prefix's get is cut half way. Returns the second
+    prompt, its answer and the decode worker's stats."""
     import signal
 
     from tests.e2e.conftest import free_port
@@ -119,22 +126,22 @@ def test_a_kvstore_killed_mid_transfer_means_recompute_not_failure(tmp_path, ref
     ).popen.send_signal(signal.SIGKILL)
     proxy = CuttingProxy(data_port, cut_after=200_000, on_cut=kill, answers=True)
     kvstore_args = kvstore_behind(proxy, data_port)
-    with running_stack(
-        tmp_path, num_kvstore=1, prefill_args=UNCACHED, kvstore_args=kvstore_args
-    ) as stack:
+    with running_stack(tmp_path, num_kvstore=1, kvstore_args=kvstore_args, **stack_args) as stack:
         stack_ref["s"] = stack
         first = ask(stack, STORY + " Question one: what did he count?")
         wait_until_pooled(stack, first)
         prompt = STORY + " Question two: what answered him?"
         second = ask(stack, prompt)
         assert proxy.cut and proxy.error is None, proxy.error  # cut half way, sender killed
+        decode = worker_stats(stack, "decode", "decode-0")
         stack.processes[:] = [p for p in stack.processes if p.name != "kvstore-0"]
     proxy.close()
-    want = reference.generate(
-        [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
-    )[0]
-    assert second.choices[0].text == want.text
-    assert second.usage.prompt_tokens_details.cached_tokens == 0  # recomputed
+    return prompt, second, decode
+
+
+def reference_text(reference, prompt: str) -> str:
+    tokens = reference.info.tokenizer.encode(prompt)
+    return reference.generate([tokens], SamplingParams(max_tokens=16, temperature=0))[0].text
 
 
 def test_the_next_turn_of_a_conversation_hits_the_blocks_of_the_last(stack_with_pool):
@@ -175,10 +182,7 @@ def test_a_peer_prefill_worker_serves_its_cache_when_no_pool_has_it(tmp_path, re
     assert taker.blocks_from_peers > 0 and giver.blocks_served == taker.blocks_from_peers
     assert second.usage.prompt_tokens_details.cached_tokens == taker.blocks_from_peers * 16
     assert_prefix_load(second, taker.blocks_from_peers)
-    want = reference.generate(
-        [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
-    )[0]
-    assert second.choices[0].text == want.text
+    assert second.choices[0].text == reference_text(reference, prompt)
 
 
 def test_a_queued_prompt_uses_the_prefix_that_reached_the_pool_while_it_waited(tmp_path, reference):
@@ -250,10 +254,7 @@ def test_a_pool_fetch_that_stalls_is_given_up_and_the_prefix_computed(tmp_path, 
     log = (tmp_path / "prefill-0.log").read_text()
     stalled = re.search(r"loading the prefix failed: stalled past ([\d.]+)s", log)
     assert stalled and float(stalled[1]) < 10.0  # its own prefill's time, not the ceiling
-    want = reference.generate(
-        [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
-    )[0]
-    assert second.choices[0].text == want.text
+    assert second.choices[0].text == reference_text(reference, prompt)
     assert second.usage.prompt_tokens_details.cached_tokens == 0  # computed, not loaded
     assert "its prefix did not load; computing it here" in log
     assert "retrying" not in (tmp_path / "gateway-0.log").read_text()
@@ -276,10 +277,8 @@ def test_a_decode_worker_takes_the_prefix_the_pool_holds_and_prefill_sends_the_r
     token_bytes = sent[0]["bytes"] // first.usage.prompt_tokens
     held = sent[1]["held_by_decode"]
     assert sent[1]["bytes"] == token_bytes * (second.usage.prompt_tokens - held)
-    want = reference.generate(
-        [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
-    )[0]
-    assert second.choices[0].text == want.text  # the pool's blocks are the prompt's KV
+    # the pool's blocks are the prompt's KV
+    assert second.choices[0].text == reference_text(reference, prompt)
 
 
 def test_a_kvstore_killed_while_decode_gets_a_prefix_means_a_retry_not_a_failure(
@@ -289,39 +288,11 @@ def test_a_kvstore_killed_while_decode_gets_a_prefix_means_a_retry_not_a_failure
     reservation, before the prefill worker's own): the decode worker refuses that KV at
     commit, the gateway places the request again, and the retry's KV all comes from
     prefill (the decode worker takes nothing from the pool for a while)."""
-    import signal
-
-    from tests.e2e.conftest import free_port
-    from tests.e2e.proxy import CuttingProxy
-
-    data_port = free_port()
-    stack_ref = {}
-    kill = lambda: next(
-        p for p in stack_ref["s"].processes if p.name == "kvstore-0"
-    ).popen.send_signal(signal.SIGKILL)
-    proxy = CuttingProxy(data_port, cut_after=200_000, on_cut=kill, answers=True)
-    kvstore_args = kvstore_behind(proxy, data_port)
-    with running_stack(
-        tmp_path,
-        num_kvstore=1,
-        decode_args=UNCACHED,
-        prefill_args=UNCACHED,
-        kvstore_args=kvstore_args,
-    ) as stack:
-        stack_ref["s"] = stack
-        first = ask(stack, STORY + " Question one: what did he count?")
-        wait_until_pooled(stack, first)
-        prompt = STORY + " Question two: what answered him?"
-        second = ask(stack, prompt)
-        assert proxy.cut and proxy.error is None, proxy.error  # cut half way, sender killed
-        decode = worker_stats(stack, "decode", "decode-0")
-        stack.processes[:] = [p for p in stack.processes if p.name != "kvstore-0"]
-    proxy.close()
+    prompt, second, decode = ask_twice_killing_the_kvstore_mid_get(
+        tmp_path, decode_args=UNCACHED, prefill_args=UNCACHED
+    )
     # the cut get was the decode worker's, in flight: it refused that KV at commit
     assert decode.num_transfers_refused == 1 and decode.blocks_from_kvstore > 0
-    want = reference.generate(
-        [reference.info.tokenizer.encode(prompt)], SamplingParams(max_tokens=16, temperature=0)
-    )[0]
-    assert second.choices[0].text == want.text
+    assert second.choices[0].text == reference_text(reference, prompt)
     assert second.usage.model_extra["timing"]["kv_handoff"]["held_by_decode"] == 0
     assert "retrying" in (tmp_path / "gateway-0.log").read_text()
