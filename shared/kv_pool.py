@@ -47,6 +47,11 @@ class KVPool(Protocol):
         land (the blocks may hold garbage; the caller computes them)."""
         ...
 
+    async def cancel(self, expected: Expected) -> None:
+        """Stop what may still land of a get (cutting its connection where that is the
+        pool's to cut) and wait until nothing is landing: `expected.idle` is then set, and
+        its blocks may be reused (unset: a frame never finished landing, they must not)."""
+
     async def put(
         self, transfer_id: str, block_hashes: Sequence[int], block_ids: Sequence[int], on_sent: Done
     ) -> int:

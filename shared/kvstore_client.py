@@ -138,6 +138,9 @@ class KvstorePool:
             return None
         return [e for e in started if e is not None]
 
+    async def cancel(self, expected: Expected) -> None:
+        await self.fetcher.cancel(expected)
+
     def _source(self, worker_id: str) -> str:
         """Where a get goes: the kvstore's data address (asked there), or its bus subject."""
         if self.asker is not None:

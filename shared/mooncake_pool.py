@@ -109,6 +109,11 @@ class MooncakePool:
             await expected.idle.wait()  # NOTE: set at once: nothing lands once _land returned
         return None
 
+    async def cancel(self, expected: Expected) -> None:
+        """Nothing lands once `get` returned: only the expectation goes."""
+        if self.inbox.retire(expected.transfer_id) is not None:
+            await expected.idle.wait()
+
     def _land(self, transfer_id: str, hashes: list[int], dest_ids: Sequence[int]) -> bool:
         """(store thread) Fetch, verify and write the blocks into the inbox's storage;
         then every layer is announced as one frame. False: a miss, nothing announced."""

@@ -95,19 +95,12 @@ class PoolPrefix:
             self.inbox.take(expected.transfer_id)
 
     async def drop(self, request_id: str) -> bool:
-        """The reservation is let go: stop its get. True once no byte can land in its
-        blocks any more (False: a frame never finished landing; the blocks must leak)."""
+        """The reservation is let go: stop its get (a stalled one's connection is cut, so
+        this does not wait for it). True once no byte can land in its blocks any more
+        (False: a frame never finished landing; the blocks must leak)."""
         safe = True
         for expected in self._gets.pop(request_id, ()):
-            if self.inbox.retire(expected.transfer_id) is not None:
-                safe = await self._idle(request_id, expected) and safe
+            await self.pool.cancel(expected)
+            safe = safe and expected.idle.is_set()
             self.inbox.take(expected.transfer_id)
         return safe
-
-    async def _idle(self, request_id: str, expected: Expected) -> bool:
-        try:
-            await asyncio.wait_for(expected.idle.wait(), self.timeout)
-        except TimeoutError:
-            log.error("request %s: a pool frame never finished landing", request_id)
-            return False
-        return True

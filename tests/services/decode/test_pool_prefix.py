@@ -1,7 +1,8 @@
 """A decode worker's get of a prompt's prefix from the KV pool
 (services/decode/pool_prefix.py), against real kvstore processes: the run the pool holds
 lands in the reserved blocks; a get that stalls is refused within the grace, stops the
-worker taking from the pool, and is retired before its blocks may be freed."""
+worker taking from the pool, and is retired (its link cut) before its blocks may be
+freed."""
 
 from __future__ import annotations
 
@@ -64,7 +65,9 @@ async def test_a_get_that_stalls_is_refused_within_the_grace_and_pauses_the_pool
         assert prefix.num_failed == 1
         assert await prefix.leading(HASHES) == 0  # paused: nothing asked
         assert prefix.blocks_asked == 8
+        began = time.monotonic()
         assert await prefix.drop("r1")  # retired: no byte lands in its blocks from here
+        assert time.monotonic() - began < 2.0  # its stalled link cut, not waited out (10 s)
         assert reader.inbox.get("r1:pool:0") is None and len(reader.inbox) == 0
     finally:
         proxy.close()
