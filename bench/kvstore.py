@@ -39,9 +39,13 @@ from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 LAYOUT = dict(num_layers=30, block_size=16, num_kv_heads=3, head_dim=64)
 PUT_BLOCKS = 16  # blocks per put: what one 256-token request writes back
 # --handoff-baseline: a decode worker that keeps no prefix takes the pool's, or is sent all
+# (report key: its decode worker's flags, its table's title)
 HANDOFF_BASELINES = {
-    "ttft_decode_from_pool": ("--no-prefix-cache",),
-    "ttft_decode_sent_whole": ("--no-prefix-cache", "--no-pool-prefix"),
+    "ttft_decode_from_pool": (("--no-prefix-cache",), "decode keeps no prefix: from the pool"),
+    "ttft_decode_sent_whole": (
+        ("--no-prefix-cache", "--no-pool-prefix"),
+        "decode keeps no prefix: sent whole",
+    ),
 }
 
 
@@ -76,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         report["ttft"] = measure_ttft(work, args.trials)
         report["ttft"]["engine_local_hit"] = _engine_hit(args.trials)
     if not args.skip_ttft and args.handoff_baseline:
-        for key, decode_args in HANDOFF_BASELINES.items():
+        for key, (decode_args, _) in HANDOFF_BASELINES.items():
             report[key] = measure_ttft(work, args.trials, decode_args)
     print(
         orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
@@ -511,8 +515,7 @@ def format_table(report: dict) -> str:
             f"{'raw socket':14}{batch:>12}{ref['socket_gb_s']:>9}"
             f"   (memcpy {ref['memcpy_gb_s']} GB/s)"
         )
-    titles = {"ttft": "", "ttft_decode_from_pool": ", decode keeps no prefix: from the pool"}
-    titles["ttft_decode_sent_whole"] = ", decode keeps no prefix: sent whole"
+    titles = {"ttft": "", **{key: f", {title}" for key, (_, title) in HANDOFF_BASELINES.items()}}
     for key, title in titles.items():
         if key in report:
             lines += _ttft_lines(report[key], title)

@@ -105,14 +105,13 @@ class MooncakePool:
         landed = await self._call(self._land, transfer_id, list(block_hashes), dest_block_ids)
         if landed:
             return [expected]
-        if self.inbox.retire(transfer_id) is not None:
-            await expected.idle.wait()  # NOTE: set at once: nothing lands once _land returned
+        await self.cancel(expected)
         return None
 
     async def cancel(self, expected: Expected) -> None:
         """Nothing lands once `get` returned: only the expectation goes."""
         if self.inbox.retire(expected.transfer_id) is not None:
-            await expected.idle.wait()
+            await expected.idle.wait()  # NOTE: set at once: nothing lands once _land returned
 
     def _land(self, transfer_id: str, hashes: list[int], dest_ids: Sequence[int]) -> bool:
         """(store thread) Fetch, verify and write the blocks into the inbox's storage;

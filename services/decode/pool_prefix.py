@@ -10,8 +10,8 @@ damaged transfer (the gateway places it again) and the worker takes nothing from
 for `PAUSE_S`, so the retry (and the requests after it) get their whole KV from prefill.
 A get the pool does not answer at all holds the reservation up to the pool's own timeout
 (as a prefill worker's fetch waits for its answer) and pauses it too.
-A reservation let go first retires the get before its blocks are freed, so no byte lands
-in a block that is another request's by then.
+A reservation let go first stops the get (`KVPool.cancel`: a stalled link is cut) before
+its blocks are freed, so no byte lands in a block that is another request's by then.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ PAUSE_S = 30.0  # after a get failed or stalled: prefill sends everything meanwh
 
 
 class PoolPrefix:
-    def __init__(self, pool: KVPool, inbox: KVInbox, timeout: float) -> None:
-        self.pool, self.inbox, self.timeout = pool, inbox, timeout
+    def __init__(self, pool: KVPool, inbox: KVInbox) -> None:
+        self.pool, self.inbox = pool, inbox
         self._gets: dict[str, list[Expected]] = {}  # request id -> its get, by owner
         self.blocks_asked = 0  # blocks the pool answered for (counted in replies as held)
         self.num_failed = 0  # gets that failed or stalled (their requests were refused)

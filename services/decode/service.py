@@ -177,7 +177,7 @@ class DecodeService(Service):
         )
         self.tasks.every(self.config.heartbeat_interval, self.pool.report, "reporting the pool")
         if self.config.take_pool_prefix:
-            self.pool_prefix = PoolPrefix(self.pool, inbox, self.config.request_timeout)
+            self.pool_prefix = PoolPrefix(self.pool, inbox)
         self.metrics.counter_of(
             "pool_prefix_blocks",
             "prompt blocks taken from the KV pool at reservation (not sent by prefill)",

@@ -28,7 +28,7 @@ async def test_the_run_the_pool_holds_lands_in_the_reserved_blocks(tmp_path):
     bus, (writer, reader) = await connect(stack)
     try:
         await put_all(writer, HASHES[:8])  # from the writer's blocks 0-7
-        prefix = PoolPrefix(reader.pool, reader.inbox, 10.0)
+        prefix = PoolPrefix(reader.pool, reader.inbox)
         assert await prefix.leading(HASHES) == 8  # the pool holds the first 8
         assert await prefix.fetch("r1", HASHES[:8], RESERVED[:8]) == 8
         assert await prefix.verdict("r1") == ""
@@ -55,7 +55,7 @@ async def test_a_get_that_stalls_is_refused_within_the_grace_and_pauses_the_pool
     bus, (writer, reader) = await connect(stack)
     try:
         await put_all(writer, HASHES[:8])
-        prefix = PoolPrefix(reader.pool, reader.inbox, 10.0)
+        prefix = PoolPrefix(reader.pool, reader.inbox)
         assert await prefix.leading(HASHES) == 8
         assert await prefix.fetch("r1", HASHES[:8], RESERVED[:8]) == 8  # answered, then silent
         began = time.monotonic()
