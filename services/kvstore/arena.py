@@ -4,8 +4,9 @@ get's blocks where they lie (shared/transfer/tcp/placed.py) instead of through a
 The file is a memfd (no name in /dev/shm, so no tmpfs quota and no SIGBUS on a full
 /dev/shm); a worker that proved the data token on a connection, and showed it shares this
 host by taking that connection's ring, is told this process's pid, the fd and a cookie,
-and maps /proc/<pid>/fd/<fd> read-only. Its pages are taken as slots are first written
-and kept afterwards, so a block put into a recycled slot pays no page zeroing.
+and maps /proc/<pid>/fd/<fd> read-only. Its pages are made ready a little ahead of the
+slots first written (services/kvstore/warmer.py) and kept afterwards, so no put waits
+for the kernel to zero a page.
 
 Slots all have the size of the first block allocated (a kvstore serves one model's
 layout in practice); a block of another size, or one that finds no free slot, gets
@@ -22,6 +23,7 @@ import threading
 
 import numpy as np
 
+from services.kvstore.warmer import PageWarmer
 from shared.transfer.tcp.placed import ARENA_BASE, ArenaOffer
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ class BlockArena:
         self._next = 0  # slots below it have been handed out at least once
         self._free: list[int] = []
         self._lock = threading.Lock()
+        address = np.frombuffer(self.mapping, np.uint8).ctypes.data
+        self.warmer = PageWarmer(address, self.fd, ARENA_BASE + capacity)
 
     @classmethod
     def create(cls, capacity: int) -> BlockArena | None:
@@ -76,6 +80,7 @@ class BlockArena:
             else:
                 return None
         offset = ARENA_BASE + slot * nbytes
+        self.warmer.want(offset + nbytes)
         return slot, np.frombuffer(self.mapping, np.uint8, nbytes, offset)
 
     def free(self, slot: int) -> None:
