@@ -243,8 +243,12 @@ async def _round_trip(
 ) -> dict:
     """Put `num_blocks` blocks, `batch` per call, until all are committed; get them back
     the same way, then again (a hot prefix read once more); with `full_store`, put as many
-    new blocks into the store they fill, which evicts the first ones to make room."""
+    new blocks into the store they fill, which evicts the first ones to make room. A miss
+    first: the worker's connection to the store (and its ring, on one host) is made once,
+    at its first call, and is no part of any row."""
     first, again = _hashes(num_blocks, batch, 0), _hashes(num_blocks, batch, 1)
+    if await client.get("connect", _hashes(1, batch, 2), [0]):
+        raise KvstackError(f"{pool} had a block nobody put")
     put_s = await _put_all(client, pool, first, batch)
     get_s = await _get_all(client, pool, first, batch, "get")
     get_again_s = await _get_all(client, pool, first, batch, "again")
