@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from bench import (
+    cli_doc,
     colocated,
     conductor,
     decode_attention,
@@ -61,6 +62,7 @@ BENCHMARKS = (
     live_vs_sim,
     peers,
     random_model,
+    cli_doc,
 )
 
 
