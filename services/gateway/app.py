@@ -19,10 +19,11 @@ from services.gateway.choices import Answer, Choices
 from services.gateway.concurrency import PerKeyLimit
 from services.gateway.cors import Cors
 from services.gateway.errors import ApiError, error_body
+from services.gateway.fields import decode_body
 from services.gateway.grammar_check import GrammarCheck
 from services.gateway.model_routes import KEYED_PATHS, ModelRoutes
 from services.gateway.openapi import OPENAPI
-from services.gateway.protocol import GenerateRequest, decode_body, parse_chat, parse_completion
+from services.gateway.protocol import GenerateRequest, parse_chat, parse_completion
 from services.gateway.responses import (
     choice,
     choices_response,

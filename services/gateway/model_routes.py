@@ -26,17 +26,8 @@ from aiohttp import web
 
 from services.gateway import errors
 from services.gateway.body import read_body
-from services.gateway.protocol import (
-    BOOL,
-    INT_LIST,
-    STRING,
-    _chat_message,
-    _checked_ids,
-    _model,
-    _read,
-    _tokenizer_for,
-    decode_body,
-)
+from services.gateway.fields import BOOL, INT_LIST, STRING, checked_model, decode_body, read
+from services.gateway.prompts import chat_message, checked_ids, tokenizer_for
 from services.gateway.responses import OWNED_BY
 from shared.errors import InvalidRequest, KvstackError
 from shared.service import VERSION
@@ -83,30 +74,30 @@ def model_card(name: str, root: str, created: int, max_model_len: int) -> dict:
 
 def tokenize(body: dict, tokenizer, limits, names) -> dict:
     """POST /tokenize: the tokens of a text prompt or of chat messages."""
-    _model(body, names.reported, names)
+    checked_model(body, names.reported, names)
     prompt, messages = body.get("prompt"), body.get("messages")
     if (prompt is None) == (messages is None):
         raise errors.invalid_request("Give either prompt or messages.", param="prompt")
     if prompt is not None:
-        text = _read(body, "prompt", STRING)
-        special = _read(body, "add_special_tokens", BOOL)
-        tokenizer = _tokenizer_for("a text prompt", tokenizer)
+        text = read(body, "prompt", STRING)
+        special = read(body, "add_special_tokens", BOOL)
+        tokenizer = tokenizer_for("a text prompt", tokenizer)
         tokens = tokenizer.encode(text, add_special_tokens=special is not False)
     else:
-        generation = _read(body, "add_generation_prompt", BOOL)
+        generation = read(body, "add_generation_prompt", BOOL)
         tokens = _chat_tokens(messages, tokenizer, generation is not False)
     return {"count": len(tokens), "max_model_len": limits.max_model_len, "tokens": tokens}
 
 
 def _chat_tokens(messages: Any, tokenizer, add_generation_prompt: bool) -> list[int]:
-    """As protocol.py tokenizes a chat request's messages (which always adds the
+    """As prompts.py tokenizes a chat request's messages (which always adds the
     generation prompt)."""
     if not isinstance(messages, list) or not messages:
         raise errors.invalid_request(
             "messages must be a non-empty list of {role, content} objects.", param="messages"
         )
-    turns = [_chat_message(message, index) for index, message in enumerate(messages)]
-    tokenizer = _tokenizer_for("chat", tokenizer)
+    turns = [chat_message(message, index) for index, message in enumerate(messages)]
+    tokenizer = tokenizer_for("chat", tokenizer)
     try:
         return list(tokenizer.encode_chat(turns, add_generation_prompt=add_generation_prompt))
     except InvalidRequest as exc:
@@ -117,12 +108,12 @@ def _chat_tokens(messages: Any, tokenizer, add_generation_prompt: bool) -> list[
 
 def detokenize(body: dict, tokenizer, limits, names) -> dict:
     """POST /detokenize: the text of token ids, special tokens kept (as vLLM)."""
-    _model(body, names.reported, names)
-    tokens = _read(body, "tokens", INT_LIST)
+    checked_model(body, names.reported, names)
+    tokens = read(body, "tokens", INT_LIST)
     if tokens is None:
         raise errors.invalid_request("tokens (a list of token ids) is required.", param="tokens")
-    ids = _checked_ids(tokens, tokenizer, limits, "tokens")
-    tokenizer = _tokenizer_for("detokenize", tokenizer)
+    ids = checked_ids(tokens, tokenizer, limits, "tokens")
+    tokenizer = tokenizer_for("detokenize", tokenizer)
     return {"prompt": tokenizer.decode(list(ids), skip_special_tokens=False)}
 
 

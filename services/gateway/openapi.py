@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from services.gateway.body import SUPPORTED_ENCODINGS
 from services.gateway.edge import EdgeConfig
+from services.gateway.limits import GatewayLimits
 from services.gateway.openapi_schemas import SCHEMAS, ref
-from services.gateway.protocol import GatewayLimits
 from shared.service import VERSION
 
 EDGE = EdgeConfig()

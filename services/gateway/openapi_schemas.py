@@ -1,18 +1,18 @@
 """The JSON Schemas of the gateway's bodies (OpenAPI 3.1, so JSON Schema 2020-12).
 
-Request schemas state exactly what `protocol.py` accepts, with its own constants: a body
-the schema rejects gets a 400 (the fuzz tests hold the gateway to that), a body it accepts
-may still get a 400 for what a schema cannot know (the context length, the vocabulary,
-the gateway's --max-tokens-limit). A null field is the same as an absent one, as in
-protocol.py; unknown fields are ignored.
+Request schemas state exactly what `protocol.py` accepts, with its constants (`limits.py`,
+`fields.py`): a body the schema rejects gets a 400 (the fuzz tests hold the gateway to
+that), a body it accepts may still get a 400 for what a schema cannot know (the context
+length, the vocabulary, the gateway's --max-tokens-limit). A null field is the same as an
+absent one, as in protocol.py; unknown fields are ignored.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from services.gateway.model_routes import READY_NEEDS
-from services.gateway.protocol import (
+from services.gateway.fields import UNSUPPORTED
+from services.gateway.limits import (
     CHAT_ROLES,
     MAX_CHOICES,
     MAX_LOGIT_BIAS_ENTRIES,
@@ -21,8 +21,8 @@ from services.gateway.protocol import (
     MAX_STOP_TOKEN_IDS,
     MAX_TEMPERATURE,
     SEED_RANGE,
-    UNSUPPORTED,
 )
+from services.gateway.model_routes import READY_NEEDS
 from services.gateway.responses import FINISH_REASONS
 from shared.engine.sampling_params import (
     MAX_LOGIT_BIAS,

@@ -12,10 +12,10 @@ from aiohttp import web
 from services.gateway.app import GatewayApp
 from services.gateway.backend import Backend, BackendTimeouts
 from services.gateway.edge import EdgeConfig, edge_runner
+from services.gateway.limits import GatewayLimits
 from services.gateway.liveness import Liveness
 from services.gateway.model_names import ModelNames
 from services.gateway.model_routes import readiness
-from services.gateway.protocol import GatewayLimits
 from services.gateway.relay import Relay
 from services.gateway.timing import TTFT_STAGES, measured_parts
 from services.gateway.token_source import TokenSource

@@ -17,11 +17,12 @@ import openai
 import pytest
 from openapi_schema_validator import OAS31Validator
 
+from services.gateway.limits import GatewayLimits
 from services.gateway.liveness import Liveness
 from services.gateway.model_names import ModelNames
 from services.gateway.model_routes import readiness, version
 from services.gateway.openapi import OPENAPI
-from services.gateway.protocol import GatewayLimits, parse_chat
+from services.gateway.protocol import parse_chat
 from services.gateway.service import GatewayConfig
 from shared.messages import Heartbeat
 from shared.model.tokenizer import Tokenizer

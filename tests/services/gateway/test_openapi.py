@@ -14,9 +14,10 @@ from openapi_spec_validator import validate
 
 from services.gateway import errors
 from services.gateway.errors import ApiError, error_body
+from services.gateway.limits import GatewayLimits
 from services.gateway.model_routes import model_card
 from services.gateway.openapi import OPENAPI
-from services.gateway.protocol import GatewayLimits, parse_chat, parse_completion
+from services.gateway.protocol import parse_chat, parse_completion
 from services.gateway.responses import (
     final_response,
     format_logprobs,

@@ -7,7 +7,9 @@ import orjson
 import pytest
 
 from services.gateway.errors import ApiError, error_body
-from services.gateway.protocol import GatewayLimits, decode_body, parse_chat, parse_completion
+from services.gateway.fields import decode_body
+from services.gateway.limits import GatewayLimits
+from services.gateway.protocol import parse_chat, parse_completion
 from shared.model.tokenizer import Tokenizer
 
 try:  # the HTTP library this openai release is built on

@@ -10,7 +10,8 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from services.gateway.protocol import GatewayLimits, GenerateRequest, parse_chat, parse_completion
+from services.gateway.limits import GatewayLimits
+from services.gateway.protocol import GenerateRequest, parse_chat, parse_completion
 from services.gateway.responses import (
     chat_logprobs,
     completion_logprobs,
