@@ -29,10 +29,10 @@ from pathlib import Path
 
 from bench.live_vs_sim.replay import run_loadgen
 from services.cli.main import build_parser as kvstack_parser
-from services.cli.pinning import usable_cores
-from services.cli.stack import Stack
-from services.cli.stack_logs import tail
 from services.cli.up import stack_config
+from services.stack.logs import tail
+from services.stack.pinning import usable_cores
+from services.stack.stack import Stack
 from shared.cpu_cores import format_cores
 from shared.engine.config import DTYPE_CHOICES
 from shared.errors import KvstackError

@@ -20,7 +20,7 @@ import orjson
 import torch
 
 from bench.transfer import Layout, RawSide
-from services.cli.stack import Stack, StackConfig
+from services.stack.stack import Stack, StackConfig
 from shared import subjects
 from shared.bus import Bus
 from shared.engine.config import EngineConfig

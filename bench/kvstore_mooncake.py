@@ -32,7 +32,7 @@ store.close()
 @contextmanager
 def mooncake_store(work: Path, segment_bytes: int):
     """A master and a holder lending `segment_bytes`; yields the master's address."""
-    from services.cli.mooncake_master import start_master
+    from services.stack.mooncake_master import start_master
 
     master = start_master(work / "mooncake-master.log")
     holder = subprocess.Popen(

@@ -18,9 +18,9 @@ import orjson
 import torch
 
 from bench.engine import KvstackSide, device_name
-from services.cli.stack import Stack, StackConfig
 from services.decode.attention_group import AttentionGroup
 from services.decode.offload_runner import OffloadRunner
+from services.stack.stack import Stack, StackConfig
 from shared.costmodel import offload as lamina
 from shared.engine.config import DTYPE_CHOICES, EngineConfig
 from shared.engine.device import resolve_device

@@ -15,8 +15,8 @@ from pathlib import Path
 from bench.chaos.faults import FAULTS
 from bench.chaos.load import Case
 from bench.chaos.runner import ChaosConfig, ChaosReport, run_chaos
-from services.cli.restarts import RestartPolicy
-from services.cli.stack import Stack, StackConfig
+from services.stack.restarts import RestartPolicy
+from services.stack.stack import Stack, StackConfig
 from shared.errors import KvstackError
 
 TOPICS = ("the sea", "a cat", "winter", "bread", "a river", "the moon", "music", "trees")

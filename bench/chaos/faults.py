@@ -10,7 +10,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from services.cli.stack import Stack
+from services.stack.stack import Stack
 from shared import subjects
 from shared.bus import ServiceUnavailable
 from shared.errors import KvstackError

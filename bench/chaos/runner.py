@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from bench.chaos.faults import FAULTS, Fault, choose, inject, wait_back
 from bench.chaos.load import Case, Outcome, SteadyLoad
-from services.cli.stack import Stack
+from services.stack.stack import Stack
 from shared import subjects
 from shared.messages import AttentionStats, StatsRequest, WorkerStats
 

@@ -18,7 +18,7 @@ import orjson
 from bench.live_vs_sim.replay import Replay, Summary, run_loadgen
 from services.cli import up
 from services.cli.main import build_parser
-from services.cli.stack import Stack
+from services.stack.stack import Stack
 from shared import subjects
 from shared.errors import KvstackError
 from shared.messages import ConductorStats, EstimateError, StatsRequest

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.cli.stack_logs import tail
+from services.stack.logs import tail
 from shared.errors import KvstackError
 
 DATA = Path(__file__).parent / "data"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.live_vs_sim.replay import Replay, Summary, run_loadgen
-from services.cli.settings import SETTINGS
+from services.settings import SETTINGS
 from shared.engine.config import EngineConfig
 from shared.engine.mock import MockSpec
 

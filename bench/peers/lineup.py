@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.peers.server import ServerSpec, free_port
-from services.cli.pinning import usable_cores
+from services.stack.pinning import usable_cores
 from shared.cpu_cores import format_cores
 from shared.model.registry import gguf_source
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.cli import auth, colocated, fuzz, generate, moved, profile, serve, up
+from services.cli import auth, fuzz, generate, moved, profile, serve, service, up
 from shared import cli
 
-COMMANDS = (up, colocated, generate, serve, profile, fuzz, auth, moved)
+COMMANDS = (up, serve, generate, service, profile, fuzz, auth, moved)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,14 +13,15 @@ import signal
 import time
 from pathlib import Path
 
-from services.cli import prometheus_config, settings
-from services.cli.mooncake_master import MooncakeMaster, start_master
-from services.cli.pinning import chosen_cores
-from services.cli.ports import PortLayout
-from services.cli.restarts import RestartPolicy
-from services.cli.serve import backend_timeouts, engine_options
-from services.cli.settings import FORWARDED_BY_UP, flags, forward
-from services.cli.stack import Stack, StackConfig, say
+from services import settings
+from services.cli.service import backend_timeouts, engine_options
+from services.settings import FORWARDED_BY_UP, flags, forward
+from services.stack import prometheus_config
+from services.stack.mooncake_master import MooncakeMaster, start_master
+from services.stack.pinning import chosen_cores
+from services.stack.ports import PortLayout
+from services.stack.restarts import RestartPolicy
+from services.stack.stack import Stack, StackConfig, say
 from shared import tracing
 from shared.attention_groups import kv_head_range
 from shared.errors import KvstackError

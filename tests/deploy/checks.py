@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.cli.main import build_parser
-from services.cli.settings import SETTINGS
+from services.settings import SETTINGS
 from shared import subjects
 from shared.auth.deployment import API_KEY, DATA_TOKEN
 from shared.auth.roles import ROLES

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.stack import Stack, StackConfig
+from services.stack.stack import Stack, StackConfig
 from shared import subjects
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine

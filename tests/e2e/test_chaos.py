@@ -20,7 +20,7 @@ import pytest
 
 from bench.chaos.load import Case
 from bench.chaos.runner import ChaosConfig, run_chaos
-from services.cli.restarts import RestartPolicy
+from services.stack.restarts import RestartPolicy
 from shared import codec, subjects
 from shared.engine.sampling_params import SamplingParams
 from shared.messages import TokenEvent

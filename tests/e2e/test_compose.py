@@ -19,7 +19,7 @@ import yaml
 
 from services.cli.main import build_parser
 from services.cli.main import main as kvstack
-from services.cli.stack import Stack, StackConfig
+from services.stack.stack import Stack, StackConfig
 from shared.nats_server import NatsServer
 from tests.e2e.conftest import free_port
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.stack import Stack
+from services.stack.stack import Stack
 from shared import costmodel
 from shared.costmodel.fitted import FittedCostModel
 from shared.costmodel.overhead import first_token_seconds

@@ -23,12 +23,12 @@ import pytest
 from openapi_schema_validator import OAS31Validator
 
 from bench.chaos.runner import kv_in_use, settle_kv
-from services.cli import stack_process
 from services.cli.fuzz import table
 from services.cli.fuzz_runner import FuzzConfig, fuzz
 from services.cli.main import main
-from services.cli.stack import Stack
 from services.gateway.openapi import OPENAPI
+from services.stack import process as stack_process
+from services.stack.stack import Stack
 from tests.e2e.conftest import API_KEY, GATEWAY_ARGS, free_port
 
 MODEL = "SmolLM2-135M-Instruct"

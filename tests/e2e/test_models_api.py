@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from services.cli.stack import Stack, StackConfig
 from services.gateway.model_routes import version
+from services.stack.stack import Stack, StackConfig
 from shared.engine.mock import MockSpec
 from tests.e2e.conftest import API_KEY, free_port, running_stack
 from tests.e2e.test_supervision import read_until

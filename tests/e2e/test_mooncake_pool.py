@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_a_prefix_computed_on_one_worker_is_loaded_by_another(tmp_path, reference) -> None:
-    from services.cli.mooncake_master import start_master
+    from services.stack.mooncake_master import start_master
 
     master = start_master(tmp_path / "mooncake-master.log")
     pool = ("--kv-pool", "mooncake", "--mooncake-master", master.address)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.chaos.load import Case, SteadyLoad
-from services.cli.stack import Stack
+from services.stack.stack import Stack
 from shared.engine.mock import MockSpec
 from shared.nats_cluster import NatsCluster, routes_all
 from tests.e2e.conftest import running_stack

@@ -20,8 +20,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.cli import prometheus_config
-from services.cli.ports import Listener, PortLayout, check_free
+from services.stack import prometheus_config
+from services.stack.ports import Listener, PortLayout, check_free
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 from tests.e2e.conftest import free_port, running_stack

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from services.cli.restarts import RestartPolicy
+from services.stack.restarts import RestartPolicy
 from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.messages import AttentionStats

@@ -12,7 +12,7 @@ from dataclasses import replace
 import nats
 import pytest
 
-from services.cli.stack import Stack
+from services.stack.stack import Stack
 from shared import codec, subjects
 from shared.auth.credentials import NatsAuth
 from shared.auth.deployment import Identity, ensure_secrets

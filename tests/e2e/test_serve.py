@@ -18,7 +18,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from services.cli.pinning import usable_cores
+from services.stack.pinning import usable_cores
 from shared.cpu_cores import format_cores, plan_cores
 from shared.engine.sampling_params import SamplingParams
 from tests.e2e.conftest import free_port

@@ -19,8 +19,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from services.cli.restarts import RestartPolicy
-from services.cli.stack import Stack, StackConfig
+from services.stack.restarts import RestartPolicy
+from services.stack.stack import Stack, StackConfig
 from shared.errors import KvstackError
 from tests.e2e.conftest import free_port, running_stack, worker_stats
 

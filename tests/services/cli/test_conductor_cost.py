@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.cli.serve import conductor_cost_model, cpu_roofline
+from services.cli.service import conductor_cost_model, cpu_roofline
 from shared.costmodel import MODELS
 from shared.errors import KvstackError
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from services.cli.main import build_parser, main
-from services.cli.serve import worker_config
+from services.cli.service import worker_config
 
 
 @pytest.fixture(autouse=True)

@@ -73,8 +73,8 @@ def test_an_attention_group_that_cannot_split_the_kv_heads_is_refused_at_once(ca
 
 def test_up_passes_the_reliability_and_fairness_flags_to_its_services() -> None:
     from services.cli.main import build_parser
-    from services.cli.stack import Stack
     from services.cli.up import stack_config
+    from services.stack.stack import Stack
 
     args = build_parser().parse_args(
         ["up", "--migration-limit", "5", "--placement-wait", "3", "--long-prefill-tokens", "256"]
@@ -88,8 +88,8 @@ def test_up_passes_the_reliability_and_fairness_flags_to_its_services() -> None:
 
 def test_up_passes_every_served_model_name_to_the_gateway() -> None:
     from services.cli.main import build_parser
-    from services.cli.stack import Stack
     from services.cli.up import stack_config
+    from services.stack.stack import Stack
 
     args = build_parser().parse_args(["up", "--served-model-name", "smol", "chat"])
     commands = dict(Stack(stack_config(args)).commands())
@@ -101,10 +101,10 @@ def test_up_passes_every_served_model_name_to_the_gateway() -> None:
 
 
 def test_up_shares_out_the_cores_and_lets_each_worker_thread_per_core(monkeypatch) -> None:
-    from services.cli import pinning
     from services.cli.main import build_parser
-    from services.cli.stack import Stack
     from services.cli.up import stack_config
+    from services.stack import pinning
+    from services.stack.stack import Stack
 
     monkeypatch.setattr(pinning, "usable_cores", lambda: (0, 1, 2, 3, 4, 5))
     commands = dict(Stack(stack_config(build_parser().parse_args(["up"]))).commands())
@@ -122,8 +122,8 @@ def test_up_shares_out_the_cores_and_lets_each_worker_thread_per_core(monkeypatc
 
 def test_up_with_two_conductors_elects_one_by_a_lease_and_gives_each_a_port() -> None:
     from services.cli.main import build_parser
-    from services.cli.stack import Stack
     from services.cli.up import stack_config
+    from services.stack.stack import Stack
 
     args = build_parser().parse_args(["up", "--conductors", "2", "--lease-ttl", "2"])
     commands = dict(Stack(stack_config(args)).commands())
@@ -140,8 +140,8 @@ def test_up_passes_device_to_its_workers_and_checks_gpus_before_starting(monkeyp
     import torch
 
     from services.cli.main import build_parser
-    from services.cli.stack import Stack
     from services.cli.up import stack_config
+    from services.stack.stack import Stack
 
     args = build_parser().parse_args(["up", "--device", "cpu"])
     commands = dict(Stack(stack_config(args)).commands())

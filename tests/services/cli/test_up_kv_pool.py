@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from services.cli.main import build_parser
-from services.cli.serve import worker_config
+from services.cli.service import worker_config
 from services.cli.up import stack_config
 from shared.errors import KvstackError
 

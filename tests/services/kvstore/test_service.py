@@ -9,7 +9,7 @@ import signal
 
 import torch
 
-from services.cli.stack import Stack, StackConfig
+from services.stack.stack import Stack, StackConfig
 from shared import subjects
 from shared.bus import Bus
 from shared.kv_inbox import KVInbox

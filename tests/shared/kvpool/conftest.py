@@ -11,7 +11,7 @@ from shared.mooncake_store import MISSING_HELP, available
 def mooncake_master(tmp_path_factory):
     if not available():
         pytest.skip(f"Mooncake Store is not installed here: {MISSING_HELP}")
-    from services.cli.mooncake_master import start_master
+    from services.stack.mooncake_master import start_master
 
     master = start_master(tmp_path_factory.mktemp("mooncake") / "master.log")
     yield master.address

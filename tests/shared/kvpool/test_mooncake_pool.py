@@ -179,7 +179,7 @@ async def _wait(event: asyncio.Event, seconds: float) -> bool:
 
 
 def test_a_store_whose_master_is_gone_is_a_miss(tmp_path) -> None:
-    from services.cli.mooncake_master import start_master
+    from services.stack.mooncake_master import start_master
 
     master = start_master(tmp_path / "master.log")
     store = MooncakeBlockStore(_config(master.address), LAYOUT)

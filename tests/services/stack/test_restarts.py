@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.cli.restarts import RestartHistory, RestartPolicy, backoff
-from services.cli.supervisor import describe_exit
+from services.stack.restarts import RestartHistory, RestartPolicy, backoff
+from services.stack.supervisor import describe_exit
 
 POLICY = RestartPolicy()
 

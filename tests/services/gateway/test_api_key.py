@@ -7,10 +7,10 @@ import stat
 
 import pytest
 
-from services.cli.api_key import gateway_api_key, is_loopback
 from services.cli.main import build_parser
 from services.cli.main import main as kvstack
 from services.cli.up import stack_config
+from services.gateway.api_key import gateway_api_key, is_loopback
 from shared.errors import KvstackError
 
 

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from services.cli.restarts import RestartHistory, RestartPolicy
-from services.cli.stack_logs import append_marker, tail
-from services.cli.up_metrics import UpMetrics
+from services.stack.logs import append_marker, tail
+from services.stack.metrics import UpMetrics
+from services.stack.restarts import RestartHistory, RestartPolicy
 from shared.errors import KvstackError
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.cli.main import build_parser
-from services.cli.serve import engine_options
-from services.cli.stack import Stack, StackConfig
-from services.cli.stack_logs import rotate
-from services.cli.stack_process import Process, stop_tiers
+from services.cli.service import engine_options
+from services.stack.logs import rotate
+from services.stack.process import Process, stop_tiers
+from services.stack.stack import Stack, StackConfig
 from shared.engine.mock import MockSpec
 
 SPEC = MockSpec("llama2-70b", "h20", 1 / 512)

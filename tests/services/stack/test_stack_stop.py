@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.cli.stack_process import Process, sweep, terminate
+from services.stack.process import Process, sweep, terminate
 from shared.child_process import group_members, start_in_own_session
 
 # A child that starts a grandchild in its own group, stops the grandchild and exits.

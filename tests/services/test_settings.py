@@ -1,4 +1,4 @@
-"""Each command-line setting is defined once (services/cli/settings.py): every command's
+"""Each command-line setting is defined once (services/settings.py): every command's
 parser takes the settings meant for it, `kvstack up` hands its children only settings
 they take, and compose.yaml and the stack's child environments use no flag or variable
 the table does not define."""
@@ -13,17 +13,17 @@ import pytest
 import yaml
 
 from services.cli.main import build_parser
-from services.cli.settings import (
+from services.settings import (
     COMMAND_CHANGES,
     COMMAND_SETTINGS,
     FORWARDED_BY_UP,
     SETTINGS,
     forward,
 )
-from services.cli.stack_auth import StackAuth
+from services.stack.auth import StackAuth
 from shared.auth.deployment import Identity
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def subparser(command: str) -> argparse.ArgumentParser:

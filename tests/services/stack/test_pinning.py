@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.cli import pinning
+from services.stack import pinning
 from shared.errors import KvstackError
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from services.cli.ports import Listener
+from services.stack.ports import Listener
 
 SCRAPE_INTERVAL = "5s"
 

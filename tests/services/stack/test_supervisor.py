@@ -7,9 +7,9 @@ import threading
 import time
 from pathlib import Path
 
-from services.cli.restarts import RestartPolicy
-from services.cli.supervisor import Supervisor
-from services.cli.up_metrics import UpMetrics
+from services.stack.metrics import UpMetrics
+from services.stack.restarts import RestartPolicy
+from services.stack.supervisor import Supervisor
 
 FAST = RestartPolicy(
     first_backoff=0.01, max_backoff=0.02, max_restarts=3, window=60, poll_interval=0.01

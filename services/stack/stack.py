@@ -30,15 +30,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.cli import stack_process
-from services.cli.ports import Listener, PortLayout, check_free
-from services.cli.restarts import RestartPolicy
-from services.cli.settings import flags
-from services.cli.stack_auth import StackAuth
-from services.cli.stack_logs import rotate, tail
-from services.cli.stack_process import Process, stop_tiers
-from services.cli.supervisor import Child, Supervisor
-from services.cli.up_metrics import UpMetrics
+from services.settings import flags
+from services.stack import process as stack_process
+from services.stack.auth import StackAuth
+from services.stack.logs import rotate, tail
+from services.stack.metrics import UpMetrics
+from services.stack.ports import Listener, PortLayout, check_free
+from services.stack.process import Process, stop_tiers
+from services.stack.restarts import RestartPolicy
+from services.stack.supervisor import Child, Supervisor
 from shared import codec, subjects
 from shared.auth.credentials import NatsAuth
 from shared.auth.deployment import Identity, read_api_key, read_data_token

@@ -9,11 +9,11 @@ import socket
 
 import pytest
 
-from services.cli import prometheus_config
 from services.cli.main import build_parser
-from services.cli.ports import Listener, PortLayout, check_free
-from services.cli.stack import Stack, StackConfig
 from services.cli.up import stack_config
+from services.stack import prometheus_config
+from services.stack.ports import Listener, PortLayout, check_free
+from services.stack.stack import Stack, StackConfig
 from shared.errors import KvstackError
 
 
