@@ -1,6 +1,6 @@
 """Which CPU cores each model process of one machine computes on: a plan made once from
 the cores this process may use (`os.sched_getaffinity`), so that the workers' compute
-threads never outnumber the cores. Pure: `services/cli/pinning.py` applies a plan.
+threads never outnumber the cores. Pure: `services/stack/pinning.py` applies a plan.
 
 - At least as many cores as workers: each worker gets a contiguous run of cores of its
   own, the runs as even as possible (the first ones one core more), and as many torch

@@ -1,5 +1,5 @@
 """One command-line setting, defined once: its flag, environment variable, type, default
-and help. `services/cli/settings.py` holds the table; the parsers of `kvstack up` and of
+and help. `services/settings.py` holds the table; the parsers of `kvstack up` and of
 every service are built from it (`add`), and `kvstack up` writes its children's command
 lines with it (`argv`), so a setting reaches every command from one definition. The
 conductor's scheduling settings live in `shared/conductor/settings.py`, which the

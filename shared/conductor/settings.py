@@ -1,5 +1,5 @@
 """The conductor's scheduling settings on a command line, defined once: `kvstack up` and
-`kvstack conductor` (services/cli/settings.py) and `loadgen sim` add them from here."""
+`kvstack conductor` (services/settings.py) and `loadgen sim` add them from here."""
 
 from __future__ import annotations
 
