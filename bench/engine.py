@@ -25,7 +25,6 @@ from shared.engine.config import (
 )
 from shared.engine.device import DEVICE_CHOICES_HELP, resolve_device
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.kvcache.manager import cdiv
 from shared.model import ops
@@ -33,6 +32,7 @@ from shared.model.fused_decode import fused_decode
 from shared.model.kernels import chosen_isa, cpu_ops
 from shared.model.quant import interleave_rows, set_copy_min_rows
 from shared.model.registry import DEFAULT_MODEL
+from shared.sampling_params import SamplingParams
 
 # The routing of matmuls before the native GEMV took float32 and small batches: only a
 # single bfloat16 row went to it (the "before" column, measured in the same run).

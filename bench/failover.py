@@ -32,7 +32,7 @@ from services.conductor.placements import PlacementRecords
 from shared import codec
 from shared.conductor.lease import Lease, LeaseConfig
 from shared.messages import Placement
-from shared.nats_server import NatsServer
+from shared.runtime.nats_server import NatsServer
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

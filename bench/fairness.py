@@ -24,9 +24,9 @@ from shared.engine.engine import LLMEngine
 from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.model.registry import DEFAULT_MODEL
+from shared.sampling_params import SamplingParams
 
 FIRST_TOKEN = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 

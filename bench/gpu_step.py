@@ -14,9 +14,9 @@ import torch
 
 from shared.engine.config import DTYPE_CHOICES, EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.model.registry import DEFAULT_MODEL
+from shared.sampling_params import SamplingParams
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -22,18 +22,18 @@ import torch
 from bench.transfer import Layout, RawSide
 from services.stack.stack import Stack, StackConfig
 from shared import subjects
-from shared.bus import Bus
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
-from shared.kv_inbox import KVInbox
-from shared.kv_pool import KVPool
-from shared.kv_pool_factory import asker_for
 from shared.kvcache.storage import KVStorage
-from shared.kvstore_client import KvstorePool
+from shared.kvpool.kvstore_client import KvstorePool
+from shared.kvpool.pool import KVPool
 from shared.messages import Heartbeat
+from shared.runtime.bus import Bus
+from shared.sampling_params import SamplingParams
+from shared.transfer.inbox import KVInbox
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
+from shared.worker.pool import asker_for
 
 # SmolLM2-135M in bfloat16: 30 layers, 3 KV heads of 64, 16-token blocks (368,640 B a block)
 LAYOUT = dict(num_layers=30, block_size=16, num_kv_heads=3, head_dim=64)

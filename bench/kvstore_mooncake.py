@@ -9,12 +9,12 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from shared.bus import Bus
 from shared.errors import KvstackError
-from shared.kv_inbox import KVInbox
 from shared.kvcache.storage import KVStorage
-from shared.mooncake_pool import MooncakePool
-from shared.mooncake_store import MooncakeStoreConfig
+from shared.kvpool.mooncake_pool import MooncakePool
+from shared.kvpool.mooncake_store import MooncakeStoreConfig
+from shared.runtime.bus import Bus
+from shared.transfer.inbox import KVInbox
 
 # NOTE: a separate process, so the store's memory is not the bench's (a get would be a
 # local copy); it holds its segment until its stdin closes

@@ -36,7 +36,6 @@ from shared.engine.config import (
 )
 from shared.engine.engine import LLMEngine
 from shared.engine.runner import ModelRunner
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.kvcache.manager import cdiv
 from shared.model import ops
@@ -44,6 +43,7 @@ from shared.model.layers import GatedMLP, Linear, RMSNorm
 from shared.model.llama import DecoderLayer
 from shared.model.quant import QuantLinear
 from shared.model.registry import DEFAULT_MODEL
+from shared.sampling_params import SamplingParams
 
 ONCE = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 

@@ -28,7 +28,6 @@ import torch
 from bench.engine import read_bandwidth
 from shared.engine.config import QUANT_FORMATS, EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
 from shared.model import ops
 from shared.model.kernels import ISA_ENV, chosen_isa, cpu_ops, supported_isas
 from shared.model.quant import set_activations
@@ -36,6 +35,7 @@ from shared.model.quant_loader import load_model_as
 from shared.model.registry import DEFAULT_MODEL, gguf_source, resolve_model
 from shared.model.scoring import causal_logits, greedy_agreement, perplexity
 from shared.model.tokenizer import Tokenizer
+from shared.sampling_params import SamplingParams
 
 TEXT = Path(__file__).parent.parent / "docs" / "architecture.md"
 WEIGHTS = ("float", "auto", *QUANT_FORMATS)

@@ -14,8 +14,8 @@ import torch
 
 from shared.engine.config import DTYPE_CHOICES, EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
 from shared.model.registry import DEFAULT_MODEL
+from shared.sampling_params import SamplingParams
 from shared.structured.request import grammar_from_request
 from shared.structured.tool_grammar import tool_call_grammar
 from shared.structured.tools import tools_from_request

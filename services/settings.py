@@ -21,7 +21,7 @@ from shared.engine.config import (
     WEIGHTS_CHOICES,
 )
 from shared.engine.mock import ENGINES, MOCK_MAX_MODEL_LEN, MockSpec
-from shared.kv_pool import KV_POOLS
+from shared.kvpool.pool import KV_POOLS
 from shared.model.registry import DEFAULT_MODEL
 from shared.setting import Setting
 from shared.transfer.factory import TRANSPORTS
@@ -217,7 +217,7 @@ SETTINGS: dict[str, Setting] = {
         choices=TRANSPORTS,
         default="tcp",
     ),
-    # The KV pool prefixes are shared through (shared/kv_pool.py, docs/kv-pool.md).
+    # The KV pool prefixes are shared through (shared/kvpool/pool.py, docs/kv-pool.md).
     "kv_pool": Setting(
         "--kv-pool",
         "kvstore: kvstack's kvstore instances; mooncake: Mooncake Store (a mooncake_master, "

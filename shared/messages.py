@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.codec import message
-from shared.engine.logprob import TokenLogprob
-from shared.engine.sampling_params import SamplingParams
 from shared.kvblocks import BlockLayout
+from shared.logprob import TokenLogprob
+from shared.sampling_params import SamplingParams
 
 
 @message("heartbeat")

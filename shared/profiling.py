@@ -13,11 +13,11 @@ import random
 import time
 
 from shared.engine.interface import EngineInterface
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
-from shared.kv_inbox import KVInbox
 from shared.kvcache.storage import KVStorage
+from shared.sampling_params import SamplingParams
 from shared.transfer.base import BlockSpan
+from shared.transfer.inbox import KVInbox
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
 
 FIRST_TOKEN = SamplingParams(max_tokens=1, temperature=0)

@@ -150,7 +150,7 @@ class SecureNats:
 
     def __init__(self, directory: Path) -> None:
         from shared.auth.deployment import Identity, ensure_secrets
-        from shared.nats_server import NatsServer
+        from shared.runtime.nats_server import NatsServer
 
         self.secrets = ensure_secrets(directory / "secrets", [Identity("gateway", "gateway-0")])
         self.server = NatsServer(directory / "nats", config=self.secrets.server_config)

@@ -15,8 +15,8 @@ CONTRACT_MODULES = (
     "shared.subjects",
     "shared.codec",
     "shared.errors",
-    "shared.engine.sampling_params",
-    "shared.engine.logprob",
+    "shared.sampling_params",
+    "shared.logprob",
     "shared.kvblocks",
     "shared.structured.spec",
 )

@@ -115,8 +115,8 @@ def reference_cases(model: str, max_tokens: int, topics: Sequence[str] = TOPICS)
     (float32)."""
     from shared.engine.config import EngineConfig
     from shared.engine.engine import LLMEngine
-    from shared.engine.sampling_params import SamplingParams
     from shared.errors import KvstackError
+    from shared.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model=model, dtype="float32", kv_cache_bytes=256 << 20))
     tokenizer = engine.info.tokenizer

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from services.stack.stack import Stack
 from shared import subjects
-from shared.bus import ServiceUnavailable
 from shared.errors import KvstackError
 from shared.messages import StatsRequest
+from shared.runtime.bus import ServiceUnavailable
 
 FAULTS = ("prefill", "decode", "kvstore", "conductor", "attention-worker", "nats")
 

@@ -30,8 +30,8 @@ from bench.compose.docker import kill, run
 from bench.compose.network import Partition, SlowLink
 from bench.compose.stack import ComposeStack, Container
 from shared import subjects
-from shared.bus import Bus
 from shared.messages import Heartbeat, StatsRequest, WorkerStats
+from shared.runtime.bus import Bus
 
 ACTIONS = ("kill", "docker-kill", "stop", "partition", "nats-cut", "pause", "slow-link")
 WORKERS = ("prefill", "decode")

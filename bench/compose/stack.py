@@ -25,7 +25,7 @@ from services.cli.main import main as kvstack
 from shared.auth.credentials import NatsAuth
 from shared.auth.deployment import ADMIN, Identity, Secrets, read_api_key
 from shared.errors import KvstackError
-from shared.nats_cluster import free_ports
+from shared.runtime.nats_cluster import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"

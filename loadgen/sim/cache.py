@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from shared.net_events import NetEvents
+from shared.kvpool.net_events import NetEvents
 
 
 class BlockPool:

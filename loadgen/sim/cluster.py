@@ -20,7 +20,7 @@ from loadgen.sim.decode import DecodeNode
 from loadgen.sim.job import Job
 from loadgen.sim.prefill import BLOCK_SIZE, PrefillNode
 from shared.costmodel import CostModel
-from shared.kv_events import kv_events
+from shared.kvpool.events import kv_events
 from shared.messages import Heartbeat, KVEvent
 
 

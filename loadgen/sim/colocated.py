@@ -23,7 +23,7 @@ from shared.costmodel import CostModel
 from shared.engine.step_time import smoothed
 from shared.messages import Heartbeat
 from shared.prefill.outcome import finish_at_first_token
-from shared.worker_core import load_heartbeat
+from shared.worker.core import load_heartbeat
 
 
 class ColocatedNode:

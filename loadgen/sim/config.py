@@ -10,7 +10,7 @@ from shared.conductor.config import SchedulingConfig
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 
-# As live: a worker beats every second (shared/service.py: ServiceConfig) and a prefill
+# As live: a worker beats every second (shared/runtime/service.py: ServiceConfig) and a prefill
 # worker publishes its cache's KV events every 0.2 s (services/prefill/sharing.py); the
 # tests check that these still match.
 HEARTBEAT_INTERVAL = 1.0

@@ -31,7 +31,7 @@ from shared.decode.commit import current_tbt
 from shared.engine.stats import EngineStats
 from shared.engine.step_time import smoothed
 from shared.messages import Heartbeat
-from shared.worker_core import load_heartbeat
+from shared.worker.core import load_heartbeat
 
 
 class Batch:
@@ -155,7 +155,7 @@ class DecodeNode:
         self.step_start, self.step_end = now, now + batch.step_seconds()
 
     def heartbeat(self, now: float, interval: float, block_size: int) -> Heartbeat:
-        """What a live decode worker reports (shared/worker.py: worker_heartbeat)."""
+        """What a live decode worker reports (shared/worker/config.py: worker_heartbeat)."""
         waiting = len(self.waiting)
         load = self.batch.load(block_size, num_waiting=waiting, queued_tokens=waiting)
         return load_heartbeat("decode", self.worker_id, now, interval, block_size, load)

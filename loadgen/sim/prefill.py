@@ -30,7 +30,7 @@ from shared.messages import Heartbeat
 from shared.prefill.load import tokens_left
 from shared.prefill.prefix import KVSTORE, PrefixPlan, after_fetch, plan_prefix, usable_blocks
 from shared.prefill.worth import worth_loading
-from shared.worker_core import load_heartbeat
+from shared.worker.core import load_heartbeat
 
 BLOCK_SIZE = TRACE_BLOCK_SIZE
 

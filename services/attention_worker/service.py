@@ -14,7 +14,6 @@ import torch
 from services.attention_worker.shard import AttentionShard
 from services.attention_worker.slot import ShardSlot
 from shared import subjects
-from shared.bus import Bus
 from shared.errors import KvstackError
 from shared.messages import (
     Ack,
@@ -26,7 +25,8 @@ from shared.messages import (
     KVSettle,
     StatsRequest,
 )
-from shared.service import Service, ServiceConfig
+from shared.runtime.bus import Bus
+from shared.runtime.service import Service, ServiceConfig
 from shared.transfer.address import advertised
 from shared.transfer.attention.server import AttentionServer
 from shared.transfer.factory import refuse_encryption

@@ -19,11 +19,11 @@ from shared.attention_groups import kv_head_range
 from shared.engine.config import DTYPES
 from shared.engine.metadata import attention_metadata
 from shared.errors import KvstackError
-from shared.kv_inbox import KVInbox
 from shared.kvcache.storage import KVStorage
 from shared.messages import AttentionAttach
 from shared.model.attention import AttentionMetadata, TorchPagedAttention
 from shared.transfer.attention.wire import ChunkSpec
+from shared.transfer.inbox import KVInbox
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from shared.engine.config import (
     EngineConfig,
 )
 from shared.engine.output import Completion
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest, KvstackError
 from shared.model.registry import DEFAULT_MODEL
+from shared.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from shared.engine.interface import EngineInterface

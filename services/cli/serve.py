@@ -14,7 +14,7 @@ from services.stack.pinning import pin
 from services.stack.stack import say
 from shared.auth.deployment import ensure_api_key
 from shared.errors import KvstackError
-from shared.service import run
+from shared.runtime.service import run
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

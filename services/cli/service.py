@@ -16,9 +16,9 @@ from shared.auth.credentials import load_auth
 from shared.auth.deployment import read_data_token
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
-from shared.mooncake_store import MooncakeStoreConfig
-from shared.service import run
-from shared.worker import WorkerConfig
+from shared.kvpool.mooncake_store import MooncakeStoreConfig
+from shared.runtime.service import run
+from shared.worker.config import WorkerConfig
 
 log = logging.getLogger("kvstack.cli")
 

@@ -22,11 +22,11 @@ from services.stack.pinning import chosen_cores
 from services.stack.ports import PortLayout
 from services.stack.restarts import RestartPolicy
 from services.stack.stack import Stack, StackConfig, say
-from shared import tracing
 from shared.attention_groups import kv_head_range
 from shared.errors import KvstackError
 from shared.model.config import ModelConfig
 from shared.model.registry import resolve_model
+from shared.runtime import tracing
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

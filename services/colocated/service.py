@@ -18,7 +18,7 @@ from shared.engine.engine import LLMEngine
 from shared.engine.engine_thread import EngineThread
 from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
-from shared.worker_metrics import LoadGauges, show_engine
+from shared.worker.metrics import LoadGauges, show_engine
 
 
 @dataclass(frozen=True)

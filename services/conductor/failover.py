@@ -10,9 +10,9 @@ from dataclasses import replace
 
 from services.conductor.lease import LeaseKeeper, OnChange
 from services.conductor.placements import PlacementRecords
-from shared.bus import Bus
 from shared.conductor.lease import Lease, LeaseConfig
 from shared.messages import Placement
+from shared.runtime.bus import Bus
 
 
 class Failover:

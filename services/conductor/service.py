@@ -14,14 +14,12 @@ from aiohttp import web
 from nats.errors import Error as NatsError
 
 from services.conductor.failover import Failover
-from shared import subjects, tracing
-from shared.bus import Bus
+from shared import subjects
 from shared.conductor.accuracy import done_pairs, relative_error
 from shared.conductor.config import SchedulingConfig
 from shared.conductor.core import Conductor
 from shared.conductor.lease import LeaseConfig
 from shared.costmodel import CostModel
-from shared.heartbeats import subscribe_heartbeats
 from shared.messages import (
     ConductorStats,
     Heartbeat,
@@ -32,8 +30,11 @@ from shared.messages import (
     RequestDone,
     StatsRequest,
 )
-from shared.metrics import TTFT_BUCKETS
-from shared.service import Service, ServiceConfig
+from shared.runtime import tracing
+from shared.runtime.bus import Bus
+from shared.runtime.heartbeats import subscribe_heartbeats
+from shared.runtime.metrics import TTFT_BUCKETS
+from shared.runtime.service import Service, ServiceConfig
 
 log = logging.getLogger("kvstack.conductor")
 ERROR_BUCKETS = (0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.0, 5.0)

@@ -13,7 +13,6 @@ import torch
 
 from shared import subjects
 from shared.attention_groups import kv_head_range
-from shared.bus import Bus, ServiceUnavailable
 from shared.errors import KvstackError
 from shared.messages import (
     Ack,
@@ -26,6 +25,7 @@ from shared.messages import (
     StatsRequest,
 )
 from shared.model.config import ModelConfig
+from shared.runtime.bus import Bus, ServiceUnavailable
 from shared.transfer.attention.client import AttentionLink, AttentionLost
 
 log = logging.getLogger("kvstack.decode")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.decode.attention_group import AttentionGroup
-from shared.kv_inbox import KVInbox
+from shared.transfer.inbox import KVInbox
 
 log = logging.getLogger("kvstack.decode")
 

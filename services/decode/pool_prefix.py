@@ -20,8 +20,8 @@ import asyncio
 import logging
 import time
 
-from shared.kv_inbox import Expected, KVInbox
-from shared.kv_pool import KVPool
+from shared.kvpool.pool import KVPool
+from shared.transfer.inbox import Expected, KVInbox
 
 log = logging.getLogger("kvstack.decode")
 

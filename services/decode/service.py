@@ -12,9 +12,8 @@ from services.decode.attention_group import AttentionGroup
 from services.decode.incoming import LocalKV, OffloadedKV
 from services.decode.offload_runner import OffloadRunner
 from services.decode.pool_prefix import PoolPrefix
-from shared import subjects, tracing
+from shared import subjects
 from shared.attention_groups import usable_group_size
-from shared.bus import Bus
 from shared.decode.admission import (
     KV_FULL,
     attention_refusal,
@@ -32,11 +31,8 @@ from shared.engine.loop import EngineLoop
 from shared.engine.output import RequestOutput
 from shared.errors import KvstackError
 from shared.hashing import block_hashes
-from shared.heartbeats import subscribe_heartbeats
-from shared.kv_inbox import KVInbox
-from shared.kv_pool import KVPool
-from shared.kv_pool_factory import open_kv_pool
-from shared.kvstore_client import write_back
+from shared.kvpool.kvstore_client import write_back
+from shared.kvpool.pool import KVPool
 from shared.messages import (
     Abort,
     Ack,
@@ -50,15 +46,20 @@ from shared.messages import (
 )
 from shared.model.config import ModelConfig
 from shared.model.registry import resolve_model
-from shared.service import Service
+from shared.runtime import tracing
+from shared.runtime.bus import Bus
+from shared.runtime.heartbeats import subscribe_heartbeats
+from shared.runtime.service import Service
 from shared.transfer.address import advertised
 from shared.transfer.attention.client import AttentionLost
 from shared.transfer.base import KVReceiver
 from shared.transfer.factory import make_receiver
+from shared.transfer.inbox import KVInbox
 from shared.transfer.tcp import TcpKVSender
-from shared.worker import WorkerConfig, prompt_problem, worker_heartbeat, worker_stats
-from shared.worker_core import Refusal
-from shared.worker_metrics import LoadGauges, show_engine
+from shared.worker.config import WorkerConfig, prompt_problem, worker_heartbeat, worker_stats
+from shared.worker.core import Refusal
+from shared.worker.metrics import LoadGauges, show_engine
+from shared.worker.pool import open_kv_pool
 
 log = logging.getLogger("kvstack.decode")
 
@@ -70,7 +71,7 @@ ATTENTION_START_WAIT = 300.0
 
 class DecodeService(Service):
     name = "decode"
-    bus: Bus  # connected before start() (shared/service.py: run)
+    bus: Bus  # connected before start() (shared/runtime/service.py: run)
     incoming: LocalKV | OffloadedKV
 
     def __init__(self, config: WorkerConfig) -> None:

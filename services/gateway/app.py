@@ -34,7 +34,7 @@ from services.gateway.responses import (
 )
 from services.gateway.sse import SSE_DONE, SSE_HEADERS, sse_error, sse_event
 from services.gateway.tool_replies import StreamedReply, whole_reply
-from shared import tracing
+from shared.runtime import tracing
 
 log = logging.getLogger("kvstack.gateway")
 _counter = itertools.count()

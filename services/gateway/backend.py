@@ -23,10 +23,10 @@ from services.gateway.liveness import Liveness
 from services.gateway.progress import Progress, WorkerLost
 from services.gateway.protocol import GenerateRequest
 from shared import codec, subjects
-from shared.bus import Bus, ServiceUnavailable
 from shared.errors import is_no_worker, is_overload
 from shared.hashing import block_hashes
 from shared.messages import Abort, Ack, Placement, PlacementRequest, PrefillRequest, TokenEvent
+from shared.runtime.bus import Bus, ServiceUnavailable
 
 log = logging.getLogger("kvstack.gateway")
 PLACEMENT_RETRY_S = 0.5

@@ -16,9 +16,9 @@ from services.gateway.protocol import GenerateRequest
 from services.gateway.relay import Piece, Relay
 from services.gateway.responses import usage
 from services.gateway.token_source import TokenSource
-from shared.engine.logprob import TokenLogprob
-from shared.engine.sampling_params import SamplingParams
+from shared.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
+from shared.sampling_params import SamplingParams
 
 SEED_SPAN = 2**64  # seeds of the choices wrap inside the range torch accepts
 

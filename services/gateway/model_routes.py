@@ -30,7 +30,7 @@ from services.gateway.fields import BOOL, INT_LIST, STRING, checked_model, decod
 from services.gateway.prompts import chat_message, checked_ids, tokenizer_for
 from services.gateway.responses import OWNED_BY
 from shared.errors import InvalidRequest, KvstackError
-from shared.service import VERSION
+from shared.runtime.service import VERSION
 
 KEYED_PATHS = frozenset({"/tokenize", "/detokenize"})  # besides /v1/*
 READY_NEEDS = ("conductor", "prefill", "decode")  # services heard from before /ready is 200

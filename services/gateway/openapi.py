@@ -7,7 +7,7 @@ from services.gateway.body import SUPPORTED_ENCODINGS
 from services.gateway.edge import EdgeConfig
 from services.gateway.limits import GatewayLimits
 from services.gateway.openapi_schemas import SCHEMAS, ref
-from shared.service import VERSION
+from shared.runtime.service import VERSION
 
 EDGE = EdgeConfig()
 DESCRIPTION = f"""OpenAI-compatible completions and chat completions in front of kvstack's

@@ -24,7 +24,7 @@ from services.gateway.limits import (
 )
 from services.gateway.model_routes import READY_NEEDS
 from services.gateway.responses import FINISH_REASONS
-from shared.engine.sampling_params import (
+from shared.sampling_params import (
     MAX_LOGIT_BIAS,
     MAX_PENALTY,
     MAX_TOP_LOGPROBS,

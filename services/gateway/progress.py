@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from services.gateway.errors import ApiError, service_unavailable
 from services.gateway.protocol import GenerateRequest
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import is_prefix_load_failure
 from shared.messages import Placement, PrefillTiming, TokenEvent
+from shared.sampling_params import SamplingParams
 
 Worker = tuple[str, str]  # (worker id, instance): one process behind an id
 

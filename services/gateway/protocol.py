@@ -34,9 +34,9 @@ from services.gateway.prompts import (
     tokenizer_for,
 )
 from services.gateway.sampling import chat_logprobs, chat_max_tokens, output_budget, sampling_params
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest
 from shared.model.tokenizer import Tokenizer
+from shared.sampling_params import SamplingParams
 from shared.structured.request import grammar_from_request
 from shared.structured.spec import GrammarSpec
 from shared.structured.tool_grammar import tool_call_grammar

@@ -12,7 +12,7 @@ from services.gateway.responses import format_logprobs
 from services.gateway.text import TextStream
 from services.gateway.timing import ttft_breakdown
 from services.gateway.token_source import TokenSource
-from shared.engine.logprob import TokenLogprob
+from shared.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 from services.gateway.protocol import GenerateRequest
-from shared.engine.logprob import TokenLogprob
+from shared.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
 
 # All a client is sent (tool_calls: a chat reply that called tools); aborts and errors

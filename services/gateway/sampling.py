@@ -14,9 +14,9 @@ from services.gateway.limits import (
     GatewayLimits,
 )
 from services.gateway.prompts import checked_ids
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest
 from shared.model.tokenizer import Tokenizer
+from shared.sampling_params import SamplingParams
 
 # SamplingParams' messages start with the field at fault; these are request fields too.
 SAMPLING_FIELDS = frozenset(

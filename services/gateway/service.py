@@ -20,17 +20,17 @@ from services.gateway.relay import Relay
 from services.gateway.timing import TTFT_STAGES, measured_parts
 from services.gateway.token_source import TokenSource
 from shared import subjects
-from shared.bus import Bus
 from shared.engine.config import EngineConfig
 from shared.engine.mock import MockSpec
 from shared.engine.namespace import kv_namespace
-from shared.heartbeats import subscribe_heartbeats
 from shared.messages import Heartbeat, Placement, RequestDone
-from shared.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from shared.model.config import ModelConfig
 from shared.model.registry import resolve_model
 from shared.model.tokenizer import Tokenizer, has_tokenizer
-from shared.service import Service, ServiceConfig
+from shared.runtime.bus import Bus
+from shared.runtime.heartbeats import subscribe_heartbeats
+from shared.runtime.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from shared.runtime.service import Service, ServiceConfig
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ class GatewayService(Service):
         return self.app.middlewares()
 
     def http_runner(self, app: web.Application) -> web.AppRunner:
-        """The runner `shared.service` serves `app` with: the hardened edge (edge.py),
+        """The runner `shared.runtime.service` serves `app` with: the hardened edge (edge.py),
         and CORS headers on every response when origins are configured."""
         app.on_response_prepare.extend(self.app.on_response_prepare())
         return edge_runner(app, self.config.edge)

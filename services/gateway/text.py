@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.engine.logprob import TokenLogprob
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.stop import StopStringMatcher
+from shared.logprob import TokenLogprob
 from shared.model.detokenizer import IncrementalDetokenizer
 from shared.model.tokenizer import Tokenizer
+from shared.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

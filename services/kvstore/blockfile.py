@@ -20,7 +20,7 @@ from pathlib import Path
 
 import xxhash
 
-from shared.kvblock_header import FLAG_LZ4, HEADER_SIZE, BlockHeader
+from shared.kvpool.block_header import FLAG_LZ4, HEADER_SIZE, BlockHeader
 
 BLOCK_SUFFIX = ".kvb"
 TEMP_SUFFIX = ".tmp"

@@ -3,7 +3,7 @@
 Control over NATS (lookup, put, and the gets of askers that encrypt); bytes over the data
 plane, where a get asked on a worker's own connection is answered on it
 (shared/transfer/tcp/asking.py); KV events so the conductor knows which blocks live here.
-Several instances split the blocks by consistent hashing (shared/hash_ring.py), which
+Several instances split the blocks by consistent hashing (shared/kvpool/hash_ring.py), which
 their clients compute.
 """
 
@@ -21,9 +21,8 @@ from services.kvstore.gets import Gets
 from services.kvstore.inbox import PutInbox
 from services.kvstore.store import BlockRef, BlockStore
 from shared import subjects
-from shared.bus import Bus
 from shared.codec import MessageError, decode, encode
-from shared.kv_events import publish_kv_events
+from shared.kvpool.events import publish_kv_events
 from shared.messages import (
     Ack,
     BlockGet,
@@ -36,7 +35,8 @@ from shared.messages import (
     StatsRequest,
     StoreStats,
 )
-from shared.service import Service, ServiceConfig
+from shared.runtime.bus import Bus
+from shared.runtime.service import Service, ServiceConfig
 from shared.transfer.address import advertised
 from shared.transfer.common.encryption import require_token
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender

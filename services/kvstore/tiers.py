@@ -13,7 +13,7 @@ import xxhash
 from services.kvstore.blockfile import BlockHeader, encode_payload, write_block_file
 from services.kvstore.disk import DiskTier, max_file_bytes
 from services.kvstore.dram import BlockState, DramBlock, DramTier
-from shared.net_events import NetEvents
+from shared.kvpool.net_events import NetEvents
 
 
 @dataclass(slots=True)

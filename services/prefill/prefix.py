@@ -15,12 +15,11 @@ import time
 from dataclasses import dataclass, field
 
 from shared import subjects
-from shared.block_fetch import BlockFetcher
 from shared.engine.interface import EngineInterface
 from shared.engine.loop import EngineLoop
 from shared.engine.runner import SeqChunk
-from shared.kv_inbox import Expected, KVInbox
-from shared.kv_pool import KVPool
+from shared.kvpool.block_fetch import BlockFetcher
+from shared.kvpool.pool import KVPool
 from shared.messages import PrefillRequest
 from shared.prefill.prefix import (
     KVSTORE,
@@ -41,7 +40,8 @@ from shared.prefill.worth import (
     stall_bound,
     worth_loading,
 )
-from shared.tasks import Tasks
+from shared.runtime.tasks import Tasks
+from shared.transfer.inbox import Expected, KVInbox
 
 log = logging.getLogger("kvstack.prefill")
 

@@ -18,9 +18,7 @@ from services.prefill.streaming import (
     layer_spans,
     spans_nbytes,
 )
-from shared import subjects, tracing
-from shared.block_fetch import BlockFetcher
-from shared.bus import Bus, ServiceUnavailable
+from shared import subjects
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_thread import EngineThread
 from shared.engine.interface import EngineInterface
@@ -30,10 +28,8 @@ from shared.engine.runner import SeqChunk
 from shared.engine.stats import tokens_to_compute
 from shared.errors import is_prefix_load_failure
 from shared.hashing import block_hashes
-from shared.heartbeats import subscribe_heartbeats
-from shared.kv_inbox import KVInbox
-from shared.kv_pool_factory import open_kv_pool
-from shared.kvstore_client import write_back
+from shared.kvpool.block_fetch import BlockFetcher
+from shared.kvpool.kvstore_client import write_back
 from shared.messages import (
     Abort,
     Ack,
@@ -71,20 +67,25 @@ from shared.prefill.timing import (
     prefill_timing,
     seconds_between,
 )
-from shared.service import Service
+from shared.runtime import tracing
+from shared.runtime.bus import Bus, ServiceUnavailable
+from shared.runtime.heartbeats import subscribe_heartbeats
+from shared.runtime.service import Service
 from shared.transfer.address import advertised
 from shared.transfer.factory import make_sender
+from shared.transfer.inbox import KVInbox
 from shared.transfer.tcp import TcpKVReceiver, TcpKVSender
-from shared.worker import WorkerConfig, prompt_problem, worker_heartbeat, worker_stats
-from shared.worker_core import error_code, intake_refusal
-from shared.worker_metrics import LoadGauges, show_engine
+from shared.worker.config import WorkerConfig, prompt_problem, worker_heartbeat, worker_stats
+from shared.worker.core import error_code, intake_refusal
+from shared.worker.metrics import LoadGauges, show_engine
+from shared.worker.pool import open_kv_pool
 
 log = logging.getLogger("kvstack.prefill")
 
 
 class PrefillService(Service):
     name = "prefill"
-    bus: Bus  # connected before start() (shared/service.py: run)
+    bus: Bus  # connected before start() (shared/runtime/service.py: run)
 
     def __init__(self, config: WorkerConfig) -> None:
         super().__init__(config)

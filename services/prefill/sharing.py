@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-from shared.bus import Bus
 from shared.engine.loop import EngineLoop
-from shared.kv_events import publish_kv_events
 from shared.kvblocks import BlockLayout
-from shared.kvstore_client import send_blocks
+from shared.kvpool.events import publish_kv_events
+from shared.kvpool.kvstore_client import send_blocks
 from shared.messages import Ack, BlockGet, KVResync
+from shared.runtime.bus import Bus
 from shared.transfer.base import KVSender
 
 EVENT_INTERVAL = 0.2

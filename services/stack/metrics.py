@@ -6,7 +6,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 
-from shared.metrics import Metrics
+from shared.runtime.metrics import Metrics
 
 
 class UpMetrics:

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.child_process import signal_group, start_in_own_session
 from shared.errors import KvstackError
-from shared.mooncake_store import MISSING_HELP, available
+from shared.kvpool.mooncake_store import MISSING_HELP, available
+from shared.runtime.child_process import signal_group, start_in_own_session
 
 START_TIMEOUT = 20.0
 

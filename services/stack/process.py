@@ -10,7 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.child_process import group_members, kill_group, signal_group, start_in_own_session
+from shared.runtime.child_process import (
+    group_members,
+    kill_group,
+    signal_group,
+    start_in_own_session,
+)
 
 # Stopped one tier after the other: first the gateway (it drains the requests in flight),
 # then the workers (they finish what they hold and deregister), then the attention

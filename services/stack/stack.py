@@ -42,14 +42,14 @@ from services.stack.supervisor import Child, Supervisor
 from shared import codec, subjects
 from shared.auth.credentials import NatsAuth
 from shared.auth.deployment import Identity, read_api_key, read_data_token
-from shared.bus import Bus, server_urls
-from shared.child_process import kill_group
 from shared.cpu_cores import format_cores, plan_cores
 from shared.engine.mock import MockSpec
 from shared.errors import KvstackError
 from shared.messages import Heartbeat
-from shared.nats_cluster import NatsCluster
-from shared.nats_server import NatsServer
+from shared.runtime.bus import Bus, server_urls
+from shared.runtime.child_process import kill_group
+from shared.runtime.nats_cluster import NatsCluster
+from shared.runtime.nats_server import NatsServer
 
 MODEL_WORKERS = ("prefill", "decode", "attention-worker")  # the services pinned to cores
 STOP_GRACE = 20.0  # seconds a service may take past its drain to stop and deregister

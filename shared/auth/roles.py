@@ -35,7 +35,7 @@ class Role:
 
 def _service(name: str, publish: tuple[str, ...], subscribe: tuple[str, ...]) -> Role:
     """What every service does besides its own work: beat under its own id (and hear its
-    own beats come back: its lease on the bus, shared/heartbeats.py), beat again when a
+    own beats come back: its lease on the bus, shared/runtime/heartbeats.py), beat again when a
     conductor asks for a resync, answer `nats micro` discovery."""
     beat = subjects.heartbeat(name, ID)
     status = f"{subjects.PREFIX}.{name}.{ID}.status"
@@ -43,7 +43,7 @@ def _service(name: str, publish: tuple[str, ...], subscribe: tuple[str, ...]) ->
 
 
 # NOTE: a worker with --kv-pool mooncake reports the pool as the kvstore instance
-# "<its id>-mooncake" (shared/mooncake_pool.py); with credentials shared by a role (`*`)
+# "<its id>-mooncake" (shared/kvpool/mooncake_pool.py); with credentials shared by a role (`*`)
 # these name no subject a worker may use, and the conductor does not hear the pool
 _MOONCAKE_POOL = (
     subjects.heartbeat("kvstore", f"{ID}-mooncake"),

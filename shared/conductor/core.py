@@ -91,7 +91,7 @@ class Conductor:
         self.overhead = PathOverhead()
 
     def observe(self, hb: Heartbeat) -> None:
-        """`hb` as heard: its `time` is when it arrived (shared/heartbeats.py)."""
+        """`hb` as heard: its `time` is when it arrived (shared/runtime/heartbeats.py)."""
         if hb.service not in ("prefill", "decode", "kvstore"):
             return
         old = self.state.heartbeats.get(hb.worker_id)

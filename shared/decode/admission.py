@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.worker_core import Refusal, draining_refusal, invalid_prompt
+from shared.worker.core import Refusal, draining_refusal, invalid_prompt
 
 # Tokens of output an admitted request must still have room for: admission is refused
 # ("cannot admit") rather than filling the pool so tightly that requests preempt at once.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from shared.engine.output import RequestOutput
 from shared.messages import TokenEvent
-from shared.worker_core import error_code
+from shared.worker.core import error_code
 
 
 class TokenSequencer:

@@ -3,7 +3,7 @@ pure functions of a request's params and the engine's recent step time."""
 
 from __future__ import annotations
 
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 
 # The most a burst of decode steps may take: its tokens reach the client in one event, so a
 # client's gap between tokens may be this long. NOTE: a burst saves the Python between steps

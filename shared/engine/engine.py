@@ -25,7 +25,6 @@ from shared.engine.grammar import Grammars
 from shared.engine.interface import EngineInfo, EngineInterface, EngineStats
 from shared.engine.isolation import LayerHook, StepHook, execute_isolated
 from shared.engine.logits_process import History
-from shared.engine.logprob import TokenLogprob
 from shared.engine.mock_runner import MockRunner, mock_runner
 from shared.engine.namespace import kv_namespace
 from shared.engine.output import (
@@ -37,7 +36,6 @@ from shared.engine.output import (
 )
 from shared.engine.runner import ModelRunner, SeqChunk, torch_runner
 from shared.engine.sampler import SAMPLING_FAILED, sampling_failure, seeded_generator
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, is_prefilling
 from shared.engine.sequence import Sequence
 from shared.engine.stats import tokens_to_compute
@@ -48,10 +46,12 @@ from shared.errors import InvalidRequest, KvstackError
 from shared.kvcache.block_pool import KVEvents
 from shared.kvcache.manager import KVCacheManager
 from shared.kvcache.storage import KVStorage
+from shared.logprob import TokenLogprob
 from shared.model.config import ModelConfig
 from shared.model.detokenizer import IncrementalDetokenizer
 from shared.model.registry import resolve_model
 from shared.model.tokenizer import Tokenizer, has_tokenizer
+from shared.sampling_params import SamplingParams
 from shared.structured.matcher import GrammarMatcher, GrammarViolation
 
 log = logging.getLogger("kvstack.engine")

@@ -20,12 +20,12 @@ from shared.engine.config import EngineConfig
 from shared.engine.isolation import LayerHook, StepHook
 from shared.engine.output import Completion, RequestOutput
 from shared.engine.runner import ModelRunner
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.stats import EngineStats
 from shared.kvcache.block_pool import KVEvents
 from shared.kvcache.storage import KVStorage
 from shared.model.config import ModelConfig
 from shared.model.tokenizer import Tokenizer
+from shared.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

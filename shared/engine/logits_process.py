@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 from shared.structured.logits import mask_logits_
 from shared.structured.matcher import GrammarMatcher
 

@@ -17,12 +17,12 @@ import xxhash
 
 from shared.engine.config import EngineConfig
 from shared.engine.logits_process import History
-from shared.engine.logprob import TokenLogprob
 from shared.engine.mock import MockSpec
 from shared.engine.runner import SeqChunk
-from shared.engine.sampling_params import SamplingParams
 from shared.kvcache.storage import KVStorage
+from shared.logprob import TokenLogprob
 from shared.model.config import ModelConfig
+from shared.sampling_params import SamplingParams
 
 log = logging.getLogger("kvstack.engine")
 

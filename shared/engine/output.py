@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.engine.logprob import TokenLogprob
+from shared.logprob import TokenLogprob
 
 # Why a request ended with finish_reason "error" (RequestOutput.error_kind):
 REQUEST_ERROR = "request"  # its own fault (its sampling, its chunk): a retry fails again

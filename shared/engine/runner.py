@@ -12,11 +12,10 @@ import torch
 from shared.engine.config import EngineConfig, cpu_has_amx, keeps_prefill_copy, max_model_len
 from shared.engine.cuda_graphs import DecodeGraphs
 from shared.engine.logits_process import History, adjusted
-from shared.engine.logprob import TokenLogprob
 from shared.engine.metadata import attention_metadata
 from shared.engine.sampler import logprobs, sample
-from shared.engine.sampling_params import SamplingParams
 from shared.kvcache.storage import KVStorage
+from shared.logprob import TokenLogprob
 from shared.model.attention import AttentionBackend, AttentionMetadata, TorchPagedAttention
 from shared.model.attention_choice import attention_backend, backend_name
 from shared.model.config import ModelConfig
@@ -33,6 +32,7 @@ from shared.model.quant import (
 from shared.model.quant_loader import load_model_as
 from shared.model.registry import gguf_source
 from shared.model.weight_arena import pack_weights
+from shared.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ import numpy
 import torch
 import xxhash
 
-from shared.engine.logprob import TokenLogprob
-from shared.engine.sampling_params import SamplingParams
+from shared.logprob import TokenLogprob
 from shared.model.kernels import loaded_cpu_ops
+from shared.sampling_params import SamplingParams
 
 SAMPLING_FAILED = -1  # in place of a token id: this row's distribution is unusable
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence as Seq
 
-from shared.engine.sampling_params import SamplingParams
 from shared.hashing import block_hashes, chain_hash, root_hash
+from shared.sampling_params import SamplingParams
 
 
 class SeqStatus(enum.Enum):

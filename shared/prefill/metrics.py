@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Histogram
 
-from shared.metrics import Metrics
+from shared.runtime.metrics import Metrics
 
 TIERS = ("local", "kvstore", "peer")
 LOADED_FROM = ("kvstore", "peer")

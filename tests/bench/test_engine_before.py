@@ -14,10 +14,10 @@ import pytest
 from bench.engine import before_side
 from shared.engine.config import EngineConfig, cpu_has_amx
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
 from shared.model import quant
 from shared.model.kernels import cpu_ops
 from shared.model.quant import QuantLinear
+from shared.sampling_params import SamplingParams
 from tests.shared.test_huge_pages import huge_page_bytes, thp_setting
 
 pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native kernels on this CPU")

@@ -19,8 +19,8 @@ from bench.compose.faults import Fault
 from bench.compose.runner import ComposeChaosConfig, run_compose_chaos
 from bench.compose.stack import ComposeStack
 from shared import subjects
-from shared.bus import Bus
 from shared.messages import Heartbeat
+from shared.runtime.bus import Bus
 from tests.compose.conftest import MAX_TOKENS, MODEL, client, greedy_text, started
 
 IMAGE_USER = "10001"  # the image's kvstack user

@@ -24,7 +24,7 @@ from shared.auth.roles import ROLES
 from shared.conductor.settings import SCHEDULING_SETTINGS
 from tests.deploy.manifests import ROOT, containers
 
-# NOTE: after --drain-timeout, shared/service.py bounds the hand-off (10 s), discovery's
+# NOTE: after --drain-timeout, shared/runtime/service.py bounds the hand-off (10 s), discovery's
 # stop (5 s) and the service's stop (10 s); the grace period must cover all of them.
 AFTER_DRAIN_S = 25
 SECRET = "kvstack"  # made from `kvstack auth init`'s files (docs/kubernetes.md)
@@ -41,7 +41,7 @@ MEMORY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 class Served:
     """The HTTP paths each service answers (GET), found on the running code."""
 
-    common: frozenset[str]  # every service's (shared/service.py)
+    common: frozenset[str]  # every service's (shared/runtime/service.py)
     own: dict[str, frozenset[str]]  # a service's own routes besides, by command
 
     def paths(self, service: str) -> frozenset[str]:

@@ -25,8 +25,8 @@ from services.cli.main import main as kvstack
 from services.conductor.service import ConductorConfig, ConductorService
 from services.gateway.service import GatewayConfig, GatewayService
 from shared.costmodel import roofline
-from shared.nats_server import nats_server_binary
-from shared.service import Service, ServiceConfig, _start_http
+from shared.runtime.nats_server import nats_server_binary
+from shared.runtime.service import Service, ServiceConfig, _start_http
 from tests.deploy import checks
 from tests.deploy.manifests import K8S, containers, find, kubectl, load, render, workloads
 
@@ -66,7 +66,7 @@ def served(docs, smollm2_dir) -> checks.Served:
 
 
 async def answered(paths: set[str]) -> set[str]:
-    """The paths a service's HTTP (shared/service.py) answers with anything but 404."""
+    """The paths a service's HTTP (shared/runtime/service.py) answers with anything but 404."""
     service = Service(ServiceConfig(http_port=0))
     runner = await _start_http(service)
     try:

@@ -16,8 +16,8 @@ from services.stack.stack import Stack, StackConfig
 from shared import subjects
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
 from shared.messages import ConductorStats, StatsRequest, WorkerStats
+from shared.sampling_params import SamplingParams
 
 API_KEY = "test-key"
 # float32 everywhere, so outputs compare with `kvstack generate --dtype float32` exactly.

@@ -22,8 +22,8 @@ from bench.chaos.load import Case
 from bench.chaos.runner import ChaosConfig, run_chaos
 from services.stack.restarts import RestartPolicy
 from shared import codec, subjects
-from shared.engine.sampling_params import SamplingParams
 from shared.messages import TokenEvent
+from shared.sampling_params import SamplingParams
 from tests.e2e.conftest import running_stack, worker_stats
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -260,7 +260,7 @@ def test_a_decode_worker_frozen_mid_stream_is_fenced_when_it_thaws(
 ) -> None:
     """SIGSTOP past three heartbeats: the stream moves to the other decode worker and goes
     on exactly; the frozen worker, thawed, publishes no token for the request it lost (its
-    lease ran out: shared/heartbeats.py) and holds nothing after."""
+    lease ran out: shared/runtime/heartbeats.py) and holds nothing after."""
     prompt = prompt_ids(reference, "the mountains")
     [want] = wanted(reference, [prompt], 256)
     watch = TokenWatch(stack)

@@ -20,7 +20,7 @@ import yaml
 from services.cli.main import build_parser
 from services.cli.main import main as kvstack
 from services.stack.stack import Stack, StackConfig
-from shared.nats_server import NatsServer
+from shared.runtime.nats_server import NatsServer
 from tests.e2e.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 from tests.e2e.conftest import free_port, running_stack, worker_stats
 from tests.e2e.proxy import CorruptingProxy
 

@@ -15,7 +15,7 @@ import pytest
 
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 from tests.conftest import make_served_model
 from tests.e2e.conftest import API_KEY, GATEWAY_ARGS, WORKER_ARGS, running_stack
 from tests.e2e.test_offload import OFFLOAD, attention_stats

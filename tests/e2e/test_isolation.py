@@ -8,7 +8,7 @@ import concurrent.futures
 import openai
 import pytest
 
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 from tests.e2e.conftest import API_KEY
 
 MODEL = "SmolLM2-135M-Instruct"

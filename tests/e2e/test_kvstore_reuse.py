@@ -8,7 +8,7 @@ import time
 import openai
 import pytest
 
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 from tests.e2e.conftest import (
     indexed_blocks,
     pooled_blocks,

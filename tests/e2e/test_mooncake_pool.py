@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.engine.sampling_params import SamplingParams
-from shared.mooncake_store import MISSING_HELP, available
+from shared.kvpool.mooncake_store import MISSING_HELP, available
+from shared.sampling_params import SamplingParams
 from tests.e2e.conftest import WORKER_ARGS, running_stack, worker_stats
 from tests.e2e.test_kvstore_reuse import STORY, ask, wait_until_pooled
 

@@ -17,7 +17,7 @@ import pytest
 from bench.chaos.load import Case, SteadyLoad
 from services.stack.stack import Stack
 from shared.engine.mock import MockSpec
-from shared.nats_cluster import NatsCluster, routes_all
+from shared.runtime.nats_cluster import NatsCluster, routes_all
 from tests.e2e.conftest import running_stack
 
 SPEC = MockSpec("llama3-70b", "a800", 1e-3)

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from services.stack.restarts import RestartPolicy
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.messages import AttentionStats
+from shared.sampling_params import SamplingParams
 from tests.e2e.conftest import assert_chats_equal_reference, running_stack, worker_stats
 
 # Attention workers sized like the other workers (WORKER_ARGS): one thread, a small pool.

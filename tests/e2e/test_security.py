@@ -16,10 +16,10 @@ from services.stack.stack import Stack
 from shared import codec, subjects
 from shared.auth.credentials import NatsAuth
 from shared.auth.deployment import Identity, ensure_secrets
-from shared.bus import Bus
 from shared.errors import KvstackError
 from shared.messages import Heartbeat, KVEvent
-from shared.nats_server import NatsServer
+from shared.runtime.bus import Bus
+from shared.runtime.nats_server import NatsServer
 from tests.e2e.conftest import ask_conductor
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from services.stack.pinning import usable_cores
 from shared.cpu_cores import format_cores, plan_cores
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 from tests.e2e.conftest import free_port
 
 MODEL = "SmolLM2-135M-Instruct"

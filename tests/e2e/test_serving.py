@@ -8,7 +8,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 from tests.e2e.conftest import API_KEY
 
 QUESTION = "What is the capital of France?"

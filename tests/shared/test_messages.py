@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared import codec
-from shared.engine.logprob import TokenLogprob
-from shared.engine.sampling_params import SamplingParams
+from shared.logprob import TokenLogprob
 from shared.messages import (
     Abort,
     Ack,
@@ -21,6 +20,7 @@ from shared.messages import (
     TokenEvent,
     WorkerStats,
 )
+from shared.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=5, temperature=0.5, stop=("x", "y"), seed=3, logprobs=2)
 LOGPROB = TokenLogprob(7, -0.25, ((7, -0.25), (9, -1.5)))

@@ -338,7 +338,7 @@ class ListeningReceiver(KVReceiver):
     def _listen(self) -> socket.socket:
         try:
             return socket.create_server((self.host, self.port), backlog=64)
-        except OSError as e:  # one clear line, as for a taken HTTP port (shared/service.py)
+        except OSError as e:  # one clear line, as for a taken HTTP port (shared/runtime/service.py)
             raise KvstackError(
                 f"cannot listen on {self.host}:{self.port} (data plane): {e.strerror}"
             ) from None

@@ -8,7 +8,7 @@ from shared.errors import KvstackError
 
 def test_reports_as_often_as_live_workers():
     from services.prefill.sharing import EVENT_INTERVAL as LIVE_EVENTS
-    from shared.service import ServiceConfig
+    from shared.runtime.service import ServiceConfig
 
     assert ServiceConfig().heartbeat_interval == HEARTBEAT_INTERVAL
     assert EVENT_INTERVAL == LIVE_EVENTS

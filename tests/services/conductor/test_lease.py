@@ -13,9 +13,9 @@ from nats.js.errors import NotFoundError
 from services.conductor.lease import LeaseKeeper
 from services.conductor.placements import PlacementRecords, record_key
 from shared import subjects
-from shared.bus import Bus
 from shared.conductor.lease import Lease, LeaseConfig
 from shared.messages import Placement
+from shared.runtime.bus import Bus
 
 TTL = 0.5
 

@@ -11,7 +11,7 @@ from services.decode.offload_runner import split_micro_batches
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.runner import SeqChunk
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 from tests.services.decode.offload_helpers import offloaded_engine, record_logits
 
 PROMPTS = [[1, 17, 33, 8, 99, 4, 23, 61, 7], [5, 6, 7] * 11, [42, 11], list(range(3, 40))]

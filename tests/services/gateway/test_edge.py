@@ -3,7 +3,7 @@ content encodings, the per-key limit, CORS and constant-time keys, every refusal
 OpenAI error object.
 
 The real GatewayService serves HTTP here exactly as `kvstack gateway` does
-(`shared.service._start_http`), without NATS: every request below is decided before a
+(`shared.runtime.service._start_http`), without NATS: every request below is decided before a
 request would reach the workers (tests/e2e/test_fuzz.py covers the whole way)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from services.gateway.edge import EdgeConfig
 from services.gateway.openapi import OPENAPI
 from services.gateway.service import GatewayConfig, GatewayService
 from shared.errors import KvstackError
-from shared.service import _start_http
+from shared.runtime.service import _start_http
 
 KEY = "edge-key"
 ORIGIN = "https://app.example"

@@ -14,9 +14,6 @@ import pytest
 from services.gateway.backend import Backend, BackendTimeouts
 from services.gateway.protocol import GenerateRequest
 from shared import subjects
-from shared.bus import Bus
-from shared.engine.sampling_params import SamplingParams
-from shared.heartbeats import subscribe_heartbeats
 from shared.messages import (
     Ack,
     Heartbeat,
@@ -25,6 +22,9 @@ from shared.messages import (
     PrefillRequest,
     TokenEvent,
 )
+from shared.runtime.bus import Bus
+from shared.runtime.heartbeats import subscribe_heartbeats
+from shared.sampling_params import SamplingParams
 
 MAX_TOKENS = 6
 FIRST_ATTEMPT = (7, 8, 9, 10)  # tokens seq 0..3 of the first attempt, one each

@@ -26,7 +26,7 @@ from services.gateway.responses import (
     usage_chunk,
 )
 from services.gateway.service import GatewayConfig, GatewayService
-from shared.engine.logprob import TokenLogprob
+from shared.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -58,7 +58,8 @@ def openapi_path(route: str) -> str:
 def test_every_route_the_gateway_serves_is_documented(smollm2_dir) -> None:
     service = GatewayService(GatewayConfig(http_port=0))
     served = {(route.method.lower(), openapi_path(route.path)) for route in service.routes()}
-    served |= {("get", "/health"), ("get", "/metrics")}  # every service's (shared/service.py)
+    # every service serves these two (shared/runtime/service.py)
+    served |= {("get", "/health"), ("get", "/metrics")}
     documented = {(method, path) for path, item in OPENAPI["paths"].items() for method in item}
     assert documented == served
 

@@ -7,8 +7,8 @@ import pytest
 from services.gateway.errors import ApiError
 from services.gateway.progress import Progress, WorkerLost
 from services.gateway.protocol import GenerateRequest
-from shared.engine.sampling_params import SamplingParams
 from shared.messages import TokenEvent
+from shared.sampling_params import SamplingParams
 
 PROMPT = (1, 2, 3, 4)
 

@@ -24,7 +24,7 @@ from services.gateway.responses import (
 )
 from services.gateway.sse import SSE_DONE, sse_event
 from services.gateway.text import TextStream
-from shared.engine.logprob import TokenLogprob
+from shared.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
 
 try:  # the HTTP library this openai release is built on

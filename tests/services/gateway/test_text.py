@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from services.gateway.text import TextStream
-from shared.engine.logprob import TokenLogprob
-from shared.engine.sampling_params import SamplingParams
+from shared.logprob import TokenLogprob
 from shared.model.tokenizer import Tokenizer
+from shared.sampling_params import SamplingParams
 
 PROMPT = (1, 4093, 198)
 

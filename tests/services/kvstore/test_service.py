@@ -11,15 +11,15 @@ import torch
 
 from services.stack.stack import Stack, StackConfig
 from shared import subjects
-from shared.bus import Bus
-from shared.kv_inbox import KVInbox
-from shared.kv_pool_factory import asker_for
 from shared.kvcache.storage import KVStorage
-from shared.kvstore_client import KvstorePool
+from shared.kvpool.kvstore_client import KvstorePool
 from shared.messages import Heartbeat, StatsRequest, StoreStats
+from shared.runtime.bus import Bus
 from shared.transfer.common.handshake import PROOF_BYTES
+from shared.transfer.inbox import KVInbox
 from shared.transfer.tcp import HEADER, KIND_KV, KIND_RING, SPAN, TcpKVReceiver, TcpKVSender
 from shared.transfer.tcp.arena_view import ArenaView
+from shared.worker.pool import asker_for
 from tests.e2e.conftest import free_port
 from tests.shared.transfer.proxy import FlipProxy
 

@@ -9,8 +9,8 @@ from services.prefill.prefix import PrefixLoad, PrefixLoader
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.runner import SeqChunk
-from shared.engine.sampling_params import SamplingParams
-from shared.kv_inbox import KVInbox
+from shared.sampling_params import SamplingParams
+from shared.transfer.inbox import KVInbox
 
 
 def engine_with_a_prompt(model_dir) -> tuple[LLMEngine, KVInbox]:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from services.stack.process import Process, sweep, terminate
-from shared.child_process import group_members, start_in_own_session
+from shared.runtime.child_process import group_members, start_in_own_session
 
 # A child that starts a grandchild in its own group, stops the grandchild and exits.
 LEAVES_A_STOPPED_GRANDCHILD = """

@@ -8,7 +8,7 @@ import torch
 
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.cuda
 

@@ -14,9 +14,9 @@ from shared.engine.burst import burst_fits
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.output import RequestOutput
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.model.kernels import cpu_ops
+from shared.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="no native kernels on this CPU")
 

@@ -15,7 +15,7 @@ from shared.engine.config import (
 )
 from shared.engine.runner import prefill_bf16
 from shared.errors import KvstackError
-from shared.worker import WorkerConfig
+from shared.worker.config import WorkerConfig
 
 
 @pytest.fixture(params=[True, False], ids=["native-bf16", "no-bf16"])

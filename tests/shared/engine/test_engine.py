@@ -9,8 +9,8 @@ import torch
 
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest
+from shared.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 

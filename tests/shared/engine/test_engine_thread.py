@@ -12,7 +12,7 @@ from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.engine_thread import EngineThread
 from shared.engine.loop import EngineLoop
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 
 
 def test_jobs_run_in_order_on_one_thread_and_errors_reach_the_caller() -> None:

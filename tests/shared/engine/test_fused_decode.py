@@ -348,7 +348,7 @@ def test_a_step_hook_keeps_decode_fused_where_a_layer_hook_does_not(
     per-layer hook, which costs every decode step its fused path."""
     from services.colocated.engine_backend import EngineBackend
     from shared.engine.engine import LLMEngine
-    from shared.engine.sampling_params import SamplingParams
+    from shared.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", num_blocks=64))
     calls = FusedCalls(monkeypatch)

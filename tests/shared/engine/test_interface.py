@@ -11,9 +11,9 @@ from shared.engine.interface import EngineInterface
 from shared.engine.mock import MockSpec
 from shared.engine.namespace import kv_namespace
 from shared.engine.runner import ModelRunner
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import KvstackError
 from shared.hashing import block_hashes
+from shared.sampling_params import SamplingParams
 
 FIRST_TOKEN = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 PROMPT = list(range(10, 23))  # 13 tokens: three full blocks of 4

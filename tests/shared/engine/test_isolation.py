@@ -9,7 +9,7 @@ import torch
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.output import ENGINE_ERROR, REQUEST_ERROR, Completion, RequestOutput
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 SAMPLED = SamplingParams(max_tokens=6, temperature=0.8, seed=5, ignore_eos=True)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from shared.engine.logits_process import History, adjusted
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest
+from shared.sampling_params import SamplingParams
 from tests.shared.engine.test_engine import engine, hf_greedy, prompts
 from tests.shared.engine.test_engine import reference as reference
 

@@ -10,13 +10,13 @@ import torch
 
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.logprob import TokenLogprob
 from shared.engine.mock import MockSpec
 from shared.engine.mock_runner import MockRunner, step_seconds
 from shared.engine.runner import SeqChunk
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest
 from shared.kvcache.storage import KVStorage
+from shared.logprob import TokenLogprob
+from shared.sampling_params import SamplingParams
 
 SPEC = MockSpec("llama3-70b", "a800")
 COST = SPEC.cost()

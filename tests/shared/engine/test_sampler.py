@@ -13,9 +13,9 @@ from shared.engine.sampler import (
     sampling_failure,
     seeded_generator,
 )
-from shared.engine.sampling_params import SamplingParams
 from shared.errors import InvalidRequest
 from shared.model.kernels import cpu_ops, supported_isas
+from shared.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([[1.0, 3.0, 2.0, 0.5], [0.0, 0.0, 5.0, 0.0]])
 
@@ -201,7 +201,7 @@ def test_the_sampler_never_builds_the_kernels(tmp_path) -> None:
     script = (
         "import torch\n"
         "from shared.engine.sampler import sample\n"
-        "from shared.engine.sampling_params import SamplingParams\n"
+        "from shared.sampling_params import SamplingParams\n"
         "from shared.model import kernels\n"
         "print(sample(torch.tensor([[0.0, 2.0, 1.0]]), [SamplingParams(temperature=0)], [None]))\n"
         "print(kernels.loaded_cpu_ops())\n"

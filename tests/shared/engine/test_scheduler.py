@@ -1,7 +1,7 @@
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from shared.engine.sequence import SeqStatus, Sequence
 from shared.kvcache import KVCacheManager
+from shared.sampling_params import SamplingParams
 
 BS = 4
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 from tests.shared.engine.test_mock_runner import mock_engine
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.mooncake_store import MISSING_HELP, available
+from shared.kvpool.mooncake_store import MISSING_HELP, available
 
 
 @pytest.fixture(scope="package")

@@ -1,4 +1,4 @@
-"""A kvstore get asked on the data connection (shared/block_fetch.py: AskingFetcher) that
+"""A kvstore get asked on the data connection (shared/kvpool/block_fetch.py: AskingFetcher) that
 gets no answer is a miss within the fetcher's timeout, and leaves nothing expected."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import time
 
 import torch
 
-from shared.block_fetch import AskingFetcher
-from shared.kv_inbox import KVInbox
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
+from shared.kvpool.block_fetch import AskingFetcher
+from shared.transfer.inbox import KVInbox
 from shared.transfer.tcp import TcpKVReceiver
 from shared.transfer.tcp.asker import Asker
 

@@ -8,12 +8,12 @@ import asyncio
 import pytest
 import torch
 
-from shared.kv_inbox import KVInbox
-from shared.kvblock_header import HEADER_SIZE
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
-from shared.mooncake_pool import MooncakePool
-from shared.mooncake_store import MooncakeBlockStore, MooncakeStoreConfig, block_key
+from shared.kvpool.block_header import HEADER_SIZE
+from shared.kvpool.mooncake_pool import MooncakePool
+from shared.kvpool.mooncake_store import MooncakeBlockStore, MooncakeStoreConfig, block_key
+from shared.transfer.inbox import KVInbox
 
 NUM_BLOCKS = 8
 LAYOUT = BlockLayout(num_layers=4, block_size=16, half_bytes=16 * 2 * 8 * 2)
@@ -133,8 +133,8 @@ async def test_the_conductor_hears_the_pool_through_the_workers_reports(
     """A worker's pool beats as `<id>-mooncake` and publishes what it stored, allowed by
     that worker's own credentials; the conductor's index then finds the blocks in the pool."""
     from shared import subjects
-    from shared.bus import Bus
     from shared.messages import Heartbeat, KVEvent
+    from shared.runtime.bus import Bus
     from tests.shared.conductor.builders import conductor
 
     core = conductor(prefill=("prefill-7",))

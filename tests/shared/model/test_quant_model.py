@@ -8,7 +8,6 @@ import torch
 
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
 from shared.model import ops
 from shared.model.kernels import cpu_ops
 from shared.model.loader import load_model
@@ -25,6 +24,7 @@ from shared.model.quant_loader import load_model_as, load_requantized
 from shared.model.registry import gguf_source
 from shared.model.scoring import causal_logits, greedy_agreement
 from shared.model.tokenizer import Tokenizer
+from shared.sampling_params import SamplingParams
 
 MODEL = "SmolLM2-135M-Instruct"
 TEXT = (

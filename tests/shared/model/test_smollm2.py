@@ -7,7 +7,7 @@ import torch
 
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 
 QUESTIONS = [  # each answer runs past 32 tokens, so all 32 are compared
     "Write a haiku about the sea.",

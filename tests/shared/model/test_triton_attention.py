@@ -14,10 +14,10 @@ import torch
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.metadata import attention_metadata
-from shared.engine.sampling_params import SamplingParams
 from shared.kvcache.storage import KVStorage
 from shared.model.attention import TorchPagedAttention
 from shared.model.attention_choice import attention_backend
+from shared.sampling_params import SamplingParams
 from tests.shared.model.chunks import Chunk
 
 pytestmark = pytest.mark.triton

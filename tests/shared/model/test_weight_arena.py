@@ -11,7 +11,6 @@ import torch
 
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
 from shared.model.kernels import cpu_ops
 from shared.model.loader import load_model
 from shared.model.quant import QuantLinear
@@ -19,6 +18,7 @@ from shared.model.quant_loader import load_model_as
 from shared.model.registry import gguf_source
 from shared.model.scoring import causal_logits
 from shared.model.weight_arena import pack_weights
+from shared.sampling_params import SamplingParams
 
 MODEL = "SmolLM2-135M-Instruct"
 

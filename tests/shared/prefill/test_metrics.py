@@ -3,10 +3,10 @@ fetched counts for its source, the rest for the local cache."""
 
 from __future__ import annotations
 
-from shared.metrics import Metrics
 from shared.prefill.metrics import PrefixCounters
 from shared.prefill.prefix import KVSTORE, PrefixPlan
 from shared.prefill.timing import cached_by_tier
+from shared.runtime.metrics import Metrics
 
 
 def hits(counters: PrefixCounters) -> dict[str, float]:

@@ -11,7 +11,7 @@ import pytest
 
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
-from shared.engine.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams
 from shared.structured.request import grammar_from_request
 from shared.structured.spec import GrammarSpec
 from shared.structured.tool_grammar import tool_call_grammar
@@ -111,7 +111,7 @@ def test_a_grammar_the_vocabulary_cannot_write_ends_with_a_clear_error(engine) -
     """SmolLM2 has no token for the byte 0xF1 that starts this character's UTF-8: the
     request ends with an error the client can act on (a 400), not a worker fault."""
     from shared.engine.output import UNSATISFIABLE_ERROR
-    from shared.worker_core import error_code
+    from shared.worker.core import error_code
 
     prompt = engine.info.tokenizer.encode("Write it:")
     params = SamplingParams(max_tokens=8, grammar=GrammarSpec("regex", "\U0005b58b"))

@@ -11,8 +11,8 @@ import torch
 
 from services.prefill.streaming import Target, layer_spans
 from shared.engine.runner import SeqChunk
-from shared.kv_inbox import KVInbox
 from shared.kvcache.storage import HOST_MIRROR_ENV, KVStorage
+from shared.transfer.inbox import KVInbox
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,7 @@ from services.kvstore.inbox import PutInbox
 from services.kvstore.store import BlockStore
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
-from shared.kvstore_client import blocks_out
+from shared.kvpool.kvstore_client import blocks_out
 from shared.transfer.base import BlockSpan
 from shared.transfer.common.frames import checked_frame
 from shared.transfer.tcp import TcpKVReceiver, placed_puts, ring

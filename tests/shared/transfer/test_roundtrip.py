@@ -80,7 +80,7 @@ class OrderSink(RecordingSink):
 
 def test_sink_sees_one_frame_at_a_time(make_receiver, make_sender) -> None:
     """The next frame's destinations are not asked for before this one is reported (a sink
-    may track one frame in flight per request, as shared.kv_inbox does)."""
+    may track one frame in flight per request, as shared.transfer.inbox does)."""
     source = random_storage(torch.float32)
     sink = OrderSink(KVStorage(3, 8, 4, 2, 8))
     _, address = make_receiver(sink)

@@ -2,9 +2,9 @@ import asyncio
 
 import torch
 
-from shared.kv_inbox import KVInbox
 from shared.kvcache.storage import KVStorage
 from shared.transfer.base import FRAME_BYTES, BlockSpan, coalesce, layer_groups
+from shared.transfer.inbox import KVInbox
 
 
 def test_consecutive_whole_blocks_merge_into_one_run() -> None:

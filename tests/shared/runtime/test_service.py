@@ -12,9 +12,9 @@ import urllib.request
 import pytest
 
 from shared import codec, subjects
-from shared.bus import Bus, ServiceUnavailable
 from shared.messages import Ack, Heartbeat
-from shared.service import Service, ServiceConfig, serve
+from shared.runtime.bus import Bus, ServiceUnavailable
+from shared.runtime.service import Service, ServiceConfig, serve
 
 
 @pytest.fixture(scope="module")

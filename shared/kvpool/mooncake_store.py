@@ -1,8 +1,8 @@
 """KV blocks in Mooncake Store, synchronously: one object per block, keyed by its chain
-hash, holding a BlockHeader (shared/kvblock_header.py) and then the block's bytes.
+hash, holding a BlockHeader (shared/kvpool/block_header.py) and then the block's bytes.
 
 `MooncakeBlockStore` wraps `mooncake.store.MooncakeDistributedStore`, a C++ client whose
-calls block: call it from one worker thread (shared/mooncake_pool.py does), never from an
+calls block: call it from one worker thread (shared/kvpool/mooncake_pool.py does), never from an
 event loop. Reads land in a registered staging buffer and are verified there (header,
 size, checksum) before anything is copied out: a block is whole and intact, or absent.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import xxhash
 
 from shared.errors import KvstackError
-from shared.kvblock_header import HEADER_SIZE, BlockHeader
 from shared.kvblocks import BlockLayout
+from shared.kvpool.block_header import HEADER_SIZE, BlockHeader
 
 KEY_PREFIX = "kvstack/"
 STAGING_BLOCKS = 64  # blocks per batched call (the staging buffers hold this many)

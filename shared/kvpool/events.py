@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shared import subjects
-from shared.bus import Bus
 from shared.messages import KVEvent
+from shared.runtime.bus import Bus
 
 HASHES_PER_EVENT = 20_000
 

@@ -11,12 +11,12 @@ from shared.engine.config import EngineConfig
 from shared.engine.mock import MockSpec
 from shared.engine.stats import EngineStats
 from shared.errors import KvstackError
+from shared.kvpool.mooncake_store import MooncakeStoreConfig
 from shared.messages import Heartbeat, WorkerStats
-from shared.mooncake_store import MooncakeStoreConfig
-from shared.service import ServiceConfig
+from shared.runtime.service import ServiceConfig
 from shared.transfer.common.encryption import require_token
 from shared.transfer.factory import refuse_encryption
-from shared.worker_core import load_heartbeat
+from shared.worker.core import load_heartbeat
 
 if TYPE_CHECKING:
     from shared.engine.interface import EngineInterface

@@ -1,4 +1,4 @@
-"""A NATS cluster on this machine: `size` nats-server nodes (shared/nats_server.py), each
+"""A NATS cluster on this machine: `size` nats-server nodes (shared/runtime/nats_server.py), each
 routed to every other on loopback, for `kvstack up --nats-cluster N` and tests.
 
 Each node keeps its client port and its route port across restarts, so clients holding
@@ -23,7 +23,7 @@ from shared.auth.cluster_config import loopback_nodes, node_config
 from shared.auth.credentials import NatsAuth, write_private
 from shared.auth.routes import RouteCredentials
 from shared.errors import KvstackError
-from shared.nats_server import NatsServer
+from shared.runtime.nats_server import NatsServer
 
 ROUTE_TIMEOUT = 15.0  # seconds for every node to route to every other at start
 PROBE_WAIT = 0.2  # seconds a probe round waits for its messages

@@ -1,6 +1,6 @@
 """A stored KV block's header: which block, in which layout, how long, and checksums of
 its bytes and of itself. The kvstore's block files (services/kvstore/blockfile.py) and
-the Mooncake Store pool's objects (shared/mooncake_pool.py) both start with one, so a
+the Mooncake Store pool's objects (shared/kvpool/mooncake_pool.py) both start with one, so a
 block read back is served only when whole and intact.
 """
 

@@ -1,4 +1,4 @@
-"""The Mooncake Store KV pool (`--kv-pool mooncake`, shared/kv_pool.py).
+"""The Mooncake Store KV pool (`--kv-pool mooncake`, shared/kvpool/pool.py).
 
 Every call into the store client runs on the pool's own single thread (the client is
 synchronous C++, and one thread keeps its staging buffers safe), never on the event loop.
@@ -25,15 +25,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from shared import subjects
-from shared.bus import Bus
-from shared.kv_events import publish_kv_events
-from shared.kv_inbox import Expected, KVInbox
-from shared.kv_pool import Done
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
+from shared.kvpool.events import publish_kv_events
+from shared.kvpool.mooncake_store import MooncakeBlockStore, MooncakeStoreConfig
+from shared.kvpool.pool import Done
 from shared.messages import Heartbeat
-from shared.mooncake_store import MooncakeBlockStore, MooncakeStoreConfig
+from shared.runtime.bus import Bus
 from shared.transfer.base import BlockSpan
+from shared.transfer.inbox import Expected, KVInbox
 
 T = TypeVar("T")
 log = logging.getLogger("kvstack.mooncake_pool")

@@ -15,11 +15,12 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from shared import codec, subjects, tracing
+from shared import codec, subjects
 from shared.auth.credentials import NatsAuth
 from shared.errors import KvstackError
 from shared.messages import Ack
-from shared.tasks import Tasks
+from shared.runtime import tracing
+from shared.runtime.tasks import Tasks
 
 log = logging.getLogger("kvstack.bus")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shared import codec
-from shared.kv_events import HASHES_PER_EVENT, kv_events
+from shared.kvpool.events import HASHES_PER_EVENT, kv_events
 
 
 def test_a_quiet_interval_publishes_nothing() -> None:

@@ -1,6 +1,6 @@
 """Optional OpenTelemetry tracing: one trace per request across the gateway, conductor,
 prefill and decode workers, its context carried in NATS message headers (W3C
-`traceparent`, put there and read back by `shared/bus.py`).
+`traceparent`, put there and read back by `shared/runtime/bus.py`).
 
 Off unless a process is given an OTLP endpoint (`--otlp-endpoint`, or the standard
 OTEL_EXPORTER_OTLP_ENDPOINT). Off, nothing of OpenTelemetry is imported (it is the

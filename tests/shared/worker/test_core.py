@@ -2,7 +2,7 @@
 
 from shared.engine.output import ENGINE_ERROR, REQUEST_ERROR
 from shared.engine.stats import EngineStats
-from shared.worker_core import error_code, intake_refusal, load_heartbeat
+from shared.worker.core import error_code, intake_refusal, load_heartbeat
 
 
 def test_a_draining_worker_refuses_first_then_an_invalid_prompt():

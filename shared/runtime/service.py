@@ -28,14 +28,15 @@ import nats.micro
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Info, generate_latest
 
-from shared import codec, subjects, tracing
+from shared import codec, subjects
 from shared.auth.credentials import NatsAuth
-from shared.bus import Bus
 from shared.errors import KvstackError
-from shared.heartbeats import BusLease
 from shared.messages import Heartbeat, KVResync
-from shared.metrics import Metrics
-from shared.tasks import Tasks
+from shared.runtime import tracing
+from shared.runtime.bus import Bus
+from shared.runtime.heartbeats import BusLease
+from shared.runtime.metrics import Metrics
+from shared.runtime.tasks import Tasks
 
 log = logging.getLogger("kvstack.service")
 VERSION = "0.1.0"
@@ -363,7 +364,7 @@ async def _beat(service: Service) -> None:
 
 async def _hear_own_beats(service: Service) -> None:
     """The lease on the bus: renewed each time one of this process's own heartbeats comes
-    back through NATS, when its peers hear it too (shared/heartbeats.py: BusLease)."""
+    back through NATS, when its peers hear it too (shared/runtime/heartbeats.py: BusLease)."""
 
     async def on_beat(beat: Heartbeat) -> None:
         if beat.instance != service.instance:

@@ -1,6 +1,6 @@
 import random
 
-from shared.hash_ring import HashRing
+from shared.kvpool.hash_ring import HashRing
 
 _rng = random.Random(7)
 BLOCKS = [_rng.getrandbits(64) for _ in range(20_000)]

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from shared import tracing
-from shared.bus import Bus
 from shared.messages import Ack
+from shared.runtime import tracing
+from shared.runtime.bus import Bus
 from tests.otlp_collector import Collector, ReceivedSpan
 
 ASKED = "kvstack.test.traced"
@@ -139,8 +139,8 @@ async def test_off_messages_carry_no_headers_and_spans_are_not_kept(secure_nats)
 OFF_PROGRAM = """
 import sys
 import services.conductor.service, services.decode.service, services.gateway.service
-import services.prefill.service, shared.bus, shared.service
-from shared import tracing
+import services.prefill.service, shared.runtime.bus, shared.runtime.service
+from shared.runtime import tracing
 with tracing.span("x") as span, tracing.received({"traceparent": "00-1-2-01"}):
     span.set_attributes({"a": 1})
 spans = tracing.RequestSpans()
@@ -164,7 +164,7 @@ def test_off_nothing_of_opentelemetry_is_imported() -> None:
 MISSING_PROGRAM = """
 import sys
 sys.modules["opentelemetry"] = None
-from shared import tracing
+from shared.runtime import tracing
 from shared.errors import KvstackError
 try:
     tracing.start("gateway", "http://127.0.0.1:4318")

@@ -12,11 +12,11 @@ import time
 from collections.abc import Sequence
 from typing import TypeVar
 
-from shared.bus import Bus, ServiceUnavailable
 from shared.codec import MessageError, decode, encode
-from shared.kv_inbox import Expected, KVInbox
 from shared.kvblocks import BlockLayout
 from shared.messages import Ack, BlockGet
+from shared.runtime.bus import Bus, ServiceUnavailable
+from shared.transfer.inbox import Expected, KVInbox
 from shared.transfer.tcp.asker import Asker
 
 log = logging.getLogger("kvstack.block_fetch")

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from shared.auth.deployment import Identity, ensure_secrets
-from shared.bus import AUTH_ATTEMPTS, AUTH_RETRY_S, Bus
 from shared.errors import KvstackError
+from shared.runtime.bus import AUTH_ATTEMPTS, AUTH_RETRY_S, Bus
 
 
 async def test_credentials_the_server_learns_a_moment_later_are_accepted(secure_nats) -> None:

@@ -10,7 +10,7 @@ from prometheus_client import Gauge
 
 from shared.engine.interface import EngineInfo
 from shared.engine.stats import EngineStats
-from shared.metrics import Metrics
+from shared.runtime.metrics import Metrics
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,16 @@
-"""Open the KV pool a worker's config names (shared/kv_pool.py)."""
+"""Open the KV pool a worker's config names (shared/kvpool/pool.py)."""
 
 from __future__ import annotations
 
-from shared.bus import Bus
-from shared.kv_inbox import KVInbox
-from shared.kv_pool import KVPool
 from shared.kvcache.storage import KVStorage
-from shared.kvstore_client import KvstorePool
+from shared.kvpool.kvstore_client import KvstorePool
+from shared.kvpool.pool import KVPool
+from shared.runtime.bus import Bus
 from shared.transfer.base import KVReceiver, KVSender
+from shared.transfer.inbox import KVInbox
 from shared.transfer.tcp import TcpKVReceiver
 from shared.transfer.tcp.asker import Asker
-from shared.worker import WorkerConfig
+from shared.worker.config import WorkerConfig
 
 
 async def open_kv_pool(
@@ -27,7 +27,7 @@ async def open_kv_pool(
         timeout = config.request_timeout
         asker = asker_for(receiver, timeout)
         return KvstorePool(bus, sender, storage, inbox, data_addr, timeout, asker)
-    from shared.mooncake_pool import MooncakePool  # NOTE: only where it is used
+    from shared.kvpool.mooncake_pool import MooncakePool  # NOTE: only where it is used
 
     return await MooncakePool.open(
         bus, storage, inbox, config.mooncake, worker_id, config.heartbeat_interval

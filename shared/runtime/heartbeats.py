@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from shared import subjects
-from shared.bus import Bus
 from shared.messages import Heartbeat
+from shared.runtime.bus import Bus
 
 MIN_INTERVAL = 0.01  # seconds; the bounds a sender's stated interval is held to
 MAX_INTERVAL = 10.0

@@ -2,9 +2,9 @@
 blocks to, whichever backend holds them (`--kv-pool`):
 
 - `kvstore` (default): kvstack's own kvstore instances, found by their heartbeats, each
-  owning a share of the hash ring (shared/kvstore_client.py: `KvstorePool`);
+  owning a share of the hash ring (shared/kvpool/kvstore_client.py: `KvstorePool`);
 - `mooncake`: Mooncake Store, a `mooncake_master` and the segments its clients lend it
-  (shared/mooncake_pool.py: `MooncakePool`).
+  (shared/kvpool/mooncake_pool.py: `MooncakePool`).
 
 Both key a block by its chain hash (shared/hashing.py) and keep the same promises: a
 block the pool lacks, or cannot reach, is a miss, never an error; a block is served only
@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from shared.kv_inbox import Expected
 from shared.kvblocks import BlockLayout
 from shared.messages import Heartbeat
+from shared.transfer.inbox import Expected
 
 KV_POOLS = ("kvstore", "mooncake")
 Done = Callable[[], None]  # a put's bytes were read: the caller may free its blocks

@@ -12,10 +12,10 @@ import pytest
 from shared.auth.cluster_config import ClusterNode, loopback_nodes, node_config
 from shared.auth.deployment import COMPOSE_CLUSTER_CONFIG, Identity, ensure_secrets
 from shared.auth.routes import ROUTE_SECRET, RouteCredentials, ensure_route_credentials
-from shared.bus import server_urls
 from shared.errors import KvstackError
-from shared.nats_cluster import NatsCluster, routes_all
-from shared.nats_server import NatsServer
+from shared.runtime.bus import server_urls
+from shared.runtime.nats_cluster import NatsCluster, routes_all
+from shared.runtime.nats_server import NatsServer
 
 
 def test_each_node_routes_to_every_other_with_the_route_password(tmp_path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from shared.tasks import Tasks
+from shared.runtime.tasks import Tasks
 
 
 async def test_a_failed_task_is_logged_and_its_owner_told(caplog) -> None:

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from shared.bus import Bus, ServiceUnavailable
 from shared.messages import Ack
+from shared.runtime.bus import Bus, ServiceUnavailable
 
 
 async def test_a_responder_back_within_the_grace_gets_the_request(secure_nats) -> None:

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from shared.child_process import signal_group, start_in_own_session
 from shared.errors import KvstackError
+from shared.runtime.child_process import signal_group, start_in_own_session
 
 START_ATTEMPTS = 5  # on restart the old port may still be busy for a moment
 START_RETRY_DELAY = 0.5  # seconds

@@ -1,4 +1,4 @@
-"""The kvstore pool (`--kv-pool kvstore`, shared/kv_pool.py): who owns a block, is it
+"""The kvstore pool (`--kv-pool kvstore`, shared/kvpool/pool.py): who owns a block, is it
 there, get it, put it.
 
 Membership comes from kvstore heartbeats; a block's owner is its place on the hash ring
@@ -17,18 +17,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared import subjects
-from shared.block_fetch import AskingFetcher, BlockFetcher, answer_within, settle
-from shared.bus import Bus, ServiceUnavailable
 from shared.codec import MessageError, decode, encode
 from shared.engine.loop import EngineLoop
-from shared.hash_ring import HashRing
-from shared.kv_inbox import Expected, KVInbox
-from shared.kv_pool import Done, KVPool
 from shared.kvblocks import BlockLayout
 from shared.kvcache.storage import KVStorage
+from shared.kvpool.block_fetch import AskingFetcher, BlockFetcher, answer_within, settle
+from shared.kvpool.hash_ring import HashRing
+from shared.kvpool.pool import Done, KVPool
 from shared.messages import BlockLookup, BlockPresence, BlockPut, Heartbeat, PutSlots
+from shared.runtime.bus import Bus, ServiceUnavailable
 from shared.transfer.base import BlockSpan, KVSender, SpanBytes, coalesce, layer_groups
 from shared.transfer.common.frames import Frame, checked_frame
+from shared.transfer.inbox import Expected, KVInbox
 from shared.transfer.tcp.asker import Asker
 from shared.transfer.tcp.placed_puts import BlocksOut
 
