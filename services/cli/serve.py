@@ -40,7 +40,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # cores: decode batch 1 55.6 tok/s on 2 threads, 76.7 on 1), measured while the engine
     # was built on one thread and stepped on another, where libgomp throttles both teams
     # (shared/engine/engine_thread.py); built where it steps, 2 threads decode 1.7x faster
-    # than 1 and serve lower TPOTs (docs/benchmarks.md, "An AVX2-only CPU").
+    # than 1 and serve lower TPOTs (docs/notes/2026-11-28-avx2-only-cpu.md, "An AVX2-only CPU").
     prefill_threads = pin(args.cores, args.threads)  # before any thread starts
     threads = decode_threads(args, prefill_threads)
     return run(ColocatedService(colocated_config(args, threads, prefill_threads)))

@@ -7,9 +7,10 @@ from shared.sampling_params import SamplingParams
 
 # The most a burst of decode steps may take: its tokens reach the client in one event, so a
 # client's gap between tokens may be this long. NOTE: a burst saves the Python between steps
-# (306-351 us a step of SmolLM2 on 2 cores by `bench step-phases --batch 1`: docs/benchmarks.md,
-# "Where a batch-1 step's time goes"), which only counts beside short steps: a model whose
-# steps take 25 ms or more decodes a token a step and streams as before.
+# (306-351 us a step of SmolLM2 on 2 cores by `bench step-phases --batch 1`:
+# docs/notes/2026-11-30-batch-1-decode-step.md, "Where a batch-1 step's time goes"), which only
+# counts beside short steps: a model whose steps take 25 ms or more decodes a token a step and
+# streams as before.
 BURST_EVENT_SECONDS = 0.025
 
 

@@ -24,8 +24,9 @@ ATTENTION_CHOICES = ("auto", "torch", "triton")
 
 
 # What the CLI's --decode-burst defaults to (EngineConfig.decode_burst: chained greedy decode
-# steps). NOTE: 8 gained no more than 4 at batch 1 (docs/benchmarks.md, "Decode steps chained
-# in one native call"), and a burst's tokens stream in one event: fewer is smoother.
+# steps). NOTE: 8 gained no more than 4 at batch 1
+# (docs/notes/2026-11-30-batch-1-decode-step.md, "Decode steps chained in one native call"), and
+# a burst's tokens stream in one event: fewer is smoother.
 DECODE_BURST = 4
 
 
@@ -66,9 +67,10 @@ def resolve_dtype(name: str, device: str = "cpu", quantized: bool = False) -> st
     """ "auto" is bfloat16 where the hardware computes it natively, float32 elsewhere, and
     float32 on a CPU whose linear weights stay quantized: their GEMV computes in float32
     whatever the dtype, and a float32 decode step skips the bfloat16 one's conversions
-    around it (a few percent more tokens/s: docs/benchmarks.md, "`--dtype bfloat16` with
-    quantized weights"), while prefill's matmuls still multiply in bfloat16 where the CPU has
-    it (prefill_matmul_dtype). bfloat16 halves the KV cache's bytes: `--dtype bfloat16`."""
+    around it (a few percent more tokens/s: docs/notes/2026-11-26-fused-decode-step.md,
+    "`--dtype bfloat16` with quantized weights"), while prefill's matmuls still multiply in
+    bfloat16 where the CPU has it (prefill_matmul_dtype). bfloat16 halves the KV cache's
+    bytes: `--dtype bfloat16`."""
     if name != "auto":
         return name
     if device.startswith("cuda"):
@@ -81,8 +83,8 @@ def resolve_dtype(name: str, device: str = "cpu", quantized: bool = False) -> st
 def prefill_matmul_dtype(name: str, device: str = "cpu", quantized: bool = False) -> str:
     """The dtype quantized weights multiply many float32 rows (prefill chunks) in: bfloat16
     for `--dtype auto` where the CPU computes it natively (prefill 1.5-1.9x float32's here,
-    the same section of docs/benchmarks.md), else the activations' own. `--dtype float32`
-    stays float32 throughout."""
+    docs/notes/2026-11-26-fused-decode-step.md, "`--dtype auto` with quantized weights"), else
+    the activations' own. `--dtype float32` stays float32 throughout."""
     if name == "auto" and quantized and device == "cpu" and cpu_has_native_bf16():
         return "bfloat16"
     return resolve_dtype(name, device, quantized)

@@ -5,7 +5,7 @@ parallel loops only while the process's teams hold no more threads than it has C
 that each loop waits for its threads to wake from a futex. A team lives as long as the thread
 that started it, so a model loaded on one thread (weight conversion runs torch's parallel
 loops there) and stepped on another kept two teams: prefill on 2 cores at ~60% of its speed
-(`python -m bench engine-thread`; docs/benchmarks.md, "Built where it steps").
+(`python -m bench engine-thread`; docs/notes/2026-11-26-amx-xeon.md, "Built where it steps").
 Built and stepped on this thread, the process has one team, as on the main thread.
 """
 

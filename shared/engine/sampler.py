@@ -56,8 +56,8 @@ def _greedy_and_usable(logits: torch.Tensor) -> tuple[list[int], list[bool]]:
 def _greedy_and_usable_numpy(logits: torch.Tensor) -> tuple[list[int], list[bool]]:
     """_greedy_and_usable on the CPU: numpy's argmax (the first maximum, or the first NaN).
     Torch's max over a dimension took the sampling phase of a batch-1 step of the default
-    model to 161-180 us, numpy's to 79-94 (`python -m bench step-phases`: docs/benchmarks.md,
-    "A leaner decode step")."""
+    model to 161-180 us, numpy's to 79-94 (`python -m bench step-phases`:
+    docs/notes/2026-11-30-batch-1-decode-step.md, "A leaner decode step")."""
     rows = logits.detach().numpy()
     indices = rows.argmax(axis=1)
     values = rows[numpy.arange(rows.shape[0]), indices]

@@ -29,8 +29,8 @@ MAX_COPY_ROWS = 1024
 # linears must all be quantized: their GEMV computes in float32 (decode_stack.cpp).
 STACK_DTYPES = (torch.float32, torch.bfloat16)
 # NOTE: a C loop over the ~120 linears, not a generator: the route phase of a batch-1 step went
-# from 57-61 us to 48-54 (`python -m bench step-phases`: docs/benchmarks.md, "A leaner decode
-# step")
+# from 57-61 us to 48-54 (`python -m bench step-phases`:
+# docs/notes/2026-11-30-batch-1-decode-step.md, "A leaner decode step")
 COPY_MIN_ROWS = attrgetter("copy_min_rows")
 
 

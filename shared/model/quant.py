@@ -33,17 +33,18 @@ GEMM_TILE_ROWS = 256
 # copy (keep_prefill_copy) multiplies them.
 PREFILL_GEMM_MIN_ROWS = 64
 # NOTE: a batch of decode rows this large multiplies by a kept bfloat16 copy (where rows may
-# multiply in bfloat16 at all: not q8, not `--dtype float32`) rather than the GEMV, whose
-# time grows with each row (`python -m bench gemv --rows 8,16,32`; decode batch 16 1.15-1.26x
-# and 32 1.29-1.38x this way on a Zen 4: docs/benchmarks.md, "Batched decode by the prefill
-# copy"); from 10 rows, as 10-14 rows ran 1.06-1.16x faster by the copy than by the GEMV
-# and 9 rows 0.93x (`python -m bench engine --before copy-from-16-rows`, "Batched decode by the
-# prefill copy"). Such a batch then rounds as a prefill chunk does (bfloat16), which under
+# multiply in bfloat16 at all: not q8, not `--dtype float32`) rather than the GEMV, whose time
+# grows with each row (`python -m bench gemv --rows 8,16,32`; decode batch 16 1.15-1.26x and 32
+# 1.29-1.38x this way on a Zen 4: docs/notes/2026-11-26-fused-decode-step.md, "Batched decode by
+# the prefill copy"); from 10 rows, as 10-14 rows ran 1.06-1.16x faster by the copy than by the
+# GEMV and 9 rows 0.93x (`python -m bench engine --before copy-from-16-rows`, "Batched decode by
+# the prefill copy"). Such a batch then rounds as a prefill chunk does (bfloat16), which under
 # `--dtype auto` the decode rows sharing a step with a prompt's chunk already did. From 16 since
-# rows interleave (INTERLEAVED_FORMATS): the 16-bit GEMV then ran 10-15 rows faster than
-# the copy, 16 level; past 16 (the fused step's most GEMV rows, fused_decode.MAX_ROWS) the copy
-# wins (`python -m bench engine --before copy-from-10-rows`, `--copy-min-rows 33 --before
-# copy-from-16-rows`: docs/benchmarks.md, "Weight rows interleaved 8 at a time").
+# rows interleave (INTERLEAVED_FORMATS): the 16-bit GEMV then ran 10-15 rows faster than the
+# copy, 16 level; past 16 (the fused step's most GEMV rows, fused_decode.MAX_ROWS) the copy wins
+# (`python -m bench engine --before copy-from-10-rows`, `--copy-min-rows 33 --before
+# copy-from-16-rows`: docs/notes/2026-11-29-interleaved-rows.md, "Weight rows interleaved 8 at a
+# time").
 BF16_COPY_MIN_ROWS = 16
 # NOTE: bfloat16 rows multiply by the whole weight in one library GEMM, not tile by tile: that
 # GEMM (oneDNN; AMX where the CPU has it) packs its operands on every call, which 256-row
@@ -62,16 +63,17 @@ ACTIVATION_BITS = {"q8": 8, "q16": 16}  # the integer ones
 # (shared/model/kernels/quant_x8.h): the GEMV on GGUF's own rows was bound by a core converting
 # and summing each block's products, not by memory; side by side, a vector's lanes are 8 rows
 # and one multiply scales them all (`python -m bench gemv`, `python -m bench engine --before
-# plain-rows`: docs/benchmarks.md, "Weight rows interleaved 8 at a time"); Q4_K's plain rows
-# ran at a third of memory's speed (`python -m bench gemv --formats q4_k --shapes llama-1b`:
-# "Q4_K rows interleaved"), and under 8-bit activations the Q4 formats' GEMV ran twice as
-# fast on interleaved rows as on plain ones (docs/benchmarks.md, "Byte dot products").
+# plain-rows`: docs/notes/2026-11-29-interleaved-rows.md, "Weight rows interleaved 8 at a
+# time"); Q4_K's plain rows ran at a third of memory's speed (`python -m bench gemv --formats
+# q4_k --shapes llama-1b`: the same note, "Q4_K rows interleaved"), and under 8-bit
+# activations the Q4 formats' GEMV ran twice as fast on interleaved rows as on plain ones
+# (the same note, "Byte dot products").
 INTERLEAVED_FORMATS = ("q4_0", "q4_1", "q8_0", "q4_k")
 # NOTE: a format whose values Q8_0 holds exactly but that does not interleave (Q5_0: d * (q -
 # 16), q < 32) becomes Q8_0 under 16-bit activations, and interleaves: the GEMV on plain Q5_0
 # rows is core-bound like Q4's was (interleaved Q8_0 1.28x, 1.75x, 1.91x at 1, 4 and 8 rows, for
 # 8.5 bits a weight instead of 5.5: `python -m bench gemv --formats q5_0,q8_0`,
-# docs/benchmarks.md, "A Q4_K_M file").
+# docs/notes/2026-11-25-weight-formats.md, "A Q4_K_M file").
 INTERLEAVED = 1 << 8  # or-ed into the kernels' type code (quant_blocks.h: kInterleaved)
 GROUP_ROWS = 8  # rows interleaved together (quant_x8.h: kRows)
 

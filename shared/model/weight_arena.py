@@ -5,7 +5,7 @@ A batch-1 decode step reads every weight once, a few hundred bytes a row. Loaded
 tensor, the weights sit in 4 KiB pages scattered over the heap: a TLB miss every 4 KiB, and
 each matrix starts a new stream that the prefetchers have to find again. One arena in 2 MiB
 pages, qkv, o, gate_up and down layer after layer, is one stream (`python -m bench gemv
---arena`, docs/benchmarks.md: "Decode's weights in huge pages").
+--arena`, docs/notes/2026-11-26-amx-xeon.md: "Decode's weights in huge pages").
 """
 
 from __future__ import annotations

@@ -253,13 +253,13 @@ inline float exp_sum_(float* x, int64_t n, float* sum) {
 // cut into pieces that run apart and merge by their maxima (flash-decoding).
 // NOTE: a task per (sequence, kv head) read each head's rows at a stride of the slot, each
 // slot's lines fetched by three tasks apart: batches of 8-32 decoded 1.08-1.56x faster this way
-// (docs/benchmarks.md, "Decode attention a sequence at a time").
+// (docs/notes/2026-11-29-decode-attention.md, "Decode attention a sequence at a time").
 constexpr int64_t kMinPiece = 32;  // tokens: shorter pieces cost more to merge than they save
 // Tokens between a slot's prefetch and its sums (kernels::set_kv_prefetch; 0: none), or by
 // default as many as make kKvPrefetchBytes. NOTE: bytes, not tokens: from memory on a Zen 4
 // float32 slots ran fastest 8 ahead and bfloat16 ones 16 ahead, 6 KB either way for SmolLM2's
-// (batch 1 of 128-256 tokens 1.1x as fast as 16 float32 slots ahead: docs/benchmarks.md,
-// "Decode attention asks for 6 KB ahead").
+// (batch 1 of 128-256 tokens 1.1x as fast as 16 float32 slots ahead:
+// docs/notes/2026-11-30-batch-1-decode-step.md, "Decode attention asks for 6 KB ahead").
 constexpr int64_t kKvPrefetchBytes = 6144;
 c10::optional<int64_t> slots_ahead;
 
@@ -360,7 +360,7 @@ void attend_piece(const T* q, const T* kc, const T* vc, const int64_t* table, in
   // NOTE: a context's slots lie in blocks scattered over the pool, where the hardware
   // prefetcher did not run ahead: each token asks for the slot `distance` tokens on, into L2
   // (simd::prefetch). From memory the kernel ran 1.3-2.0x as fast on a Zen 4, decode batches
-  // of 8-32 1.08-1.23x (docs/benchmarks.md, "Decode attention asks for its slots ahead").
+  // of 8-32 1.08-1.23x (docs/notes/2026-11-29-decode-attention.md, "Decode attention asks for its slots ahead").
   const int64_t slot_bytes = Hkv * D * int64_t(sizeof(T));
   const int64_t distance = slots_ahead.value_or((kKvPrefetchBytes + slot_bytes - 1) / slot_bytes);
   auto ahead = [&](const T* cache, int64_t t) {
@@ -372,7 +372,7 @@ void attend_piece(const T* q, const T* kc, const T* vc, const int64_t* table, in
   // (simd::sum_lanes), where a reduction a dot product kept the kernel compute-bound (bfloat16
   // from memory 1.13-1.19x as fast on a Zen 4). Not float32, which memory bounds: reading
   // kWidth rows a kv head at a time was 0.7-0.9x as fast as a row at a time (`python -m bench
-  // decode-attention`: docs/benchmarks.md, "Decode attention sums 16 tokens at once").
+  // decode-attention`: docs/notes/2026-11-29-decode-attention.md, "Decode attention sums 16 tokens at once").
   if (!std::is_same_v<T, float> && D % kWidth == 0) {
     for (; t + kWidth <= t1; t += kWidth) {
       const T* k[kWidth];
@@ -413,7 +413,7 @@ void attend_piece(const T* q, const T* kc, const T* vc, const int64_t* table, in
   // perf on a Zen 4). A run's rows stay in L1 for its passes. Each lane still adds its tokens
   // in order, one fused multiply-add each: the same floats. bfloat16 from memory 1.03-1.19x
   // as fast (both builds); float32 caches, which their reads bound, ran slower at batch 8
-  // that way and keep the axpy (docs/benchmarks.md, "Decode attention sums values in
+  // that way and keep the axpy (docs/notes/2026-11-30-batch-1-decode-step.md, "Decode attention sums values in
   // registers").
   for (int64_t r = 0; r < n; r += kValueRun) {
     const int64_t run = std::min(kValueRun, n - r);

@@ -8,7 +8,7 @@
 // runs teams there) and stepped on another kept the process over the count: each of a decode
 // step's ~200 parallel loops then waited for its threads to wake, decode batch 1 at half the
 // main thread's speed (`python -m bench engine --step-thread --before openmp`:
-// docs/benchmarks.md, "Decode steps off the main thread"). The services now build and step
+// docs/notes/2026-11-26-amx-xeon.md, "Decode steps off the main thread"). The services now build and step
 // on one thread (shared/engine/engine_thread.py), where OpenMP is not throttled and the pool
 // stays idle (decode_stack.cpp: pool()); it still serves an engine stepped anywhere else.
 #pragma once

@@ -7,7 +7,7 @@
 //
 // NOTE: why not torch's fused CPU kernel: prefill 256-2,048 ran 1.08-1.27x faster through this
 // one on a 2-core Zen 4 (`python -m bench engine --before torch-prompt-attention`,
-// docs/benchmarks.md, "Prompts attend through a native kernel"). Here a task
+// docs/notes/2026-11-29-prefill.md, "Prompts attend through a native kernel"). Here a task
 // is one kv head's G query heads over a block of query rows, so each block of keys is packed
 // once (K transposed, V widened) for all G x kQueryRows rows, and both products run as
 // register tiles of rows x vectors.

@@ -70,10 +70,10 @@ inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
 // NOTE: a GEMV streams its weight once, row after row, and on some CPUs the hardware
 // prefetcher does not run far enough ahead: the GEMVs on 30 layers' weights (out of cache) ran
 // 1.3-2.6x faster at 1-8 rows on a Xeon once each row asked for the bytes this far ahead of it
-// (`python -m bench gemv --prefetch 0,2048`: docs/benchmarks.md, "Prefetching weights").
+// (`python -m bench gemv --prefetch 0,2048`: docs/notes/2026-11-26-amx-xeon.md, "Prefetching weights").
 // With the weights in one arena of huge pages (shared/model/weight_arena.py), 2, 4 and 8 KiB
 // differed by no more than the machine's noise (`python -m bench gemv --arena --prefetch
-// 2048,4096,8192`: docs/benchmarks.md, "Decode's weights in huge pages").
+// 2048,4096,8192`: docs/notes/2026-11-26-amx-xeon.md, "Decode's weights in huge pages").
 // One value for the whole module (kernels::set_weight_prefetch); 0 asks for nothing.
 inline int64_t weight_prefetch_bytes = 2048;
 

@@ -18,7 +18,7 @@
 // differ only in the order of float sums. The cost against float activations is x's rounding:
 // to 8 bits (llama.cpp's own choice; greedy tokens drift) or to 16, finer than bfloat16's 8 bits
 // of mantissa, where the widening and multiplying of 32 floats a block (the float GEMV) costs
-// a core more than memory gives it (docs/benchmarks.md, "An AVX2-only CPU").
+// a core more than memory gives it (docs/notes/2026-11-28-avx2-only-cpu.md, "An AVX2-only CPU").
 #include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
@@ -102,7 +102,7 @@ inline bool holds_nan(const float* v, int64_t K) {
 // its ~120 GEMVs on one thread while the others wait. Into `r`'s vectors, grown as needed
 // and reused (a thread's GEMVs keep one XBuffers: gemv_rows_of), the integers stored by
 // vector, where 3 vectors were allocated a call and each value converted alone: the byte
-// kernels' GEMVs of a layer 2-4% faster in cache (docs/benchmarks.md, "x quantized without
+// kernels' GEMVs of a layer 2-4% faster in cache (docs/notes/2026-11-30-batch-1-decode-step.md, "x quantized without
 // allocations").
 template <class T>
 void quantize_into(QRows<T>& r, const float* x, int64_t M, int64_t K) {
@@ -439,7 +439,7 @@ inline IV dot_pairs(IV acc, IV q, const int16_t* x_pair) {
 // a value, x's pairs broadcast once for 16 rows. From kX16MinRows rows of x: decode batches of
 // 4 and 8 ran 1.04-1.21x as fast on a Zen 4, but one row 0.91-0.92x on SmolLM2's small
 // matrices, whose two streams a thread (one a group) start cold more often than one
-// (docs/benchmarks.md, "Two groups of rows a 512-bit vector").
+// (docs/notes/2026-11-29-interleaved-rows.md, "Two groups of rows a 512-bit vector").
 #define KV_X16 1
 constexpr int64_t kX16MinRows = 4;
 using ZV = __m512i;
@@ -712,7 +712,7 @@ void gemv_x8(const uint8_t* w, const QRows<int16_t>& x, const float* bias, float
 // NOTE: 16-bit x multiplies as two bytes, x = 256 * hi + lo (lo unsigned, hi signed): q * x
 // is 256 * (q * hi) + q * lo, each a product of bytes, so the integer sums, and the floats
 // after them, are the 16-bit pairs' ones exactly, in less than half the nibble unpacking (3
-// operations a chunk against 7: docs/benchmarks.md, "Byte dot products on interleaved rows").
+// operations a chunk against 7: docs/notes/2026-11-29-interleaved-rows.md, "Byte dot products on interleaved rows").
 
 // Vector widths: 256 bits hold one group of 8 rows, 512 bits two groups side by side (lanes
 // 0-7 the first, 8-15 the second), from kX16MinRows rows of x.
