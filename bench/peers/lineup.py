@@ -39,6 +39,8 @@ class PeerSetup:
     kvstack_formats: tuple[str, ...] = ()  # kvstack runs these of `ggufs` too; () = the first
     api_key: str = ""  # kvstack serve's, made per run
     llamacpp_repack: bool = True  # llama.cpp's CPU weight repacking (extra buffer types)
+    # llama.cpp's own C++ server (a `llama-server` binary); None: llama-cpp-python's
+    llama_server: Path | None = None
     # kvstack's --dtype as asked: "auto" stays auto, which kvstack resolves by its weights
     # (float32 activations for quantized ones on a CPU: shared/engine/config.py), where
     # `dtype` is what it means for float weights
@@ -54,7 +56,9 @@ class Lineup:
 
 def discover(setup: PeerSetup) -> Lineup:
     servers, skipped = kvstack_servers(setup)
-    if has_module_file(setup.llamacpp_venv, "llama_cpp/server/__main__.py"):
+    if setup.llama_server is not None:
+        servers += [llama_server(setup, setup.llama_server, gguf) for gguf in setup.ggufs]
+    elif has_module_file(setup.llamacpp_venv, "llama_cpp/server/__main__.py"):
         servers += [llamacpp_server(setup, gguf) for gguf in setup.ggufs]
     else:
         skipped.append(not_installed("llama.cpp", setup.llamacpp_venv, "llama_cpp.server"))
@@ -203,6 +207,33 @@ def llamacpp_server(setup: PeerSetup, gguf: Path) -> ServerSpec:
         setup.model,
         extra_body={"logit_bias": bias},
         request_ids=False,  # it wants UUIDs
+    )
+
+
+def llama_server(setup: PeerSetup, binary: Path, gguf: Path) -> ServerSpec:
+    """llama.cpp's own server: its C++ HTTP front and slots, not llama-cpp-python's Python
+    one (which served a third of llama.cpp's decode rate on an AMX Xeon: issue 53)."""
+    port = free_port()
+    threads = str(setup.threads)
+    argv = (
+        str(binary),
+        "--model", str(gguf),
+        "--alias", setup.model,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--threads", threads,
+        "--threads-batch", threads,
+        # NOTE: the context is shared out among the server's slots (4 by default)
+        "--ctx-size", "16384",
+        *(() if setup.llamacpp_repack else ("--no-repack",)),
+    )  # fmt: skip
+    return ServerSpec(
+        f"llama.cpp {weight_format(gguf)}",
+        argv,
+        port,
+        setup.model,
+        extra_body={"ignore_eos": True},
+        request_ids=False,
     )
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.peers.cli import skip
+from bench.cli import build_parser
+from bench.peers.cli import check_args, skip
 from bench.peers.lineup import KVSTACK, NO_REPACK_SERVER, PeerSetup, discover, weight_format
 from bench.peers.report import (
     Samples,
@@ -259,3 +260,27 @@ def test_decode_rate_counts_the_servers_tokens_not_the_streams_events() -> None:
     one = RequestRecord(0, 0.0, 512, output_len=1, ttft=0.1, latency=0.1)
     with pytest.raises(KvstackError, match="more than one streamed token"):
         decode_rate(one)
+
+
+def test_llamas_own_server_runs_the_llama_cpp_columns_when_given(tmp_path) -> None:
+    """`--llama-server`: llama.cpp's C++ server instead of llama-cpp-python's, the same model,
+    threads and port rules, its repacking off under --llamacpp-no-repack."""
+    binary = tmp_path / "llama-server"
+    peers = setup(tmp_path, llama_server=binary, llamacpp_repack=False)
+    install(peers.llamacpp_venv, "llama_cpp/server/__main__.py")  # present, and not used
+    servers = {s.name: s for s in discover(peers).servers}
+    assert list(servers) == [KVSTACK_SERVE, "llama.cpp Q4_1", "llama.cpp F32"]
+    llama = servers["llama.cpp Q4_1"]
+    assert llama.argv[0] == str(binary)
+    assert llama.argv[llama.argv.index("--model") + 1] == str(tmp_path / "m.Q4_1.gguf")
+    assert llama.argv[llama.argv.index("--alias") + 1] == peers.model
+    assert llama.argv[llama.argv.index("--threads") + 1] == "2"
+    assert "--no-repack" in llama.argv
+    assert llama.extra_body == {"ignore_eos": True}
+    assert servers["llama.cpp F32"].port != llama.port
+
+
+def test_a_llama_server_that_is_no_executable_is_refused(tmp_path) -> None:
+    args = build_parser().parse_args(["peers", "--llama-server", str(tmp_path / "nothing")])
+    with pytest.raises(KvstackError, match=r"--llama-server .*not an executable file"):
+        check_args(args)
