@@ -78,18 +78,12 @@ def _documented(action: argparse.Action) -> bool:
 
 
 def _row(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
-    name = ", ".join(action.option_strings) or str(action.metavar or action.dest)
-    if action.option_strings and action.nargs != 0:
-        name += f" {_metavar(action)}"
-    return f"| `{name}` | {_default(action)} | {_cell(_help(parser, action))} |"
-
-
-def _metavar(action: argparse.Action) -> str:
-    if action.metavar is not None:
-        return " ".join(action.metavar) if isinstance(action.metavar, tuple) else action.metavar
-    if action.choices is not None:
-        return "{" + ",".join(map(str, action.choices)) + "}"
-    return action.dest.upper()
+    # NOTE: argparse's own formatter, so each row says what --help says (a plain one: the
+    # default has its own column, where ArgumentDefaultsHelpFormatter would repeat it)
+    formatter = argparse.HelpFormatter(parser.prog)
+    name = formatter._format_action_invocation(action)
+    help_text = formatter._expand_help(action) if action.help else ""
+    return f"| `{name}` | {_default(action)} | {_cell(help_text)} |"
 
 
 def _default(action: argparse.Action) -> str:
@@ -99,17 +93,6 @@ def _default(action: argparse.Action) -> str:
     if isinstance(default, list | tuple):
         default = " ".join(map(str, default))
     return f"`{_cell(str(default))}`" if str(default) else ""
-
-
-def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
-    """The help as --help prints it (its %(default)s and the like filled in)."""
-    if not action.help:
-        return ""
-    params = {k: v for k, v in vars(action).items() if v is not argparse.SUPPRESS}
-    params["prog"] = parser.prog
-    if params.get("choices") is not None:
-        params["choices"] = ", ".join(map(str, params["choices"]))
-    return action.help % params
 
 
 def _cell(text: str) -> str:
