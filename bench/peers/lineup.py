@@ -223,7 +223,7 @@ def llama_server(setup: PeerSetup, binary: Path, gguf: Path) -> ServerSpec:
         "--port", str(port),
         "--threads", threads,
         "--threads-batch", threads,
-        # NOTE: the context is shared out among the server's slots (4 by default)
+        # NOTE: one KV pool its slots share (it made 4 slots here, unasked)
         "--ctx-size", "16384",
         *(() if setup.llamacpp_repack else ("--no-repack",)),
     )  # fmt: skip
